@@ -1,0 +1,9 @@
+//! `rxe-core`: a sans-IO RoCEv2 transport engine, wire-compatible with Linux `rdma_rxe`.
+//!
+//! The crate holds the protocol and nothing else: no sockets, threads or clocks. Packets go in and
+//! out as byte buffers, time is an argument, and memory (MRs, queues) is reached through the
+//! [`mem::Memory`] trait so that the same engine serves guest memory in the daemon and plain
+//! vectors in tests.
+
+pub mod icrc;
+pub mod wire;
