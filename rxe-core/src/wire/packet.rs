@@ -42,7 +42,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
             return Err(WireError::UnexpectedPayload);
         }
         // Payload plus pad is always a multiple of four bytes (IBTA 9.2.1.2).
-        if rest % 4 != 0 {
+        if !rest.is_multiple_of(4) {
             return Err(WireError::BadPad);
         }
         if info.flags.contains(OpFlags::ATOMIC_WRITE) && payload != 8 {
