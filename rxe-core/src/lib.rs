@@ -6,4 +6,9 @@
 //! vectors in tests.
 
 pub mod icrc;
+pub mod mem;
+pub mod types;
+pub mod verbs;
 pub mod wire;
+
+pub use types::{Gid, Instant, Psn, Qpn};

@@ -1,0 +1,521 @@
+//! Memory: the [`Memory`] trait through which the engine reaches the bytes behind MRs, and the
+//! MR / MW objects with their key, access and bounds checks.
+//!
+//! Keys are `index << 8 | key`: the upper 24 bits index the key table (shared by MRs and MWs,
+//! so a key names exactly one object) and the low byte is the consumer-owned variant that
+//! fast-reg and bind change.
+
+use crate::verbs::{Access, Sge};
+
+/// Why a memory access failed.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum MemError {
+    /// The address range is not backed (outside guest memory, say).
+    OutOfRange,
+    /// No such key, or the key's variant byte does not match.
+    BadKey,
+    /// The key exists but does not grant the access.
+    Access,
+    /// A different PD, or an MW bound to a different QP.
+    Protection,
+    /// The object is not in a usable state (invalidated, not bound, ...).
+    State,
+    /// A length beyond what the SGEs/MR can hold.
+    Length,
+    /// Misaligned atomic.
+    Alignment,
+}
+
+/// Byte access to the memory behind registrations: guest-physical memory in the daemon,
+/// a vector in tests. Implementations must bound-check every access.
+pub trait Memory {
+    fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), MemError>;
+    fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), MemError>;
+}
+
+/// A flat memory starting at `base`, for tests and simulations.
+#[derive(Clone, Debug)]
+pub struct VecMemory {
+    pub base: u64,
+    pub bytes: Vec<u8>,
+}
+
+impl VecMemory {
+    pub fn new(base: u64, len: usize) -> Self {
+        VecMemory {
+            base,
+            bytes: vec![0; len],
+        }
+    }
+    fn range(&self, addr: u64, len: usize) -> Result<core::ops::Range<usize>, MemError> {
+        let off = addr.checked_sub(self.base).ok_or(MemError::OutOfRange)?;
+        let off = usize::try_from(off).map_err(|_| MemError::OutOfRange)?;
+        let end = off.checked_add(len).ok_or(MemError::OutOfRange)?;
+        if end > self.bytes.len() {
+            return Err(MemError::OutOfRange);
+        }
+        Ok(off..end)
+    }
+    pub fn slice(&self, addr: u64, len: usize) -> &[u8] {
+        let r = self.range(addr, len).expect("test memory range");
+        &self.bytes[r]
+    }
+    pub fn slice_mut(&mut self, addr: u64, len: usize) -> &mut [u8] {
+        let r = self.range(addr, len).expect("test memory range");
+        &mut self.bytes[r]
+    }
+}
+
+impl Memory for VecMemory {
+    fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), MemError> {
+        let r = self.range(addr, buf.len())?;
+        buf.copy_from_slice(&self.bytes[r]);
+        Ok(())
+    }
+    fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), MemError> {
+        let r = self.range(addr, data.len())?;
+        self.bytes[r].copy_from_slice(data);
+        Ok(())
+    }
+}
+
+/// How an MR's IOVA range maps to memory addresses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Backing {
+    /// IOVA `iova + x` lives at `base + x` (DMA MRs, physically contiguous buffers).
+    Contiguous { base: u64 },
+    /// A page list: byte `x` of the MR lives at `pages[(off0 + x) >> shift] + ((off0 + x) & mask)`
+    /// where `off0 = iova & mask`.
+    Pages { page_shift: u8, pages: Vec<u64> },
+    /// A fast-reg MR not yet registered.
+    Empty,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum MrKind {
+    User,
+    Dma,
+    /// Allocated for fast registration with room for `max_pages`.
+    FastReg {
+        max_pages: u32,
+    },
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum KeyState {
+    Valid,
+    /// Invalidated (fast-reg MR or MW): must be re-registered / re-bound.
+    Free,
+}
+
+#[derive(Clone, Debug)]
+pub struct Mr {
+    pub pd: u32,
+    pub kind: MrKind,
+    pub iova: u64,
+    pub length: u64,
+    pub access: Access,
+    pub backing: Backing,
+    pub state: KeyState,
+    /// Number of MWs bound to this MR; it cannot be deregistered while any are.
+    pub bound_mws: u32,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum MwType {
+    Type1,
+    Type2,
+}
+
+#[derive(Clone, Debug)]
+pub struct Mw {
+    pub pd: u32,
+    pub mw_type: MwType,
+    pub state: KeyState,
+    /// Full lkey of the MR it is bound to.
+    pub mr_key: u32,
+    pub addr: u64,
+    pub length: u64,
+    pub access: Access,
+    /// Type 2 windows are tied to the QP that bound them.
+    pub qpn: u32,
+}
+
+#[derive(Clone, Debug)]
+pub enum KeyObj {
+    Mr(Mr),
+    Mw(Mw),
+}
+
+#[derive(Clone, Debug)]
+struct Slot {
+    key: u8,
+    obj: Option<KeyObj>,
+}
+
+/// The key table shared by MRs and MWs.
+#[derive(Debug, Default)]
+pub struct KeyTable {
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    pub max: u32,
+}
+
+/// A resolved reference to registered memory: translate IOVAs through it.
+#[derive(Clone, Copy, Debug)]
+pub struct Region<'a> {
+    pub iova: u64,
+    pub length: u64,
+    backing: &'a Backing,
+    mr_iova: u64,
+}
+
+impl KeyTable {
+    pub fn new(max: u32) -> Self {
+        KeyTable {
+            slots: Vec::new(),
+            free: Vec::new(),
+            max,
+        }
+    }
+
+    /// Inserts an object, returning its key (index starts at 1 so key 0 is never valid).
+    pub fn insert(&mut self, obj: KeyObj) -> Option<u32> {
+        let idx = if let Some(i) = self.free.pop() {
+            i
+        } else {
+            if self.slots.len() as u32 >= self.max {
+                return None;
+            }
+            self.slots.push(Slot { key: 0, obj: None });
+            self.slots.len() as u32
+        };
+        let s = &mut self.slots[idx as usize - 1];
+        // Vary the key byte so a stale key from a freed index does not match.
+        s.key = s.key.wrapping_add(0x11);
+        s.obj = Some(obj);
+        Some(idx << 8 | s.key as u32)
+    }
+
+    pub fn remove(&mut self, key: u32) -> Option<KeyObj> {
+        let idx = key >> 8;
+        let s = self.slots.get_mut((idx as usize).wrapping_sub(1))?;
+        if s.key != key as u8 {
+            return None;
+        }
+        let o = s.obj.take()?;
+        self.free.push(idx);
+        Some(o)
+    }
+
+    /// Looks an object up by the index only (the variant byte is checked by `get`).
+    pub fn get_by_index(&mut self, key: u32) -> Option<(&mut KeyObj, &mut u8)> {
+        let s = self.slots.get_mut(((key >> 8) as usize).wrapping_sub(1))?;
+        let Slot { key: k, obj } = s;
+        obj.as_mut().map(|o| (o, k))
+    }
+
+    pub fn get(&self, key: u32) -> Option<&KeyObj> {
+        let s = self.slots.get(((key >> 8) as usize).wrapping_sub(1))?;
+        if s.key != key as u8 {
+            return None;
+        }
+        s.obj.as_ref()
+    }
+
+    pub fn get_mut(&mut self, key: u32) -> Option<&mut KeyObj> {
+        let s = self.slots.get_mut(((key >> 8) as usize).wrapping_sub(1))?;
+        if s.key != key as u8 {
+            return None;
+        }
+        s.obj.as_mut()
+    }
+
+    pub fn count(&self) -> usize {
+        self.slots.len() - self.free.len()
+    }
+
+    fn region_of_mr(mr: &Mr) -> Region<'_> {
+        Region {
+            iova: mr.iova,
+            length: mr.length,
+            backing: &mr.backing,
+            mr_iova: mr.iova,
+        }
+    }
+
+    /// Resolves an lkey for a local access of `len` bytes at `addr`.
+    pub fn lookup_local(
+        &self,
+        pd: u32,
+        lkey: u32,
+        addr: u64,
+        len: u64,
+        access: Access,
+    ) -> Result<Region<'_>, MemError> {
+        match self.get(lkey) {
+            Some(KeyObj::Mr(mr)) => {
+                if mr.pd != pd {
+                    return Err(MemError::Protection);
+                }
+                if mr.state != KeyState::Valid {
+                    return Err(MemError::State);
+                }
+                if !mr.access.contains(access) {
+                    return Err(MemError::Access);
+                }
+                check_range(mr.iova, mr.length, addr, len, mr.kind == MrKind::Dma)?;
+                Ok(Self::region_of_mr(mr))
+            }
+            _ => Err(MemError::BadKey),
+        }
+    }
+
+    /// Resolves an rkey for a remote access arriving on QP `qpn` in PD `pd`.
+    pub fn lookup_remote(
+        &self,
+        pd: u32,
+        qpn: u32,
+        rkey: u32,
+        addr: u64,
+        len: u64,
+        access: Access,
+    ) -> Result<Region<'_>, MemError> {
+        match self.get(rkey) {
+            Some(KeyObj::Mr(mr)) => {
+                if mr.pd != pd {
+                    return Err(MemError::Protection);
+                }
+                if mr.state != KeyState::Valid {
+                    return Err(MemError::State);
+                }
+                if !mr.access.contains(access) {
+                    return Err(MemError::Access);
+                }
+                check_range(mr.iova, mr.length, addr, len, mr.kind == MrKind::Dma)?;
+                Ok(Self::region_of_mr(mr))
+            }
+            Some(KeyObj::Mw(mw)) => {
+                if mw.state != KeyState::Valid {
+                    return Err(MemError::State);
+                }
+                if mw.mw_type == MwType::Type2 && mw.qpn != qpn {
+                    return Err(MemError::Protection);
+                }
+                if mw.mw_type == MwType::Type1 && mw.pd != pd {
+                    return Err(MemError::Protection);
+                }
+                if !mw.access.contains(access) {
+                    return Err(MemError::Access);
+                }
+                check_range(mw.addr, mw.length, addr, len, false)?;
+                match self.get(mw.mr_key) {
+                    Some(KeyObj::Mr(mr)) if mr.state == KeyState::Valid => Ok(Region {
+                        iova: mw.addr,
+                        length: mw.length,
+                        backing: &mr.backing,
+                        mr_iova: mr.iova,
+                    }),
+                    _ => Err(MemError::State),
+                }
+            }
+            None => Err(MemError::BadKey),
+        }
+    }
+}
+
+fn check_range(
+    base: u64,
+    length: u64,
+    addr: u64,
+    len: u64,
+    unbounded: bool,
+) -> Result<(), MemError> {
+    if unbounded {
+        return addr.checked_add(len).map(|_| ()).ok_or(MemError::Length);
+    }
+    let end = addr.checked_add(len).ok_or(MemError::Length)?;
+    if addr < base || end > base.checked_add(length).ok_or(MemError::Length)? {
+        return Err(MemError::Length);
+    }
+    Ok(())
+}
+
+impl Region<'_> {
+    /// Visits the memory extents backing `[addr, addr+len)`; the range was checked at lookup.
+    fn for_each_extent(
+        &self,
+        addr: u64,
+        len: usize,
+        mut f: impl FnMut(u64, core::ops::Range<usize>) -> Result<(), MemError>,
+    ) -> Result<(), MemError> {
+        let x = addr.wrapping_sub(self.mr_iova);
+        match self.backing {
+            Backing::Contiguous { base } => {
+                f(base.checked_add(x).ok_or(MemError::OutOfRange)?, 0..len)
+            }
+            Backing::Pages { page_shift, pages } => {
+                let shift = *page_shift as u32;
+                let mask = (1u64 << shift) - 1;
+                let mut pos = (self.mr_iova & mask)
+                    .checked_add(x)
+                    .ok_or(MemError::OutOfRange)?;
+                let mut done = 0usize;
+                while done < len {
+                    let page = usize::try_from(pos >> shift).map_err(|_| MemError::OutOfRange)?;
+                    let pa = *pages.get(page).ok_or(MemError::OutOfRange)?;
+                    let in_page = pos & mask;
+                    let n = ((mask + 1 - in_page) as usize).min(len - done);
+                    f(pa + in_page, done..done + n)?;
+                    done += n;
+                    pos += n as u64;
+                }
+                Ok(())
+            }
+            Backing::Empty => Err(MemError::State),
+        }
+    }
+
+    pub fn read(&self, mem: &dyn Memory, addr: u64, buf: &mut [u8]) -> Result<(), MemError> {
+        self.for_each_extent(addr, buf.len(), |pa, r| mem.read(pa, &mut buf[r]))
+    }
+
+    pub fn write(&self, mem: &mut dyn Memory, addr: u64, data: &[u8]) -> Result<(), MemError> {
+        self.for_each_extent(addr, data.len(), |pa, r| mem.write(pa, &data[r]))
+    }
+}
+
+/// Copies between a packet buffer and an SGE list, starting `offset` bytes into the list.
+/// `to_sges` selects the direction. Checks every SGE's lkey with `access`.
+#[allow(clippy::too_many_arguments)]
+pub fn copy_sges(
+    keys: &KeyTable,
+    mem: &mut dyn Memory,
+    pd: u32,
+    sges: &[Sge],
+    mut offset: u64,
+    buf: &mut [u8],
+    to_sges: bool,
+    access: Access,
+) -> Result<(), MemError> {
+    let mut done = 0usize;
+    for sge in sges {
+        if done == buf.len() {
+            break;
+        }
+        let l = sge.length as u64;
+        if offset >= l {
+            offset -= l;
+            continue;
+        }
+        let n = ((l - offset) as usize).min(buf.len() - done);
+        let addr = sge.addr.checked_add(offset).ok_or(MemError::Length)?;
+        let region = keys.lookup_local(pd, sge.lkey, addr, n as u64, access)?;
+        if to_sges {
+            region.write(mem, addr, &buf[done..done + n])?;
+        } else {
+            region.read(mem, addr, &mut buf[done..done + n])?;
+        }
+        done += n;
+        offset = 0;
+    }
+    if done != buf.len() {
+        return Err(MemError::Length);
+    }
+    Ok(())
+}
+
+/// Sum of SGE lengths, saturating (a guest may send absurd values).
+pub fn sge_total(sges: &[Sge]) -> u64 {
+    sges.iter().map(|s| s.length as u64).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mr(iova: u64, length: u64, backing: Backing) -> KeyObj {
+        KeyObj::Mr(Mr {
+            pd: 1,
+            kind: MrKind::User,
+            iova,
+            length,
+            access: Access::LOCAL_WRITE.union(Access::REMOTE_WRITE),
+            backing,
+            state: KeyState::Valid,
+            bound_mws: 0,
+        })
+    }
+
+    #[test]
+    fn page_list_translation() {
+        let mut mem = VecMemory::new(0, 0x10000);
+        let mut t = KeyTable::new(16);
+        // IOVA 0x7000_0800.. spans two 4 KiB pages placed out of order.
+        let k = t
+            .insert(mr(
+                0x7000_0800,
+                0x1000,
+                Backing::Pages {
+                    page_shift: 12,
+                    pages: vec![0x5000, 0x2000],
+                },
+            ))
+            .unwrap();
+        let data: Vec<u8> = (0..0x1000u32).map(|i| i as u8).collect();
+        let r = t
+            .lookup_remote(1, 0, k, 0x7000_0800, 0x1000, Access::REMOTE_WRITE)
+            .unwrap();
+        r.write(&mut mem, 0x7000_0800, &data).unwrap();
+        assert_eq!(mem.slice(0x5800, 0x800), &data[..0x800]);
+        assert_eq!(mem.slice(0x2000, 0x800), &data[0x800..]);
+        assert_eq!(
+            t.lookup_remote(1, 0, k, 0x7000_0800, 0x1001, Access::REMOTE_WRITE)
+                .unwrap_err(),
+            MemError::Length
+        );
+        assert_eq!(
+            t.lookup_remote(1, 0, k, 0x7000_0800, 1, Access::REMOTE_READ)
+                .unwrap_err(),
+            MemError::Access
+        );
+        assert_eq!(
+            t.lookup_remote(2, 0, k, 0x7000_0800, 1, Access::REMOTE_WRITE)
+                .unwrap_err(),
+            MemError::Protection
+        );
+        assert_eq!(
+            t.lookup_remote(1, 0, k ^ 1, 0x7000_0800, 1, Access::REMOTE_WRITE)
+                .unwrap_err(),
+            MemError::BadKey
+        );
+        assert!(t.remove(k).is_some());
+        assert!(t.get(k).is_none());
+        let k2 = t.insert(mr(0, 1, Backing::Contiguous { base: 0 })).unwrap();
+        assert_eq!(k2 >> 8, k >> 8);
+        assert_ne!(k2, k, "a reused index gets a fresh key byte");
+    }
+
+    #[test]
+    fn pages_outside_memory_are_errors() {
+        let mut mem = VecMemory::new(0, 0x1000);
+        let mut t = KeyTable::new(4);
+        let k = t
+            .insert(mr(
+                0,
+                0x2000,
+                Backing::Pages {
+                    page_shift: 12,
+                    pages: vec![0, u64::MAX - 0xfff],
+                },
+            ))
+            .unwrap();
+        let r = t
+            .lookup_remote(1, 0, k, 0, 0x2000, Access::REMOTE_WRITE)
+            .unwrap();
+        assert_eq!(
+            r.write(&mut mem, 0x800, &[1u8; 0x1000]).unwrap_err(),
+            MemError::OutOfRange
+        );
+    }
+}

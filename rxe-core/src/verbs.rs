@@ -1,0 +1,454 @@
+//! The verbs-level types the engine takes and returns: work requests, completions, QP
+//! attributes. Numeric values follow libibverbs / the kernel uverbs ABI where one exists, so the
+//! backend can pass them through.
+
+use crate::types::{Gid, Qpn};
+
+/// Access flags (`ibv_access_flags`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default, Debug)]
+pub struct Access(pub u32);
+
+impl Access {
+    pub const LOCAL_WRITE: Access = Access(1);
+    pub const REMOTE_WRITE: Access = Access(1 << 1);
+    pub const REMOTE_READ: Access = Access(1 << 2);
+    pub const REMOTE_ATOMIC: Access = Access(1 << 3);
+    pub const MW_BIND: Access = Access(1 << 4);
+    pub const ZERO_BASED: Access = Access(1 << 5);
+    pub const ON_DEMAND: Access = Access(1 << 6);
+    pub const FLUSH_GLOBAL: Access = Access(1 << 8);
+    pub const FLUSH_PERSISTENT: Access = Access(1 << 9);
+    pub const REMOTE: Access =
+        Access(Self::REMOTE_WRITE.0 | Self::REMOTE_READ.0 | Self::REMOTE_ATOMIC.0);
+    pub const ALL: Access = Access(0x37f);
+
+    #[inline]
+    pub const fn contains(self, o: Access) -> bool {
+        self.0 & o.0 == o.0
+    }
+    #[inline]
+    pub const fn union(self, o: Access) -> Access {
+        Access(self.0 | o.0)
+    }
+}
+
+/// A scatter/gather element.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct Sge {
+    pub addr: u64,
+    pub length: u32,
+    pub lkey: u32,
+}
+
+/// Work completion status (`ibv_wc_status`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+#[repr(u8)]
+pub enum WcStatus {
+    Success = 0,
+    LocLenErr = 1,
+    LocQpOpErr = 2,
+    LocEecOpErr = 3,
+    LocProtErr = 4,
+    WrFlushErr = 5,
+    MwBindErr = 6,
+    BadRespErr = 7,
+    LocAccessErr = 8,
+    RemInvReqErr = 9,
+    RemAccessErr = 10,
+    RemOpErr = 11,
+    RetryExcErr = 12,
+    RnrRetryExcErr = 13,
+    LocRddViolErr = 14,
+    RemInvRdReqErr = 15,
+    RemAbortErr = 16,
+    InvEecnErr = 17,
+    InvEecStateErr = 18,
+    FatalErr = 19,
+    RespTimeoutErr = 20,
+    GeneralErr = 21,
+}
+
+/// Work completion opcode (`ib_uverbs_wc_opcode`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+#[repr(u8)]
+pub enum WcOpcode {
+    Send = 0,
+    RdmaWrite = 1,
+    RdmaRead = 2,
+    CompSwap = 3,
+    FetchAdd = 4,
+    BindMw = 5,
+    LocalInv = 6,
+    Tso = 7,
+    Flush = 8,
+    AtomicWrite = 9,
+    RegMr = 10,
+    Recv = 128,
+    RecvRdmaWithImm = 129,
+}
+
+/// Completion flags (`ibv_wc_flags`).
+pub const WC_GRH: u32 = 1;
+pub const WC_WITH_IMM: u32 = 2;
+pub const WC_WITH_INV: u32 = 1 << 3;
+
+/// A completion queue entry.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Cqe {
+    pub wr_id: u64,
+    pub status: WcStatus,
+    pub opcode: WcOpcode,
+    pub vendor_err: u32,
+    pub byte_len: u32,
+    /// Immediate data (host order) or the invalidated rkey, per `wc_flags`.
+    pub imm_or_inv: u32,
+    pub qp_num: Qpn,
+    pub src_qp: Qpn,
+    pub wc_flags: u32,
+    pub pkey_index: u16,
+    pub slid: u16,
+    pub sl: u8,
+    pub dlid_path_bits: u8,
+    /// For UD receives over RoCEv2: 1 = IPv4, 2 = IPv6 network header (`rdma_network_type`).
+    pub network_hdr_type: u8,
+}
+
+/// Send work request flags (`ibv_send_flags`).
+pub const SEND_FENCE: u32 = 1;
+pub const SEND_SIGNALED: u32 = 1 << 1;
+pub const SEND_SOLICITED: u32 = 1 << 2;
+pub const SEND_INLINE: u32 = 1 << 3;
+
+/// An address vector: where a packet goes (RoCEv2: GIDs and the next-hop MAC).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct Av {
+    pub dgid: Gid,
+    pub sgid_index: u8,
+    pub flow_label: u32,
+    pub traffic_class: u8,
+    pub hop_limit: u8,
+    pub dmac: [u8; 6],
+}
+
+/// The operation of a send work request, with its operands.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum SendOp {
+    Send,
+    SendWithImm(u32),
+    SendWithInv(u32),
+    Write {
+        remote_addr: u64,
+        rkey: u32,
+    },
+    WriteWithImm {
+        remote_addr: u64,
+        rkey: u32,
+        imm: u32,
+    },
+    Read {
+        remote_addr: u64,
+        rkey: u32,
+    },
+    CompSwap {
+        remote_addr: u64,
+        rkey: u32,
+        compare: u64,
+        swap: u64,
+    },
+    FetchAdd {
+        remote_addr: u64,
+        rkey: u32,
+        add: u64,
+    },
+    /// 8 bytes from the first SGE (or inline) written atomically at the responder.
+    AtomicWrite {
+        remote_addr: u64,
+        rkey: u32,
+    },
+    Flush {
+        remote_addr: u64,
+        rkey: u32,
+        len: u32,
+        selectivity: u8,
+        placement: u8,
+    },
+    LocalInv {
+        rkey: u32,
+    },
+    /// Fast registration of an MR allocated with `alloc_mr`.
+    RegMr {
+        lkey: u32,
+        key: u32,
+        access: Access,
+        iova: u64,
+        length: u64,
+        page_shift: u8,
+        pages: Vec<u64>,
+    },
+    /// Bind a memory window to an MR range.
+    BindMw {
+        mw_rkey: u32,
+        new_rkey: u32,
+        mr_lkey: u32,
+        addr: u64,
+        length: u64,
+        access: Access,
+    },
+}
+
+impl SendOp {
+    pub fn wc_opcode(&self) -> WcOpcode {
+        match self {
+            SendOp::Send | SendOp::SendWithImm(_) | SendOp::SendWithInv(_) => WcOpcode::Send,
+            SendOp::Write { .. } | SendOp::WriteWithImm { .. } => WcOpcode::RdmaWrite,
+            SendOp::Read { .. } => WcOpcode::RdmaRead,
+            SendOp::CompSwap { .. } => WcOpcode::CompSwap,
+            SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+            SendOp::AtomicWrite { .. } => WcOpcode::AtomicWrite,
+            SendOp::Flush { .. } => WcOpcode::Flush,
+            SendOp::LocalInv { .. } => WcOpcode::LocalInv,
+            SendOp::RegMr { .. } => WcOpcode::RegMr,
+            SendOp::BindMw { .. } => WcOpcode::BindMw,
+        }
+    }
+    /// Operations that wait for a response carrying data (READ and the atomics).
+    pub fn is_read_or_atomic(&self) -> bool {
+        matches!(
+            self,
+            SendOp::Read { .. }
+                | SendOp::CompSwap { .. }
+                | SendOp::FetchAdd { .. }
+                | SendOp::AtomicWrite { .. }
+                | SendOp::Flush { .. }
+        )
+    }
+    pub fn is_local(&self) -> bool {
+        matches!(
+            self,
+            SendOp::LocalInv { .. } | SendOp::RegMr { .. } | SendOp::BindMw { .. }
+        )
+    }
+}
+
+/// The UD destination of a send.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct UdDest {
+    pub av: Av,
+    pub remote_qpn: Qpn,
+    pub remote_qkey: u32,
+}
+
+/// A send work request.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct SendWr {
+    pub wr_id: u64,
+    pub op: SendOp,
+    pub flags: u32,
+    pub sg_list: Vec<Sge>,
+    /// Inline payload (when `SEND_INLINE` is set the SGEs are not used).
+    pub inline_data: Vec<u8>,
+    pub ud: Option<UdDest>,
+}
+
+impl SendWr {
+    pub fn new(wr_id: u64, op: SendOp, sg_list: Vec<Sge>) -> Self {
+        SendWr {
+            wr_id,
+            op,
+            flags: SEND_SIGNALED,
+            sg_list,
+            inline_data: Vec::new(),
+            ud: None,
+        }
+    }
+}
+
+/// A receive work request.
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct RecvWr {
+    pub wr_id: u64,
+    pub sg_list: Vec<Sge>,
+}
+
+/// QP transport type.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub enum QpType {
+    Rc,
+    Uc,
+    Ud,
+    /// The general services QP (QPN 1), a UD QP with Q_Key 0x80010000.
+    Gsi,
+}
+
+/// QP state (IBTA 10.3.1).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash, PartialOrd, Ord)]
+pub enum QpState {
+    Reset = 0,
+    Init = 1,
+    Rtr = 2,
+    Rts = 3,
+    Sqd = 4,
+    Sqe = 5,
+    Err = 6,
+}
+
+/// Path MTU (`ibv_mtu`, 1 = 256 … 5 = 4096).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash, PartialOrd, Ord)]
+pub enum Mtu {
+    M256 = 1,
+    M512 = 2,
+    M1024 = 3,
+    M2048 = 4,
+    M4096 = 5,
+}
+
+impl Mtu {
+    pub const fn bytes(self) -> u32 {
+        128 << (self as u32)
+    }
+    pub fn from_enum(v: u8) -> Option<Mtu> {
+        Some(match v {
+            1 => Mtu::M256,
+            2 => Mtu::M512,
+            3 => Mtu::M1024,
+            4 => Mtu::M2048,
+            5 => Mtu::M4096,
+            _ => return None,
+        })
+    }
+    /// The largest IB MTU that fits a netdev MTU, as rxe picks it (netdev MTU − 80 for headers).
+    pub fn for_netdev_mtu(mtu: u32) -> Mtu {
+        let room = mtu.saturating_sub(80);
+        [Mtu::M4096, Mtu::M2048, Mtu::M1024, Mtu::M512]
+            .into_iter()
+            .find(|m| m.bytes() <= room)
+            .unwrap_or(Mtu::M256)
+    }
+}
+
+/// Modify-QP attribute mask bits (`ibv_qp_attr_mask`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct AttrMask(pub u32);
+
+impl AttrMask {
+    pub const STATE: u32 = 1;
+    pub const CUR_STATE: u32 = 1 << 1;
+    pub const EN_SQD_ASYNC_NOTIFY: u32 = 1 << 2;
+    pub const ACCESS_FLAGS: u32 = 1 << 3;
+    pub const PKEY_INDEX: u32 = 1 << 4;
+    pub const PORT: u32 = 1 << 5;
+    pub const QKEY: u32 = 1 << 6;
+    pub const AV: u32 = 1 << 7;
+    pub const PATH_MTU: u32 = 1 << 8;
+    pub const TIMEOUT: u32 = 1 << 9;
+    pub const RETRY_CNT: u32 = 1 << 10;
+    pub const RNR_RETRY: u32 = 1 << 11;
+    pub const RQ_PSN: u32 = 1 << 12;
+    pub const MAX_QP_RD_ATOMIC: u32 = 1 << 13;
+    pub const ALT_PATH: u32 = 1 << 14;
+    pub const MIN_RNR_TIMER: u32 = 1 << 15;
+    pub const SQ_PSN: u32 = 1 << 16;
+    pub const MAX_DEST_RD_ATOMIC: u32 = 1 << 17;
+    pub const PATH_MIG_STATE: u32 = 1 << 18;
+    pub const CAP: u32 = 1 << 19;
+    pub const DEST_QPN: u32 = 1 << 20;
+    pub const RATE_LIMIT: u32 = 1 << 25;
+
+    pub const fn has(self, bit: u32) -> bool {
+        self.0 & bit != 0
+    }
+}
+
+/// Attributes for `modify_qp` / returned by `query_qp`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct QpAttr {
+    pub qp_state: QpState,
+    pub cur_qp_state: QpState,
+    pub path_mtu: Mtu,
+    pub qkey: u32,
+    pub rq_psn: u32,
+    pub sq_psn: u32,
+    pub dest_qp_num: u32,
+    pub qp_access_flags: Access,
+    pub av: Av,
+    pub pkey_index: u16,
+    pub en_sqd_async_notify: bool,
+    pub max_rd_atomic: u8,
+    pub max_dest_rd_atomic: u8,
+    pub min_rnr_timer: u8,
+    pub port_num: u8,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    /// Read-only: true while an SQD transition is still draining.
+    pub sq_draining: bool,
+}
+
+impl Default for QpAttr {
+    fn default() -> Self {
+        QpAttr {
+            qp_state: QpState::Reset,
+            cur_qp_state: QpState::Reset,
+            path_mtu: Mtu::M256,
+            qkey: 0,
+            rq_psn: 0,
+            sq_psn: 0,
+            dest_qp_num: 0,
+            qp_access_flags: Access(0),
+            av: Av::default(),
+            pkey_index: 0,
+            en_sqd_async_notify: false,
+            max_rd_atomic: 0,
+            max_dest_rd_atomic: 0,
+            min_rnr_timer: 0,
+            port_num: 1,
+            timeout: 0,
+            retry_cnt: 0,
+            rnr_retry: 0,
+            sq_draining: false,
+        }
+    }
+}
+
+/// Capacities of a QP's work queues.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct QpCap {
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline_data: u32,
+}
+
+/// Asynchronous events (`ibv_event_type` subset).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum AsyncEvent {
+    /// A CQ that was armed received a completion.
+    Completion {
+        cqn: u32,
+    },
+    CqErr {
+        cqn: u32,
+    },
+    QpFatal {
+        qpn: Qpn,
+    },
+    QpReqErr {
+        qpn: Qpn,
+    },
+    QpAccessErr {
+        qpn: Qpn,
+    },
+    CommEst {
+        qpn: Qpn,
+    },
+    SqDrained {
+        qpn: Qpn,
+    },
+    QpLastWqeReached {
+        qpn: Qpn,
+    },
+    SrqLimitReached {
+        srqn: u32,
+    },
+}
