@@ -12,3 +12,13 @@ pub mod verbs;
 pub mod wire;
 
 pub use types::{Gid, Instant, Psn, Qpn};
+
+mod comp;
+pub mod device;
+pub mod qp;
+mod req;
+mod resp;
+mod slab;
+
+pub use device::{Device, DeviceConfig, QpInit, RecvMeta, Transmit};
+pub use qp::{QpCounters, VerbError};

@@ -109,7 +109,7 @@ pub struct Cqe {
     pub slid: u16,
     pub sl: u8,
     pub dlid_path_bits: u8,
-    /// For UD receives over RoCEv2: 1 = IPv4, 2 = IPv6 network header (`rdma_network_type`).
+    /// For UD receives over RoCEv2: 2 = IPv4, 3 = IPv6 network header (`rdma_network_type`).
     pub network_hdr_type: u8,
 }
 

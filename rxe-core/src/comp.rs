@@ -1,0 +1,402 @@
+//! The completer (Linux `rxe_comp.c`): processes ACKs, NAKs, READ responses and atomic ACKs
+//! at the requester, runs the retransmission and RNR timers, and turns finished WQEs into
+//! completions in send-queue order. Also the flush of both queues when a QP enters ERR.
+
+use crate::device::{Drop, Resources};
+use crate::mem::*;
+use crate::qp::*;
+use crate::types::{Instant, Psn};
+use crate::verbs::*;
+use crate::wire::{NakCode, OpFlags, Opcode, Packet, Syndrome};
+
+fn rearm(q: &mut Qp, now: Instant) {
+    q.comp.retrans_at = match ack_timeout_ns(q.attr.timeout) {
+        Some(t) if q.req.psn.after(q.comp.psn) => Some(now.plus_ns(t)),
+        _ => None,
+    };
+}
+
+fn reset_retry(q: &mut Qp) {
+    q.comp.retry_cnt = q.attr.retry_cnt;
+    q.comp.rnr_retry = q.attr.rnr_retry;
+}
+
+/// Completes (successfully) every non-read WQE whose PSNs are all before `psn`, i.e. covered by
+/// a cumulative ACK of `psn - 1`. Returns the first Pending READ/atomic that the ACK skips over
+/// (its response was lost and it must be retried).
+fn ack_through(q: &mut Qp, acked: Psn) -> Option<Psn> {
+    let mut seq = q.sq_head;
+    while let Some(w) = q.wqe_mut(seq) {
+        if w.state == WqeState::Pending {
+            if w.last_psn.after(acked) {
+                break;
+            }
+            if w.wr.op.is_read_or_atomic() {
+                return Some(w.first_psn);
+            }
+            w.state = WqeState::Done(WcStatus::Success);
+        } else if w.state == WqeState::Posted {
+            break;
+        }
+        seq += 1;
+    }
+    if acked.next().after(q.comp.psn) {
+        q.comp.psn = acked.next();
+    }
+    None
+}
+
+/// The oldest WQE still waiting for a response.
+fn oldest_pending(q: &Qp) -> Option<u64> {
+    (q.sq_head..q.sq_tail()).find(|s| q.wqe(*s).is_some_and(|w| w.state == WqeState::Pending))
+}
+
+/// Handles a response packet arriving at the requester side of `q`.
+pub(crate) fn handle_response(
+    q: &mut Qp,
+    res: &mut Resources,
+    mem: &mut dyn Memory,
+    now: Instant,
+    pkt: &Packet<&[u8]>,
+) -> Result<(), Drop> {
+    if q.qp_type != QpType::Rc {
+        return Err(Drop::Unexpected);
+    }
+    if !matches!(q.state(), QpState::Rts | QpState::Sqd) {
+        return Err(Drop::WrongQpState);
+    }
+    let psn = Psn::new(pkt.bth().psn());
+    let op = pkt.opcode();
+    let aeth = pkt.aeth();
+    let Some(seq) = oldest_pending(q) else {
+        // Nothing outstanding: a late duplicate.
+        q.counters.duplicates += 1;
+        return Err(Drop::Duplicate);
+    };
+    let w = q.wqe(seq).expect("pending wqe");
+    if psn.before(w.first_psn) {
+        q.counters.duplicates += 1;
+        return Err(Drop::Duplicate);
+    }
+    let flags = pkt.flags();
+    if flags.contains(OpFlags::READ) {
+        // READ responses (also the empty one for FLUSH / ATOMIC_WRITE).
+        let first_psn = w.first_psn;
+        let mtu = q.mtu();
+        let expected = match w.wr.op {
+            SendOp::Read { .. } => first_psn.add(w.read_done / mtu),
+            SendOp::Flush { .. } | SendOp::AtomicWrite { .. } => first_psn,
+            _ => {
+                // A READ response while an earlier non-read WQE is still unacked: the response
+                // implicitly acknowledges everything before its PSN.
+                if psn.after(w.last_psn) {
+                    if let Some(p) = ack_through(q, psn.sub(1)) {
+                        crate::req::retry_from(q, p);
+                        return Ok(());
+                    }
+                    return handle_response(q, res, mem, now, pkt);
+                }
+                return Err(Drop::Unexpected);
+            }
+        };
+        if psn.before(expected) {
+            q.counters.duplicates += 1;
+            return Err(Drop::Duplicate);
+        }
+        if psn.after(expected) {
+            // A response went missing: ask again from what we have.
+            crate::req::retry_from(q, expected);
+            return Err(Drop::OutOfSequence);
+        }
+        if let SendOp::Read { .. } = w.wr.op {
+            let payload = pkt.payload();
+            let done = w.read_done;
+            let end = flags.contains(OpFlags::LAST);
+            let ok_len = if end {
+                done as u64 + payload.len() as u64 == w.len as u64
+            } else {
+                payload.len() as u32 == mtu
+            };
+            if !ok_len || payload.len() as u32 > mtu {
+                finish_error(q, res, seq, WcStatus::BadRespErr);
+                return Err(Drop::Unexpected);
+            }
+            let sges = w.wr.sg_list.clone();
+            let mut tmp = payload.to_vec();
+            if copy_sges(
+                &res.keys,
+                mem,
+                q.pd,
+                &sges,
+                done as u64,
+                &mut tmp,
+                true,
+                Access::LOCAL_WRITE,
+            )
+            .is_err()
+            {
+                finish_error(q, res, seq, WcStatus::LocProtErr);
+                return Err(Drop::Unexpected);
+            }
+            let w = q.wqe_mut(seq).expect("pending wqe");
+            w.read_done += payload.len() as u32;
+            if end {
+                w.state = WqeState::Done(WcStatus::Success);
+                q.req.rd_atomic = q.req.rd_atomic.saturating_sub(1);
+            }
+            q.comp.psn = psn.next();
+        } else {
+            let w = q.wqe_mut(seq).expect("pending wqe");
+            w.state = WqeState::Done(WcStatus::Success);
+            q.comp.psn = psn.next();
+            q.req.rd_atomic = q.req.rd_atomic.saturating_sub(1);
+        }
+        // Earlier non-read WQEs are implicitly acknowledged by the response.
+        ack_through(q, psn.sub(1));
+        reset_retry(q);
+        rearm(q, now);
+        return Ok(());
+    }
+    if op == Opcode::RC_ATOMIC_ACKNOWLEDGE {
+        let orig = pkt.atomic_ack_eth().map(|a| a.orig()).unwrap_or(0);
+        if !matches!(w.wr.op, SendOp::CompSwap { .. } | SendOp::FetchAdd { .. })
+            || psn != w.first_psn
+        {
+            if psn.after(w.last_psn) && !w.wr.op.is_read_or_atomic() {
+                if let Some(p) = ack_through(q, psn.sub(1)) {
+                    crate::req::retry_from(q, p);
+                    return Ok(());
+                }
+                return handle_response(q, res, mem, now, pkt);
+            }
+            return Err(Drop::Unexpected);
+        }
+        let sges = w.wr.sg_list.clone();
+        let mut v = orig.to_le_bytes();
+        if copy_sges(
+            &res.keys,
+            mem,
+            q.pd,
+            &sges,
+            0,
+            &mut v,
+            true,
+            Access::LOCAL_WRITE,
+        )
+        .is_err()
+        {
+            finish_error(q, res, seq, WcStatus::LocProtErr);
+            return Err(Drop::Unexpected);
+        }
+        q.wqe_mut(seq).expect("pending wqe").state = WqeState::Done(WcStatus::Success);
+        q.req.rd_atomic = q.req.rd_atomic.saturating_sub(1);
+        q.comp.psn = psn.next();
+        ack_through(q, psn.sub(1));
+        reset_retry(q);
+        rearm(q, now);
+        return Ok(());
+    }
+    // RC_ACKNOWLEDGE.
+    let Some(aeth) = aeth else {
+        return Err(Drop::Unexpected);
+    };
+    match aeth.syndrome() {
+        Syndrome::Ack(_) => {
+            if psn.before(q.comp.psn.sub(1)) {
+                q.counters.duplicates += 1;
+                return Err(Drop::Duplicate);
+            }
+            if let Some(p) = ack_through(q, psn) {
+                // The ACK passes a READ/atomic whose response never came.
+                crate::req::retry_from(q, p);
+            }
+            reset_retry(q);
+            rearm(q, now);
+            Ok(())
+        }
+        Syndrome::RnrNak(timer) => {
+            q.counters.rnr_naks_received += 1;
+            if let Some(p) = ack_through(q, psn.sub(1)) {
+                crate::req::retry_from(q, p);
+                return Ok(());
+            }
+            let Some(seq) = oldest_pending(q) else {
+                return Ok(());
+            };
+            if q.comp.rnr_retry == 0 {
+                finish_error(q, res, seq, WcStatus::RnrRetryExcErr);
+                return Ok(());
+            }
+            if q.comp.rnr_retry != 7 {
+                q.comp.rnr_retry -= 1;
+            }
+            crate::req::retry_from(q, psn);
+            q.req.rnr_until = Some(now.plus_ns(rnr_timer_ns(timer)));
+            q.comp.retrans_at = None;
+            Ok(())
+        }
+        Syndrome::Nak(code) => {
+            q.counters.naks_received += 1;
+            if let Some(p) = ack_through(q, psn.sub(1)) {
+                crate::req::retry_from(q, p);
+                return Ok(());
+            }
+            let Some(seq) = oldest_pending(q) else {
+                return Ok(());
+            };
+            match code {
+                NakCode::PsnSeqError => {
+                    if q.comp.retry_cnt == 0 {
+                        finish_error(q, res, seq, WcStatus::RetryExcErr);
+                        return Ok(());
+                    }
+                    if q.comp.retry_cnt != 7 {
+                        q.comp.retry_cnt -= 1;
+                    }
+                    crate::req::retry_from(q, psn);
+                    rearm(q, now);
+                }
+                NakCode::InvalidRequest => finish_error(q, res, seq, WcStatus::RemInvReqErr),
+                NakCode::RemoteAccessError => finish_error(q, res, seq, WcStatus::RemAccessErr),
+                NakCode::RemoteOperationalError => finish_error(q, res, seq, WcStatus::RemOpErr),
+                NakCode::InvalidRdRequest => finish_error(q, res, seq, WcStatus::RemInvRdReqErr),
+                NakCode::Other(_) => finish_error(q, res, seq, WcStatus::BadRespErr),
+            }
+            Ok(())
+        }
+        Syndrome::Reserved(_) => Err(Drop::Unexpected),
+    }
+}
+
+/// The retransmission timer fired.
+pub(crate) fn retransmit_timeout(q: &mut Qp, res: &mut Resources, now: Instant) {
+    q.comp.retrans_at = None;
+    if !matches!(q.state(), QpState::Rts | QpState::Sqd) || !q.req.psn.after(q.comp.psn) {
+        return;
+    }
+    q.counters.timeouts += 1;
+    let Some(seq) = oldest_pending(q) else { return };
+    if q.comp.retry_cnt == 0 {
+        finish_error(q, res, seq, WcStatus::RetryExcErr);
+        return;
+    }
+    if q.comp.retry_cnt != 7 {
+        q.comp.retry_cnt -= 1;
+    }
+    let psn = q.comp.psn;
+    crate::req::retry_from(q, psn);
+    rearm(q, now);
+}
+
+/// Finishes WQE `seq` with an error status and moves the QP to ERR.
+fn finish_error(q: &mut Qp, res: &mut Resources, seq: u64, status: WcStatus) {
+    if let Some(w) = q.wqe_mut(seq) {
+        w.state = WqeState::Done(status);
+    }
+    q.counters.errors += 1;
+    set_error(q, res);
+}
+
+/// Moves the QP to ERR after a transport error: async event, then flush.
+pub(crate) fn set_error(q: &mut Qp, res: &mut Resources) {
+    if q.state() == QpState::Err {
+        return;
+    }
+    q.attr.qp_state = QpState::Err;
+    res.events
+        .push_back(crate::verbs::AsyncEvent::QpFatal { qpn: q.qpn });
+    if q.srq.is_some() {
+        res.events
+            .push_back(crate::verbs::AsyncEvent::QpLastWqeReached { qpn: q.qpn });
+    }
+    flush(q, res);
+}
+
+/// In ERR: every outstanding WQE on both queues completes with a flush error.
+pub(crate) fn flush(q: &mut Qp, res: &mut Resources) {
+    q.comp.retrans_at = None;
+    q.req.rnr_until = None;
+    q.resp.out.clear();
+    q.resp.in_msg = None;
+    for w in q.sq.iter_mut() {
+        if !matches!(w.state, WqeState::Done(_)) {
+            w.state = WqeState::Done(WcStatus::WrFlushErr);
+        }
+    }
+    drain(q, res);
+    while let Some(r) = q.rq.pop_front() {
+        let cqe = Cqe {
+            wr_id: r.wr_id,
+            status: WcStatus::WrFlushErr,
+            opcode: WcOpcode::Recv,
+            vendor_err: 0,
+            byte_len: 0,
+            imm_or_inv: 0,
+            qp_num: q.qpn,
+            src_qp: Default::default(),
+            wc_flags: 0,
+            pkey_index: 0,
+            slid: 0,
+            sl: 0,
+            dlid_path_bits: 0,
+            network_hdr_type: 0,
+        };
+        if res.post_cqe(q.recv_cq, cqe, false).is_err() {
+            break;
+        }
+    }
+}
+
+/// Emits completions for finished WQEs at the head of the send queue, in order.
+pub(crate) fn drain(q: &mut Qp, res: &mut Resources) {
+    let mut overflow = false;
+    while let Some(w) = q.sq.front() {
+        let WqeState::Done(status) = w.state else {
+            break;
+        };
+        if status != WcStatus::Success || w.signaled {
+            let cqe = Cqe {
+                wr_id: w.wr.wr_id,
+                status,
+                opcode: w.wr.op.wc_opcode(),
+                vendor_err: 0,
+                byte_len: if status == WcStatus::Success {
+                    w.len
+                } else {
+                    0
+                },
+                imm_or_inv: 0,
+                qp_num: q.qpn,
+                src_qp: Default::default(),
+                wc_flags: 0,
+                pkey_index: 0,
+                slid: 0,
+                sl: 0,
+                dlid_path_bits: 0,
+                network_hdr_type: 0,
+            };
+            if res.post_cqe(q.send_cq, cqe, false).is_err() {
+                overflow = true;
+            }
+        }
+        q.sq.pop_front();
+        q.sq_head += 1;
+    }
+    if q.state() == QpState::Sqd && q.en_sqd_notify_due() {
+        q.drained_notified = true;
+        res.events
+            .push_back(crate::verbs::AsyncEvent::SqDrained { qpn: q.qpn });
+    }
+    if overflow && q.state() != QpState::Err {
+        set_error(q, res);
+    }
+}
+
+impl Qp {
+    fn en_sqd_notify_due(&self) -> bool {
+        self.attr.en_sqd_async_notify
+            && !self.drained_notified
+            && self.req.offset == 0
+            && !self.sq.iter().any(|w| w.state == WqeState::Pending)
+    }
+}

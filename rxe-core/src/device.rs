@@ -1,0 +1,1099 @@
+//! The device: every object table plus the sans-IO driving surface.
+//!
+//! ```text
+//!  verbs (create_qp, post_send, poll_cq, ...)      ─┐
+//!  handle_packet(now, meta, bytes, mem)             ├─► Device ─► poll_transmit(now, mem, buf)
+//!  handle_timeout(now)                              ─┘            poll_timeout(), poll_event()
+//! ```
+
+use std::collections::{HashMap, VecDeque};
+
+use crate::mem::*;
+use crate::qp::*;
+use crate::slab::Slab;
+use crate::types::{Gid, Instant, Psn, Qpn};
+use crate::verbs::*;
+use crate::wire::{self, OpFlags, Packet};
+
+/// Device limits and identity (what `ibv_query_device` / `ibv_query_port` report).
+#[derive(Clone, Debug)]
+pub struct DeviceConfig {
+    pub max_qp: u32,
+    pub max_qp_wr: u32,
+    pub max_sge: u32,
+    pub max_inline: u32,
+    pub max_cq: u32,
+    pub max_cqe: u32,
+    pub max_mr: u32,
+    pub max_mr_size: u64,
+    /// Total bytes all MRs may register.
+    pub max_registered_bytes: u64,
+    pub max_pd: u32,
+    pub max_srq: u32,
+    pub max_srq_wr: u32,
+    pub max_ah: u32,
+    pub max_mcast_grp: u32,
+    pub max_mcast_qp_attach: u32,
+    pub gid_table_len: u32,
+    /// The port's active MTU (largest path MTU QPs may use).
+    pub port_mtu: Mtu,
+    pub mac: [u8; 6],
+}
+
+impl Default for DeviceConfig {
+    fn default() -> Self {
+        DeviceConfig {
+            max_qp: 1024,
+            max_qp_wr: 16384,
+            max_sge: 32,
+            max_inline: 512,
+            max_cq: 2048,
+            max_cqe: 32767,
+            max_mr: 4096,
+            max_mr_size: u64::MAX,
+            max_registered_bytes: 8 << 30,
+            max_pd: 1024,
+            max_srq: 1024,
+            max_srq_wr: 16384,
+            max_ah: 4096,
+            max_mcast_grp: 256,
+            max_mcast_qp_attach: 56,
+            gid_table_len: 1024,
+            port_mtu: Mtu::M1024,
+            mac: [0x02, 0, 0, 0, 0, 1],
+        }
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Cq {
+    pub cap: u32,
+    pub queue: VecDeque<Cqe>,
+    /// Armed for the next completion: `Some(solicited_only)`.
+    pub armed: Option<bool>,
+    pub error: bool,
+    pub users: u32,
+}
+
+#[derive(Debug)]
+pub(crate) struct Srq {
+    pub pd: u32,
+    pub max_wr: u32,
+    pub max_sge: u32,
+    pub limit: u32,
+    pub queue: VecDeque<RecvWqe>,
+    pub users: u32,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Pd {
+    pub users: u32,
+}
+
+/// Counters for the whole port.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PortCounters {
+    pub rx_packets: u64,
+    pub rx_bytes: u64,
+    pub tx_packets: u64,
+    pub tx_bytes: u64,
+    pub rx_dropped: u64,
+    pub rx_unknown_qp: u64,
+    pub rx_bad_gid: u64,
+    pub rx_malformed: u64,
+}
+
+/// Where an incoming packet came from (filled in by the transport).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RecvMeta {
+    pub src: Gid,
+    pub dst: Gid,
+    pub sport: u16,
+    pub traffic_class: u8,
+    pub hop_limit: u8,
+    pub flow_label: u32,
+}
+
+/// A packet the engine wants sent: `buf[..len]` holds BTH through a zeroed ICRC slot; the
+/// transport builds the IP/UDP headers from these fields and fills the ICRC.
+#[derive(Clone, Copy, Debug)]
+pub struct Transmit {
+    pub len: usize,
+    pub src: Gid,
+    pub dst: Gid,
+    pub sport: u16,
+    pub traffic_class: u8,
+    pub hop_limit: u8,
+    pub flow_label: u32,
+    pub dmac: [u8; 6],
+    pub qpn: Qpn,
+}
+
+/// Why an incoming packet was dropped (counted; never an error for the caller to act on).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Drop {
+    Malformed(wire::WireError),
+    BadVersion,
+    BadPkey,
+    NotOurGid,
+    UnknownQp,
+    WrongQpState,
+    AddressMismatch,
+    BadQkey,
+    NoReceiveWqe,
+    Duplicate,
+    OutOfSequence,
+    Unexpected,
+}
+
+pub(crate) struct Resources {
+    pub cfg: DeviceConfig,
+    pub pds: Slab<Pd>,
+    pub keys: KeyTable,
+    pub registered_bytes: u64,
+    pub cqs: Slab<Cq>,
+    pub srqs: Slab<Srq>,
+    pub ahs: Slab<(u32, Av)>,
+    pub gids: Vec<Option<Gid>>,
+    pub mcast: HashMap<Gid, Vec<Qpn>>,
+    pub events: VecDeque<AsyncEvent>,
+    pub port: PortCounters,
+}
+
+impl Resources {
+    /// Posts a CQE. On overflow the CQ enters the error state and `Err` tells the caller to
+    /// move the QP to ERR.
+    pub fn post_cqe(&mut self, cqn: u32, cqe: Cqe, solicited: bool) -> Result<(), ()> {
+        let Some(cq) = self.cqs.get_mut(cqn) else {
+            return Err(());
+        };
+        if cq.error {
+            return Err(());
+        }
+        if cq.queue.len() as u32 >= cq.cap {
+            cq.error = true;
+            self.events.push_back(AsyncEvent::CqErr { cqn });
+            return Err(());
+        }
+        cq.queue.push_back(cqe);
+        if let Some(sol_only) = cq.armed {
+            if !sol_only || solicited || cqe.status != WcStatus::Success {
+                cq.armed = None;
+                self.events.push_back(AsyncEvent::Completion { cqn });
+            }
+        }
+        Ok(())
+    }
+
+    pub fn gid(&self, index: u8) -> Option<Gid> {
+        self.gids.get(index as usize).copied().flatten()
+    }
+
+    pub fn is_our_gid(&self, g: &Gid) -> bool {
+        self.gids.iter().any(|x| x.as_ref() == Some(g))
+    }
+}
+
+/// A soft-RoCE device: the engine instance for one port.
+pub struct Device {
+    pub(crate) res: Resources,
+    pub(crate) qps: Vec<Option<Box<Qp>>>,
+    pub(crate) sched: VecDeque<Qpn>,
+    next_qpn: u32,
+}
+
+/// First QPN handed to ordinary QPs (0 and 1 are SMI/GSI, rxe starts at 0x11).
+pub const FIRST_QPN: u32 = 0x11;
+
+/// Parameters of `create_qp`.
+#[derive(Clone, Copy, Debug)]
+pub struct QpInit {
+    pub qp_type: QpType,
+    pub pd: u32,
+    pub send_cq: u32,
+    pub recv_cq: u32,
+    pub srq: Option<u32>,
+    pub cap: QpCap,
+    pub sq_sig_all: bool,
+}
+
+impl Device {
+    pub fn new(cfg: DeviceConfig) -> Self {
+        let res = Resources {
+            pds: Slab::new(cfg.max_pd),
+            keys: KeyTable::new(cfg.max_mr),
+            registered_bytes: 0,
+            cqs: Slab::new(cfg.max_cq),
+            srqs: Slab::new(cfg.max_srq),
+            ahs: Slab::new(cfg.max_ah),
+            gids: vec![None; cfg.gid_table_len as usize],
+            mcast: HashMap::new(),
+            events: VecDeque::new(),
+            port: PortCounters::default(),
+            cfg,
+        };
+        Device {
+            res,
+            qps: Vec::new(),
+            sched: VecDeque::new(),
+            next_qpn: FIRST_QPN,
+        }
+    }
+
+    pub fn config(&self) -> &DeviceConfig {
+        &self.res.cfg
+    }
+    pub fn port_counters(&self) -> PortCounters {
+        self.res.port
+    }
+
+    // ---------------------------------------------------------------- GIDs, PDs, AHs
+
+    /// Sets GID table entry `index` (the guest owns the table: it adds and deletes entries).
+    pub fn add_gid(&mut self, index: u32, gid: Gid) -> Result<(), VerbError> {
+        let slot = self
+            .res
+            .gids
+            .get_mut(index as usize)
+            .ok_or(VerbError::Invalid)?;
+        *slot = Some(gid);
+        Ok(())
+    }
+    pub fn del_gid(&mut self, index: u32) -> Result<(), VerbError> {
+        let slot = self
+            .res
+            .gids
+            .get_mut(index as usize)
+            .ok_or(VerbError::Invalid)?;
+        slot.take().map(|_| ()).ok_or(VerbError::NotFound)
+    }
+    pub fn gid(&self, index: u32) -> Option<Gid> {
+        self.res.gids.get(index as usize).copied().flatten()
+    }
+
+    pub fn alloc_pd(&mut self) -> Result<u32, VerbError> {
+        self.res
+            .pds
+            .insert(Pd::default())
+            .ok_or(VerbError::NoResources)
+    }
+    pub fn dealloc_pd(&mut self, pd: u32) -> Result<(), VerbError> {
+        let p = self.res.pds.get(pd).ok_or(VerbError::NotFound)?;
+        if p.users != 0 {
+            return Err(VerbError::Busy);
+        }
+        self.res.pds.remove(pd);
+        Ok(())
+    }
+    fn pd_ref(&mut self, pd: u32, delta: i32) -> Result<(), VerbError> {
+        let p = self.res.pds.get_mut(pd).ok_or(VerbError::NotFound)?;
+        p.users = p.users.wrapping_add_signed(delta);
+        Ok(())
+    }
+
+    pub fn create_ah(&mut self, pd: u32, av: Av) -> Result<u32, VerbError> {
+        if self.res.gid(av.sgid_index).is_none() {
+            return Err(VerbError::Invalid);
+        }
+        self.pd_ref(pd, 0)?;
+        let id = self
+            .res
+            .ahs
+            .insert((pd, av))
+            .ok_or(VerbError::NoResources)?;
+        self.pd_ref(pd, 1)?;
+        Ok(id)
+    }
+    pub fn ah(&self, id: u32) -> Option<Av> {
+        self.res.ahs.get(id).map(|a| a.1)
+    }
+    pub fn destroy_ah(&mut self, id: u32) -> Result<(), VerbError> {
+        let (pd, _) = self.res.ahs.remove(id).ok_or(VerbError::NotFound)?;
+        self.pd_ref(pd, -1)
+    }
+
+    // ---------------------------------------------------------------- MRs and MWs
+
+    fn charge(&mut self, len: u64) -> Result<(), VerbError> {
+        let total = self
+            .res
+            .registered_bytes
+            .checked_add(len)
+            .ok_or(VerbError::NoResources)?;
+        if total > self.res.cfg.max_registered_bytes {
+            return Err(VerbError::NoResources);
+        }
+        self.res.registered_bytes = total;
+        Ok(())
+    }
+
+    /// Registers memory; returns the key (lkey == rkey, as in rxe).
+    pub fn reg_mr(
+        &mut self,
+        pd: u32,
+        iova: u64,
+        length: u64,
+        access: Access,
+        backing: Backing,
+    ) -> Result<u32, VerbError> {
+        self.pd_ref(pd, 0)?;
+        if access.0 & !Access::ALL.0 != 0
+            || length > self.res.cfg.max_mr_size
+            || iova.checked_add(length).is_none()
+        {
+            return Err(VerbError::Invalid);
+        }
+        // Remote write/atomic require local write (IBTA 10.6.3.1).
+        if (access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC))
+            && !access.contains(Access::LOCAL_WRITE)
+        {
+            return Err(VerbError::Invalid);
+        }
+        if let Backing::Pages { page_shift, pages } = &backing {
+            if !(9..=30).contains(page_shift) {
+                return Err(VerbError::Invalid);
+            }
+            let need = ((iova & ((1u64 << page_shift) - 1)) + length).div_ceil(1u64 << page_shift);
+            if (pages.len() as u64) < need {
+                return Err(VerbError::Invalid);
+            }
+        }
+        self.charge(length)?;
+        let mr = Mr {
+            pd,
+            kind: MrKind::User,
+            iova,
+            length,
+            access,
+            backing,
+            state: KeyState::Valid,
+            bound_mws: 0,
+        };
+        match self.res.keys.insert(KeyObj::Mr(mr)) {
+            Some(k) => {
+                self.pd_ref(pd, 1)?;
+                Ok(k)
+            }
+            None => {
+                self.res.registered_bytes -= length;
+                Err(VerbError::NoResources)
+            }
+        }
+    }
+
+    /// A DMA MR covering all of memory (`ib_get_dma_mr`): addresses are memory addresses.
+    pub fn reg_dma_mr(&mut self, pd: u32, access: Access) -> Result<u32, VerbError> {
+        self.pd_ref(pd, 0)?;
+        let mr = Mr {
+            pd,
+            kind: MrKind::Dma,
+            iova: 0,
+            length: u64::MAX,
+            access,
+            backing: Backing::Contiguous { base: 0 },
+            state: KeyState::Valid,
+            bound_mws: 0,
+        };
+        let k = self
+            .res
+            .keys
+            .insert(KeyObj::Mr(mr))
+            .ok_or(VerbError::NoResources)?;
+        self.pd_ref(pd, 1)?;
+        Ok(k)
+    }
+
+    /// An MR for fast registration (`ib_alloc_mr`), registered later by a REG_MR work request.
+    pub fn alloc_mr(&mut self, pd: u32, max_pages: u32) -> Result<u32, VerbError> {
+        self.pd_ref(pd, 0)?;
+        if max_pages == 0 || max_pages > 1 << 20 {
+            return Err(VerbError::Invalid);
+        }
+        let mr = Mr {
+            pd,
+            kind: MrKind::FastReg { max_pages },
+            iova: 0,
+            length: 0,
+            access: Access(0),
+            backing: Backing::Empty,
+            state: KeyState::Free,
+            bound_mws: 0,
+        };
+        let k = self
+            .res
+            .keys
+            .insert(KeyObj::Mr(mr))
+            .ok_or(VerbError::NoResources)?;
+        self.pd_ref(pd, 1)?;
+        Ok(k)
+    }
+
+    pub fn dereg_mr(&mut self, key: u32) -> Result<(), VerbError> {
+        match self.res.keys.get(key) {
+            Some(KeyObj::Mr(mr)) if mr.bound_mws > 0 => return Err(VerbError::Busy),
+            Some(KeyObj::Mr(_)) => {}
+            _ => return Err(VerbError::NotFound),
+        }
+        let Some(KeyObj::Mr(mr)) = self.res.keys.remove(key) else {
+            return Err(VerbError::NotFound);
+        };
+        if mr.kind == MrKind::User {
+            self.res.registered_bytes -= mr.length;
+        }
+        self.pd_ref(mr.pd, -1)
+    }
+
+    pub fn mr(&self, key: u32) -> Option<&Mr> {
+        match self.res.keys.get(key) {
+            Some(KeyObj::Mr(m)) => Some(m),
+            _ => None,
+        }
+    }
+
+    pub fn alloc_mw(&mut self, pd: u32, mw_type: MwType) -> Result<u32, VerbError> {
+        self.pd_ref(pd, 0)?;
+        let mw = Mw {
+            pd,
+            mw_type,
+            state: KeyState::Free,
+            mr_key: 0,
+            addr: 0,
+            length: 0,
+            access: Access(0),
+            qpn: 0,
+        };
+        let k = self
+            .res
+            .keys
+            .insert(KeyObj::Mw(mw))
+            .ok_or(VerbError::NoResources)?;
+        self.pd_ref(pd, 1)?;
+        Ok(k)
+    }
+
+    pub fn dealloc_mw(&mut self, key: u32) -> Result<(), VerbError> {
+        match self.res.keys.get(key) {
+            Some(KeyObj::Mw(_)) => {}
+            _ => return Err(VerbError::NotFound),
+        }
+        let Some(KeyObj::Mw(mw)) = self.res.keys.remove(key) else {
+            return Err(VerbError::NotFound);
+        };
+        if mw.state == KeyState::Valid {
+            if let Some(KeyObj::Mr(mr)) = self.res.keys.get_mut(mw.mr_key) {
+                mr.bound_mws = mr.bound_mws.saturating_sub(1);
+            }
+        }
+        self.pd_ref(mw.pd, -1)
+    }
+
+    /// Binds a type 1 MW (`ibv_bind_mw`); returns the new rkey. Type 2 windows are bound with a
+    /// BIND_MW work request instead.
+    pub fn bind_mw_type1(
+        &mut self,
+        qpn: Qpn,
+        mw_rkey: u32,
+        mr_lkey: u32,
+        addr: u64,
+        length: u64,
+        access: Access,
+    ) -> Result<u32, WcStatus> {
+        let pd = self.qp(qpn).map(|q| q.pd).ok_or(WcStatus::MwBindErr)?;
+        let new_key = (mw_rkey & !0xff) | ((mw_rkey.wrapping_add(1)) & 0xff);
+        crate::req::bind_mw(
+            &mut self.res.keys,
+            pd,
+            qpn.0,
+            mw_rkey,
+            new_key,
+            mr_lkey,
+            addr,
+            length,
+            access,
+            MwType::Type1,
+        )?;
+        Ok(new_key)
+    }
+
+    // ---------------------------------------------------------------- CQs
+
+    pub fn create_cq(&mut self, cqe: u32) -> Result<u32, VerbError> {
+        if cqe == 0 || cqe > self.res.cfg.max_cqe {
+            return Err(VerbError::Invalid);
+        }
+        self.res
+            .cqs
+            .insert(Cq {
+                cap: cqe,
+                queue: VecDeque::with_capacity(cqe.min(4096) as usize),
+                armed: None,
+                error: false,
+                users: 0,
+            })
+            .ok_or(VerbError::NoResources)
+    }
+    pub fn resize_cq(&mut self, cqn: u32, cqe: u32) -> Result<(), VerbError> {
+        let max = self.res.cfg.max_cqe;
+        let cq = self.res.cqs.get_mut(cqn).ok_or(VerbError::NotFound)?;
+        if cqe == 0 || cqe > max || (cqe as usize) < cq.queue.len() {
+            return Err(VerbError::Invalid);
+        }
+        cq.cap = cqe;
+        Ok(())
+    }
+    pub fn destroy_cq(&mut self, cqn: u32) -> Result<(), VerbError> {
+        let cq = self.res.cqs.get(cqn).ok_or(VerbError::NotFound)?;
+        if cq.users != 0 {
+            return Err(VerbError::Busy);
+        }
+        self.res.cqs.remove(cqn);
+        Ok(())
+    }
+    pub fn poll_cq(&mut self, cqn: u32) -> Option<Cqe> {
+        self.res.cqs.get_mut(cqn)?.queue.pop_front()
+    }
+    pub fn cq_len(&self, cqn: u32) -> usize {
+        self.res.cqs.get(cqn).map_or(0, |c| c.queue.len())
+    }
+    pub fn cq_in_error(&self, cqn: u32) -> bool {
+        self.res.cqs.get(cqn).is_some_and(|c| c.error)
+    }
+    /// Arms the CQ: the next (solicited) completion raises [`AsyncEvent::Completion`].
+    pub fn req_notify_cq(&mut self, cqn: u32, solicited_only: bool) -> Result<(), VerbError> {
+        let cq = self.res.cqs.get_mut(cqn).ok_or(VerbError::NotFound)?;
+        cq.armed = Some(solicited_only);
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------- SRQs
+
+    pub fn create_srq(
+        &mut self,
+        pd: u32,
+        max_wr: u32,
+        max_sge: u32,
+        limit: u32,
+    ) -> Result<u32, VerbError> {
+        self.pd_ref(pd, 0)?;
+        if max_wr == 0
+            || max_wr > self.res.cfg.max_srq_wr
+            || max_sge == 0
+            || max_sge > self.res.cfg.max_sge
+            || limit > max_wr
+        {
+            return Err(VerbError::Invalid);
+        }
+        let id = self
+            .res
+            .srqs
+            .insert(Srq {
+                pd,
+                max_wr,
+                max_sge,
+                limit,
+                queue: VecDeque::with_capacity(max_wr.min(4096) as usize),
+                users: 0,
+            })
+            .ok_or(VerbError::NoResources)?;
+        self.pd_ref(pd, 1)?;
+        Ok(id)
+    }
+    /// Sets `max_wr` (resize) and/or the limit (arms the SRQ_LIMIT_REACHED event).
+    pub fn modify_srq(
+        &mut self,
+        srqn: u32,
+        max_wr: Option<u32>,
+        limit: Option<u32>,
+    ) -> Result<(), VerbError> {
+        let max = self.res.cfg.max_srq_wr;
+        let s = self.res.srqs.get_mut(srqn).ok_or(VerbError::NotFound)?;
+        let new_max = max_wr.unwrap_or(s.max_wr);
+        let new_limit = limit.unwrap_or(s.limit);
+        if new_max == 0
+            || new_max > max
+            || (new_max as usize) < s.queue.len()
+            || new_limit > new_max
+        {
+            return Err(VerbError::Invalid);
+        }
+        s.max_wr = new_max;
+        s.limit = new_limit;
+        Ok(())
+    }
+    /// (max_wr, max_sge, limit, posted)
+    pub fn query_srq(&self, srqn: u32) -> Option<(u32, u32, u32, usize)> {
+        self.res
+            .srqs
+            .get(srqn)
+            .map(|s| (s.max_wr, s.max_sge, s.limit, s.queue.len()))
+    }
+    pub fn destroy_srq(&mut self, srqn: u32) -> Result<(), VerbError> {
+        let s = self.res.srqs.get(srqn).ok_or(VerbError::NotFound)?;
+        if s.users != 0 {
+            return Err(VerbError::Busy);
+        }
+        let s = self.res.srqs.remove(srqn).ok_or(VerbError::NotFound)?;
+        self.pd_ref(s.pd, -1)
+    }
+    pub fn post_srq_recv(&mut self, srqn: u32, wr: RecvWr) -> Result<(), VerbError> {
+        let s = self.res.srqs.get_mut(srqn).ok_or(VerbError::NotFound)?;
+        if wr.sg_list.len() as u32 > s.max_sge {
+            return Err(VerbError::Invalid);
+        }
+        if s.queue.len() as u32 >= s.max_wr {
+            return Err(VerbError::NoResources);
+        }
+        let len = sge_total(&wr.sg_list);
+        s.queue.push_back(RecvWqe {
+            wr_id: wr.wr_id,
+            sges: wr.sg_list,
+            len,
+        });
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------- QPs
+
+    pub fn create_qp(&mut self, init: QpInit) -> Result<Qpn, VerbError> {
+        let c = self.res.cfg.clone();
+        let cap = init.cap;
+        if cap.max_send_wr > c.max_qp_wr
+            || cap.max_recv_wr > c.max_qp_wr
+            || cap.max_send_sge > c.max_sge
+            || cap.max_recv_sge > c.max_sge
+            || cap.max_inline_data > c.max_inline
+        {
+            return Err(VerbError::Invalid);
+        }
+        if init.srq.is_some() && init.qp_type != QpType::Rc && init.qp_type != QpType::Ud {
+            return Err(VerbError::Invalid);
+        }
+        self.pd_ref(init.pd, 0)?;
+        if self.res.cqs.get(init.send_cq).is_none() || self.res.cqs.get(init.recv_cq).is_none() {
+            return Err(VerbError::NotFound);
+        }
+        if let Some(s) = init.srq {
+            if self.res.srqs.get(s).is_none() {
+                return Err(VerbError::NotFound);
+            }
+        }
+        let qpn = if init.qp_type == QpType::Gsi {
+            if self.qp(Qpn::GSI).is_some() {
+                return Err(VerbError::Busy);
+            }
+            Qpn::GSI
+        } else {
+            if self.qps.iter().filter(|q| q.is_some()).count() as u32 >= c.max_qp {
+                return Err(VerbError::NoResources);
+            }
+            self.alloc_qpn()?
+        };
+        let mut qp = Qp::new(
+            qpn,
+            init.qp_type,
+            init.pd,
+            init.send_cq,
+            init.recv_cq,
+            init.srq,
+            cap,
+            init.sq_sig_all,
+        );
+        if init.qp_type == QpType::Gsi {
+            qp.attr.qkey = GSI_QKEY;
+        }
+        let idx = qpn.0 as usize;
+        if self.qps.len() <= idx {
+            self.qps.resize_with(idx + 1, || None);
+        }
+        self.qps[idx] = Some(Box::new(qp));
+        self.pd_ref(init.pd, 1)?;
+        if let Some(c) = self.res.cqs.get_mut(init.send_cq) {
+            c.users += 1;
+        }
+        if let Some(c) = self.res.cqs.get_mut(init.recv_cq) {
+            c.users += 1;
+        }
+        if let Some(s) = init.srq.and_then(|s| self.res.srqs.get_mut(s)) {
+            s.users += 1;
+        }
+        Ok(qpn)
+    }
+
+    fn alloc_qpn(&mut self) -> Result<Qpn, VerbError> {
+        // QPNs are handed out round-robin so a recently destroyed QPN is not reused at once
+        // (stray packets for the old QP must not land on a new one).
+        let limit = FIRST_QPN + self.res.cfg.max_qp * 2;
+        for _ in 0..limit {
+            let n = self.next_qpn;
+            self.next_qpn = if n + 1 >= limit { FIRST_QPN } else { n + 1 };
+            if self.qps.get(n as usize).is_none_or(|q| q.is_none()) {
+                return Ok(Qpn(n));
+            }
+        }
+        Err(VerbError::NoResources)
+    }
+
+    pub fn qp(&self, qpn: Qpn) -> Option<&Qp> {
+        self.qps.get(qpn.0 as usize)?.as_deref()
+    }
+    pub(crate) fn qp_mut(&mut self, qpn: Qpn) -> Option<&mut Qp> {
+        self.qps.get_mut(qpn.0 as usize)?.as_deref_mut()
+    }
+    pub fn qpns(&self) -> impl Iterator<Item = Qpn> + '_ {
+        self.qps.iter().filter_map(|q| q.as_ref().map(|q| q.qpn))
+    }
+
+    pub fn destroy_qp(&mut self, qpn: Qpn) -> Result<(), VerbError> {
+        let q = self
+            .qps
+            .get_mut(qpn.0 as usize)
+            .and_then(|q| q.take())
+            .ok_or(VerbError::NotFound)?;
+        for g in &q.mcast {
+            if let Some(v) = self.res.mcast.get_mut(g) {
+                v.retain(|x| *x != qpn);
+                if v.is_empty() {
+                    self.res.mcast.remove(g);
+                }
+            }
+        }
+        if let Some(c) = self.res.cqs.get_mut(q.send_cq) {
+            c.users -= 1;
+        }
+        if let Some(c) = self.res.cqs.get_mut(q.recv_cq) {
+            c.users -= 1;
+        }
+        if let Some(s) = q.srq.and_then(|s| self.res.srqs.get_mut(s)) {
+            s.users -= 1;
+        }
+        self.sched.retain(|x| *x != qpn);
+        self.pd_ref(q.pd, -1)
+    }
+
+    pub fn query_qp(&self, qpn: Qpn) -> Option<(QpAttr, QpCap)> {
+        self.qp(qpn).map(|q| {
+            let mut a = q.attr;
+            a.cur_qp_state = a.qp_state;
+            a.sq_draining = a.qp_state == QpState::Sqd
+                && q.sq.iter().any(|w| w.state == crate::qp::WqeState::Pending);
+            (a, q.cap)
+        })
+    }
+
+    pub fn modify_qp(&mut self, qpn: Qpn, attr: &QpAttr, mask: AttrMask) -> Result<(), VerbError> {
+        let port_mtu = self.res.cfg.port_mtu;
+        let gids = &self.res.gids;
+        let gid_ok = |i: u8| gids.get(i as usize).is_some_and(|g| g.is_some());
+        let q = self
+            .qps
+            .get_mut(qpn.0 as usize)
+            .and_then(|q| q.as_deref_mut())
+            .ok_or(VerbError::NotFound)?;
+        let next = q.check_modify(attr, mask, port_mtu, &gid_ok)?;
+        let cur = q.attr.qp_state;
+        q.apply_attrs(attr, mask);
+        match next {
+            QpState::Reset if cur != QpState::Reset => q.reset(),
+            QpState::Err if cur != QpState::Err => {
+                q.attr.qp_state = QpState::Err;
+                crate::comp::flush(q, &mut self.res);
+            }
+            QpState::Rtr if cur != QpState::Rtr => {
+                q.resp.psn = Psn::new(q.attr.rq_psn);
+            }
+            QpState::Sqd => q.drained_notified = false,
+            _ => {}
+        }
+        q.attr.qp_state = next;
+        if next == QpState::Rts || next == QpState::Sqd {
+            self.schedule(qpn);
+        }
+        Ok(())
+    }
+
+    pub fn attach_mcast(&mut self, qpn: Qpn, gid: Gid) -> Result<(), VerbError> {
+        let max_grp = self.res.cfg.max_mcast_grp as usize;
+        let max_att = self.res.cfg.max_mcast_qp_attach as usize;
+        if !gid.is_multicast() {
+            return Err(VerbError::Invalid);
+        }
+        let q = self
+            .qps
+            .get_mut(qpn.0 as usize)
+            .and_then(|q| q.as_deref_mut())
+            .ok_or(VerbError::NotFound)?;
+        if !matches!(q.qp_type, QpType::Ud) {
+            return Err(VerbError::Invalid);
+        }
+        if !self.res.mcast.contains_key(&gid) && self.res.mcast.len() >= max_grp {
+            return Err(VerbError::NoResources);
+        }
+        let v = self.res.mcast.entry(gid).or_default();
+        if v.contains(&qpn) {
+            return Ok(());
+        }
+        if v.len() >= max_att {
+            return Err(VerbError::NoResources);
+        }
+        v.push(qpn);
+        q.mcast.push(gid);
+        Ok(())
+    }
+
+    pub fn detach_mcast(&mut self, qpn: Qpn, gid: Gid) -> Result<(), VerbError> {
+        let v = self.res.mcast.get_mut(&gid).ok_or(VerbError::NotFound)?;
+        let before = v.len();
+        v.retain(|x| *x != qpn);
+        if v.len() == before {
+            return Err(VerbError::NotFound);
+        }
+        if v.is_empty() {
+            self.res.mcast.remove(&gid);
+        }
+        if let Some(q) = self.qp_mut(qpn) {
+            q.mcast.retain(|g| *g != gid);
+        }
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------- work requests
+
+    pub fn post_send(&mut self, qpn: Qpn, wr: SendWr) -> Result<(), VerbError> {
+        let q = self
+            .qps
+            .get_mut(qpn.0 as usize)
+            .and_then(|q| q.as_deref_mut())
+            .ok_or(VerbError::NotFound)?;
+        crate::req::post_send(q, &mut self.res, wr)?;
+        self.schedule(qpn);
+        Ok(())
+    }
+
+    pub fn post_recv(&mut self, qpn: Qpn, wr: RecvWr) -> Result<(), VerbError> {
+        let q = self
+            .qps
+            .get_mut(qpn.0 as usize)
+            .and_then(|q| q.as_deref_mut())
+            .ok_or(VerbError::NotFound)?;
+        if q.srq.is_some() || q.state() == QpState::Reset {
+            return Err(VerbError::Invalid);
+        }
+        if wr.sg_list.len() as u32 > q.cap.max_recv_sge {
+            return Err(VerbError::Invalid);
+        }
+        if q.rq.len() as u32 >= q.cap.max_recv_wr {
+            return Err(VerbError::NoResources);
+        }
+        let len = sge_total(&wr.sg_list);
+        q.rq.push_back(RecvWqe {
+            wr_id: wr.wr_id,
+            sges: wr.sg_list,
+            len,
+        });
+        if q.state() == QpState::Err {
+            crate::comp::flush(q, &mut self.res);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn schedule(&mut self, qpn: Qpn) {
+        if let Some(q) = self
+            .qps
+            .get_mut(qpn.0 as usize)
+            .and_then(|q| q.as_deref_mut())
+        {
+            if !q.scheduled {
+                q.scheduled = true;
+                self.sched.push_back(qpn);
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------- the sans-IO surface
+
+    /// Produces the next packet to send into `buf` (which must hold a path-MTU packet plus
+    /// headers: 4096 + 64 bytes is always enough), or `None` when nothing is ready.
+    pub fn poll_transmit(
+        &mut self,
+        now: Instant,
+        mem: &mut dyn Memory,
+        buf: &mut [u8],
+    ) -> Option<Transmit> {
+        while let Some(qpn) = self.sched.pop_front() {
+            let Some(q) = self
+                .qps
+                .get_mut(qpn.0 as usize)
+                .and_then(|q| q.as_deref_mut())
+            else {
+                continue;
+            };
+            q.scheduled = false;
+            let t = crate::resp::next_response(q, &mut self.res, mem, buf)
+                .or_else(|| crate::req::next_request(q, &mut self.res, mem, now, buf));
+            crate::comp::drain(q, &mut self.res);
+            if let Some(t) = t {
+                q.counters.tx_packets += 1;
+                q.counters.tx_bytes += t.len as u64;
+                self.res.port.tx_packets += 1;
+                self.res.port.tx_bytes += t.len as u64;
+                q.scheduled = true;
+                self.sched.push_back(qpn);
+                return Some(t);
+            }
+        }
+        None
+    }
+
+    /// Processes one received RoCE packet (BTH through ICRC; the transport has verified the
+    /// ICRC). Returns why it was dropped, if it was.
+    pub fn handle_packet(
+        &mut self,
+        now: Instant,
+        meta: &RecvMeta,
+        bytes: &[u8],
+        mem: &mut dyn Memory,
+    ) -> Result<(), Drop> {
+        self.res.port.rx_packets += 1;
+        self.res.port.rx_bytes += bytes.len() as u64;
+        let r = self.handle_packet_inner(now, meta, bytes, mem);
+        if r.is_err() {
+            self.res.port.rx_dropped += 1;
+        }
+        r
+    }
+
+    fn handle_packet_inner(
+        &mut self,
+        now: Instant,
+        meta: &RecvMeta,
+        bytes: &[u8],
+        mem: &mut dyn Memory,
+    ) -> Result<(), Drop> {
+        let pkt = Packet::new_checked(bytes).map_err(|e| {
+            self.res.port.rx_malformed += 1;
+            Drop::Malformed(e)
+        })?;
+        let bth = pkt.bth();
+        if bth.tver() != 0 {
+            return Err(Drop::BadVersion);
+        }
+        if pkt.flags().contains(OpFlags::CNP) {
+            // Congestion control is not implemented yet: CNPs are accepted and ignored.
+            return Ok(());
+        }
+        if bth.pkey() & 0x7fff != 0x7fff {
+            return Err(Drop::BadPkey);
+        }
+        let dqpn = bth.dest_qp();
+        if dqpn == Qpn::MULTICAST.0 {
+            if !meta.dst.is_multicast() {
+                return Err(Drop::NotOurGid);
+            }
+            let members = self.res.mcast.get(&meta.dst).cloned().unwrap_or_default();
+            if members.is_empty() {
+                return Err(Drop::UnknownQp);
+            }
+            for qpn in members {
+                if let Some(q) = self
+                    .qps
+                    .get_mut(qpn.0 as usize)
+                    .and_then(|q| q.as_deref_mut())
+                {
+                    let _ = crate::resp::handle_request(q, &mut self.res, mem, meta, &pkt);
+                }
+            }
+            return Ok(());
+        }
+        if !self.res.is_our_gid(&meta.dst) {
+            self.res.port.rx_bad_gid += 1;
+            return Err(Drop::NotOurGid);
+        }
+        let Some(q) = self
+            .qps
+            .get_mut(dqpn as usize)
+            .and_then(|q| q.as_deref_mut())
+        else {
+            self.res.port.rx_unknown_qp += 1;
+            return Err(Drop::UnknownQp);
+        };
+        q.counters.rx_packets += 1;
+        q.counters.rx_bytes += bytes.len() as u64;
+        if q.is_connected() {
+            let sgid = self.res.gid(q.attr.av.sgid_index);
+            if meta.src != q.attr.av.dgid || Some(meta.dst) != sgid {
+                q.counters.dropped += 1;
+                return Err(Drop::AddressMismatch);
+            }
+        }
+        let r = if pkt.flags().contains(OpFlags::REQ) {
+            crate::resp::handle_request(q, &mut self.res, mem, meta, &pkt)
+        } else {
+            crate::comp::handle_response(q, &mut self.res, mem, now, &pkt)
+        };
+        if r.is_err() {
+            q.counters.dropped += 1;
+        }
+        crate::comp::drain(q, &mut self.res);
+        let qpn = q.qpn;
+        self.schedule(qpn);
+        r
+    }
+
+    /// The earliest time `handle_timeout` has work to do.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.qps
+            .iter()
+            .flatten()
+            .flat_map(|q| [q.comp.retrans_at, q.req.rnr_until])
+            .flatten()
+            .min()
+    }
+
+    /// Fires the retransmission and RNR timers that are due.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let mut due = Vec::new();
+        for q in self.qps.iter_mut().flatten() {
+            let mut fired = false;
+            if q.req.rnr_until.is_some_and(|t| t <= now) {
+                q.req.rnr_until = None;
+                fired = true;
+            }
+            if q.comp.retrans_at.is_some_and(|t| t <= now) {
+                crate::comp::retransmit_timeout(q, &mut self.res, now);
+                crate::comp::drain(q, &mut self.res);
+                fired = true;
+            }
+            if fired {
+                due.push(q.qpn);
+            }
+        }
+        for qpn in due {
+            self.schedule(qpn);
+        }
+    }
+
+    pub fn poll_event(&mut self) -> Option<AsyncEvent> {
+        self.res.events.pop_front()
+    }
+
+    /// Counters of one QP.
+    pub fn qp_counters(&self, qpn: Qpn) -> Option<QpCounters> {
+        self.qp(qpn).map(|q| q.counters)
+    }
+
+    /// Moves every QP using `cqn` to the error state (the backend calls this when the guest's
+    /// CQ ring overflows).
+    pub fn cq_overflow(&mut self, cqn: u32) {
+        if let Some(cq) = self.res.cqs.get_mut(cqn) {
+            if !cq.error {
+                cq.error = true;
+                self.res.events.push_back(AsyncEvent::CqErr { cqn });
+            }
+        }
+        for q in self.qps.iter_mut().flatten() {
+            if (q.send_cq == cqn || q.recv_cq == cqn) && q.state() != QpState::Err {
+                crate::comp::set_error(q, &mut self.res);
+            }
+        }
+    }
+}

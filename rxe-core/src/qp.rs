@@ -1,0 +1,633 @@
+//! Queue pairs: the per-QP state the requester, responder and completer share, and the IBTA
+//! state machine with per-transition attribute validation (IBTA 10.3, table 91; the same table
+//! as the kernel's `ib_modify_qp_is_ok`).
+
+use std::collections::VecDeque;
+
+use crate::types::{Instant, Psn, Qpn};
+use crate::verbs::*;
+use crate::wire::Opcode;
+
+/// The most unacknowledged PSNs a requester keeps in flight (rxe's `RXE_MAX_UNACKED_PSNS`).
+pub const MAX_UNACKED_PSNS: i32 = 128;
+/// The requester sets AckReq at least this often (rxe's `RXE_MAX_PKT_PER_ACK`).
+pub const MAX_PKT_PER_ACK: u32 = 64;
+/// Device-wide cap on max_rd_atomic / max_dest_rd_atomic.
+pub const MAX_RD_ATOMIC: u8 = 128;
+/// The Q_Key of the GSI QP.
+pub const GSI_QKEY: u32 = 0x8001_0000;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum WqeState {
+    /// Not yet started by the requester.
+    Posted,
+    /// Some or all packets sent, waiting for the response/ACK.
+    Pending,
+    /// Finished; waits for the completer to reach it in order.
+    Done(WcStatus),
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct SendWqe {
+    pub wr: SendWr,
+    pub state: WqeState,
+    pub first_psn: Psn,
+    pub last_psn: Psn,
+    pub len: u32,
+    pub signaled: bool,
+    /// For READ: bytes of response data placed so far.
+    pub read_done: u32,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct RecvWqe {
+    pub wr_id: u64,
+    pub sges: Vec<Sge>,
+    pub len: u64,
+}
+
+/// What the responder has queued for transmission.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum RespOut {
+    Ack {
+        psn: Psn,
+        syndrome: u8,
+    },
+    /// READ response packets for `[va, va+len)`, starting at PSN `psn`, `offset` bytes in.
+    Read {
+        psn: Psn,
+        va: u64,
+        rkey: u32,
+        len: u32,
+        offset: u32,
+        first: bool,
+    },
+    AtomicAck {
+        psn: Psn,
+        orig: u64,
+    },
+    /// Zero-length READ_RESPONSE_ONLY acknowledging FLUSH and ATOMIC_WRITE.
+    EmptyReadResp {
+        psn: Psn,
+    },
+}
+
+/// A responder resource (IBTA 9.7.5.1.2): what a duplicate READ or atomic is answered from.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Resource {
+    Read {
+        first_psn: Psn,
+        last_psn: Psn,
+        va: u64,
+        rkey: u32,
+        len: u32,
+    },
+    Atomic {
+        psn: Psn,
+        orig: u64,
+    },
+    /// FLUSH / ATOMIC_WRITE: a replay is the same empty READ response.
+    Empty {
+        psn: Psn,
+    },
+}
+
+/// Requester progress through the send queue.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ReqState {
+    /// Sequence number (not index) of the next WQE the requester works on.
+    pub cur: u64,
+    /// Bytes of that WQE already sent.
+    pub offset: u32,
+    /// Next PSN to send.
+    pub psn: Psn,
+    pub noack_pkts: u32,
+    /// Outstanding READ/atomic requests.
+    pub rd_atomic: u32,
+    /// Waiting for the RNR timer.
+    pub rnr_until: Option<Instant>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub(crate) struct CompState {
+    /// Oldest PSN not yet acknowledged.
+    pub psn: Psn,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub retrans_at: Option<Instant>,
+}
+
+/// A multi-packet message being received.
+#[derive(Clone, Debug)]
+pub(crate) enum InMsg {
+    Send {
+        wqe: RecvWqe,
+        offset: u64,
+    },
+    Write {
+        va: u64,
+        rkey: u32,
+        resid: u64,
+        total: u64,
+    },
+}
+
+#[derive(Clone, Debug, Default)]
+pub(crate) struct RespState {
+    pub psn: Psn,
+    pub msn: u32,
+    pub sent_psn_nak: bool,
+    pub in_msg: Option<InMsg>,
+    /// Last opcode of a message in progress, for the opcode-sequence check.
+    pub last_op: Option<Opcode>,
+    /// UC: drop packets until the next first/only.
+    pub drop_msg: bool,
+    pub resources: VecDeque<Resource>,
+    pub out: VecDeque<RespOut>,
+    pub comm_est: bool,
+    /// A NAK that moves the QP to ERR once sent is queued.
+    pub goto_error: bool,
+}
+
+/// Per-QP counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QpCounters {
+    pub tx_packets: u64,
+    pub tx_bytes: u64,
+    pub rx_packets: u64,
+    pub rx_bytes: u64,
+    pub retransmits: u64,
+    pub timeouts: u64,
+    pub naks_sent: u64,
+    pub naks_received: u64,
+    pub rnr_naks_sent: u64,
+    pub rnr_naks_received: u64,
+    pub duplicates: u64,
+    pub dropped: u64,
+    pub errors: u64,
+}
+
+#[derive(Debug)]
+pub struct Qp {
+    pub qpn: Qpn,
+    pub qp_type: QpType,
+    pub pd: u32,
+    pub send_cq: u32,
+    pub recv_cq: u32,
+    pub srq: Option<u32>,
+    pub cap: QpCap,
+    pub sq_sig_all: bool,
+    pub attr: QpAttr,
+    pub(crate) sq: VecDeque<SendWqe>,
+    /// Sequence number of `sq[0]`.
+    pub(crate) sq_head: u64,
+    pub(crate) rq: VecDeque<RecvWqe>,
+    pub(crate) req: ReqState,
+    pub(crate) comp: CompState,
+    pub(crate) resp: RespState,
+    pub(crate) scheduled: bool,
+    pub(crate) drained_notified: bool,
+    pub counters: QpCounters,
+    pub mcast: Vec<crate::types::Gid>,
+}
+
+/// Why a verb was refused (the backend maps these to status codes; `errno` names what rxe
+/// returns).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum VerbError {
+    /// EINVAL
+    Invalid,
+    /// ENOMEM / resource limit reached
+    NoResources,
+    /// ENOENT: no such object
+    NotFound,
+    /// EBUSY: object in use
+    Busy,
+    /// A QP in a state that forbids the operation.
+    BadState,
+}
+
+impl core::fmt::Display for VerbError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            VerbError::Invalid => "invalid argument",
+            VerbError::NoResources => "out of resources",
+            VerbError::NotFound => "no such object",
+            VerbError::Busy => "object in use",
+            VerbError::BadState => "operation not allowed in this state",
+        })
+    }
+}
+
+impl std::error::Error for VerbError {}
+
+use AttrMask as M;
+
+/// Required and optional attributes for a transition, by QP type (`[rc, uc, ud]`).
+fn transition(cur: QpState, next: QpState, t: QpType) -> Option<(u32, u32)> {
+    use QpState::*;
+    let ti = match t {
+        QpType::Rc => 0,
+        QpType::Uc => 1,
+        QpType::Ud | QpType::Gsi => 2,
+    };
+    let pick = |v: [u32; 3]| v[ti];
+    let r = match (cur, next) {
+        (_, Reset) | (_, Err) => (0, 0),
+        (Reset, Init) => (
+            pick([
+                M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS,
+                M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS,
+                M::PKEY_INDEX | M::PORT | M::QKEY,
+            ]),
+            0,
+        ),
+        (Init, Init) => (
+            0,
+            pick([
+                M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS,
+                M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS,
+                M::PKEY_INDEX | M::PORT | M::QKEY,
+            ]),
+        ),
+        (Init, Rtr) => (
+            pick([
+                M::AV
+                    | M::PATH_MTU
+                    | M::DEST_QPN
+                    | M::RQ_PSN
+                    | M::MAX_DEST_RD_ATOMIC
+                    | M::MIN_RNR_TIMER,
+                M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN,
+                0,
+            ]),
+            pick([
+                M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX,
+                M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX,
+                M::PKEY_INDEX | M::QKEY,
+            ]),
+        ),
+        (Rtr, Rts) => (
+            pick([
+                M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
+                M::SQ_PSN,
+                M::SQ_PSN,
+            ]),
+            pick([
+                M::CUR_STATE | M::ALT_PATH | M::ACCESS_FLAGS | M::MIN_RNR_TIMER | M::PATH_MIG_STATE,
+                M::CUR_STATE | M::ALT_PATH | M::ACCESS_FLAGS | M::PATH_MIG_STATE,
+                M::CUR_STATE | M::QKEY,
+            ]),
+        ),
+        (Rts, Rts) | (Sqd, Rts) => (
+            0,
+            pick([
+                M::CUR_STATE | M::ACCESS_FLAGS | M::ALT_PATH | M::PATH_MIG_STATE | M::MIN_RNR_TIMER,
+                M::CUR_STATE | M::ACCESS_FLAGS | M::ALT_PATH | M::PATH_MIG_STATE,
+                M::CUR_STATE | M::QKEY,
+            ]),
+        ),
+        (Rts, Sqd) => (0, M::EN_SQD_ASYNC_NOTIFY),
+        (Sqd, Sqd) => (
+            0,
+            pick([
+                M::PKEY_INDEX
+                    | M::AV
+                    | M::MAX_QP_RD_ATOMIC
+                    | M::MAX_DEST_RD_ATOMIC
+                    | M::CUR_STATE
+                    | M::ALT_PATH
+                    | M::ACCESS_FLAGS
+                    | M::PORT
+                    | M::MIN_RNR_TIMER
+                    | M::TIMEOUT
+                    | M::RETRY_CNT
+                    | M::RNR_RETRY
+                    | M::PATH_MIG_STATE,
+                M::PKEY_INDEX
+                    | M::AV
+                    | M::CUR_STATE
+                    | M::ALT_PATH
+                    | M::ACCESS_FLAGS
+                    | M::PORT
+                    | M::PATH_MIG_STATE,
+                M::PKEY_INDEX | M::QKEY,
+            ]),
+        ),
+        (Sqe, Rts) if t != QpType::Rc => (0, M::CUR_STATE | pick([0, M::ACCESS_FLAGS, M::QKEY])),
+        _ => return None,
+    };
+    Some(r)
+}
+
+impl Qp {
+    pub(crate) fn new(
+        qpn: Qpn,
+        qp_type: QpType,
+        pd: u32,
+        send_cq: u32,
+        recv_cq: u32,
+        srq: Option<u32>,
+        cap: QpCap,
+        sq_sig_all: bool,
+    ) -> Self {
+        Qp {
+            qpn,
+            qp_type,
+            pd,
+            send_cq,
+            recv_cq,
+            srq,
+            cap,
+            sq_sig_all,
+            attr: QpAttr::default(),
+            sq: VecDeque::with_capacity(cap.max_send_wr as usize),
+            sq_head: 0,
+            rq: VecDeque::with_capacity(cap.max_recv_wr as usize),
+            req: ReqState::default(),
+            comp: CompState::default(),
+            resp: RespState::default(),
+            scheduled: false,
+            drained_notified: false,
+            counters: QpCounters::default(),
+            mcast: Vec::new(),
+        }
+    }
+
+    pub fn state(&self) -> QpState {
+        self.attr.qp_state
+    }
+
+    pub fn mtu(&self) -> u32 {
+        self.attr.path_mtu.bytes()
+    }
+
+    pub(crate) fn is_connected(&self) -> bool {
+        matches!(self.qp_type, QpType::Rc | QpType::Uc)
+    }
+
+    /// Checks a modify request against the transition table and value limits. `gid_ok` says
+    /// whether an sgid index names a GID; `port_mtu` bounds path MTU.
+    pub(crate) fn check_modify(
+        &self,
+        attr: &QpAttr,
+        mask: AttrMask,
+        port_mtu: Mtu,
+        gid_ok: &dyn Fn(u8) -> bool,
+    ) -> Result<QpState, VerbError> {
+        let cur = self.attr.qp_state;
+        if mask.has(M::CUR_STATE) && attr.cur_qp_state != cur {
+            return Err(VerbError::Invalid);
+        }
+        let next = if mask.has(M::STATE) {
+            attr.qp_state
+        } else {
+            cur
+        };
+        let (req, opt) = transition(cur, next, self.qp_type).ok_or(VerbError::Invalid)?;
+        let given = mask.0 & !(M::STATE | M::CUR_STATE);
+        let allowed = req | opt | M::CUR_STATE | M::RATE_LIMIT;
+        if given & req != req || given & !allowed != 0 {
+            return Err(VerbError::Invalid);
+        }
+        if mask.has(M::PATH_MTU) && attr.path_mtu > port_mtu {
+            return Err(VerbError::Invalid);
+        }
+        if mask.has(M::PORT) && attr.port_num != 1 {
+            return Err(VerbError::Invalid);
+        }
+        if mask.has(M::PKEY_INDEX) && attr.pkey_index != 0 {
+            return Err(VerbError::Invalid);
+        }
+        if (mask.has(M::MAX_QP_RD_ATOMIC) && attr.max_rd_atomic > MAX_RD_ATOMIC)
+            || (mask.has(M::MAX_DEST_RD_ATOMIC) && attr.max_dest_rd_atomic > MAX_RD_ATOMIC)
+            || (mask.has(M::TIMEOUT) && attr.timeout > 31)
+            || (mask.has(M::RETRY_CNT) && attr.retry_cnt > 7)
+            || (mask.has(M::RNR_RETRY) && attr.rnr_retry > 7)
+            || (mask.has(M::MIN_RNR_TIMER) && attr.min_rnr_timer > 31)
+            || (mask.has(M::DEST_QPN) && attr.dest_qp_num > 0xff_ffff)
+            || (mask.has(M::ACCESS_FLAGS) && attr.qp_access_flags.0 & !Access::ALL.0 != 0)
+        {
+            return Err(VerbError::Invalid);
+        }
+        if mask.has(M::AV) && !gid_ok(attr.av.sgid_index) {
+            return Err(VerbError::Invalid);
+        }
+        Ok(next)
+    }
+
+    /// Applies checked attributes. State side effects (flush, reset) are the device's job.
+    pub(crate) fn apply_attrs(&mut self, attr: &QpAttr, mask: AttrMask) {
+        let a = &mut self.attr;
+        if mask.has(M::ACCESS_FLAGS) {
+            a.qp_access_flags = attr.qp_access_flags;
+        }
+        if mask.has(M::PKEY_INDEX) {
+            a.pkey_index = attr.pkey_index;
+        }
+        if mask.has(M::PORT) {
+            a.port_num = attr.port_num;
+        }
+        if mask.has(M::QKEY) {
+            a.qkey = attr.qkey;
+        }
+        if mask.has(M::AV) {
+            a.av = attr.av;
+        }
+        if mask.has(M::PATH_MTU) {
+            a.path_mtu = attr.path_mtu;
+        }
+        if mask.has(M::TIMEOUT) {
+            a.timeout = attr.timeout;
+        }
+        if mask.has(M::RETRY_CNT) {
+            a.retry_cnt = attr.retry_cnt;
+            self.comp.retry_cnt = attr.retry_cnt;
+        }
+        if mask.has(M::RNR_RETRY) {
+            a.rnr_retry = attr.rnr_retry;
+            self.comp.rnr_retry = attr.rnr_retry;
+        }
+        if mask.has(M::RQ_PSN) {
+            a.rq_psn = attr.rq_psn & 0xff_ffff;
+            self.resp.psn = Psn::new(attr.rq_psn);
+        }
+        if mask.has(M::SQ_PSN) {
+            a.sq_psn = attr.sq_psn & 0xff_ffff;
+            self.req.psn = Psn::new(attr.sq_psn);
+            self.comp.psn = Psn::new(attr.sq_psn);
+        }
+        if mask.has(M::MAX_QP_RD_ATOMIC) {
+            // rxe rounds up to a power of two.
+            a.max_rd_atomic = (attr.max_rd_atomic as u32)
+                .next_power_of_two()
+                .min(MAX_RD_ATOMIC as u32) as u8;
+            if attr.max_rd_atomic == 0 {
+                a.max_rd_atomic = 0;
+            }
+        }
+        if mask.has(M::MAX_DEST_RD_ATOMIC) {
+            a.max_dest_rd_atomic = (attr.max_dest_rd_atomic as u32)
+                .next_power_of_two()
+                .min(MAX_RD_ATOMIC as u32) as u8;
+            if attr.max_dest_rd_atomic == 0 {
+                a.max_dest_rd_atomic = 0;
+            }
+        }
+        if mask.has(M::MIN_RNR_TIMER) {
+            a.min_rnr_timer = attr.min_rnr_timer;
+        }
+        if mask.has(M::DEST_QPN) {
+            a.dest_qp_num = attr.dest_qp_num;
+        }
+        if mask.has(M::EN_SQD_ASYNC_NOTIFY) {
+            a.en_sqd_async_notify = attr.en_sqd_async_notify;
+        }
+        if self.qp_type == QpType::Gsi {
+            a.qkey = GSI_QKEY;
+        }
+    }
+
+    /// Back to a fresh QP (the transition to RESET): queues emptied without completions.
+    pub(crate) fn reset(&mut self) {
+        self.sq.clear();
+        self.sq_head = 0;
+        self.rq.clear();
+        self.req = ReqState::default();
+        self.comp = CompState::default();
+        self.resp = RespState::default();
+        let keep = (self.attr.port_num, self.attr.qkey);
+        self.attr = QpAttr {
+            port_num: keep.0,
+            ..QpAttr::default()
+        };
+        if self.qp_type == QpType::Gsi {
+            self.attr.qkey = GSI_QKEY;
+        }
+    }
+
+    pub(crate) fn wqe(&self, seq: u64) -> Option<&SendWqe> {
+        self.sq.get(seq.checked_sub(self.sq_head)? as usize)
+    }
+    pub(crate) fn wqe_mut(&mut self, seq: u64) -> Option<&mut SendWqe> {
+        self.sq.get_mut(seq.checked_sub(self.sq_head)? as usize)
+    }
+    pub(crate) fn sq_tail(&self) -> u64 {
+        self.sq_head + self.sq.len() as u64
+    }
+}
+
+/// IBTA table 45: the RNR NAK timer field in nanoseconds.
+pub fn rnr_timer_ns(t: u8) -> u64 {
+    const US: [u64; 32] = [
+        655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1280, 1920, 2560, 3840,
+        5120, 7680, 10240, 15360, 20480, 30720, 40960, 61440, 81920, 122880, 163840, 245760,
+        327680, 491520,
+    ];
+    US[(t & 31) as usize] * 1000
+}
+
+/// Local ACK timeout: 4.096 µs × 2^t; 0 means no timer.
+pub fn ack_timeout_ns(t: u8) -> Option<u64> {
+    (t != 0).then(|| 4096u64 << t.min(31))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn qp(t: QpType) -> Qp {
+        Qp::new(Qpn(0x11), t, 1, 1, 1, None, QpCap::default(), false)
+    }
+
+    #[test]
+    fn transitions_require_the_right_attributes() {
+        let q = qp(QpType::Rc);
+        let ok = |_| true;
+        let mut a = QpAttr {
+            qp_state: QpState::Init,
+            ..Default::default()
+        };
+        // RESET -> INIT needs pkey index, port and access flags on RC.
+        assert_eq!(
+            q.check_modify(
+                &a,
+                AttrMask(M::STATE | M::PKEY_INDEX | M::PORT),
+                Mtu::M1024,
+                &ok
+            ),
+            Err(VerbError::Invalid)
+        );
+        assert_eq!(
+            q.check_modify(
+                &a,
+                AttrMask(M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS),
+                Mtu::M1024,
+                &ok
+            ),
+            Ok(QpState::Init)
+        );
+        // QKEY is not an RC attribute.
+        assert!(q
+            .check_modify(
+                &a,
+                AttrMask(M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS | M::QKEY),
+                Mtu::M1024,
+                &ok
+            )
+            .is_err());
+        // RESET -> RTR skips a state.
+        a.qp_state = QpState::Rtr;
+        assert!(q
+            .check_modify(&a, AttrMask(M::STATE), Mtu::M1024, &ok)
+            .is_err());
+        // Anything -> ERR and -> RESET.
+        a.qp_state = QpState::Err;
+        assert_eq!(
+            q.check_modify(&a, AttrMask(M::STATE), Mtu::M1024, &ok),
+            Ok(QpState::Err)
+        );
+        let u = qp(QpType::Ud);
+        a.qp_state = QpState::Init;
+        assert!(u
+            .check_modify(
+                &a,
+                AttrMask(M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY),
+                Mtu::M1024,
+                &ok
+            )
+            .is_ok());
+        // Values out of range.
+        let mut q = qp(QpType::Rc);
+        q.attr.qp_state = QpState::Init;
+        let mut a = QpAttr {
+            qp_state: QpState::Rtr,
+            path_mtu: Mtu::M4096,
+            ..Default::default()
+        };
+        let rtr = AttrMask(
+            M::STATE
+                | M::AV
+                | M::PATH_MTU
+                | M::DEST_QPN
+                | M::RQ_PSN
+                | M::MAX_DEST_RD_ATOMIC
+                | M::MIN_RNR_TIMER,
+        );
+        assert!(q.check_modify(&a, rtr, Mtu::M1024, &ok).is_err());
+        a.path_mtu = Mtu::M1024;
+        assert!(q.check_modify(&a, rtr, Mtu::M1024, &ok).is_ok());
+        assert!(q.check_modify(&a, rtr, Mtu::M1024, &|_| false).is_err());
+        a.max_dest_rd_atomic = 129;
+        assert!(q.check_modify(&a, rtr, Mtu::M1024, &ok).is_err());
+    }
+
+    #[test]
+    fn timers() {
+        assert_eq!(rnr_timer_ns(0), 655_360_000);
+        assert_eq!(rnr_timer_ns(1), 10_000);
+        assert_eq!(rnr_timer_ns(12), 640_000);
+        assert_eq!(ack_timeout_ns(0), None);
+        assert_eq!(ack_timeout_ns(14), Some(4096 << 14));
+    }
+}

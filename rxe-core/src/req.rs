@@ -1,0 +1,636 @@
+//! The requester (Linux `rxe_req.c`): turns send WQEs into request packets — segmentation by
+//! path MTU, AckReq every 64 packets and at the end of a message, the READ/atomic window,
+//! fences, and local operations (fast-reg, invalidate, MW bind) executed in order.
+
+use crate::device::{Resources, Transmit};
+use crate::icrc::{rc_udp_sport, ud_udp_sport};
+use crate::mem::*;
+use crate::qp::*;
+use crate::types::{Instant, Psn};
+use crate::verbs::*;
+use crate::wire::{self, BthRepr, ExtRepr, Opcode};
+
+/// Validates and queues a send WR. QPs in ERR complete it at once with a flush error.
+pub(crate) fn post_send(q: &mut Qp, res: &mut Resources, wr: SendWr) -> Result<(), VerbError> {
+    match q.state() {
+        QpState::Reset | QpState::Init | QpState::Rtr => return Err(VerbError::BadState),
+        _ => {}
+    }
+    if q.sq.len() as u32 >= q.cap.max_send_wr {
+        return Err(VerbError::NoResources);
+    }
+    let inline = wr.flags & SEND_INLINE != 0;
+    if wr.sg_list.len() as u32 > q.cap.max_send_sge {
+        return Err(VerbError::Invalid);
+    }
+    if inline && wr.inline_data.len() as u32 > q.cap.max_inline_data {
+        return Err(VerbError::Invalid);
+    }
+    let ud = matches!(q.qp_type, QpType::Ud | QpType::Gsi);
+    let ok_for_type = match (&wr.op, q.qp_type) {
+        (SendOp::Send | SendOp::SendWithImm(_), _) => true,
+        (_, QpType::Ud | QpType::Gsi) => false,
+        (SendOp::Write { .. } | SendOp::WriteWithImm { .. }, _) => true,
+        (SendOp::LocalInv { .. } | SendOp::RegMr { .. } | SendOp::BindMw { .. }, _) => true,
+        (_, QpType::Uc) => false,
+        _ => true,
+    };
+    if !ok_for_type || (ud && wr.ud.is_none()) {
+        return Err(VerbError::Invalid);
+    }
+    let len = if inline {
+        wr.inline_data.len() as u64
+    } else {
+        sge_total(&wr.sg_list)
+    };
+    let mtu = if ud {
+        res.cfg.port_mtu.bytes()
+    } else {
+        q.mtu()
+    };
+    match &wr.op {
+        _ if len > 1 << 31 => return Err(VerbError::Invalid),
+        SendOp::Send | SendOp::SendWithImm(_) if ud && len > mtu as u64 => {
+            return Err(VerbError::Invalid)
+        }
+        SendOp::CompSwap { remote_addr, .. }
+        | SendOp::FetchAdd { remote_addr, .. }
+        | SendOp::AtomicWrite { remote_addr, .. }
+            if remote_addr & 7 != 0 || len != 8 =>
+        {
+            return Err(VerbError::Invalid)
+        }
+        _ => {}
+    }
+    if let Some(u) = &wr.ud {
+        if res.gid(u.av.sgid_index).is_none() {
+            return Err(VerbError::Invalid);
+        }
+    }
+    let signaled = q.sq_sig_all || wr.flags & SEND_SIGNALED != 0;
+    let flushed = q.state() == QpState::Err;
+    q.sq.push_back(SendWqe {
+        wr,
+        state: if flushed {
+            WqeState::Done(WcStatus::WrFlushErr)
+        } else {
+            WqeState::Posted
+        },
+        first_psn: Psn::default(),
+        last_psn: Psn::default(),
+        len: len as u32,
+        signaled,
+        read_done: 0,
+    });
+    if flushed {
+        crate::comp::drain(q, res);
+    }
+    Ok(())
+}
+
+/// Binds an MW to an MR range (the checks of IBTA 10.6.7 / `rxe_mw.c`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn bind_mw(
+    keys: &mut KeyTable,
+    pd: u32,
+    qpn: u32,
+    mw_rkey: u32,
+    new_rkey: u32,
+    mr_lkey: u32,
+    addr: u64,
+    length: u64,
+    access: Access,
+    expect: MwType,
+) -> Result<(), WcStatus> {
+    // The MW is named by index; its variant byte is what the bind changes.
+    let (mw_type, mw_pd, mw_state, old_mr) = match keys.get_by_index(mw_rkey) {
+        Some((KeyObj::Mw(mw), k)) if (*k == mw_rkey as u8 || mw.mw_type == MwType::Type2) => {
+            (mw.mw_type, mw.pd, mw.state, mw.mr_key)
+        }
+        _ => return Err(WcStatus::MwBindErr),
+    };
+    if mw_type != expect || mw_pd != pd {
+        return Err(WcStatus::MwBindErr);
+    }
+    if mw_type == MwType::Type2 && mw_state == KeyState::Valid {
+        return Err(WcStatus::MwBindErr);
+    }
+    if new_rkey >> 8 != mw_rkey >> 8 {
+        return Err(WcStatus::MwBindErr);
+    }
+    if access.0 & !(Access::REMOTE.0 | Access::ZERO_BASED.0) != 0 {
+        return Err(WcStatus::MwBindErr);
+    }
+    // Zero length binds (type 1) just invalidate.
+    if length > 0 {
+        match keys.get(mr_lkey) {
+            Some(KeyObj::Mr(mr)) => {
+                if mr.pd != pd
+                    || mr.state != KeyState::Valid
+                    || !mr.access.contains(Access::MW_BIND)
+                {
+                    return Err(WcStatus::MwBindErr);
+                }
+                // Remote write/atomic through a window need local write on the MR.
+                if (access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC))
+                    && !mr.access.contains(Access::LOCAL_WRITE)
+                {
+                    return Err(WcStatus::MwBindErr);
+                }
+                let end = addr.checked_add(length).ok_or(WcStatus::MwBindErr)?;
+                if mr.kind != MrKind::Dma
+                    && (addr < mr.iova || end > mr.iova.saturating_add(mr.length))
+                {
+                    return Err(WcStatus::MwBindErr);
+                }
+            }
+            _ => return Err(WcStatus::MwBindErr),
+        }
+    }
+    if mw_state == KeyState::Valid {
+        if let Some(KeyObj::Mr(mr)) = keys.get_mut(old_mr) {
+            mr.bound_mws = mr.bound_mws.saturating_sub(1);
+        }
+    }
+    if length > 0 {
+        if let Some(KeyObj::Mr(mr)) = keys.get_mut(mr_lkey) {
+            mr.bound_mws += 1;
+        }
+    }
+    if let Some((KeyObj::Mw(mw), k)) = keys.get_by_index(mw_rkey) {
+        *k = new_rkey as u8;
+        mw.state = if length > 0 {
+            KeyState::Valid
+        } else {
+            KeyState::Free
+        };
+        mw.mr_key = mr_lkey;
+        mw.addr = addr;
+        mw.length = length;
+        mw.access = access;
+        mw.qpn = qpn;
+    }
+    Ok(())
+}
+
+/// Invalidates an rkey: fast-reg MRs and type 2 MWs (local invalidate, or SEND with
+/// invalidate at the responder).
+pub(crate) fn invalidate(
+    keys: &mut KeyTable,
+    pd: u32,
+    rkey: u32,
+    qpn: Option<u32>,
+) -> Result<(), WcStatus> {
+    let mut unbind = None;
+    match keys.get_mut(rkey) {
+        Some(KeyObj::Mr(mr)) if matches!(mr.kind, MrKind::FastReg { .. }) && mr.pd == pd => {
+            if mr.bound_mws > 0 {
+                return Err(WcStatus::MwBindErr);
+            }
+            mr.state = KeyState::Free;
+        }
+        Some(KeyObj::Mw(mw))
+            if mw.mw_type == MwType::Type2 && mw.pd == pd && mw.state == KeyState::Valid =>
+        {
+            if qpn.is_some_and(|n| n != mw.qpn) {
+                return Err(WcStatus::MwBindErr);
+            }
+            mw.state = KeyState::Free;
+            unbind = Some(mw.mr_key);
+        }
+        _ => return Err(WcStatus::MwBindErr),
+    }
+    if let Some(Some(KeyObj::Mr(mr))) = unbind.map(|k| keys.get_mut(k)) {
+        mr.bound_mws = mr.bound_mws.saturating_sub(1);
+    }
+    Ok(())
+}
+
+fn local_op(q: &Qp, res: &mut Resources, op: &SendOp) -> WcStatus {
+    let r = match op {
+        SendOp::LocalInv { rkey } => {
+            invalidate(&mut res.keys, q.pd, *rkey, Some(q.qpn.0)).map_err(|_| WcStatus::LocQpOpErr)
+        }
+        SendOp::RegMr {
+            lkey,
+            key,
+            access,
+            iova,
+            length,
+            page_shift,
+            pages,
+        } => {
+            let pd = q.pd;
+            match res.keys.get_by_index(*lkey) {
+                Some((KeyObj::Mr(mr), k)) if mr.pd == pd && mr.state == KeyState::Free => {
+                    match mr.kind {
+                        MrKind::FastReg { max_pages }
+                            if pages.len() as u32 <= max_pages
+                                && (9..=30).contains(page_shift)
+                                && ((iova & ((1u64 << page_shift) - 1)) + length)
+                                    .div_ceil(1u64 << page_shift)
+                                    <= pages.len() as u64
+                                && access.0 & !Access::ALL.0 == 0
+                                && iova.checked_add(*length).is_some() =>
+                        {
+                            *k = *key as u8;
+                            mr.iova = *iova;
+                            mr.length = *length;
+                            mr.access = *access;
+                            mr.backing = Backing::Pages {
+                                page_shift: *page_shift,
+                                pages: pages.clone(),
+                            };
+                            mr.state = KeyState::Valid;
+                            Ok(())
+                        }
+                        _ => Err(WcStatus::LocQpOpErr),
+                    }
+                }
+                _ => Err(WcStatus::LocQpOpErr),
+            }
+        }
+        SendOp::BindMw {
+            mw_rkey,
+            new_rkey,
+            mr_lkey,
+            addr,
+            length,
+            access,
+        } => bind_mw(
+            &mut res.keys,
+            q.pd,
+            q.qpn.0,
+            *mw_rkey,
+            *new_rkey,
+            *mr_lkey,
+            *addr,
+            *length,
+            *access,
+            MwType::Type2,
+        ),
+        _ => Ok(()),
+    };
+    match r {
+        Ok(()) => WcStatus::Success,
+        Err(s) => s,
+    }
+}
+
+/// Builds the next request packet of `q` into `buf`.
+pub(crate) fn next_request(
+    q: &mut Qp,
+    res: &mut Resources,
+    mem: &mut dyn Memory,
+    now: Instant,
+    buf: &mut [u8],
+) -> Option<Transmit> {
+    loop {
+        let st = q.state();
+        let mid_message = q.req.offset != 0;
+        if !(st == QpState::Rts || (st == QpState::Sqd && mid_message)) || q.req.rnr_until.is_some()
+        {
+            return None;
+        }
+        if q.req.cur < q.sq_head {
+            q.req.cur = q.sq_head;
+            q.req.offset = 0;
+        }
+        let cur = q.req.cur;
+        let wqe = q.wqe(cur)?;
+        if let WqeState::Done(_) = wqe.state {
+            q.req.cur += 1;
+            continue;
+        }
+        let rc = q.qp_type == QpType::Rc;
+        if wqe.wr.flags & SEND_FENCE != 0 && q.req.rd_atomic > 0 {
+            return None;
+        }
+        if wqe.wr.op.is_local() {
+            let op = wqe.wr.op.clone();
+            let status = local_op(q, res, &op);
+            let w = q.wqe_mut(cur).expect("wqe present");
+            w.state = WqeState::Done(status);
+            q.req.cur += 1;
+            if status != WcStatus::Success {
+                crate::comp::set_error(q, res);
+                return None;
+            }
+            continue;
+        }
+        let rd_atomic = wqe.wr.op.is_read_or_atomic();
+        if rc && rd_atomic && q.req.offset == 0 && q.req.rd_atomic >= q.attr.max_rd_atomic as u32 {
+            return None;
+        }
+        if rc && q.req.psn.diff(q.comp.psn) >= MAX_UNACKED_PSNS {
+            return None;
+        }
+        return build(q, res, mem, now, cur, buf);
+    }
+}
+
+fn build(
+    q: &mut Qp,
+    res: &mut Resources,
+    mem: &mut dyn Memory,
+    now: Instant,
+    seq: u64,
+    buf: &mut [u8],
+) -> Option<Transmit> {
+    let ud = matches!(q.qp_type, QpType::Ud | QpType::Gsi);
+    let mtu = if ud {
+        res.cfg.port_mtu.bytes()
+    } else {
+        q.mtu()
+    };
+    let base = match q.qp_type {
+        QpType::Rc => 0x00,
+        QpType::Uc => 0x20,
+        _ => 0x60,
+    };
+    let psn = q.req.psn;
+    let offset = q.req.offset;
+    let wqe = q.wqe(seq)?;
+    let len = wqe.len;
+    let remaining = len - offset.min(len);
+    let first = offset == 0;
+    let last = remaining <= mtu;
+    let plen = remaining.min(mtu);
+    let mut ext = ExtRepr::default();
+    let sel = |f: Opcode, m: Opcode, l: Opcode, o: Opcode| match (first, last) {
+        (true, true) => o,
+        (true, false) => f,
+        (false, false) => m,
+        (false, true) => l,
+    };
+    use Opcode as O;
+    let (op, payload, npsn) = match &wqe.wr.op {
+        SendOp::Send => (
+            sel(
+                O::RC_SEND_FIRST,
+                O::RC_SEND_MIDDLE,
+                O::RC_SEND_LAST,
+                O::RC_SEND_ONLY,
+            ),
+            plen,
+            1,
+        ),
+        SendOp::SendWithImm(imm) => {
+            ext.imm = *imm;
+            (
+                sel(
+                    O::RC_SEND_FIRST,
+                    O::RC_SEND_MIDDLE,
+                    O::RC_SEND_LAST_WITH_IMMEDIATE,
+                    O::RC_SEND_ONLY_WITH_IMMEDIATE,
+                ),
+                plen,
+                1,
+            )
+        }
+        SendOp::SendWithInv(rkey) => {
+            ext.ieth = *rkey;
+            (
+                sel(
+                    O::RC_SEND_FIRST,
+                    O::RC_SEND_MIDDLE,
+                    O::RC_SEND_LAST_WITH_INVALIDATE,
+                    O::RC_SEND_ONLY_WITH_INVALIDATE,
+                ),
+                plen,
+                1,
+            )
+        }
+        SendOp::Write { remote_addr, rkey } => {
+            ext.reth = (*remote_addr, *rkey, len);
+            (
+                sel(
+                    O::RC_RDMA_WRITE_FIRST,
+                    O::RC_RDMA_WRITE_MIDDLE,
+                    O::RC_RDMA_WRITE_LAST,
+                    O::RC_RDMA_WRITE_ONLY,
+                ),
+                plen,
+                1,
+            )
+        }
+        SendOp::WriteWithImm {
+            remote_addr,
+            rkey,
+            imm,
+        } => {
+            ext.reth = (*remote_addr, *rkey, len);
+            ext.imm = *imm;
+            (
+                sel(
+                    O::RC_RDMA_WRITE_FIRST,
+                    O::RC_RDMA_WRITE_MIDDLE,
+                    O::RC_RDMA_WRITE_LAST_WITH_IMMEDIATE,
+                    O::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE,
+                ),
+                plen,
+                1,
+            )
+        }
+        SendOp::Read { remote_addr, rkey } => {
+            // A retried READ asks only for what has not arrived yet.
+            ext.reth = (remote_addr.wrapping_add(offset as u64), *rkey, remaining);
+            (O::RC_RDMA_READ_REQUEST, 0, remaining.div_ceil(mtu).max(1))
+        }
+        SendOp::CompSwap {
+            remote_addr,
+            rkey,
+            compare,
+            swap,
+        } => {
+            ext.atomic = (*remote_addr, *rkey, *swap, *compare);
+            (O::RC_COMPARE_SWAP, 0, 1)
+        }
+        SendOp::FetchAdd {
+            remote_addr,
+            rkey,
+            add,
+        } => {
+            ext.atomic = (*remote_addr, *rkey, *add, 0);
+            (O::RC_FETCH_ADD, 0, 1)
+        }
+        SendOp::AtomicWrite { remote_addr, rkey } => {
+            ext.reth = (*remote_addr, *rkey, 8);
+            (O::RC_ATOMIC_WRITE, 8, 1)
+        }
+        SendOp::Flush {
+            remote_addr,
+            rkey,
+            len,
+            selectivity,
+            placement,
+        } => {
+            ext.reth = (*remote_addr, *rkey, *len);
+            ext.feth = (*selectivity, *placement);
+            (O::RC_FLUSH, 0, 1)
+        }
+        _ => return None,
+    };
+    let op = if op.0 < 0x1c {
+        op.with_transport(base)
+    } else {
+        op
+    };
+    // ONLY opcodes of UD are SEND_ONLY (0x64) / SEND_ONLY_WITH_IMMEDIATE (0x65).
+    let (dest_qp, sport, av) = match &wqe.wr.ud {
+        Some(u) if ud => {
+            let qkey = if u.remote_qkey & 0x8000_0000 != 0 {
+                q.attr.qkey
+            } else {
+                u.remote_qkey
+            };
+            ext.deth = (qkey, q.qpn.0);
+            (u.remote_qpn.0, ud_udp_sport(q.qpn.0), u.av)
+        }
+        _ => (
+            q.attr.dest_qp_num,
+            rc_udp_sport(q.attr.av.flow_label, q.qpn.0, q.attr.dest_qp_num),
+            q.attr.av,
+        ),
+    };
+    let wr_flags = wqe.wr.flags;
+    let end = last || npsn > 1 || op.flags().contains(crate::wire::OpFlags::LAST);
+    let ack_req = q.qp_type == QpType::Rc && {
+        q.req.noack_pkts += 1;
+        if q.req.noack_pkts > MAX_PKT_PER_ACK || end {
+            q.req.noack_pkts = 0;
+            true
+        } else {
+            false
+        }
+    };
+    let bth = BthRepr {
+        opcode: op,
+        solicited: end && wr_flags & SEND_SOLICITED != 0,
+        mig_req: false,
+        pad_count: 0,
+        tver: 0,
+        pkey: 0xffff,
+        fecn: false,
+        becn: false,
+        dest_qp,
+        ack_req,
+        psn: psn.get(),
+    };
+    let (total, range) = wire::emit(buf, &bth, &ext, payload as usize).ok()?;
+    if payload > 0 {
+        let wqe = q.wqe(seq)?;
+        let dst = &mut buf[range];
+        let copy = if wqe.wr.flags & SEND_INLINE != 0 {
+            wqe.wr
+                .inline_data
+                .get(offset as usize..(offset + payload) as usize)
+                .map(|s| dst.copy_from_slice(s))
+                .ok_or(MemError::Length)
+        } else {
+            copy_sges(
+                &res.keys,
+                mem,
+                q.pd,
+                &wqe.wr.sg_list,
+                offset as u64,
+                dst,
+                false,
+                Access(0),
+            )
+        };
+        if copy.is_err() {
+            let w = q.wqe_mut(seq).expect("wqe present");
+            w.state = WqeState::Done(WcStatus::LocProtErr);
+            crate::comp::set_error(q, res);
+            return None;
+        }
+    }
+    let src = res.gid(av.sgid_index)?;
+    let rc = q.qp_type == QpType::Rc;
+    let w = q.wqe_mut(seq).expect("wqe present");
+    if w.state == WqeState::Posted {
+        // The PSN range of the whole message is fixed when its first packet goes out; a
+        // retransmission reuses it.
+        let pkts = match w.wr.op {
+            SendOp::Read { .. } => npsn,
+            SendOp::Send
+            | SendOp::SendWithImm(_)
+            | SendOp::SendWithInv(_)
+            | SendOp::Write { .. }
+            | SendOp::WriteWithImm { .. } => len.div_ceil(mtu).max(1),
+            _ => 1,
+        };
+        w.first_psn = psn;
+        w.last_psn = psn.add(pkts - 1);
+        w.state = WqeState::Pending;
+    }
+    let is_rd_atomic = w.wr.op.is_read_or_atomic();
+    let done = last || npsn > 1 || is_rd_atomic;
+    if done && !rc {
+        // UC and UD complete once the last packet is out.
+        w.state = WqeState::Done(WcStatus::Success);
+    }
+    q.req.psn = psn.add(npsn);
+    if done {
+        q.req.cur += 1;
+        q.req.offset = 0;
+        if is_rd_atomic {
+            q.req.rd_atomic += 1;
+        }
+    } else {
+        q.req.offset = offset + payload;
+    }
+    if rc {
+        if let Some(t) = ack_timeout_ns(q.attr.timeout) {
+            q.comp.retrans_at = Some(now.plus_ns(t));
+        }
+    }
+    Some(Transmit {
+        len: total,
+        src,
+        dst: av.dgid,
+        sport,
+        traffic_class: av.traffic_class,
+        hop_limit: if av.hop_limit == 0 { 64 } else { av.hop_limit },
+        flow_label: av.flow_label,
+        dmac: av.dmac,
+        qpn: q.qpn,
+    })
+}
+
+/// Rewinds the requester to resend from `psn` (go-back-N): the oldest WQE in flight whose PSN
+/// range reaches `psn` is resent from the packet carrying it.
+pub(crate) fn retry_from(q: &mut Qp, psn: Psn) {
+    let mtu = q.mtu();
+    let mut seq = q.sq_head;
+    let found = loop {
+        if seq > q.req.cur {
+            break None;
+        }
+        match q.wqe(seq) {
+            None => break None,
+            Some(w) if w.state == WqeState::Pending && !w.last_psn.before(psn) => break Some(seq),
+            Some(_) => seq += 1,
+        }
+    };
+    let Some(seq) = found else { return };
+    let w = q.wqe(seq).expect("found above");
+    let first = w.first_psn;
+    let skip = psn.diff(first).max(0) as u32;
+    let (offset, at) = match w.wr.op {
+        SendOp::Read { .. } => (w.read_done, first.add(w.read_done / mtu)),
+        SendOp::Send
+        | SendOp::SendWithImm(_)
+        | SendOp::SendWithInv(_)
+        | SendOp::Write { .. }
+        | SendOp::WriteWithImm { .. } => ((skip * mtu).min(w.len), first.add(skip)),
+        _ => (0, first),
+    };
+    q.req.cur = seq;
+    q.req.offset = offset;
+    q.req.psn = at;
+    q.req.noack_pkts = 0;
+    q.req.rd_atomic = 0;
+    q.counters.retransmits += 1;
+}

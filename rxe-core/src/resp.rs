@@ -1,0 +1,862 @@
+//! The responder (Linux `rxe_resp.c`): PSN and opcode-sequence checks, receive WQE and
+//! responder-resource checks, R_Key validation, execution of SEND / WRITE / READ / atomics /
+//! FLUSH / ATOMIC_WRITE, duplicate handling from the responder resources, and the ACKs, NAKs
+//! and READ responses that go back.
+
+use crate::device::{Drop, RecvMeta, Resources, Transmit};
+use crate::icrc::rc_udp_sport;
+use crate::mem::*;
+use crate::qp::*;
+use crate::types::{Psn, Qpn};
+use crate::verbs::*;
+use crate::wire::{self, BthRepr, ExtRepr, NakCode, OpFlags, Opcode, Packet, Syndrome, Transport};
+
+const ACK: u8 = Syndrome::ACK;
+
+fn nak(code: NakCode) -> u8 {
+    Syndrome::Nak(code).to_byte()
+}
+
+fn queue_ack(q: &mut Qp, psn: Psn, syndrome: u8) {
+    if syndrome == ACK {
+        if let Some(RespOut::Ack {
+            psn: p,
+            syndrome: ACK,
+        }) = q.resp.out.back_mut()
+        {
+            *p = psn;
+            return;
+        }
+    } else {
+        q.counters.naks_sent += 1;
+    }
+    q.resp.out.push_back(RespOut::Ack { psn, syndrome });
+}
+
+/// Takes a receive WQE from the SRQ or the RQ; raises the SRQ limit event when it drops below.
+fn take_recv(q: &mut Qp, res: &mut Resources) -> Option<RecvWqe> {
+    match q.srq {
+        Some(s) => {
+            let srq = res.srqs.get_mut(s)?;
+            let w = srq.queue.pop_front()?;
+            if srq.limit > 0 && (srq.queue.len() as u32) < srq.limit {
+                srq.limit = 0;
+                res.events
+                    .push_back(AsyncEvent::SrqLimitReached { srqn: s });
+            }
+            Some(w)
+        }
+        None => q.rq.pop_front(),
+    }
+}
+
+fn recv_available(q: &Qp, res: &Resources) -> bool {
+    match q.srq {
+        Some(s) => res.srqs.get(s).is_some_and(|s| !s.queue.is_empty()),
+        None => !q.rq.is_empty(),
+    }
+}
+
+fn put_back_recv(q: &mut Qp, res: &mut Resources, w: RecvWqe) {
+    match q.srq.and_then(|s| res.srqs.get_mut(s)) {
+        Some(srq) => srq.queue.push_front(w),
+        None => q.rq.push_front(w),
+    }
+}
+
+fn recv_cqe(q: &Qp, wr_id: u64, status: WcStatus, opcode: WcOpcode, byte_len: u32) -> Cqe {
+    Cqe {
+        wr_id,
+        status,
+        opcode,
+        vendor_err: 0,
+        byte_len,
+        imm_or_inv: 0,
+        qp_num: q.qpn,
+        src_qp: Qpn(0),
+        wc_flags: 0,
+        pkey_index: 0,
+        slid: 0,
+        sl: 0,
+        dlid_path_bits: 0,
+        network_hdr_type: 0,
+    }
+}
+
+fn post_recv_cqe(q: &mut Qp, res: &mut Resources, cqe: Cqe, solicited: bool) {
+    if res.post_cqe(q.recv_cq, cqe, solicited).is_err() {
+        q.resp.goto_error = true;
+    }
+}
+
+/// Handles a request packet arriving at `q`.
+pub(crate) fn handle_request(
+    q: &mut Qp,
+    res: &mut Resources,
+    mem: &mut dyn Memory,
+    meta: &RecvMeta,
+    pkt: &Packet<&[u8]>,
+) -> Result<(), Drop> {
+    if !matches!(
+        q.state(),
+        QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+    ) {
+        return Err(Drop::WrongQpState);
+    }
+    let t = pkt.opcode().transport();
+    let ok = match q.qp_type {
+        QpType::Rc => t == Transport::Rc,
+        QpType::Uc => t == Transport::Uc,
+        QpType::Ud | QpType::Gsi => t == Transport::Ud,
+    };
+    if !ok {
+        return Err(Drop::Unexpected);
+    }
+    if !q.resp.comm_est {
+        q.resp.comm_est = true;
+        if q.state() == QpState::Rtr && q.is_connected() {
+            res.events.push_back(AsyncEvent::CommEst { qpn: q.qpn });
+        }
+    }
+    match q.qp_type {
+        QpType::Ud | QpType::Gsi => ud_recv(q, res, mem, meta, pkt),
+        QpType::Rc => rc_recv(q, res, mem, pkt),
+        QpType::Uc => uc_recv(q, res, mem, pkt),
+    }
+}
+
+/// The 40-byte network header a UD receive buffer gets first: for IPv4, 20 zero bytes and the
+/// IPv4 header; for IPv6, the IPv6 header.
+fn grh(meta: &RecvMeta, pkt_len: usize) -> ([u8; 40], u8) {
+    let mut g = [0u8; 40];
+    let udp_len = 8 + pkt_len;
+    match (meta.src.ipv4(), meta.dst.ipv4()) {
+        (Some(s), Some(d)) => {
+            let h = &mut g[20..];
+            h[0] = 0x45;
+            h[1] = meta.traffic_class;
+            h[2..4].copy_from_slice(&((20 + udp_len) as u16).to_be_bytes());
+            h[6] = 0x40; // DF
+            h[8] = meta.hop_limit;
+            h[9] = 17;
+            h[12..16].copy_from_slice(&s);
+            h[16..20].copy_from_slice(&d);
+            let mut sum = 0u32;
+            for c in h.chunks(2) {
+                sum += u16::from_be_bytes([c[0], c[1]]) as u32;
+            }
+            while sum > 0xffff {
+                sum = (sum & 0xffff) + (sum >> 16);
+            }
+            h[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+            (g, 2)
+        }
+        _ => {
+            let w =
+                0x6000_0000u32 | ((meta.traffic_class as u32) << 20) | (meta.flow_label & 0xf_ffff);
+            g[0..4].copy_from_slice(&w.to_be_bytes());
+            g[4..6].copy_from_slice(&(udp_len as u16).to_be_bytes());
+            g[6] = 17;
+            g[7] = meta.hop_limit;
+            g[8..24].copy_from_slice(&meta.src.0);
+            g[24..40].copy_from_slice(&meta.dst.0);
+            (g, 3)
+        }
+    }
+}
+
+fn ud_recv(
+    q: &mut Qp,
+    res: &mut Resources,
+    mem: &mut dyn Memory,
+    meta: &RecvMeta,
+    pkt: &Packet<&[u8]>,
+) -> Result<(), Drop> {
+    let deth = pkt.deth().ok_or(Drop::Unexpected)?;
+    if deth.qkey() != q.attr.qkey {
+        return Err(Drop::BadQkey);
+    }
+    let Some(w) = take_recv(q, res) else {
+        return Err(Drop::NoReceiveWqe);
+    };
+    let payload = pkt.payload();
+    let mut cqe = recv_cqe(q, w.wr_id, WcStatus::Success, WcOpcode::Recv, 0);
+    let total = 40 + payload.len() as u64;
+    if total > w.len {
+        cqe.status = WcStatus::LocLenErr;
+        post_recv_cqe(q, res, cqe, false);
+        return Ok(());
+    }
+    let (mut g, nht) = grh(meta, pkt.as_bytes().len());
+    let r = copy_sges(
+        &res.keys,
+        mem,
+        q.pd,
+        &w.sges,
+        0,
+        &mut g,
+        true,
+        Access::LOCAL_WRITE,
+    )
+    .and_then(|_| {
+        let mut tmp = payload.to_vec();
+        copy_sges(
+            &res.keys,
+            mem,
+            q.pd,
+            &w.sges,
+            40,
+            &mut tmp,
+            true,
+            Access::LOCAL_WRITE,
+        )
+    });
+    if r.is_err() {
+        cqe.status = WcStatus::LocProtErr;
+        post_recv_cqe(q, res, cqe, false);
+        return Ok(());
+    }
+    cqe.byte_len = total as u32;
+    cqe.src_qp = Qpn(deth.src_qp());
+    cqe.wc_flags = WC_GRH;
+    cqe.network_hdr_type = nht;
+    if let Some(imm) = pkt.imm() {
+        cqe.wc_flags |= WC_WITH_IMM;
+        cqe.imm_or_inv = imm;
+    }
+    q.resp.psn = Psn::new(pkt.bth().psn()).next();
+    post_recv_cqe(q, res, cqe, pkt.bth().solicited());
+    Ok(())
+}
+
+/// Is `op` allowed to follow `last` (None: between messages)? IBTA 9.8.3 opcode sequence.
+fn op_sequence_ok(last: Option<Opcode>, op: Opcode) -> bool {
+    let f = op.flags();
+    match last {
+        None => f.contains(OpFlags::FIRST),
+        Some(l) => {
+            let lf = l.flags();
+            !f.contains(OpFlags::FIRST)
+                && ((lf.contains(OpFlags::SEND) && f.contains(OpFlags::SEND))
+                    || (lf.contains(OpFlags::WRITE) && f.contains(OpFlags::WRITE)))
+        }
+    }
+}
+
+/// Outcome of executing one in-sequence request packet.
+enum Exec {
+    Ok,
+    /// RNR: no receive WQE; the packet is not consumed.
+    Rnr,
+    /// Fatal for the message: NAK (RC) / drop (UC), and for RC the QP goes to error.
+    Err {
+        nak: NakCode,
+        status: WcStatus,
+    },
+}
+
+fn rc_recv(
+    q: &mut Qp,
+    res: &mut Resources,
+    mem: &mut dyn Memory,
+    pkt: &Packet<&[u8]>,
+) -> Result<(), Drop> {
+    let psn = Psn::new(pkt.bth().psn());
+    let diff = psn.diff(q.resp.psn);
+    if diff > 0 {
+        if !q.resp.sent_psn_nak {
+            q.resp.sent_psn_nak = true;
+            let exp = q.resp.psn;
+            queue_ack(q, exp, nak(NakCode::PsnSeqError));
+        }
+        return Err(Drop::OutOfSequence);
+    }
+    if diff < 0 {
+        return duplicate(q, res, pkt);
+    }
+    q.resp.sent_psn_nak = false;
+    if q.resp.goto_error {
+        return Err(Drop::WrongQpState);
+    }
+    match execute(q, res, mem, pkt, psn) {
+        Exec::Ok => Ok(()),
+        Exec::Rnr => {
+            q.counters.rnr_naks_sent += 1;
+            let syn = Syndrome::RnrNak(q.attr.min_rnr_timer).to_byte();
+            q.resp.out.push_back(RespOut::Ack { psn, syndrome: syn });
+            Err(Drop::NoReceiveWqe)
+        }
+        Exec::Err { nak: code, status } => {
+            q.counters.errors += 1;
+            abort_message(q, res, status);
+            queue_ack(q, psn, nak(code));
+            q.resp.goto_error = true;
+            res.events.push_back(match code {
+                NakCode::RemoteAccessError => AsyncEvent::QpAccessErr { qpn: q.qpn },
+                _ => AsyncEvent::QpReqErr { qpn: q.qpn },
+            });
+            Err(Drop::Unexpected)
+        }
+    }
+}
+
+fn uc_recv(
+    q: &mut Qp,
+    res: &mut Resources,
+    mem: &mut dyn Memory,
+    pkt: &Packet<&[u8]>,
+) -> Result<(), Drop> {
+    let psn = Psn::new(pkt.bth().psn());
+    let start = pkt.flags().contains(OpFlags::FIRST);
+    if psn != q.resp.psn || q.resp.drop_msg {
+        if !start {
+            // A gap inside a message: UC drops the whole message.
+            q.resp.drop_msg = true;
+            q.resp.psn = psn.next();
+            abort_uc(q, res);
+            return Err(Drop::OutOfSequence);
+        }
+        abort_uc(q, res);
+        q.resp.drop_msg = false;
+    }
+    q.resp.psn = psn.next();
+    match execute(q, res, mem, pkt, psn) {
+        Exec::Ok => Ok(()),
+        Exec::Rnr => {
+            q.resp.drop_msg = !pkt.flags().contains(OpFlags::LAST);
+            Err(Drop::NoReceiveWqe)
+        }
+        Exec::Err { .. } => {
+            abort_uc(q, res);
+            q.resp.drop_msg = !pkt.flags().contains(OpFlags::LAST);
+            Err(Drop::Unexpected)
+        }
+    }
+}
+
+/// UC: a message in progress is abandoned; its receive WQE goes back for the next message.
+fn abort_uc(q: &mut Qp, res: &mut Resources) {
+    q.resp.last_op = None;
+    if let Some(InMsg::Send { wqe, .. }) = q.resp.in_msg.take() {
+        put_back_recv(q, res, wqe);
+    }
+}
+
+/// RC: a message in progress fails; its receive WQE completes with `status`.
+fn abort_message(q: &mut Qp, res: &mut Resources, status: WcStatus) {
+    q.resp.last_op = None;
+    if let Some(InMsg::Send { wqe, .. }) = q.resp.in_msg.take() {
+        let cqe = recv_cqe(q, wqe.wr_id, status, WcOpcode::Recv, 0);
+        post_recv_cqe(q, res, cqe, false);
+    }
+}
+
+fn execute(
+    q: &mut Qp,
+    res: &mut Resources,
+    mem: &mut dyn Memory,
+    pkt: &Packet<&[u8]>,
+    psn: Psn,
+) -> Exec {
+    let op = pkt.opcode();
+    let f = pkt.flags();
+    let inv = |status| Exec::Err {
+        nak: NakCode::InvalidRequest,
+        status,
+    };
+    let acc_err = Exec::Err {
+        nak: NakCode::RemoteAccessError,
+        status: WcStatus::RemAccessErr,
+    };
+    if !op_sequence_ok(q.resp.last_op, op) {
+        return inv(WcStatus::RemInvReqErr);
+    }
+    // Operation permitted on this QP?
+    let qa = q.attr.qp_access_flags;
+    let allowed = if f.contains(OpFlags::WRITE) || f.contains(OpFlags::ATOMIC_WRITE) {
+        qa.contains(Access::REMOTE_WRITE)
+    } else if f.contains(OpFlags::READ) {
+        qa.contains(Access::REMOTE_READ)
+    } else if f.contains(OpFlags::ATOMIC) {
+        qa.contains(Access::REMOTE_ATOMIC)
+    } else {
+        true
+    };
+    if !allowed {
+        return inv(WcStatus::RemInvReqErr);
+    }
+    let mtu = q.mtu() as usize;
+    let payload = pkt.payload();
+    let plen = payload.len();
+    let ok_len = if f.contains(OpFlags::ONLY) || f.contains(OpFlags::LAST) {
+        plen <= mtu
+    } else {
+        plen == mtu
+    };
+    if f.contains(OpFlags::PAYLOAD) && !ok_len {
+        return inv(WcStatus::RemInvReqErr);
+    }
+    let rd_atomic = f.intersects(
+        OpFlags::READ
+            .union(OpFlags::ATOMIC)
+            .union(OpFlags::ATOMIC_WRITE)
+            .union(OpFlags::FLUSH),
+    );
+    if rd_atomic && q.attr.max_dest_rd_atomic == 0 {
+        return inv(WcStatus::RemInvReqErr);
+    }
+    let last = f.contains(OpFlags::LAST);
+    // WRITE with immediate needs a receive WQE: check before any data moves, so an RNR NAK
+    // leaves nothing half done.
+    if f.contains(OpFlags::RWR) && f.contains(OpFlags::WRITE) && !recv_available(q, res) {
+        return Exec::Rnr;
+    }
+    let pd = q.pd;
+    let qpn = q.qpn.0;
+
+    if f.contains(OpFlags::SEND) {
+        if f.contains(OpFlags::FIRST) {
+            let Some(w) = take_recv(q, res) else {
+                return Exec::Rnr;
+            };
+            q.resp.in_msg = Some(InMsg::Send { wqe: w, offset: 0 });
+        }
+        let Some(InMsg::Send { wqe, offset }) = q.resp.in_msg.as_mut() else {
+            return inv(WcStatus::RemInvReqErr);
+        };
+        if *offset + plen as u64 > wqe.len {
+            return Exec::Err {
+                nak: NakCode::InvalidRequest,
+                status: WcStatus::LocLenErr,
+            };
+        }
+        if plen > 0 {
+            let mut tmp = payload.to_vec();
+            if copy_sges(
+                &res.keys,
+                mem,
+                pd,
+                &wqe.sges,
+                *offset,
+                &mut tmp,
+                true,
+                Access::LOCAL_WRITE,
+            )
+            .is_err()
+            {
+                return Exec::Err {
+                    nak: NakCode::RemoteOperationalError,
+                    status: WcStatus::LocProtErr,
+                };
+            }
+        }
+        *offset += plen as u64;
+        q.resp.last_op = (!last).then_some(op);
+        if last {
+            let Some(InMsg::Send { wqe, offset }) = q.resp.in_msg.take() else {
+                unreachable!()
+            };
+            let mut cqe = recv_cqe(
+                q,
+                wqe.wr_id,
+                WcStatus::Success,
+                WcOpcode::Recv,
+                offset as u32,
+            );
+            if let Some(imm) = pkt.imm() {
+                cqe.wc_flags |= WC_WITH_IMM;
+                cqe.imm_or_inv = imm;
+            }
+            if let Some(rkey) = pkt.ieth() {
+                if crate::req::invalidate(&mut res.keys, pd, rkey, None).is_err() {
+                    let cqe = recv_cqe(q, wqe.wr_id, WcStatus::RemInvReqErr, WcOpcode::Recv, 0);
+                    post_recv_cqe(q, res, cqe, false);
+                    return inv(WcStatus::RemInvReqErr);
+                }
+                cqe.wc_flags |= WC_WITH_INV;
+                cqe.imm_or_inv = rkey;
+            }
+            q.resp.msn = (q.resp.msn + 1) & 0xff_ffff;
+            post_recv_cqe(q, res, cqe, pkt.bth().solicited());
+        }
+    } else if f.contains(OpFlags::WRITE) {
+        if f.contains(OpFlags::FIRST) {
+            let reth = pkt.reth().expect("first write has RETH");
+            let (va, rkey, len) = (reth.va(), reth.rkey(), reth.dma_len() as u64);
+            if len > 0
+                && res
+                    .keys
+                    .lookup_remote(pd, qpn, rkey, va, len, Access::REMOTE_WRITE)
+                    .is_err()
+            {
+                return acc_err;
+            }
+            q.resp.in_msg = Some(InMsg::Write {
+                va,
+                rkey,
+                resid: len,
+                total: len,
+            });
+        }
+        let Some(InMsg::Write {
+            va,
+            rkey,
+            resid,
+            total,
+            ..
+        }) = q.resp.in_msg.as_mut()
+        else {
+            return inv(WcStatus::RemInvReqErr);
+        };
+        if plen as u64 > *resid || (last && plen as u64 != *resid) {
+            return inv(WcStatus::RemInvReqErr);
+        }
+        let (cva, crkey, total) = (*va, *rkey, *total);
+        if plen > 0 {
+            let r = res
+                .keys
+                .lookup_remote(pd, qpn, crkey, cva, plen as u64, Access::REMOTE_WRITE);
+            match r {
+                Ok(region) => {
+                    if region.write(mem, cva, payload).is_err() {
+                        return Exec::Err {
+                            nak: NakCode::RemoteOperationalError,
+                            status: WcStatus::RemOpErr,
+                        };
+                    }
+                }
+                Err(_) => return acc_err,
+            }
+        }
+        if let Some(InMsg::Write { va, resid, .. }) = q.resp.in_msg.as_mut() {
+            *va += plen as u64;
+            *resid -= plen as u64;
+        }
+        q.resp.last_op = (!last).then_some(op);
+        if last {
+            q.resp.in_msg = None;
+            q.resp.msn = (q.resp.msn + 1) & 0xff_ffff;
+            if let Some(imm) = pkt.imm() {
+                let Some(w) = take_recv(q, res) else {
+                    return Exec::Rnr;
+                };
+                let mut cqe = recv_cqe(
+                    q,
+                    w.wr_id,
+                    WcStatus::Success,
+                    WcOpcode::RecvRdmaWithImm,
+                    total as u32,
+                );
+                cqe.wc_flags |= WC_WITH_IMM;
+                cqe.imm_or_inv = imm;
+                post_recv_cqe(q, res, cqe, pkt.bth().solicited());
+            }
+        }
+    } else if op == Opcode::RC_RDMA_READ_REQUEST {
+        let reth = pkt.reth().expect("read has RETH");
+        let (va, rkey, len) = (reth.va(), reth.rkey(), reth.dma_len());
+        if len > 0
+            && res
+                .keys
+                .lookup_remote(pd, qpn, rkey, va, len as u64, Access::REMOTE_READ)
+                .is_err()
+        {
+            return acc_err;
+        }
+        let n = len.div_ceil(mtu as u32).max(1);
+        add_resource(
+            q,
+            Resource::Read {
+                first_psn: psn,
+                last_psn: psn.add(n - 1),
+                va,
+                rkey,
+                len,
+            },
+        );
+        q.resp.out.push_back(RespOut::Read {
+            psn,
+            va,
+            rkey,
+            len,
+            offset: 0,
+            first: true,
+        });
+        q.resp.msn = (q.resp.msn + 1) & 0xff_ffff;
+        q.resp.psn = psn.add(n);
+        return Exec::Ok;
+    } else if f.contains(OpFlags::ATOMIC) {
+        let a = pkt.atomic_eth().expect("atomic has AtomicETH");
+        let (va, rkey) = (a.va(), a.rkey());
+        if va & 7 != 0 {
+            return inv(WcStatus::RemInvReqErr);
+        }
+        let region = match res
+            .keys
+            .lookup_remote(pd, qpn, rkey, va, 8, Access::REMOTE_ATOMIC)
+        {
+            Ok(r) => r,
+            Err(_) => return acc_err,
+        };
+        let mut cur = [0u8; 8];
+        if region.read(mem, va, &mut cur).is_err() {
+            return Exec::Err {
+                nak: NakCode::RemoteOperationalError,
+                status: WcStatus::RemOpErr,
+            };
+        }
+        let orig = u64::from_le_bytes(cur);
+        let new = if op == Opcode::RC_COMPARE_SWAP {
+            if orig == a.compare() {
+                a.swap_add()
+            } else {
+                orig
+            }
+        } else {
+            orig.wrapping_add(a.swap_add())
+        };
+        if region.write(mem, va, &new.to_le_bytes()).is_err() {
+            return Exec::Err {
+                nak: NakCode::RemoteOperationalError,
+                status: WcStatus::RemOpErr,
+            };
+        }
+        add_resource(q, Resource::Atomic { psn, orig });
+        q.resp.out.push_back(RespOut::AtomicAck { psn, orig });
+        q.resp.msn = (q.resp.msn + 1) & 0xff_ffff;
+    } else if f.contains(OpFlags::ATOMIC_WRITE) {
+        let reth = pkt.reth().expect("atomic write has RETH");
+        let (va, rkey) = (reth.va(), reth.rkey());
+        if va & 7 != 0 {
+            return inv(WcStatus::RemInvReqErr);
+        }
+        match res
+            .keys
+            .lookup_remote(pd, qpn, rkey, va, 8, Access::REMOTE_WRITE)
+        {
+            Ok(region) => {
+                if region.write(mem, va, payload).is_err() {
+                    return Exec::Err {
+                        nak: NakCode::RemoteOperationalError,
+                        status: WcStatus::RemOpErr,
+                    };
+                }
+            }
+            Err(_) => return acc_err,
+        }
+        add_resource(q, Resource::Empty { psn });
+        q.resp.out.push_back(RespOut::EmptyReadResp { psn });
+        q.resp.msn = (q.resp.msn + 1) & 0xff_ffff;
+    } else if f.contains(OpFlags::FLUSH) {
+        let reth = pkt.reth().expect("flush has RETH");
+        let feth = pkt.feth().expect("flush has FETH");
+        let mut need = Access(0);
+        if feth.placement_type() & 1 != 0 {
+            need = need.union(Access::FLUSH_GLOBAL);
+        }
+        if feth.placement_type() & 2 != 0 {
+            need = need.union(Access::FLUSH_PERSISTENT);
+        }
+        if feth.placement_type() & !3 != 0 || feth.selectivity() > 1 {
+            return inv(WcStatus::RemInvReqErr);
+        }
+        // Selectivity 1 (memory region): the range is the whole MR; 0: the RETH range.
+        let len = if feth.selectivity() == 0 {
+            reth.dma_len() as u64
+        } else {
+            0
+        };
+        if res
+            .keys
+            .lookup_remote(pd, qpn, reth.rkey(), reth.va(), len, need)
+            .is_err()
+        {
+            return acc_err;
+        }
+        // Memory here is ordinary host RAM: once written, the data is globally visible.
+        add_resource(q, Resource::Empty { psn });
+        q.resp.out.push_back(RespOut::EmptyReadResp { psn });
+        q.resp.msn = (q.resp.msn + 1) & 0xff_ffff;
+    } else {
+        return inv(WcStatus::RemInvReqErr);
+    }
+    q.resp.psn = psn.next();
+    if pkt.bth().ack_req() && !rd_atomic && q.qp_type == QpType::Rc {
+        queue_ack(q, psn, ACK);
+    }
+    Exec::Ok
+}
+
+fn add_resource(q: &mut Qp, r: Resource) {
+    let cap = q.attr.max_dest_rd_atomic.max(1) as usize;
+    while q.resp.resources.len() >= cap {
+        q.resp.resources.pop_front();
+    }
+    q.resp.resources.push_back(r);
+}
+
+/// A request with a PSN before the expected one (IBTA 9.9.2.2 / rxe `duplicate_request`).
+fn duplicate(q: &mut Qp, _res: &mut Resources, pkt: &Packet<&[u8]>) -> Result<(), Drop> {
+    q.counters.duplicates += 1;
+    let psn = Psn::new(pkt.bth().psn());
+    let f = pkt.flags();
+    if f.contains(OpFlags::SEND) || f.contains(OpFlags::WRITE) {
+        let prev = q.resp.psn.sub(1);
+        queue_ack(q, prev, ACK);
+        return Err(Drop::Duplicate);
+    }
+    let found = q.resp.resources.iter().rev().find_map(|r| match *r {
+        Resource::Read {
+            first_psn,
+            last_psn,
+            va,
+            rkey,
+            len,
+        } if !psn.before(first_psn) && !psn.after(last_psn) => {
+            let reth = pkt.reth()?;
+            let (iova, l) = (reth.va(), reth.dma_len() as u64);
+            (op_is(pkt, Opcode::RC_RDMA_READ_REQUEST)
+                && reth.rkey() == rkey
+                && iova >= va
+                && iova.checked_add(l)? <= va + len as u64)
+                .then_some(RespOut::Read {
+                    psn,
+                    va: iova,
+                    rkey,
+                    len: l as u32,
+                    offset: 0,
+                    first: true,
+                })
+        }
+        Resource::Atomic { psn: p, orig } if p == psn && f.contains(OpFlags::ATOMIC) => {
+            Some(RespOut::AtomicAck { psn, orig })
+        }
+        Resource::Empty { psn: p }
+            if p == psn && f.intersects(OpFlags::FLUSH.union(OpFlags::ATOMIC_WRITE)) =>
+        {
+            Some(RespOut::EmptyReadResp { psn })
+        }
+        _ => None,
+    });
+    match found {
+        Some(out) => {
+            q.resp.out.push_back(out);
+            Err(Drop::Duplicate)
+        }
+        None => Err(Drop::Duplicate),
+    }
+}
+
+fn op_is(pkt: &Packet<&[u8]>, op: Opcode) -> bool {
+    pkt.opcode() == op
+}
+
+/// Builds the next response packet of `q` (ACK, NAK, READ response, atomic ACK) into `buf`.
+pub(crate) fn next_response(
+    q: &mut Qp,
+    res: &mut Resources,
+    mem: &mut dyn Memory,
+    buf: &mut [u8],
+) -> Option<Transmit> {
+    let out = q.resp.out.pop_front()?;
+    let mtu = q.mtu();
+    let msn = q.resp.msn;
+    let mut ext = ExtRepr {
+        aeth: (ACK, msn),
+        ..Default::default()
+    };
+    let (op, psn, plen) = match out {
+        RespOut::Ack { psn, syndrome } => {
+            ext.aeth.0 = syndrome;
+            (Opcode::RC_ACKNOWLEDGE, psn, 0)
+        }
+        RespOut::AtomicAck { psn, orig } => {
+            ext.atomic_orig = orig;
+            (Opcode::RC_ATOMIC_ACKNOWLEDGE, psn, 0)
+        }
+        RespOut::EmptyReadResp { psn } => (Opcode::RC_RDMA_READ_RESPONSE_ONLY, psn, 0),
+        RespOut::Read {
+            psn,
+            len,
+            offset,
+            first,
+            ..
+        } => {
+            let n = (len - offset).min(mtu);
+            let last = offset + n == len;
+            let op = match (first, last) {
+                (true, true) => Opcode::RC_RDMA_READ_RESPONSE_ONLY,
+                (true, false) => Opcode::RC_RDMA_READ_RESPONSE_FIRST,
+                (false, false) => Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
+                (false, true) => Opcode::RC_RDMA_READ_RESPONSE_LAST,
+            };
+            (op, psn, n)
+        }
+    };
+    let bth = BthRepr {
+        opcode: op,
+        solicited: false,
+        mig_req: false,
+        pad_count: 0,
+        tver: 0,
+        pkey: 0xffff,
+        fecn: false,
+        becn: false,
+        dest_qp: q.attr.dest_qp_num,
+        ack_req: false,
+        psn: psn.get(),
+    };
+    let (total, range) = wire::emit(buf, &bth, &ext, plen as usize).ok()?;
+    if let RespOut::Read {
+        psn,
+        va,
+        rkey,
+        len,
+        offset,
+        ..
+    } = out
+    {
+        if plen > 0 {
+            let addr = va + offset as u64;
+            let ok = res
+                .keys
+                .lookup_remote(q.pd, q.qpn.0, rkey, addr, plen as u64, Access::REMOTE_READ)
+                .and_then(|r| r.read(mem, addr, &mut buf[range]));
+            if ok.is_err() {
+                // The MR went away under an in-progress READ: stop answering it; the requester
+                // times out.
+                q.counters.errors += 1;
+                return None;
+            }
+        }
+        if offset + plen < len {
+            q.resp.out.push_front(RespOut::Read {
+                psn: psn.next(),
+                va,
+                rkey,
+                len,
+                offset: offset + plen,
+                first: false,
+            });
+        }
+    }
+    let src = res.gid(q.attr.av.sgid_index)?;
+    if q.resp.out.is_empty() && q.resp.goto_error {
+        crate::comp::set_error(q, res);
+    }
+    Some(Transmit {
+        len: total,
+        src,
+        dst: q.attr.av.dgid,
+        sport: rc_udp_sport(q.attr.av.flow_label, q.qpn.0, q.attr.dest_qp_num),
+        traffic_class: q.attr.av.traffic_class,
+        hop_limit: if q.attr.av.hop_limit == 0 {
+            64
+        } else {
+            q.attr.av.hop_limit
+        },
+        flow_label: q.attr.av.flow_label,
+        dmac: q.attr.av.dmac,
+        qpn: q.qpn,
+    })
+}
