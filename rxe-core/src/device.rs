@@ -688,16 +688,7 @@ impl Device {
             }
             self.alloc_qpn()?
         };
-        let mut qp = Qp::new(
-            qpn,
-            init.qp_type,
-            init.pd,
-            init.send_cq,
-            init.recv_cq,
-            init.srq,
-            cap,
-            init.sq_sig_all,
-        );
+        let mut qp = Qp::new(qpn, &init);
         if init.qp_type == QpType::Gsi {
             qp.attr.qkey = GSI_QKEY;
         }

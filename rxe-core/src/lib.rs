@@ -22,3 +22,4 @@ mod slab;
 
 pub use device::{Device, DeviceConfig, QpInit, RecvMeta, Transmit};
 pub use qp::{QpCounters, VerbError};
+pub mod sim;

@@ -321,25 +321,17 @@ fn transition(cur: QpState, next: QpState, t: QpType) -> Option<(u32, u32)> {
 }
 
 impl Qp {
-    pub(crate) fn new(
-        qpn: Qpn,
-        qp_type: QpType,
-        pd: u32,
-        send_cq: u32,
-        recv_cq: u32,
-        srq: Option<u32>,
-        cap: QpCap,
-        sq_sig_all: bool,
-    ) -> Self {
+    pub(crate) fn new(qpn: Qpn, init: &crate::device::QpInit) -> Self {
+        let cap = init.cap;
         Qp {
             qpn,
-            qp_type,
-            pd,
-            send_cq,
-            recv_cq,
-            srq,
+            qp_type: init.qp_type,
+            pd: init.pd,
+            send_cq: init.send_cq,
+            recv_cq: init.recv_cq,
+            srq: init.srq,
             cap,
-            sq_sig_all,
+            sq_sig_all: init.sq_sig_all,
             attr: QpAttr::default(),
             sq: VecDeque::with_capacity(cap.max_send_wr as usize),
             sq_head: 0,
@@ -537,7 +529,16 @@ mod tests {
     use super::*;
 
     fn qp(t: QpType) -> Qp {
-        Qp::new(Qpn(0x11), t, 1, 1, 1, None, QpCap::default(), false)
+        let init = crate::device::QpInit {
+            qp_type: t,
+            pd: 1,
+            send_cq: 1,
+            recv_cq: 1,
+            srq: None,
+            cap: QpCap::default(),
+            sq_sig_all: false,
+        };
+        Qp::new(Qpn(0x11), &init)
     }
 
     #[test]

@@ -1,0 +1,443 @@
+//! A deterministic two-node simulator: two [`Device`]s with their own memory, joined by a link
+//! that can lose, duplicate, reorder and delay packets, driven by a fake clock.
+//!
+//! Tests say "drop every third packet, then expect exactly-once delivery" instead of sleeping;
+//! the benchmarks and the pcap oracle drive the same thing.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use crate::device::*;
+use crate::mem::{Backing, VecMemory};
+use crate::types::{Gid, Instant, Qpn};
+use crate::verbs::*;
+
+/// Faults and timing of one direction of the link. Probabilities are in parts per million.
+#[derive(Clone, Debug, Default)]
+pub struct LinkConfig {
+    pub loss_ppm: u32,
+    pub dup_ppm: u32,
+    /// Probability that a packet is held back by `reorder_delay_ns` (so later ones overtake it).
+    pub reorder_ppm: u32,
+    pub reorder_delay_ns: u64,
+    pub delay_ns: u64,
+    /// Drop every n-th packet (deterministic loss; 0 = off).
+    pub drop_every: u32,
+    /// Largest RoCE packet (BTH..ICRC) the link carries; bigger ones are dropped. 0 = no limit.
+    pub mtu: usize,
+}
+
+/// A xorshift generator: deterministic, seedable, no dependency.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+    pub fn ppm(&mut self, p: u32) -> bool {
+        p > 0 && (self.next_u64() % 1_000_000) < p as u64
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.next_u64() % n
+        }
+    }
+}
+
+/// One simulated host: a device and the memory its MRs point into.
+pub struct Node {
+    pub dev: Device,
+    pub mem: VecMemory,
+    pub gid: Gid,
+    /// Next free byte of `mem` for [`Sim::alloc`].
+    brk: u64,
+}
+
+struct InFlight {
+    at: Instant,
+    seq: u64,
+    to: usize,
+    meta: RecvMeta,
+    bytes: Vec<u8>,
+}
+
+impl PartialEq for InFlight {
+    fn eq(&self, o: &Self) -> bool {
+        (self.at, self.seq) == (o.at, o.seq)
+    }
+}
+impl Eq for InFlight {}
+impl PartialOrd for InFlight {
+    fn partial_cmp(&self, o: &Self) -> Option<core::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for InFlight {
+    fn cmp(&self, o: &Self) -> core::cmp::Ordering {
+        (self.at, self.seq).cmp(&(o.at, o.seq))
+    }
+}
+
+/// Link statistics.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LinkStats {
+    pub sent: u64,
+    pub lost: u64,
+    pub duplicated: u64,
+    pub reordered: u64,
+    pub delivered: u64,
+}
+
+/// A packet as it crossed the link, for traces and pcap.
+#[derive(Clone, Debug)]
+pub struct Traced {
+    pub at: Instant,
+    pub from: usize,
+    pub tx: Transmit,
+    pub bytes: Vec<u8>,
+}
+
+pub struct Sim {
+    pub now: Instant,
+    pub nodes: [Node; 2],
+    pub link: [LinkConfig; 2],
+    pub stats: [LinkStats; 2],
+    pub rng: Rng,
+    /// When set, every packet sent is recorded here.
+    pub trace: Option<Vec<Traced>>,
+    queue: BinaryHeap<Reverse<InFlight>>,
+    seq: u64,
+    counts: [u32; 2],
+    buf: Vec<u8>,
+}
+
+/// Memory each node gets, and where it starts (a non-zero base catches address mix-ups).
+pub const MEM_SIZE: usize = 64 << 20;
+pub const MEM_BASE: u64 = 0x1_0000_0000;
+
+impl Sim {
+    pub fn new(seed: u64) -> Self {
+        Self::with_config(seed, DeviceConfig::default())
+    }
+
+    pub fn with_config(seed: u64, cfg: DeviceConfig) -> Self {
+        let mk = |i: u8| {
+            let mut dev = Device::new(DeviceConfig {
+                mac: [2, 0, 0, 0, 0, i + 1],
+                ..cfg.clone()
+            });
+            let gid = Gid::from_ipv4([10, 0, 0, i + 1]);
+            dev.add_gid(0, gid).expect("gid slot 0");
+            Node {
+                dev,
+                mem: VecMemory::new(MEM_BASE, MEM_SIZE),
+                gid,
+                brk: MEM_BASE,
+            }
+        };
+        Sim {
+            now: Instant(1_000_000),
+            nodes: [mk(0), mk(1)],
+            link: [LinkConfig::default(), LinkConfig::default()],
+            stats: [LinkStats::default(); 2],
+            rng: Rng::new(seed),
+            trace: None,
+            queue: BinaryHeap::new(),
+            seq: 0,
+            counts: [0; 2],
+            buf: vec![0; 8192],
+        }
+    }
+
+    /// Allocates `len` bytes of node memory (8-byte aligned); returns the address.
+    pub fn alloc(&mut self, node: usize, len: usize) -> u64 {
+        let n = &mut self.nodes[node];
+        let a = n.brk;
+        n.brk = (n.brk + len as u64 + 7) & !7;
+        assert!(
+            n.brk <= MEM_BASE + MEM_SIZE as u64,
+            "simulated memory exhausted"
+        );
+        a
+    }
+
+    /// Allocates and registers a buffer; returns (address, key).
+    pub fn reg(&mut self, node: usize, pd: u32, len: usize, access: Access) -> (u64, u32) {
+        let addr = self.alloc(node, len);
+        let key = self.nodes[node]
+            .dev
+            .reg_mr(
+                pd,
+                addr,
+                len as u64,
+                access,
+                Backing::Contiguous { base: addr },
+            )
+            .expect("reg_mr");
+        (addr, key)
+    }
+
+    /// Sends everything both devices have ready, then delivers what is due; advances the clock
+    /// to the next event when nothing is due now. Returns false when the system is idle.
+    pub fn step(&mut self) -> bool {
+        let mut moved = false;
+        for from in 0..2 {
+            loop {
+                let n = &mut self.nodes[from];
+                let Some(tx) = n.dev.poll_transmit(self.now, &mut n.mem, &mut self.buf) else {
+                    break;
+                };
+                moved = true;
+                let bytes = self.buf[..tx.len].to_vec();
+                self.send(from, tx, bytes);
+            }
+        }
+        while let Some(Reverse(p)) = self.queue.peek() {
+            if p.at > self.now {
+                break;
+            }
+            let Reverse(p) = self.queue.pop().expect("peeked");
+            let n = &mut self.nodes[p.to];
+            let _ = n.dev.handle_packet(self.now, &p.meta, &p.bytes, &mut n.mem);
+            self.stats[1 - p.to].delivered += 1;
+            moved = true;
+        }
+        if moved {
+            return true;
+        }
+        // Idle now: jump to the next delivery or timer.
+        let next_pkt = self.queue.peek().map(|Reverse(p)| p.at);
+        let next_timer = self.nodes.iter().filter_map(|n| n.dev.poll_timeout()).min();
+        match (next_pkt, next_timer) {
+            (None, None) => false,
+            (a, b) => {
+                let t = a.into_iter().chain(b).min().expect("one is some");
+                if t > self.now {
+                    self.now = t;
+                }
+                for n in &mut self.nodes {
+                    n.dev.handle_timeout(self.now);
+                }
+                true
+            }
+        }
+    }
+
+    fn send(&mut self, from: usize, tx: Transmit, bytes: Vec<u8>) {
+        let to = 1 - from;
+        let cfg = &self.link[from];
+        self.stats[from].sent += 1;
+        self.counts[from] += 1;
+        if let Some(t) = self.trace.as_mut() {
+            t.push(Traced {
+                at: self.now,
+                from,
+                tx,
+                bytes: bytes.clone(),
+            });
+        }
+        let lost = (cfg.drop_every > 0 && self.counts[from].is_multiple_of(cfg.drop_every))
+            || self.rng.ppm(cfg.loss_ppm)
+            || (cfg.mtu > 0 && bytes.len() > cfg.mtu);
+        if lost {
+            self.stats[from].lost += 1;
+            return;
+        }
+        let meta = RecvMeta {
+            src: tx.src,
+            dst: tx.dst,
+            sport: tx.sport,
+            traffic_class: tx.traffic_class,
+            hop_limit: tx.hop_limit,
+            flow_label: tx.flow_label,
+        };
+        let mut at = self.now.plus_ns(cfg.delay_ns);
+        if self.rng.ppm(cfg.reorder_ppm) {
+            at = at.plus_ns(cfg.reorder_delay_ns.max(1));
+            self.stats[from].reordered += 1;
+        }
+        let copies = if self.rng.ppm(cfg.dup_ppm) {
+            self.stats[from].duplicated += 1;
+            2
+        } else {
+            1
+        };
+        for i in 0..copies {
+            self.seq += 1;
+            self.queue.push(Reverse(InFlight {
+                at: at.plus_ns(i),
+                seq: self.seq,
+                to,
+                meta,
+                bytes: bytes.clone(),
+            }));
+        }
+    }
+
+    /// Steps until `done` holds or the system is idle; panics after `max_steps` (a livelock).
+    pub fn run_until(&mut self, max_steps: usize, mut done: impl FnMut(&mut Sim) -> bool) -> bool {
+        for _ in 0..max_steps {
+            if done(self) {
+                return true;
+            }
+            if !self.step() {
+                return done(self);
+            }
+        }
+        panic!("simulation did not settle in {max_steps} steps");
+    }
+
+    /// Runs until nothing is in flight and no timer is armed.
+    pub fn settle(&mut self, max_steps: usize) {
+        self.run_until(max_steps, |_| false);
+    }
+
+    pub fn dev(&mut self, node: usize) -> &mut Device {
+        &mut self.nodes[node].dev
+    }
+
+    /// Drains a CQ.
+    pub fn poll_all(&mut self, node: usize, cqn: u32) -> Vec<Cqe> {
+        std::iter::from_fn(|| self.nodes[node].dev.poll_cq(cqn)).collect()
+    }
+}
+
+/// What [`Sim::connect`] sets up on each side.
+#[derive(Clone, Copy, Debug)]
+pub struct Endpoint {
+    pub pd: u32,
+    pub cq: u32,
+    pub qpn: Qpn,
+}
+
+/// Options for a connected pair.
+#[derive(Clone, Copy, Debug)]
+pub struct ConnOpts {
+    pub qp_type: QpType,
+    pub mtu: Mtu,
+    pub sq_psn: [u32; 2],
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub min_rnr_timer: u8,
+    pub max_rd_atomic: u8,
+    pub cap: QpCap,
+    pub cqe: u32,
+    pub access: Access,
+    pub srq: bool,
+}
+
+impl Default for ConnOpts {
+    fn default() -> Self {
+        ConnOpts {
+            qp_type: QpType::Rc,
+            mtu: Mtu::M1024,
+            sq_psn: [0x100, 0x200],
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 1,
+            max_rd_atomic: 16,
+            cap: QpCap {
+                max_send_wr: 1024,
+                max_recv_wr: 1024,
+                max_send_sge: 4,
+                max_recv_sge: 4,
+                max_inline_data: 256,
+            },
+            cqe: 4096,
+            access: Access::LOCAL_WRITE.union(Access::REMOTE),
+            srq: false,
+        }
+    }
+}
+
+impl Sim {
+    /// Creates a PD, a CQ and a QP on each node and connects the QPs (RC or UC) through
+    /// INIT → RTR → RTS, the way `ibv_rc_pingpong` does.
+    pub fn connect(&mut self, o: ConnOpts) -> [Endpoint; 2] {
+        let mut ep = [Endpoint {
+            pd: 0,
+            cq: 0,
+            qpn: Qpn(0),
+        }; 2];
+        for (i, e) in ep.iter_mut().enumerate() {
+            let d = self.dev(i);
+            let pd = d.alloc_pd().expect("pd");
+            let cq = d.create_cq(o.cqe).expect("cq");
+            let srq = o.srq.then(|| d.create_srq(pd, 1024, 4, 0).expect("srq"));
+            let qpn = d
+                .create_qp(QpInit {
+                    qp_type: o.qp_type,
+                    pd,
+                    send_cq: cq,
+                    recv_cq: cq,
+                    srq,
+                    cap: o.cap,
+                    sq_sig_all: false,
+                })
+                .expect("qp");
+            *e = Endpoint { pd, cq, qpn };
+        }
+        for i in 0..2 {
+            let peer = ep[1 - i].qpn;
+            let dgid = self.nodes[1 - i].gid;
+            let mut a = QpAttr {
+                qp_state: QpState::Init,
+                qp_access_flags: o.access,
+                ..Default::default()
+            };
+            let d = self.dev(i);
+            let m =
+                AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS;
+            d.modify_qp(ep[i].qpn, &a, AttrMask(m)).expect("init");
+            a.qp_state = QpState::Rtr;
+            a.path_mtu = o.mtu;
+            a.dest_qp_num = peer.0;
+            a.rq_psn = o.sq_psn[1 - i];
+            a.max_dest_rd_atomic = o.max_rd_atomic;
+            a.min_rnr_timer = o.min_rnr_timer;
+            a.av = Av {
+                dgid,
+                sgid_index: 0,
+                hop_limit: 64,
+                ..Default::default()
+            };
+            let mut m = AttrMask::STATE
+                | AttrMask::AV
+                | AttrMask::PATH_MTU
+                | AttrMask::DEST_QPN
+                | AttrMask::RQ_PSN;
+            if o.qp_type == QpType::Rc {
+                m |= AttrMask::MAX_DEST_RD_ATOMIC | AttrMask::MIN_RNR_TIMER;
+            }
+            d.modify_qp(ep[i].qpn, &a, AttrMask(m)).expect("rtr");
+            a.qp_state = QpState::Rts;
+            a.sq_psn = o.sq_psn[i];
+            a.timeout = o.timeout;
+            a.retry_cnt = o.retry_cnt;
+            a.rnr_retry = o.rnr_retry;
+            a.max_rd_atomic = o.max_rd_atomic;
+            let mut m = AttrMask::STATE | AttrMask::SQ_PSN;
+            if o.qp_type == QpType::Rc {
+                m |= AttrMask::TIMEOUT
+                    | AttrMask::RETRY_CNT
+                    | AttrMask::RNR_RETRY
+                    | AttrMask::MAX_QP_RD_ATOMIC;
+            }
+            d.modify_qp(ep[i].qpn, &a, AttrMask(m)).expect("rts");
+        }
+        ep
+    }
+}
