@@ -11,7 +11,7 @@ use crate::wire::{NakCode, OpFlags, Opcode, Packet, Syndrome};
 
 fn rearm(q: &mut Qp, now: Instant) {
     q.comp.retrans_at = match ack_timeout_ns(q.attr.timeout) {
-        Some(t) if q.req.psn.after(q.comp.psn) => Some(now.plus_ns(t)),
+        Some(t) if q.req.max_psn.after(q.comp.psn) => Some(now.plus_ns(t)),
         _ => None,
     };
 }
@@ -271,7 +271,7 @@ pub(crate) fn handle_response(
 /// The retransmission timer fired.
 pub(crate) fn retransmit_timeout(q: &mut Qp, res: &mut Resources, now: Instant) {
     q.comp.retrans_at = None;
-    if !matches!(q.state(), QpState::Rts | QpState::Sqd) || !q.req.psn.after(q.comp.psn) {
+    if !matches!(q.state(), QpState::Rts | QpState::Sqd) || !q.req.max_psn.after(q.comp.psn) {
         return;
     }
     q.counters.timeouts += 1;

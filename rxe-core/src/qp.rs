@@ -99,8 +99,10 @@ pub(crate) struct ReqState {
     pub cur: u64,
     /// Bytes of that WQE already sent.
     pub offset: u32,
-    /// Next PSN to send.
+    /// PSN of the next packet to send (behind `max_psn` while resending).
     pub psn: Psn,
+    /// The PSN the next new message starts at: one past everything ever sent.
+    pub max_psn: Psn,
     pub noack_pkts: u32,
     /// Outstanding READ/atomic requests.
     pub rd_atomic: u32,
@@ -447,6 +449,7 @@ impl Qp {
         if mask.has(M::SQ_PSN) {
             a.sq_psn = attr.sq_psn & 0xff_ffff;
             self.req.psn = Psn::new(attr.sq_psn);
+            self.req.max_psn = Psn::new(attr.sq_psn);
             self.comp.psn = Psn::new(attr.sq_psn);
         }
         if mask.has(M::MAX_QP_RD_ATOMIC) {

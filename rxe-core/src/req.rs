@@ -322,7 +322,12 @@ pub(crate) fn next_request(
         if rc && rd_atomic && q.req.offset == 0 && q.req.rd_atomic >= q.attr.max_rd_atomic as u32 {
             return None;
         }
-        if rc && q.req.psn.diff(q.comp.psn) >= MAX_UNACKED_PSNS {
+        let next_psn = if wqe.state == WqeState::Posted {
+            q.req.max_psn
+        } else {
+            q.req.psn
+        };
+        if rc && next_psn.diff(q.comp.psn) >= MAX_UNACKED_PSNS {
             return None;
         }
         return build(q, res, mem, now, cur, buf);
@@ -348,9 +353,16 @@ fn build(
         QpType::Uc => 0x20,
         _ => 0x60,
     };
-    let psn = q.req.psn;
-    let offset = q.req.offset;
     let wqe = q.wqe(seq)?;
+    // A message sent before keeps its PSNs: a resend starts from the packet at `offset`
+    // (for READ: from the first response not yet received). New messages take fresh PSNs.
+    let (psn, offset) = match (wqe.state, &wqe.wr.op) {
+        (WqeState::Pending, SendOp::Read { .. }) => {
+            (wqe.first_psn.add(wqe.read_done / mtu), wqe.read_done)
+        }
+        (WqeState::Pending, _) => (wqe.first_psn.add(q.req.offset / mtu), q.req.offset),
+        _ => (q.req.max_psn, 0),
+    };
     let len = wqe.len;
     let remaining = len - offset.min(len);
     let first = offset == 0;
@@ -572,6 +584,9 @@ fn build(
         w.state = WqeState::Done(WcStatus::Success);
     }
     q.req.psn = psn.add(npsn);
+    if q.req.psn.after(q.req.max_psn) {
+        q.req.max_psn = q.req.psn;
+    }
     if done {
         q.req.cur += 1;
         q.req.offset = 0;
@@ -616,17 +631,16 @@ pub(crate) fn retry_from(q: &mut Qp, psn: Psn) {
     };
     let Some(seq) = found else { return };
     let w = q.wqe(seq).expect("found above");
-    let first = w.first_psn;
-    let skip = psn.diff(first).max(0) as u32;
-    let (offset, at) = match w.wr.op {
-        SendOp::Read { .. } => (w.read_done, first.add(w.read_done / mtu)),
+    let skip = psn.diff(w.first_psn).max(0) as u32;
+    let offset = match w.wr.op {
         SendOp::Send
         | SendOp::SendWithImm(_)
         | SendOp::SendWithInv(_)
         | SendOp::Write { .. }
-        | SendOp::WriteWithImm { .. } => ((skip * mtu).min(w.len), first.add(skip)),
-        _ => (0, first),
+        | SendOp::WriteWithImm { .. } => (skip * mtu).min(w.len.saturating_sub(1) / mtu * mtu),
+        _ => 0,
     };
+    let at = w.first_psn.add(offset / mtu);
     q.req.cur = seq;
     q.req.offset = offset;
     q.req.psn = at;
