@@ -491,8 +491,10 @@ fn build(
     // ONLY opcodes of UD are SEND_ONLY (0x64) / SEND_ONLY_WITH_IMMEDIATE (0x65).
     let (dest_qp, sport, av) = match &wqe.wr.ud {
         Some(u) if ud => {
-            let qkey = if u.remote_qkey & 0x8000_0000 != 0 {
-                q.attr.qkey
+            // As rxe: the GSI QP always sends the GSI Q_Key; others send the WR's Q_Key as given
+            // (rxe does not apply the IBTA "controlled Q_Key" high-bit rule).
+            let qkey = if q.qp_type == QpType::Gsi {
+                GSI_QKEY
             } else {
                 u.remote_qkey
             };

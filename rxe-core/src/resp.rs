@@ -261,6 +261,10 @@ fn rc_recv(
     mem: &mut dyn Memory,
     pkt: &Packet<&[u8]>,
 ) -> Result<(), Drop> {
+    if q.resp.goto_error {
+        // A fatal NAK is on its way out; the QP takes no more requests.
+        return Err(Drop::WrongQpState);
+    }
     let psn = Psn::new(pkt.bth().psn());
     let diff = psn.diff(q.resp.psn);
     if diff > 0 {
@@ -275,9 +279,6 @@ fn rc_recv(
         return duplicate(q, res, pkt);
     }
     q.resp.sent_psn_nak = false;
-    if q.resp.goto_error {
-        return Err(Drop::WrongQpState);
-    }
     match execute(q, res, mem, pkt, psn) {
         Exec::Ok => Ok(()),
         Exec::Rnr => {
