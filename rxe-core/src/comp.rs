@@ -121,20 +121,7 @@ pub(crate) fn handle_response(
                 finish_error(q, res, seq, WcStatus::BadRespErr);
                 return Err(Drop::Unexpected);
             }
-            let sges = w.wr.sg_list.clone();
-            let mut tmp = payload.to_vec();
-            if copy_sges(
-                &res.keys,
-                mem,
-                q.pd,
-                &sges,
-                done as u64,
-                &mut tmp,
-                true,
-                Access::LOCAL_WRITE,
-            )
-            .is_err()
-            {
+            if copy_to_sges(&res.keys, mem, q.pd, &w.wr.sg_list, done as u64, payload).is_err() {
                 finish_error(q, res, seq, WcStatus::LocProtErr);
                 return Err(Drop::Unexpected);
             }
@@ -171,20 +158,8 @@ pub(crate) fn handle_response(
             }
             return Err(Drop::Unexpected);
         }
-        let sges = w.wr.sg_list.clone();
-        let mut v = orig.to_le_bytes();
-        if copy_sges(
-            &res.keys,
-            mem,
-            q.pd,
-            &sges,
-            0,
-            &mut v,
-            true,
-            Access::LOCAL_WRITE,
-        )
-        .is_err()
-        {
+        let v = orig.to_le_bytes();
+        if copy_to_sges(&res.keys, mem, q.pd, &w.wr.sg_list, 0, &v).is_err() {
             finish_error(q, res, seq, WcStatus::LocProtErr);
             return Err(Drop::Unexpected);
         }

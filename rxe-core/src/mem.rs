@@ -385,22 +385,20 @@ impl Region<'_> {
     }
 }
 
-/// Copies between a packet buffer and an SGE list, starting `offset` bytes into the list.
-/// `to_sges` selects the direction. Checks every SGE's lkey with `access`.
-#[allow(clippy::too_many_arguments)]
-pub fn copy_sges(
+/// Visits the pieces of `[offset, offset+len)` of an SGE list, checking every SGE's lkey with
+/// `access`; `f` gets the resolved region, the address and the range of the flat buffer.
+fn walk_sges(
     keys: &KeyTable,
-    mem: &mut dyn Memory,
     pd: u32,
     sges: &[Sge],
     mut offset: u64,
-    buf: &mut [u8],
-    to_sges: bool,
+    len: usize,
     access: Access,
+    mut f: impl FnMut(Region<'_>, u64, core::ops::Range<usize>) -> Result<(), MemError>,
 ) -> Result<(), MemError> {
     let mut done = 0usize;
     for sge in sges {
-        if done == buf.len() {
+        if done == len {
             break;
         }
         let l = sge.length as u64;
@@ -408,21 +406,51 @@ pub fn copy_sges(
             offset -= l;
             continue;
         }
-        let n = ((l - offset) as usize).min(buf.len() - done);
+        let n = ((l - offset) as usize).min(len - done);
         let addr = sge.addr.checked_add(offset).ok_or(MemError::Length)?;
         let region = keys.lookup_local(pd, sge.lkey, addr, n as u64, access)?;
-        if to_sges {
-            region.write(mem, addr, &buf[done..done + n])?;
-        } else {
-            region.read(mem, addr, &mut buf[done..done + n])?;
-        }
+        f(region, addr, done..done + n)?;
         done += n;
         offset = 0;
     }
-    if done != buf.len() {
+    if done != len {
         return Err(MemError::Length);
     }
     Ok(())
+}
+
+/// Scatters `src` into an SGE list from `offset` bytes in (needs local write access).
+pub fn copy_to_sges(
+    keys: &KeyTable,
+    mem: &mut dyn Memory,
+    pd: u32,
+    sges: &[Sge],
+    offset: u64,
+    src: &[u8],
+) -> Result<(), MemError> {
+    walk_sges(
+        keys,
+        pd,
+        sges,
+        offset,
+        src.len(),
+        Access::LOCAL_WRITE,
+        |r, a, rg| r.write(mem, a, &src[rg]),
+    )
+}
+
+/// Gathers from an SGE list, `offset` bytes in, into `dst`.
+pub fn copy_from_sges(
+    keys: &KeyTable,
+    mem: &dyn Memory,
+    pd: u32,
+    sges: &[Sge],
+    offset: u64,
+    dst: &mut [u8],
+) -> Result<(), MemError> {
+    walk_sges(keys, pd, sges, offset, dst.len(), Access(0), |r, a, rg| {
+        r.read(mem, a, &mut dst[rg])
+    })
 }
 
 /// Sum of SGE lengths, saturating (a guest may send absurd values).

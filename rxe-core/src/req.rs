@@ -542,16 +542,7 @@ fn build(
                 .map(|s| dst.copy_from_slice(s))
                 .ok_or(MemError::Length)
         } else {
-            copy_sges(
-                &res.keys,
-                mem,
-                q.pd,
-                &wqe.wr.sg_list,
-                offset as u64,
-                dst,
-                false,
-                Access(0),
-            )
+            copy_from_sges(&res.keys, mem, q.pd, &wqe.wr.sg_list, offset as u64, dst)
         };
         if copy.is_err() {
             let w = q.wqe_mut(seq).expect("wqe present");

@@ -187,30 +187,9 @@ fn ud_recv(
         post_recv_cqe(q, res, cqe, false);
         return Ok(());
     }
-    let (mut g, nht) = grh(meta, pkt.as_bytes().len());
-    let r = copy_sges(
-        &res.keys,
-        mem,
-        q.pd,
-        &w.sges,
-        0,
-        &mut g,
-        true,
-        Access::LOCAL_WRITE,
-    )
-    .and_then(|_| {
-        let mut tmp = payload.to_vec();
-        copy_sges(
-            &res.keys,
-            mem,
-            q.pd,
-            &w.sges,
-            40,
-            &mut tmp,
-            true,
-            Access::LOCAL_WRITE,
-        )
-    });
+    let (g, nht) = grh(meta, pkt.as_bytes().len());
+    let r = copy_to_sges(&res.keys, mem, q.pd, &w.sges, 0, &g)
+        .and_then(|_| copy_to_sges(&res.keys, mem, q.pd, &w.sges, 40, payload));
     if r.is_err() {
         cqe.status = WcStatus::LocProtErr;
         post_recv_cqe(q, res, cqe, false);
@@ -431,25 +410,11 @@ fn execute(
                 status: WcStatus::LocLenErr,
             };
         }
-        if plen > 0 {
-            let mut tmp = payload.to_vec();
-            if copy_sges(
-                &res.keys,
-                mem,
-                pd,
-                &wqe.sges,
-                *offset,
-                &mut tmp,
-                true,
-                Access::LOCAL_WRITE,
-            )
-            .is_err()
-            {
-                return Exec::Err {
-                    nak: NakCode::RemoteOperationalError,
-                    status: WcStatus::LocProtErr,
-                };
-            }
+        if plen > 0 && copy_to_sges(&res.keys, mem, pd, &wqe.sges, *offset, payload).is_err() {
+            return Exec::Err {
+                nak: NakCode::RemoteOperationalError,
+                status: WcStatus::LocProtErr,
+            };
         }
         *offset += plen as u64;
         q.resp.last_op = (!last).then_some(op);
