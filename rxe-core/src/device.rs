@@ -155,6 +155,8 @@ pub(crate) struct Resources {
     pub srqs: Slab<Srq>,
     pub ahs: Slab<(u32, Av)>,
     pub gids: Vec<Option<Gid>>,
+    /// The distinct GIDs in `gids`, for the per-packet destination check.
+    pub gid_set: Vec<Gid>,
     pub mcast: HashMap<Gid, Vec<Qpn>>,
     pub events: VecDeque<AsyncEvent>,
     pub port: PortCounters,
@@ -185,12 +187,21 @@ impl Resources {
         Ok(())
     }
 
+    fn refresh_gid_set(&mut self) {
+        self.gid_set.clear();
+        for g in self.gids.iter().flatten() {
+            if !self.gid_set.contains(g) {
+                self.gid_set.push(*g);
+            }
+        }
+    }
+
     pub fn gid(&self, index: u8) -> Option<Gid> {
         self.gids.get(index as usize).copied().flatten()
     }
 
     pub fn is_our_gid(&self, g: &Gid) -> bool {
-        self.gids.iter().any(|x| x.as_ref() == Some(g))
+        self.gid_set.contains(g)
     }
 }
 
@@ -227,6 +238,7 @@ impl Device {
             srqs: Slab::new(cfg.max_srq),
             ahs: Slab::new(cfg.max_ah),
             gids: vec![None; cfg.gid_table_len as usize],
+            gid_set: Vec::new(),
             mcast: HashMap::new(),
             events: VecDeque::new(),
             port: PortCounters::default(),
@@ -257,6 +269,7 @@ impl Device {
             .get_mut(index as usize)
             .ok_or(VerbError::Invalid)?;
         *slot = Some(gid);
+        self.res.refresh_gid_set();
         Ok(())
     }
     pub fn del_gid(&mut self, index: u32) -> Result<(), VerbError> {
@@ -265,7 +278,9 @@ impl Device {
             .gids
             .get_mut(index as usize)
             .ok_or(VerbError::Invalid)?;
-        slot.take().map(|_| ()).ok_or(VerbError::NotFound)
+        slot.take().ok_or(VerbError::NotFound)?;
+        self.res.refresh_gid_set();
+        Ok(())
     }
     pub fn gid(&self, index: u32) -> Option<Gid> {
         self.res.gids.get(index as usize).copied().flatten()
