@@ -1,0 +1,333 @@
+//! Our side of `ibv_rc_pingpong`, `ibv_uc_pingpong` and `ibv_ud_pingpong`: the same QP setup,
+//! the same exchange and the same ping-pong loop, so the unmodified tool is the other end —
+//! plus a byte check the tools do not make: every buffer that comes back is compared with
+//! what must be in it.
+
+use std::io;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant as Wall};
+
+use rxe_core::mem::Backing;
+use rxe_core::verbs::*;
+use rxe_core::{Gid, QpInit, Qpn};
+
+use crate::oob::{self, Dest};
+use crate::peer::{Peer, MEM_BASE};
+
+const RECV_WRID: u64 = 1;
+const SEND_WRID: u64 = 2;
+/// The Q_Key `ibv_ud_pingpong` uses.
+pub const UD_QKEY: u32 = 0x1111_1111;
+/// The fill byte the tools put in their buffer before the first exchange.
+pub const TOOL_FILL: u8 = 0x7b;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Rc,
+    Uc,
+    Ud,
+}
+
+#[derive(Clone, Debug)]
+pub struct Opts {
+    pub kind: Kind,
+    /// `Some(addr)`: we are the client and the tool listens at `addr`; `None`: we listen.
+    pub server: Option<SocketAddr>,
+    /// Where we listen when we are the server.
+    pub listen: SocketAddr,
+    pub size: usize,
+    pub iters: u32,
+    pub mtu: Mtu,
+    pub rx_depth: u32,
+    pub timeout: Duration,
+    /// The other end is the stock tool (its first buffer is all [`TOOL_FILL`]); false when it
+    /// is another `rxe-peer`, which sends [`pattern`].
+    pub peer_is_tool: bool,
+}
+
+/// What an `rxe-peer` client sends.
+pub fn pattern(size: usize) -> Vec<u8> {
+    (0..size)
+        .map(|i| (i as u8).wrapping_mul(13).wrapping_add(0x21))
+        .collect()
+}
+
+#[derive(Clone, Debug)]
+pub struct Report {
+    pub iters: u32,
+    pub bytes: u64,
+    pub secs: f64,
+    /// Buffers that came back and were compared byte for byte.
+    pub verified: u32,
+    pub remote: Dest,
+}
+
+fn err(msg: String) -> io::Error {
+    io::Error::other(msg)
+}
+
+fn ok<T>(r: Result<T, rxe_core::VerbError>, what: &str) -> io::Result<T> {
+    r.map_err(|e| err(format!("{what}: {e}")))
+}
+
+pub fn run(p: &mut Peer, o: &Opts) -> io::Result<Report> {
+    let ud = o.kind == Kind::Ud;
+    let grh = if ud { 40 } else { 0 };
+    let buf_len = o.size + grh;
+    // Receive buffer and send buffer apart, so what comes back can be checked.
+    let rbuf = MEM_BASE;
+    let sbuf = MEM_BASE + ((buf_len as u64 + 4095) & !4095);
+    if (sbuf - MEM_BASE) as usize + buf_len > p.mem.bytes.len() {
+        return Err(err("buffer larger than peer memory".into()));
+    }
+    let d = &mut p.dev;
+    let pd = ok(d.alloc_pd(), "alloc_pd")?;
+    let span = (sbuf - rbuf) + buf_len as u64;
+    let mr = ok(
+        d.reg_mr(
+            pd,
+            rbuf,
+            span,
+            Access::LOCAL_WRITE,
+            Backing::Contiguous { base: rbuf },
+        ),
+        "reg_mr",
+    )?;
+    let cq = ok(d.create_cq(o.rx_depth + 1), "create_cq")?;
+    let qp_type = match o.kind {
+        Kind::Rc => QpType::Rc,
+        Kind::Uc => QpType::Uc,
+        Kind::Ud => QpType::Ud,
+    };
+    let cap = QpCap {
+        max_send_wr: 1,
+        max_recv_wr: o.rx_depth,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let qpn = ok(
+        d.create_qp(QpInit {
+            qp_type,
+            pd,
+            send_cq: cq,
+            recv_cq: cq,
+            srq: None,
+            cap,
+            sq_sig_all: false,
+        }),
+        "create_qp",
+    )?;
+    let mut a = QpAttr {
+        qp_state: QpState::Init,
+        qkey: UD_QKEY,
+        ..Default::default()
+    };
+    let mut m = AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT;
+    m |= if ud {
+        AttrMask::QKEY
+    } else {
+        AttrMask::ACCESS_FLAGS
+    };
+    ok(d.modify_qp(qpn, &a, AttrMask(m)), "modify INIT")?;
+    // The tools post their receives before the exchange.
+    let recv = RecvWr {
+        wr_id: RECV_WRID,
+        sg_list: vec![Sge {
+            addr: rbuf,
+            length: buf_len as u32,
+            lkey: mr,
+        }],
+    };
+    for _ in 0..o.rx_depth {
+        ok(d.post_recv(qpn, recv.clone()), "post_recv")?;
+    }
+    let psn = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .subsec_nanos()
+        ^ qpn.0 << 8)
+        & 0xff_ffff;
+    let mine = Dest {
+        lid: 0,
+        qpn: qpn.0,
+        psn,
+        gid: Gid::from_ip(p.local_ip),
+    };
+    if ud {
+        a.qp_state = QpState::Rtr;
+        ok(
+            p.dev.modify_qp(qpn, &a, AttrMask(AttrMask::STATE)),
+            "modify RTR",
+        )?;
+        a.qp_state = QpState::Rts;
+        a.sq_psn = psn;
+        ok(
+            p.dev
+                .modify_qp(qpn, &a, AttrMask(AttrMask::STATE | AttrMask::SQ_PSN)),
+            "modify RTS",
+        )?;
+    }
+    let connect = |dev: &mut rxe_core::Device, r: &Dest| -> io::Result<()> {
+        if ud {
+            return Ok(());
+        }
+        let mut a = QpAttr {
+            qp_state: QpState::Rtr,
+            path_mtu: o.mtu,
+            dest_qp_num: r.qpn,
+            rq_psn: r.psn,
+            max_dest_rd_atomic: 1,
+            min_rnr_timer: 12,
+            av: Av {
+                dgid: r.gid,
+                sgid_index: 0,
+                hop_limit: 1,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let mut m = AttrMask::STATE
+            | AttrMask::AV
+            | AttrMask::PATH_MTU
+            | AttrMask::DEST_QPN
+            | AttrMask::RQ_PSN;
+        if o.kind == Kind::Rc {
+            m |= AttrMask::MAX_DEST_RD_ATOMIC | AttrMask::MIN_RNR_TIMER;
+        }
+        ok(dev.modify_qp(qpn, &a, AttrMask(m)), "modify RTR")?;
+        a.qp_state = QpState::Rts;
+        a.timeout = 14;
+        a.retry_cnt = 7;
+        a.rnr_retry = 7;
+        a.sq_psn = psn;
+        a.max_rd_atomic = 1;
+        let mut m = AttrMask::STATE | AttrMask::SQ_PSN;
+        if o.kind == Kind::Rc {
+            m |= AttrMask::TIMEOUT
+                | AttrMask::RETRY_CNT
+                | AttrMask::RNR_RETRY
+                | AttrMask::MAX_QP_RD_ATOMIC;
+        }
+        ok(dev.modify_qp(qpn, &a, AttrMask(m)), "modify RTS")
+    };
+    let remote = match o.server {
+        Some(addr) => {
+            let r = oob::client_exchange(addr, &mine, o.timeout)?;
+            connect(&mut p.dev, &r)?;
+            r
+        }
+        None => {
+            let dev = &mut p.dev;
+            oob::server_exchange(o.listen, |r| connect(dev, r).map(|_| mine))?
+        }
+    };
+    let client = o.server.is_some();
+    // What we send: as client, our own pattern (the tool echoes it back); as server, what we
+    // last received (the tool's first buffer is all TOOL_FILL, and from then on our echo).
+    let pattern = pattern(o.size);
+    let expect: Vec<u8> = if client || !o.peer_is_tool {
+        pattern.clone()
+    } else {
+        vec![TOOL_FILL; o.size]
+    };
+    p.mem
+        .slice_mut(sbuf + grh as u64, o.size)
+        .copy_from_slice(if client { &pattern } else { &expect });
+    let mut send = SendWr::new(
+        SEND_WRID,
+        SendOp::Send,
+        vec![Sge {
+            addr: sbuf + grh as u64,
+            length: o.size as u32,
+            lkey: mr,
+        }],
+    );
+    if ud {
+        send.ud = Some(UdDest {
+            av: Av {
+                dgid: remote.gid,
+                sgid_index: 0,
+                hop_limit: 1,
+                ..Default::default()
+            },
+            remote_qpn: Qpn(remote.qpn),
+            remote_qkey: UD_QKEY,
+        });
+    }
+    let start = Wall::now();
+    let deadline = start + o.timeout;
+    let (mut scnt, mut rcnt, mut verified) = (0u32, 0u32, 0u32);
+    let mut pending = RECV_WRID;
+    if client {
+        ok(p.dev.post_send(qpn, send.clone()), "post_send")?;
+        pending |= SEND_WRID;
+    }
+    while scnt < o.iters || rcnt < o.iters {
+        if Wall::now() > deadline {
+            return Err(err(format!(
+                "timed out after {scnt} sends and {rcnt} receives"
+            )));
+        }
+        p.pump(Duration::from_millis(5))?;
+        while let Some(c) = p.dev.poll_cq(cq) {
+            if c.status != WcStatus::Success {
+                return Err(err(format!(
+                    "completion error {:?} for wr_id {}",
+                    c.status, c.wr_id
+                )));
+            }
+            match c.wr_id {
+                SEND_WRID => scnt += 1,
+                RECV_WRID => {
+                    rcnt += 1;
+                    if c.byte_len as usize != o.size + grh {
+                        return Err(err(format!(
+                            "received {} bytes, expected {}",
+                            c.byte_len,
+                            o.size + grh
+                        )));
+                    }
+                    let got = p.mem.slice(rbuf + grh as u64, o.size);
+                    if got != &expect[..] {
+                        let at = got
+                            .iter()
+                            .zip(&expect)
+                            .position(|(a, b)| a != b)
+                            .unwrap_or(0);
+                        return Err(err(format!(
+                            "iteration {rcnt}: received data differs at byte {at}"
+                        )));
+                    }
+                    verified += 1;
+                    if ud
+                        && p.mem.slice(rbuf + 20, 1)[0] != 0x45
+                        && p.mem.slice(rbuf, 1)[0] >> 4 != 6
+                    {
+                        return Err(err("UD receive without a network header".into()));
+                    }
+                    ok(p.dev.post_recv(qpn, recv.clone()), "post_recv")?;
+                }
+                other => return Err(err(format!("completion for unknown wr_id {other}"))),
+            }
+            pending &= !c.wr_id;
+            if scnt < o.iters && pending == 0 {
+                ok(p.dev.post_send(qpn, send.clone()), "post_send")?;
+                pending = RECV_WRID | SEND_WRID;
+            }
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    // Let the last ACKs out before the process goes away.
+    let linger = Wall::now() + Duration::from_millis(300);
+    while Wall::now() < linger {
+        p.pump(Duration::from_millis(5))?;
+    }
+    Ok(Report {
+        iters: o.iters,
+        bytes: 2 * o.iters as u64 * o.size as u64,
+        secs,
+        verified,
+        remote,
+    })
+}
