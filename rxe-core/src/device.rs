@@ -101,6 +101,8 @@ pub struct PortCounters {
     pub rx_unknown_qp: u64,
     pub rx_bad_gid: u64,
     pub rx_malformed: u64,
+    /// Congestion notification packets received (counted; congestion control is future work).
+    pub rx_cnp: u64,
 }
 
 /// Where an incoming packet came from (filled in by the transport).
@@ -984,7 +986,8 @@ impl Device {
             return Err(Drop::BadVersion);
         }
         if pkt.flags().contains(OpFlags::CNP) {
-            // Congestion control is not implemented yet: CNPs are accepted and ignored.
+            // Congestion control is not implemented yet: CNPs are counted and ignored.
+            self.res.port.rx_cnp += 1;
             return Ok(());
         }
         if bth.pkey() & 0x7fff != 0x7fff {
