@@ -7,6 +7,7 @@
 
 pub mod icrc;
 pub mod mem;
+pub mod pcap;
 pub mod types;
 pub mod verbs;
 pub mod wire;

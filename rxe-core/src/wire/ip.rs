@@ -679,37 +679,33 @@ impl<T: AsRef<[u8]>> UdpPacket<T> {
     }
 }
 
-/// One's-complement sum of the UDP pseudo header and datagram (checksum field included).
-fn udp_checksum_sum(src: core::net::IpAddr, dst: core::net::IpAddr, dgram: &[u8]) -> u32 {
+/// One's-complement sum of the UDP pseudo header for a datagram of `len` bytes.
+fn udp_pseudo_sum(src: core::net::IpAddr, dst: core::net::IpAddr, len: usize) -> u32 {
     use core::net::IpAddr;
-    let mut acc = match (src, dst) {
+    let acc = match (src, dst) {
         (IpAddr::V4(s), IpAddr::V4(d)) => ones_sum(ones_sum(0, &s.octets()), &d.octets()),
         (s, d) => {
-            let s6 = match s {
+            let v6 = |a: IpAddr| match a {
                 IpAddr::V4(a) => a.to_ipv6_mapped(),
                 IpAddr::V6(a) => a,
             };
-            let d6 = match d {
-                IpAddr::V4(a) => a.to_ipv6_mapped(),
-                IpAddr::V6(a) => a,
-            };
-            ones_sum(ones_sum(0, &s6.octets()), &d6.octets())
+            ones_sum(ones_sum(0, &v6(s).octets()), &v6(d).octets())
         }
     };
-    let l = dgram.len() as u32;
-    acc += IPPROTO_UDP as u32 + (l >> 16) + (l & 0xffff);
-    ones_sum(acc, dgram)
+    let l = len as u32;
+    acc + IPPROTO_UDP as u32 + (l >> 16) + (l & 0xffff)
 }
 
-/// The UDP checksum of a datagram (header with a zero checksum field, plus payload) between two
-/// addresses, as it should be stored: a computed 0 is sent as 0xffff.
+/// One's-complement sum of the UDP pseudo header and datagram (checksum field included).
+fn udp_checksum_sum(src: core::net::IpAddr, dst: core::net::IpAddr, dgram: &[u8]) -> u32 {
+    ones_sum(udp_pseudo_sum(src, dst, dgram.len()), dgram)
+}
+
+/// The UDP checksum of a datagram (header, whose checksum field is ignored, plus payload)
+/// between two addresses, as it should be stored: a computed 0 is sent as 0xffff.
 pub fn udp_checksum(src: core::net::IpAddr, dst: core::net::IpAddr, dgram: &[u8]) -> u16 {
-    let mut tmp = [0u8; UDP_HDR_LEN];
-    let n = dgram.len().min(UDP_HDR_LEN);
-    tmp[..n].copy_from_slice(&dgram[..n]);
-    tmp[6] = 0;
-    tmp[7] = 0;
-    let mut acc = udp_checksum_sum(src, dst, &tmp[..n]);
+    let n = dgram.len().min(UDP_HDR_LEN - 2);
+    let mut acc = ones_sum(udp_pseudo_sum(src, dst, dgram.len()), &dgram[..n]);
     if dgram.len() > UDP_HDR_LEN {
         acc = ones_sum(acc, &dgram[UDP_HDR_LEN..]);
     }
@@ -816,7 +812,10 @@ mod tests {
         let r = Ipv4Repr::parse(&ip).unwrap();
         assert_eq!(r.src, Ipv4Addr::new(10, 0, 17, 1));
         assert_eq!(r.dst, Ipv4Addr::new(10, 0, 18, 1));
-        assert_eq!((r.tos, r.ttl, r.ident, r.dont_frag), (0xc2, 64, 0x718c, true));
+        assert_eq!(
+            (r.tos, r.ttl, r.ident, r.dont_frag),
+            (0xc2, 64, 0x718c, true)
+        );
         assert_eq!(r.payload_len, 40);
         // Re-emitting gives the same bytes, checksum included.
         let mut out = [0u8; 20];
@@ -824,7 +823,10 @@ mod tests {
         assert_eq!(&out[..], ip.header());
         let u = UdpPacket::new_checked(ip.payload()).unwrap();
         let ur = UdpRepr::parse(&u).unwrap();
-        assert_eq!((ur.src_port, ur.dst_port, ur.payload_len), (0, ROCE_UDP_PORT, 32));
+        assert_eq!(
+            (ur.src_port, ur.dst_port, ur.payload_len),
+            (0, ROCE_UDP_PORT, 32)
+        );
         assert!(u.verify_checksum(r.src.into(), r.dst.into()));
         let mut o = [0u8; 8];
         ur.emit(&mut o).unwrap();

@@ -5,11 +5,14 @@ mod field;
 
 pub mod bth;
 pub mod ext;
+pub mod frame;
+pub mod ip;
 pub mod opcode;
 pub mod packet;
 
 pub use bth::{Bth, BthRepr};
 pub use ext::{Aeth, AtomicAckEth, AtomicEth, Deth, Feth, Ieth, ImmDt, NakCode, Reth, Syndrome};
+pub use frame::{encap, parse_frame, FrameMeta};
 pub use opcode::{OpFlags, OpInfo, Opcode, Transport};
 pub use packet::{emit, packet_len, pad_for, ExtRepr, Packet};
 
