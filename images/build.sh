@@ -1,0 +1,252 @@
+#!/usr/bin/env bash
+# Build the trixie test guest: kernel + initramfs (rdma-core, perftest, rxe modules).
+#
+#   sudo images/build.sh              build (or reuse) and print the output directory
+#   images/build.sh --print-dir       print the output directory only (no build)
+#   sudo images/build.sh --force      rebuild even when the cache is warm
+#
+# Outputs in $VUR_CACHE_DIR/<key>/ (default <repo>/.cache/images/<key>/):
+#   vmlinuz, initrd.img (zstd cpio), manifest.txt (kernel + package versions)
+# The key is a hash of this script, packages.txt, init and vur-gid. The trixie chroot
+# (debootstrap + packages + kernel, before pruning) is cached separately in
+# rootfs-<key1>/, keyed by this script and packages.txt only, so editing init is cheap.
+#
+# Needs root (debootstrap, chroot, mknod) and images/host-setup.sh's packages.
+# The archive is derived from the URIs line of /etc/apt/sources.list.d/debian.sources.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/.." && pwd)
+cache=${VUR_CACHE_DIR:-$repo/.cache/images}
+suite=trixie
+# Kernel package: the newest linux-image-6.12.*-amd64-unsigned in the suite.
+kernel_re='^linux-image-6\.12\.[0-9a-z.+~]*-amd64-unsigned$'
+# Kernel module trees (relative to lib/modules/<ver>/kernel) kept in the initramfs.
+keep_modules=(
+    net crypto lib arch/x86/crypto fs/configfs
+    drivers/infiniband/core drivers/infiniband/sw drivers/infiniband/ulp
+    drivers/net/virtio_net.ko.xz drivers/net/net_failover.ko.xz
+    drivers/net/veth.ko.xz drivers/net/ifb.ko.xz drivers/net/tun.ko.xz drivers/net/dummy.ko.xz
+    drivers/virtio fs/9p fs/netfs
+)
+# Subtrees of net/ that a wired RoCE test never loads.
+drop_modules=(net/bluetooth net/mac80211 net/wireless net/nfc net/ieee802154 net/mac802154
+    net/6lowpan net/rxrpc net/ceph net/sunrpc net/can net/atm net/appletalk net/rose net/ax25
+    net/netrom net/x25 net/lapb net/phonet net/caif net/hsr net/batman-adv net/dsa net/qrtr
+    net/rfkill net/9p/9pnet_rdma.ko.xz net/9p/9pnet_xen.ko.xz)
+
+log() { printf '[build %s] %s\n' "$(date +%T)" "$*"; }
+die() { printf '[build] error: %s\n' "$*" >&2; exit 1; }
+now_ms() { local t=${EPOCHREALTIME/./}; echo $((t / 1000)); }
+step() { # step NAME CMD... : run CMD, print its duration
+    local name=$1 t0
+    shift
+    t0=$(now_ms)
+    log "step: $name"
+    "$@"
+    local dt=$(($(now_ms) - t0))
+    log "step: $name done in $((dt / 1000)).$(printf '%03d' $((dt % 1000))) s"
+}
+
+hash_files() { sha256sum "$@" | sha256sum | cut -c1-16; }
+key1=$(hash_files "$here/build.sh" "$here/packages.txt")
+key=$( { echo "$key1"; cat "$here/init" "$here/vur-gid"; } | sha256sum | cut -c1-16)
+rootfs=$cache/rootfs-$key1
+out=$cache/$key
+
+force=0
+case ${1:-} in
+--print-dir) echo "$out" && exit 0 ;;
+--force) force=1 ;;
+"") ;;
+*) die "usage: $0 [--print-dir|--force]" ;;
+esac
+
+t_start=$(now_ms)
+if ((!force)) && [[ -f $out/manifest.txt && -f $out/vmlinuz && -f $out/initrd.img ]]; then
+    log "cache hit: $out ($(($(now_ms) - t_start)) ms)"
+    echo "$out"
+    exit 0
+fi
+[[ $(id -u) -eq 0 ]] || die "building the image needs root (debootstrap/chroot); run images/host-setup.sh first"
+for t in debootstrap zstd cpio; do command -v "$t" >/dev/null || die "$t missing; run images/host-setup.sh"; done
+
+mkdir -p "$cache"
+exec 9>"$cache/.lock"
+flock 9
+
+mounts=()
+cleanup() {
+    local m
+    for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do
+        m=${mounts[i]}
+        umount -l "$m" 2>/dev/null || true
+    done
+}
+trap cleanup EXIT
+
+chroot_mounts() { # mount proc/sys/dev into $1 for apt/dpkg postinsts
+    local r=$1
+    mount -t proc proc "$r/proc" && mounts+=("$r/proc")
+    mount -t sysfs sysfs "$r/sys" && mounts+=("$r/sys")
+    mount --bind /dev "$r/dev" && mounts+=("$r/dev")
+}
+chroot_umounts() { cleanup; mounts=(); }
+
+in_chroot() { chroot "$rootfs.tmp" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin \
+    DEBIAN_FRONTEND=noninteractive LANG=C.UTF-8 "$@"; }
+
+# --- stage 1: trixie chroot with packages and the extracted kernel -------------------
+do_debootstrap() {
+    local uri
+    uri=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources)
+    [[ -n $uri ]] || die "no URIs: line in /etc/apt/sources.list.d/debian.sources"
+    rm -rf "$rootfs.tmp"
+    debootstrap --variant=minbase "$suite" "$rootfs.tmp" "$uri" >"$cache/debootstrap.log" 2>&1 ||
+        { tail -20 "$cache/debootstrap.log"; die "debootstrap failed (log: $cache/debootstrap.log)"; }
+}
+
+do_packages() {
+    local pkgs
+    mapfile -t pkgs < <(sed -e 's/#.*//' -e 's/[[:space:]]//g' -e '/^$/d' "$here/packages.txt")
+    log "packages: ${pkgs[*]}"
+    # No service starts inside the chroot.
+    printf '#!/bin/sh\nexit 101\n' >"$rootfs.tmp/usr/sbin/policy-rc.d"
+    chmod 755 "$rootfs.tmp/usr/sbin/policy-rc.d"
+    chroot_mounts "$rootfs.tmp"
+    in_chroot apt-get update -qq
+    in_chroot apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >"$cache/apt.log" 2>&1 ||
+        { tail -30 "$cache/apt.log"; die "apt-get install failed (log: $cache/apt.log)"; }
+    chroot_umounts
+}
+
+do_kernel() {
+    local kpkg
+    kpkg=$(in_chroot apt-cache search --names-only "$kernel_re" | awk '{print $1}' | sort -V | tail -1)
+    [[ -n $kpkg ]] || die "no package matching $kernel_re in $suite"
+    log "kernel package: $kpkg"
+    mkdir -p "$rootfs.tmp/tmp/kdeb"
+    chmod 777 "$rootfs.tmp/tmp/kdeb" # apt downloads as user _apt
+    in_chroot sh -c "cd /tmp/kdeb && apt-get download -qq $kpkg"
+    rm -rf "$rootfs.tmp/kernel"
+    in_chroot sh -c 'dpkg-deb -x /tmp/kdeb/*.deb /kernel && dpkg-deb -f /tmp/kdeb/*.deb Package Version >/kernel/package.txt'
+    rm -rf "$rootfs.tmp/tmp/kdeb"
+}
+
+if [[ ! -f $rootfs/.complete ]]; then
+    step "debootstrap --variant=minbase $suite" do_debootstrap
+    step "install packages.txt in the chroot" do_packages
+    step "download + extract the kernel" do_kernel
+    touch "$rootfs.tmp/.complete"
+    rm -rf "$rootfs"
+    mv "$rootfs.tmp" "$rootfs"
+    # Chroots of other versions of this script/packages.txt are ~600 MB each: drop them.
+    for d in "$cache"/rootfs-*; do
+        [[ $d == "$rootfs" ]] || { log "removing stale $d" && rm -rf "$d"; }
+    done
+else
+    log "reusing chroot $rootfs"
+fi
+
+# --- stage 2: prune a copy into the initramfs tree ------------------------------------
+stage=$cache/stage-$key
+kmods=''
+for d in "$rootfs"/kernel/usr/lib/modules/* "$rootfs"/kernel/lib/modules/*; do
+    [[ -d $d ]] && kmods=$d && break
+done
+[[ -n $kmods ]] || die "no modules directory in the extracted kernel"
+kver=${kmods##*/}
+
+do_stage() {
+    rm -rf "$stage"
+    mkdir -p "$stage"
+    # Copy the userland without the kernel extraction, apt state, docs, man pages, locales.
+    tar -C "$rootfs" -c --exclude=./kernel --exclude=./.complete \
+        --exclude=./var/lib/apt/lists --exclude=./var/cache/apt --exclude=./var/cache/debconf \
+        --exclude=./usr/share/doc --exclude=./usr/share/man --exclude=./usr/share/info \
+        --exclude=./usr/share/locale --exclude=./usr/share/i18n --exclude=./usr/share/lintian \
+        --exclude=./usr/share/bug --exclude=./usr/share/zoneinfo --exclude=./usr/share/common-licenses \
+        --exclude=./var/log --exclude=./usr/sbin/policy-rc.d \
+        --exclude=./usr/lib/udev/hwdb.bin --exclude=./usr/lib/udev/hwdb.d \
+        --exclude=./usr/lib/x86_64-linux-gnu/gconv --exclude=./usr/lib/systemd \
+        --exclude=./usr/lib/x86_64-linux-gnu/systemd --exclude='./usr/bin/systemd*' \
+        --exclude=./usr/bin/systemctl --exclude=./usr/bin/journalctl --exclude=./usr/bin/sqv \
+        --exclude='*/__pycache__' . | tar -C "$stage" -x
+    mkdir -p "$stage/var/log" "$stage/vur" "$stage/vur-scenario"
+    # Kernel modules: the trees a RoCE/netkit/netem test needs plus everything they depend
+    # on (closure over the full tree's modules.dep), the rest is deleted.
+    local m=$stage/usr/lib/modules/$kver
+    mkdir -p "${m%/*}"
+    cp -a "$kmods" "$m"
+    chroot "$stage" depmod -a "$kver"
+    local keep_list=$stage/tmp/keep-modules
+    awk -v keep="${keep_modules[*]}" -v drop="${drop_modules[*]}" '
+        function under(path, list,   n, a, i) {
+            n = split(list, a, " ")
+            for (i = 1; i <= n; i++)
+                if (path == "kernel/" a[i] || index(path, "kernel/" a[i] "/") == 1) return 1
+            return 0
+        }
+        {
+            mod = $1; sub(/:$/, "", mod)
+            if (under(mod, keep) && !under(mod, drop)) {
+                wanted[mod] = 1
+                for (i = 2; i <= NF; i++) wanted[$i] = 1
+            }
+        }
+        END { for (w in wanted) print w }' "$m/modules.dep" | sort >"$keep_list"
+    local all kept
+    all=$(find "$m/kernel" -name '*.ko*' | wc -l)
+    (cd "$m" && find kernel -name '*.ko*' | sort | comm -23 - "$keep_list" | xargs -r rm -f)
+    find "$m/kernel" -type d -empty -delete
+    rm -f "$keep_list"
+    chroot "$stage" depmod -a "$kver"
+    kept=$(find "$m/kernel" -name '*.ko*' | wc -l)
+    log "modules: kept $kept of $all ($(du -sh "$m" | cut -f1))"
+    # The kernel opens /dev/console before /init runs and mounts devtmpfs only later.
+    mknod -m 600 "$stage/dev/console" c 5 1 2>/dev/null || true
+    mknod -m 666 "$stage/dev/null" c 1 3 2>/dev/null || true
+    install -m 755 "$here/init" "$stage/init"
+    install -D -m 755 "$here/vur-gid" "$stage/usr/local/bin/vur-gid"
+}
+
+# shellcheck disable=SC2016 # ${...} are dpkg-query format fields
+do_manifest() {
+    local f=$out.tmp/manifest.txt
+    {
+        echo "# vhost-user-rdma test guest image (images/build.sh)"
+        echo "key: $key"
+        echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+        echo "suite: $suite"
+        echo "kernel: $kver"
+        echo "kernel-package: $(awk '{print $2}' "$rootfs/kernel/package.txt" | paste -sd' ')"
+        echo "rdma-core: $(chroot "$stage" dpkg-query -W -f='${source:Version}' libibverbs1)"
+        echo "perftest: $(chroot "$stage" dpkg-query -W -f='${Version}' perftest)"
+        echo "iproute2: $(chroot "$stage" dpkg-query -W -f='${Version}' iproute2)"
+        echo "initrd.img: $(du -k "$out.tmp/initrd.img" | cut -f1) KiB, $(find "$stage" | wc -l) files"
+        echo
+        echo "## kernel config (selected)"
+        grep -E '^CONFIG_(RDMA_RXE|INFINIBAND|NETKIT|NET_SCH_NETEM|IFB|NET_ACT_MIRRED|VIRTIO_NET|NET_9P|NET_9P_VIRTIO|9P_FS|DEVTMPFS|RD_ZSTD)=' \
+            "$rootfs/kernel/boot/config-$kver" || true
+        echo
+        echo "## packages (dpkg-query -W)"
+        chroot "$stage" dpkg-query -W -f='${Package} ${Version}\n'
+    } >"$f"
+}
+
+do_cpio() {
+    rm -rf "$out.tmp"
+    mkdir -p "$out.tmp"
+    cp "$rootfs/kernel/boot/vmlinuz-$kver" "$out.tmp/vmlinuz"
+    (cd "$stage" && find . -print0 | LC_ALL=C sort -z |
+        cpio --null -o -H newc --reproducible --quiet) | zstd -q -T0 -12 >"$out.tmp/initrd.img"
+}
+
+step "stage the initramfs tree (prune docs, keep needed modules, depmod)" do_stage
+step "pack initrd.img (cpio | zstd)" do_cpio
+step "write manifest.txt" do_manifest
+rm -rf "$out" "$stage"
+mv "$out.tmp" "$out"
+dt=$(($(now_ms) - t_start))
+log "kernel $kver, initrd.img $(du -h "$out/initrd.img" | cut -f1), total $((dt / 1000)) s"
+echo "$out"

@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# Boot one test guest under QEMU (TCG), run a scenario script in it, return its exit code.
+#
+#   tests/vm/run-vm.sh --name A --tap vurtapA --mac 52:54:00:77:00:02 \
+#       --ip 10.77.0.2/24 --ip6 fd77::2/64 --scenario FILE --shared DIR --timeout 300
+#
+# Options:
+#   --name NAME        guest name (hostname, log name)                    [required]
+#   --tap TAP          attach virtio-net eth0 to this tap (tests/vm/net.sh up makes them)
+#   --mac MAC          eth0 MAC (default derived from the name)
+#   --ip A/N --ip6 A/N --mtu N   eth0 addresses and MTU
+#   --scenario FILE    bash script run by the guest's /init; its exit code becomes ours.
+#                      It is packed into a small cpio in front of the image's initrd
+#                      (guest path /vur-scenario/<basename>)
+#   --file FILE        extra file for /vur-scenario/ (repeatable)
+#   --shared DIR       host directory mounted in the guest at /vur (9p); the scenario runs there
+#   --env KEY=VALUE    environment variable for the scenario (repeatable)
+#   --timeout SEC      kill QEMU after SEC seconds (default 300); exit code 124
+#   --log FILE         serial console log (default DIR/NAME.console.log, or .cache/vm/)
+#   --mem MB --smp N   guest size (default 1024, 1)
+#   --no-rxe           do not create rxe0 in the guest
+#   --interactive      console on this terminal, no scenario needed, no timeout
+#   --images DIR       kernel + initrd directory (default: images/build.sh --print-dir; env VUR_IMAGES)
+#
+# Exit code: the scenario's (from the "VUR-END name=NAME rc=N" line the guest prints),
+# 124 on timeout, 125 when QEMU ended without an end marker. On failure the tail of the
+# console log is printed.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+
+name='' tap='' mac='' ip='' ip6='' mtu='' scenario='' shared='' timeout=300 logf=''
+mem=1024 smp=1 rxe=1 interactive=0 images=${VUR_IMAGES:-}
+envs=() files=()
+die() { printf '[run-vm] error: %s\n' "$*" >&2; exit 2; }
+while (($#)); do
+    case $1 in
+    --name) name=$2; shift ;;
+    --tap) tap=$2; shift ;;
+    --mac) mac=$2; shift ;;
+    --ip) ip=$2; shift ;;
+    --ip6) ip6=$2; shift ;;
+    --mtu) mtu=$2; shift ;;
+    --scenario) scenario=$2; shift ;;
+    --file) files+=("$2"); shift ;;
+    --shared) shared=$2; shift ;;
+    --env) envs+=("$2"); shift ;;
+    --timeout) timeout=$2; shift ;;
+    --log) logf=$2; shift ;;
+    --mem) mem=$2; shift ;;
+    --smp) smp=$2; shift ;;
+    --no-rxe) rxe=0 ;;
+    --interactive) interactive=1 ;;
+    --images) images=$2; shift ;;
+    -h | --help) sed -n '2,/^set -euo/{/^set/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
+    *) die "unknown option $1 (see --help)" ;;
+    esac
+    shift
+done
+[[ -n $name ]] || die "--name is required"
+[[ -n $scenario || $interactive == 1 ]] || die "--scenario FILE (or --interactive) is required"
+[[ -z $scenario || -f $scenario ]] || die "scenario $scenario not found"
+log() { printf '[run-vm %s %s] %s\n' "$name" "$(date +%T)" "$*"; }
+
+qemu=${VUR_QEMU:-qemu-system-x86_64}
+command -v "$qemu" >/dev/null || die "$qemu not found (images/host-setup.sh installs it)"
+[[ -n $images ]] || images=$("$repo/images/build.sh" --print-dir)
+[[ -f $images/vmlinuz && -f $images/initrd.img ]] ||
+    die "no guest image in $images (run: sudo images/build.sh)"
+[[ -z $shared ]] || { mkdir -p "$shared" && shared=$(cd "$shared" && pwd); }
+if [[ -z $logf ]]; then
+    if [[ -n $shared ]]; then logf=$shared/$name.console.log; else
+        mkdir -p "$repo/.cache/vm" && logf=$repo/.cache/vm/$name.console.log
+    fi
+fi
+[[ -n $mac ]] || mac=52:54:00:$(printf '%s' "$name" | sha256sum | sed 's/^\(..\)\(..\)\(..\).*/\1:\2:\3/')
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/vur-vm-$name.XXXXXX")
+qpid=''
+# shellcheck disable=SC2317 # invoked from the EXIT trap
+cleanup() {
+    if [[ -n $qpid ]] && kill -0 "$qpid" 2>/dev/null; then
+        kill "$qpid" 2>/dev/null || true
+        sleep 1
+        kill -9 "$qpid" 2>/dev/null || true
+    fi
+    rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# initrd = small uncompressed cpio with the scenario, then the image's compressed one
+# (the kernel unpacks concatenated archives; the compressed one must come last).
+initrd=$images/initrd.img
+if [[ -n $scenario || ${#files[@]} -gt 0 ]]; then
+    mkdir -p "$work/root/vur-scenario"
+    [[ -z $scenario ]] || install -m 755 "$scenario" "$work/root/vur-scenario/"
+    for f in "${files[@]}"; do cp "$f" "$work/root/vur-scenario/"; done
+    (cd "$work/root" && find . | cpio -o -H newc --quiet) >"$work/initrd.img"
+    cat "$images/initrd.img" >>"$work/initrd.img"
+    initrd=$work/initrd.img
+fi
+
+append="console=ttyS0 panic=-1 quiet loglevel=4 mitigations=off vur.name=$name"
+[[ -z $ip ]] || append+=" vur.ip=$ip"
+[[ -z $ip6 ]] || append+=" vur.ip6=$ip6"
+[[ -z $mtu ]] || append+=" vur.mtu=$mtu"
+((rxe)) || append+=" vur.rxe=0"
+[[ -z $scenario ]] || append+=" vur.scenario=$(basename "$scenario")"
+for e in "${envs[@]}"; do append+=" vur.env.$e"; done
+((interactive)) && append+=" vur.shell=1"
+
+args=(
+    -L /usr/share/seabios -L /usr/share/qemu
+    -accel tcg -machine pc -cpu max -smp "$smp" -m "$mem"
+    -nodefaults -no-user-config -display none -no-reboot
+    -kernel "$images/vmlinuz" -initrd "$initrd" -append "$append"
+)
+if [[ -n $tap ]]; then
+    [[ -e /sys/class/net/$tap ]] || die "tap $tap does not exist (sudo tests/vm/net.sh up $tap)"
+    args+=(-netdev "tap,id=n0,ifname=$tap,script=no,downscript=no"
+        -device "virtio-net-pci,netdev=n0,mac=$mac,romfile=")
+fi
+[[ -z $shared ]] || args+=(-virtfs "local,path=$shared,mount_tag=vur,security_model=none,id=vur")
+
+if ((interactive)); then
+    log "interactive: $qemu ${args[*]} -serial mon:stdio"
+    exec "$qemu" "${args[@]}" -serial mon:stdio
+fi
+
+: >"$logf"
+log "boot: tap=${tap:-none} mac=$mac ip=${ip:-none} ip6=${ip6:-none} timeout=${timeout}s log=$logf"
+t0=${EPOCHREALTIME/./}
+"$qemu" "${args[@]}" -serial "file:$logf" 2>"$work/qemu.stderr" &
+qpid=$!
+timed_out=0
+while kill -0 "$qpid" 2>/dev/null; do
+    if (((${EPOCHREALTIME/./} - t0) / 1000000 >= timeout)); then
+        timed_out=1
+        log "timeout after ${timeout}s, killing QEMU (pid $qpid)"
+        kill "$qpid" 2>/dev/null || true
+        sleep 2
+        kill -9 "$qpid" 2>/dev/null || true
+        break
+    fi
+    sleep 0.5
+done
+wait "$qpid" 2>/dev/null || true
+qpid=''
+elapsed_ms=$(((${EPOCHREALTIME/./} - t0) / 1000))
+
+tr -d '\r' <"$logf" >"$work/log"
+init_at=$(sed -n 's/^\[vur-init \([0-9.]*\)\] init start.*/\1/p' "$work/log" | head -1)
+end=$(grep -a "^VUR-END name=$name rc=" "$work/log" | tail -1 || true)
+if ((timed_out)); then
+    rc=124
+elif [[ -n $end ]]; then
+    rc=${end##*rc=}
+else
+    rc=125
+fi
+log "exit rc=$rc in $((elapsed_ms / 1000)).$(printf '%03d' $((elapsed_ms % 1000))) s (guest /init at ${init_at:-?} s uptime)"
+if ((rc != 0)); then
+    [[ -s $work/qemu.stderr ]] && { log "qemu stderr:"; cat "$work/qemu.stderr"; }
+    log "last lines of $logf:"
+    tail -n 40 "$work/log"
+fi
+exit "$rc"
