@@ -110,7 +110,7 @@ fn bth(op: Opcode, i: u32) -> BthRepr {
         fecn: false,
         becn: false,
         dest_qp: 0x00c0_0000 + (i << 8) + i,
-        ack_req: i % 3 == 0,
+        ack_req: i.is_multiple_of(3),
         psn: 0x00f0_0000 + (i << 12) + i,
     }
 }
