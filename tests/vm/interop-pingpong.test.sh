@@ -5,6 +5,8 @@
 # buffer that comes back byte for byte; the tool must exit 0), and a capture on the bridge is
 # checked frame by frame: tshark decodes it, and tests/vm/icrc-check.py recomputes the ICRC of
 # every frame each side sent with two implementations that share no code with rxe-core.
+# RC cases also run under netem loss, reordering and duplication in each direction; they must
+# complete byte-exact with the recovery visible in rxe-peer's counters.
 #
 #   sudo tests/vm/interop-pingpong.test.sh
 #
@@ -40,20 +42,28 @@ log "building rxe-peer"
 (cd "$repo" && cargo build -q -p vur-interop --bin rxe-peer)
 peer=$repo/target/debug/rxe-peer
 
-# Cases: number, role of the TOOL in the guest, transport, IP family, tool arguments.
-# rxe-peer takes the other role with the same size and MTU.
+# Cases: number, role of the TOOL in the guest, transport, IP family, faults, tool arguments.
+# rxe-peer takes the other role with the same size and MTU. Faults are netem parameters
+# (commas for spaces) applied in the guest as "EGRESS|INGRESS": egress on eth0 (guest -> host),
+# ingress through ifb0 (host -> guest); "-" for none. The host has no netem, the guest does.
 cases=(
-    "1 server rc 4 -s 4096 -m 1024"
-    "2 client rc 4 -s 4096 -m 1024"
-    "3 server rc 4 -s 64 -m 1024"
-    "4 server rc 4 -s 12000 -m 4096"
-    "5 client rc 4 -s 12000 -m 4096"
-    "6 server uc 4 -s 4096 -m 1024"
-    "7 client uc 4 -s 4096 -m 1024"
-    "8 server ud 4 -s 1024"
-    "9 client ud 4 -s 2048"
-    "10 server rc 6 -s 4096 -m 1024"
-    "11 client rc 6 -s 4096 -m 1024"
+    "1 server rc 4 - -s 4096 -m 1024"
+    "2 client rc 4 - -s 4096 -m 1024"
+    "3 server rc 4 - -s 64 -m 1024"
+    "4 server rc 4 - -s 12000 -m 4096"
+    "5 client rc 4 - -s 12000 -m 4096"
+    "6 server uc 4 - -s 4096 -m 1024"
+    "7 client uc 4 - -s 4096 -m 1024"
+    "8 server ud 4 - -s 1024"
+    "9 client ud 4 - -s 2048"
+    "10 server rc 6 - -s 4096 -m 1024"
+    "11 client rc 6 - -s 4096 -m 1024"
+    "12 server rc 4 loss,5%|loss,5% -s 4096 -m 1024"
+    "13 client rc 4 loss,5%|loss,5% -s 4096 -m 1024"
+    "14 server rc 4 loss,10%|- -s 4096 -m 1024"
+    "15 server rc 4 -|loss,10% -s 4096 -m 1024"
+    "16 client rc 4 delay,1ms,reorder,30%,50%|delay,1ms,reorder,30%,50% -s 4096 -m 1024"
+    "17 server rc 4 duplicate,10%|duplicate,10% -s 4096 -m 1024"
 )
 
 shared=$(mktemp -d "${TMPDIR:-/tmp}/vur-interop.XXXXXX")
@@ -89,9 +99,34 @@ for _ in $(seq 50); do g6=$(vur-gid v6) && break; sleep 0.2; done
 [[ -n $g6 ]] || { echo "INTEROP-FAIL no IPv6 RoCE v2 GID"; exit 1; }
 ibv_devinfo -d rxe0 | grep -E 'active_mtu|state'
 fails=0
-while read -r n role kind fam args; do
+netem() { # EGRESS|INGRESS netem parameters with commas for spaces, or "-"
+    /usr/sbin/tc qdisc del dev eth0 root 2>/dev/null
+    /usr/sbin/tc qdisc del dev eth0 ingress 2>/dev/null
+    /usr/bin/ip link del ifb0 2>/dev/null
+    [[ $1 == - ]] && return 0
+    local eg=${1%%|*} in=${1#*|}
+    if [[ $eg != - ]]; then
+        # shellcheck disable=SC2086 # parameters are words
+        /usr/sbin/tc qdisc add dev eth0 root netem ${eg//,/ } || return 1
+    fi
+    if [[ $in != - ]]; then
+        /usr/bin/ip link add ifb0 type ifb && /usr/bin/ip link set ifb0 up &&
+            /usr/sbin/tc qdisc add dev eth0 handle ffff: ingress &&
+            /usr/sbin/tc filter add dev eth0 parent ffff: matchall action mirred egress redirect dev ifb0 &&
+            # shellcheck disable=SC2086 # parameters are words
+            /usr/sbin/tc qdisc add dev ifb0 root netem ${in//,/ } || return 1
+    fi
+    /usr/sbin/tc -s qdisc show | sed 's/^/    netem: /'
+}
+while read -r n role kind fam faults args; do
     port=$((18600 + n))
     if [[ $fam == 6 ]]; then gid=$g6 host=$host6; else gid=$g4 host=$host4; fi
+    if ! netem "$faults"; then
+        echo "INTEROP case=$n could not set up netem $faults"
+        echo 99 >/vur/case-$n.guest-rc
+        fails=$((fails + 1))
+        continue
+    fi
     cmd="ibv_${kind}_pingpong -d rxe0 -g $gid -n $iters -p $port $args"
     if [[ $role == server ]]; then
         # shellcheck disable=SC2086 # cmd is words
@@ -105,7 +140,9 @@ while read -r n role kind fam args; do
         # shellcheck disable=SC2086 # cmd is words
         rc=0; timeout 150 $cmd $host </dev/null >/tmp/case-$n.log 2>&1 || rc=$?
     fi
-    echo "INTEROP case=$n tool=$role kind=$kind ipv$fam rc=$rc: $cmd"
+    [[ $faults == - ]] || /usr/sbin/tc -s qdisc show | grep -E 'qdisc netem|Sent' | sed 's/^/    after: /'
+    netem -
+    echo "INTEROP case=$n tool=$role kind=$kind ipv$fam faults=$faults rc=$rc: $cmd"
     sed 's/^/    /' /tmp/case-$n.log
     echo "$rc" >/vur/case-$n.guest-rc
     ((rc == 0)) || fails=$((fails + 1))
@@ -122,7 +159,7 @@ vm_pid=$!
 host_fail=0
 declare -A host_rc
 for c in "${cases[@]}"; do
-    read -r n role kind fam args <<<"$c"
+    read -r n role kind fam faults args <<<"$c"
     port=$((18600 + n))
     # The tools listen for the out-of-band exchange on IPv4 only (getaddrinfo(NULL) picks
     # 0.0.0.0 first), whatever the GID: the exchange goes to the guest's IPv4 address.
@@ -148,9 +185,23 @@ for c in "${cases[@]}"; do
         wait "$peer_pid" || rc=$?
         peer_pid=''
     fi
+    # Faults must show in our counters: retransmissions or NAKs for loss and reordering,
+    # duplicates for duplication.
+    counters=$(grep '^counters:' "$shared/host-case-$n.log" || true)
+    if ((rc == 0)) && [[ $faults != - ]]; then
+        get() { sed -n "s/.*$1=\([0-9]*\).*/\1/p" <<<"$counters"; }
+        recovered=$(($(get retransmits) + $(get naks_sent) + $(get naks_received) + $(get duplicates)))
+        if [[ $faults == *duplicate* ]] && (($(get duplicates) == 0)); then
+            log "case $n: duplication left no trace in the counters"
+            rc=98
+        elif ((recovered == 0)); then
+            log "case $n: faults $faults left no trace in the counters"
+            rc=98
+        fi
+    fi
     host_rc[$n]=$rc
     ((rc == 0)) || host_fail=$((host_fail + 1))
-    log "case $n: tool=$role $kind ipv$fam $args -> rxe-peer rc=$rc"
+    log "case $n: tool=$role $kind ipv$fam faults=$faults $args -> rxe-peer rc=$rc"
     sed 's/^/    /' "$shared/host-case-$n.log"
 done
 
@@ -165,11 +216,12 @@ cap_pid=''
 grep -a '^INTEROP\|^    ' "$shared/interop.console.log" | tr -d '\r' || true
 
 echo
-printf '%-4s %-7s %-5s %-4s %-22s %-9s %-9s\n' case tool kind ip args tool-rc peer-rc
+printf '%-4s %-7s %-5s %-4s %-20s %-34s %-8s %-8s %s\n' case tool kind ip args faults tool-rc peer-rc 'rxe-peer counters'
 for c in "${cases[@]}"; do
-    read -r n role kind fam args <<<"$c"
+    read -r n role kind fam faults args <<<"$c"
     grc=$(cat "$shared/case-$n.guest-rc" 2>/dev/null || echo '?')
-    printf '%-4s %-7s %-5s v%-3s %-22s %-9s %-9s\n' "$n" "$role" "$kind" "$fam" "$args" "$grc" "${host_rc[$n]}"
+    cnt=$(sed -n 's/^counters: //p' "$shared/host-case-$n.log" 2>/dev/null | sed 's/rnr_naks_[a-z]*=0 //g; s/ dropped=[0-9]*//')
+    printf '%-4s %-7s %-5s v%-3s %-20s %-34s %-8s %-8s %s\n' "$n" "$role" "$kind" "$fam" "$args" "$faults" "$grc" "${host_rc[$n]}" "$cnt"
 done
 echo
 

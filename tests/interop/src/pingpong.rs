@@ -60,6 +60,8 @@ pub struct Report {
     /// Buffers that came back and were compared byte for byte.
     pub verified: u32,
     pub remote: Dest,
+    /// Our QP's transport counters (retransmissions, NAKs, duplicates, ...).
+    pub counters: rxe_core::QpCounters,
 }
 
 fn err(msg: String) -> io::Error {
@@ -323,11 +325,13 @@ pub fn run(p: &mut Peer, o: &Opts) -> io::Result<Report> {
     while Wall::now() < linger {
         p.pump(Duration::from_millis(5))?;
     }
+    let counters = p.dev.qp_counters(qpn).unwrap_or_default();
     Ok(Report {
         iters: o.iters,
         bytes: 2 * o.iters as u64 * o.size as u64,
         secs,
         verified,
         remote,
+        counters,
     })
 }

@@ -122,6 +122,11 @@ fn main() -> ExitCode {
                 "verified {} received buffers byte for byte; {} packets sent, {} received",
                 r.verified, peer.sent, peer.received
             );
+            let c = r.counters;
+            println!(
+                "counters: retransmits={} timeouts={} naks_sent={} naks_received={} rnr_naks_sent={} rnr_naks_received={} duplicates={} dropped={}",
+                c.retransmits, c.timeouts, c.naks_sent, c.naks_received, c.rnr_naks_sent, c.rnr_naks_received, c.duplicates, c.dropped
+            );
             ExitCode::SUCCESS
         }
         Err(e) => {
