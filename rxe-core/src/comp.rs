@@ -46,6 +46,18 @@ fn ack_through(q: &mut Qp, acked: Psn) -> Option<Psn> {
     None
 }
 
+/// Acknowledges through `acked`; if that skips a READ/atomic whose response never came, the
+/// requester goes back to it. Returns whether it did.
+fn ack_or_retry(q: &mut Qp, acked: Psn) -> bool {
+    match ack_through(q, acked) {
+        Some(p) => {
+            crate::req::retry_from(q, p);
+            true
+        }
+        None => false,
+    }
+}
+
 /// The oldest WQE still waiting for a response.
 fn oldest_pending(q: &Qp) -> Option<u64> {
     (q.sq_head..q.sq_tail()).find(|s| q.wqe(*s).is_some_and(|w| w.state == WqeState::Pending))
@@ -68,17 +80,30 @@ pub(crate) fn handle_response(
     let psn = Psn::new(pkt.bth().psn());
     let op = pkt.opcode();
     let aeth = pkt.aeth();
-    let Some(seq) = oldest_pending(q) else {
-        // Nothing outstanding: a late duplicate.
-        q.counters.duplicates += 1;
-        return Err(Drop::Duplicate);
+    let flags = pkt.flags();
+    let data_response = flags.intersects(OpFlags::READ.union(OpFlags::ATOMIC));
+    let seq = loop {
+        let Some(seq) = oldest_pending(q) else {
+            // Nothing outstanding: a late duplicate.
+            q.counters.duplicates += 1;
+            return Err(Drop::Duplicate);
+        };
+        let w = q.wqe(seq).expect("pending wqe");
+        if psn.before(w.first_psn) {
+            q.counters.duplicates += 1;
+            return Err(Drop::Duplicate);
+        }
+        // A READ response or atomic ACK beyond a SEND/WRITE still waiting for its ACK
+        // implicitly acknowledges it (IBTA 9.7.5.1.3); then look again.
+        if data_response && psn.after(w.last_psn) && !w.wr.op.is_read_or_atomic() {
+            if ack_or_retry(q, psn.sub(1)) {
+                return Ok(());
+            }
+            continue;
+        }
+        break seq;
     };
     let w = q.wqe(seq).expect("pending wqe");
-    if psn.before(w.first_psn) {
-        q.counters.duplicates += 1;
-        return Err(Drop::Duplicate);
-    }
-    let flags = pkt.flags();
     if flags.contains(OpFlags::READ) {
         // READ responses (also the empty one for FLUSH / ATOMIC_WRITE).
         let first_psn = w.first_psn;
@@ -86,18 +111,7 @@ pub(crate) fn handle_response(
         let expected = match w.wr.op {
             SendOp::Read { .. } => first_psn.add(w.read_done / mtu),
             SendOp::Flush { .. } | SendOp::AtomicWrite { .. } => first_psn,
-            _ => {
-                // A READ response while an earlier non-read WQE is still unacked: the response
-                // implicitly acknowledges everything before its PSN.
-                if psn.after(w.last_psn) {
-                    if let Some(p) = ack_through(q, psn.sub(1)) {
-                        crate::req::retry_from(q, p);
-                        return Ok(());
-                    }
-                    return handle_response(q, res, mem, now, pkt);
-                }
-                return Err(Drop::Unexpected);
-            }
+            _ => return Err(Drop::Unexpected),
         };
         if psn.before(expected) {
             q.counters.duplicates += 1;
@@ -149,13 +163,6 @@ pub(crate) fn handle_response(
         if !matches!(w.wr.op, SendOp::CompSwap { .. } | SendOp::FetchAdd { .. })
             || psn != w.first_psn
         {
-            if psn.after(w.last_psn) && !w.wr.op.is_read_or_atomic() {
-                if let Some(p) = ack_through(q, psn.sub(1)) {
-                    crate::req::retry_from(q, p);
-                    return Ok(());
-                }
-                return handle_response(q, res, mem, now, pkt);
-            }
             return Err(Drop::Unexpected);
         }
         let v = orig.to_le_bytes();
@@ -181,18 +188,15 @@ pub(crate) fn handle_response(
                 q.counters.duplicates += 1;
                 return Err(Drop::Duplicate);
             }
-            if let Some(p) = ack_through(q, psn) {
-                // The ACK passes a READ/atomic whose response never came.
-                crate::req::retry_from(q, p);
-            }
+            // An ACK past a READ/atomic whose response never came restarts it.
+            ack_or_retry(q, psn);
             reset_retry(q);
             rearm(q, now);
             Ok(())
         }
         Syndrome::RnrNak(timer) => {
             q.counters.rnr_naks_received += 1;
-            if let Some(p) = ack_through(q, psn.sub(1)) {
-                crate::req::retry_from(q, p);
+            if ack_or_retry(q, psn.sub(1)) {
                 return Ok(());
             }
             let Some(seq) = oldest_pending(q) else {
@@ -212,8 +216,7 @@ pub(crate) fn handle_response(
         }
         Syndrome::Nak(code) => {
             q.counters.naks_received += 1;
-            if let Some(p) = ack_through(q, psn.sub(1)) {
-                crate::req::retry_from(q, p);
+            if ack_or_retry(q, psn.sub(1)) {
                 return Ok(());
             }
             let Some(seq) = oldest_pending(q) else {
@@ -300,22 +303,7 @@ pub(crate) fn flush(q: &mut Qp, res: &mut Resources) {
     }
     drain(q, res);
     while let Some(r) = q.rq.pop_front() {
-        let cqe = Cqe {
-            wr_id: r.wr_id,
-            status: WcStatus::WrFlushErr,
-            opcode: WcOpcode::Recv,
-            vendor_err: 0,
-            byte_len: 0,
-            imm_or_inv: 0,
-            qp_num: q.qpn,
-            src_qp: Default::default(),
-            wc_flags: 0,
-            pkey_index: 0,
-            slid: 0,
-            sl: 0,
-            dlid_path_bits: 0,
-            network_hdr_type: 0,
-        };
+        let cqe = Cqe::new(r.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, q.qpn);
         if res.post_cqe(q.recv_cq, cqe, false).is_err() {
             break;
         }
@@ -330,25 +318,14 @@ pub(crate) fn drain(q: &mut Qp, res: &mut Resources) {
             break;
         };
         if status != WcStatus::Success || w.signaled {
+            let byte_len = if status == WcStatus::Success {
+                w.len
+            } else {
+                0
+            };
             let cqe = Cqe {
-                wr_id: w.wr.wr_id,
-                status,
-                opcode: w.wr.op.wc_opcode(),
-                vendor_err: 0,
-                byte_len: if status == WcStatus::Success {
-                    w.len
-                } else {
-                    0
-                },
-                imm_or_inv: 0,
-                qp_num: q.qpn,
-                src_qp: Default::default(),
-                wc_flags: 0,
-                pkey_index: 0,
-                slid: 0,
-                sl: 0,
-                dlid_path_bits: 0,
-                network_hdr_type: 0,
+                byte_len,
+                ..Cqe::new(w.wr.wr_id, status, w.wr.op.wc_opcode(), q.qpn)
             };
             if res.post_cqe(q.send_cq, cqe, false).is_err() {
                 overflow = true;

@@ -411,13 +411,7 @@ impl Device {
             state: KeyState::Valid,
             bound_mws: 0,
         };
-        let k = self
-            .res
-            .keys
-            .insert(KeyObj::Mr(mr))
-            .ok_or(VerbError::NoResources)?;
-        self.pd_ref(pd, 1)?;
-        Ok(k)
+        self.insert_key(pd, KeyObj::Mr(mr))
     }
 
     /// An MR for fast registration (`ib_alloc_mr`), registered later by a REG_MR work request.
@@ -436,11 +430,11 @@ impl Device {
             state: KeyState::Free,
             bound_mws: 0,
         };
-        let k = self
-            .res
-            .keys
-            .insert(KeyObj::Mr(mr))
-            .ok_or(VerbError::NoResources)?;
+        self.insert_key(pd, KeyObj::Mr(mr))
+    }
+
+    fn insert_key(&mut self, pd: u32, obj: KeyObj) -> Result<u32, VerbError> {
+        let k = self.res.keys.insert(obj).ok_or(VerbError::NoResources)?;
         self.pd_ref(pd, 1)?;
         Ok(k)
     }
@@ -479,13 +473,7 @@ impl Device {
             access: Access(0),
             qpn: 0,
         };
-        let k = self
-            .res
-            .keys
-            .insert(KeyObj::Mw(mw))
-            .ok_or(VerbError::NoResources)?;
-        self.pd_ref(pd, 1)?;
-        Ok(k)
+        self.insert_key(pd, KeyObj::Mw(mw))
     }
 
     pub fn dealloc_mw(&mut self, key: u32) -> Result<(), VerbError> {

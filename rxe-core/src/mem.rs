@@ -244,6 +244,27 @@ impl KeyTable {
         }
     }
 
+    /// The checks every use of an MR makes: same PD, valid, access granted, range inside.
+    fn check_mr<'a>(
+        mr: &'a Mr,
+        pd: u32,
+        addr: u64,
+        len: u64,
+        access: Access,
+    ) -> Result<Region<'a>, MemError> {
+        if mr.pd != pd {
+            return Err(MemError::Protection);
+        }
+        if mr.state != KeyState::Valid {
+            return Err(MemError::State);
+        }
+        if !mr.access.contains(access) {
+            return Err(MemError::Access);
+        }
+        check_range(mr.iova, mr.length, addr, len, mr.kind == MrKind::Dma)?;
+        Ok(Self::region_of_mr(mr))
+    }
+
     /// Resolves an lkey for a local access of `len` bytes at `addr`.
     pub fn lookup_local(
         &self,
@@ -254,19 +275,7 @@ impl KeyTable {
         access: Access,
     ) -> Result<Region<'_>, MemError> {
         match self.get(lkey) {
-            Some(KeyObj::Mr(mr)) => {
-                if mr.pd != pd {
-                    return Err(MemError::Protection);
-                }
-                if mr.state != KeyState::Valid {
-                    return Err(MemError::State);
-                }
-                if !mr.access.contains(access) {
-                    return Err(MemError::Access);
-                }
-                check_range(mr.iova, mr.length, addr, len, mr.kind == MrKind::Dma)?;
-                Ok(Self::region_of_mr(mr))
-            }
+            Some(KeyObj::Mr(mr)) => Self::check_mr(mr, pd, addr, len, access),
             _ => Err(MemError::BadKey),
         }
     }
@@ -282,19 +291,7 @@ impl KeyTable {
         access: Access,
     ) -> Result<Region<'_>, MemError> {
         match self.get(rkey) {
-            Some(KeyObj::Mr(mr)) => {
-                if mr.pd != pd {
-                    return Err(MemError::Protection);
-                }
-                if mr.state != KeyState::Valid {
-                    return Err(MemError::State);
-                }
-                if !mr.access.contains(access) {
-                    return Err(MemError::Access);
-                }
-                check_range(mr.iova, mr.length, addr, len, mr.kind == MrKind::Dma)?;
-                Ok(Self::region_of_mr(mr))
-            }
+            Some(KeyObj::Mr(mr)) => Self::check_mr(mr, pd, addr, len, access),
             Some(KeyObj::Mw(mw)) => {
                 if mw.state != KeyState::Valid {
                     return Err(MemError::State);

@@ -66,20 +66,8 @@ fn put_back_recv(q: &mut Qp, res: &mut Resources, w: RecvWqe) {
 
 fn recv_cqe(q: &Qp, wr_id: u64, status: WcStatus, opcode: WcOpcode, byte_len: u32) -> Cqe {
     Cqe {
-        wr_id,
-        status,
-        opcode,
-        vendor_err: 0,
         byte_len,
-        imm_or_inv: 0,
-        qp_num: q.qpn,
-        src_qp: Qpn(0),
-        wc_flags: 0,
-        pkey_index: 0,
-        slid: 0,
-        sl: 0,
-        dlid_path_bits: 0,
-        network_hdr_type: 0,
+        ..Cqe::new(wr_id, status, opcode, q.qpn)
     }
 }
 

@@ -113,6 +113,28 @@ pub struct Cqe {
     pub network_hdr_type: u8,
 }
 
+impl Cqe {
+    /// A completion with every optional field zero.
+    pub fn new(wr_id: u64, status: WcStatus, opcode: WcOpcode, qp_num: Qpn) -> Self {
+        Cqe {
+            wr_id,
+            status,
+            opcode,
+            vendor_err: 0,
+            byte_len: 0,
+            imm_or_inv: 0,
+            qp_num,
+            src_qp: Qpn(0),
+            wc_flags: 0,
+            pkey_index: 0,
+            slid: 0,
+            sl: 0,
+            dlid_path_bits: 0,
+            network_hdr_type: 0,
+        }
+    }
+}
+
 /// Send work request flags (`ibv_send_flags`).
 pub const SEND_FENCE: u32 = 1;
 pub const SEND_SIGNALED: u32 = 1 << 1;
