@@ -145,7 +145,9 @@ pub(crate) struct RespState {
     /// UC: drop packets until the next first/only.
     pub drop_msg: bool,
     pub resources: VecDeque<Resource>,
-    pub out: VecDeque<RespOut>,
+    /// Responses waiting to go out, each with the MSN it carries (the MSN as of the request
+    /// it answers, as rxe sends it).
+    pub out: VecDeque<(RespOut, u32)>,
     pub comm_est: bool,
     /// A NAK that moves the QP to ERR once sent is queued.
     pub goto_error: bool,

@@ -18,19 +18,31 @@ fn nak(code: NakCode) -> u8 {
 }
 
 fn queue_ack(q: &mut Qp, psn: Psn, syndrome: u8) {
+    let msn = q.resp.msn;
     if syndrome == ACK {
-        if let Some(RespOut::Ack {
-            psn: p,
-            syndrome: ACK,
-        }) = q.resp.out.back_mut()
+        // A cumulative ACK replaces one still waiting to go out.
+        if let Some((
+            RespOut::Ack {
+                psn: p,
+                syndrome: ACK,
+            },
+            m,
+        )) = q.resp.out.back_mut()
         {
             *p = psn;
+            *m = msn;
             return;
         }
     } else {
         q.counters.naks_sent += 1;
     }
-    q.resp.out.push_back(RespOut::Ack { psn, syndrome });
+    q.resp.out.push_back((RespOut::Ack { psn, syndrome }, msn));
+}
+
+/// Queues a response carrying the current MSN.
+fn push_out(q: &mut Qp, out: RespOut) {
+    let msn = q.resp.msn;
+    q.resp.out.push_back((out, msn));
 }
 
 /// Takes a receive WQE from the SRQ or the RQ; raises the SRQ limit event when it drops below.
@@ -251,7 +263,7 @@ fn rc_recv(
         Exec::Rnr => {
             q.counters.rnr_naks_sent += 1;
             let syn = Syndrome::RnrNak(q.attr.min_rnr_timer).to_byte();
-            q.resp.out.push_back(RespOut::Ack { psn, syndrome: syn });
+            push_out(q, RespOut::Ack { psn, syndrome: syn });
             Err(Drop::NoReceiveWqe)
         }
         Exec::Err { nak: code, status } => {
@@ -528,15 +540,18 @@ fn execute(
                 len,
             },
         );
-        q.resp.out.push_back(RespOut::Read {
-            psn,
-            va,
-            rkey,
-            len,
-            offset: 0,
-            first: true,
-        });
         q.resp.msn = (q.resp.msn + 1) & 0xff_ffff;
+        push_out(
+            q,
+            RespOut::Read {
+                psn,
+                va,
+                rkey,
+                len,
+                offset: 0,
+                first: true,
+            },
+        );
         q.resp.psn = psn.add(n);
         return Exec::Ok;
     } else if f.contains(OpFlags::ATOMIC) {
@@ -576,8 +591,8 @@ fn execute(
             };
         }
         add_resource(q, Resource::Atomic { psn, orig });
-        q.resp.out.push_back(RespOut::AtomicAck { psn, orig });
         q.resp.msn = (q.resp.msn + 1) & 0xff_ffff;
+        push_out(q, RespOut::AtomicAck { psn, orig });
     } else if f.contains(OpFlags::ATOMIC_WRITE) {
         let reth = pkt.reth().expect("atomic write has RETH");
         let (va, rkey) = (reth.va(), reth.rkey());
@@ -599,8 +614,8 @@ fn execute(
             Err(_) => return acc_err,
         }
         add_resource(q, Resource::Empty { psn });
-        q.resp.out.push_back(RespOut::EmptyReadResp { psn });
         q.resp.msn = (q.resp.msn + 1) & 0xff_ffff;
+        push_out(q, RespOut::EmptyReadResp { psn });
     } else if f.contains(OpFlags::FLUSH) {
         let reth = pkt.reth().expect("flush has RETH");
         let feth = pkt.feth().expect("flush has FETH");
@@ -629,8 +644,8 @@ fn execute(
         }
         // Memory here is ordinary host RAM: once written, the data is globally visible.
         add_resource(q, Resource::Empty { psn });
-        q.resp.out.push_back(RespOut::EmptyReadResp { psn });
         q.resp.msn = (q.resp.msn + 1) & 0xff_ffff;
+        push_out(q, RespOut::EmptyReadResp { psn });
     } else {
         return inv(WcStatus::RemInvReqErr);
     }
@@ -694,7 +709,7 @@ fn duplicate(q: &mut Qp, _res: &mut Resources, pkt: &Packet<&[u8]>) -> Result<()
     });
     match found {
         Some(out) => {
-            q.resp.out.push_back(out);
+            push_out(q, out);
             Err(Drop::Duplicate)
         }
         None => Err(Drop::Duplicate),
@@ -712,9 +727,8 @@ pub(crate) fn next_response(
     mem: &mut dyn Memory,
     buf: &mut [u8],
 ) -> Option<Transmit> {
-    let out = q.resp.out.pop_front()?;
+    let (out, msn) = q.resp.out.pop_front()?;
     let mtu = q.mtu();
-    let msn = q.resp.msn;
     let mut ext = ExtRepr {
         aeth: (ACK, msn),
         ..Default::default()
@@ -784,14 +798,17 @@ pub(crate) fn next_response(
             }
         }
         if offset + plen < len {
-            q.resp.out.push_front(RespOut::Read {
-                psn: psn.next(),
-                va,
-                rkey,
-                len,
-                offset: offset + plen,
-                first: false,
-            });
+            q.resp.out.push_front((
+                RespOut::Read {
+                    psn: psn.next(),
+                    va,
+                    rkey,
+                    len,
+                    offset: offset + plen,
+                    first: false,
+                },
+                msn,
+            ));
         }
     }
     let src = res.gid(q.attr.av.sgid_index)?;
