@@ -314,11 +314,10 @@ fn replay_with(first: usize, last: usize, qp_type: QpType, drain_each: bool) -> 
                 .unwrap_or_else(|e| panic!("frame {}: dropped: {e:?}", f.no));
             // rxe's responder answers each packet before it takes the next one; so do we here
             // (left to itself our responder coalesces ACKs that queue up — see docs/interop.md).
-            while drain_each {
-                let Some(tx) = dev.poll_transmit(now, &mut mem, &mut buf) else {
-                    break;
-                };
-                pending.push_back((tx, buf[..tx.len].to_vec()));
+            if drain_each {
+                while let Some(tx) = dev.poll_transmit(now, &mut mem, &mut buf) {
+                    pending.push_back((tx, buf[..tx.len].to_vec()));
+                }
             }
             continue;
         }
