@@ -1,0 +1,731 @@
+//! The virtio-rdma device contract as Rust types: config space, control commands and
+//! responses, doorbell and event entries, and the Linux rxe user ABI the rings use.
+//!
+//! docs/virtio-rdma.md is the normative description; every struct here has a table there with
+//! the same offsets. All integers are little-endian (the crate refuses to build on big-endian
+//! hosts, see `lib.rs`), every struct is `#[repr(C)]` with explicit padding, and every size is
+//! asserted at compile time.
+
+use std::mem::size_of;
+
+use vm_memory::ByteValued;
+
+/// virtio device ID of the RDMA device.
+pub const VIRTIO_ID_RDMA: u32 = 42;
+
+/// Virtqueue indices.
+pub const VQ_CTRL: u16 = 0;
+pub const VQ_DOORBELL: u16 = 1;
+pub const VQ_EVENT: u16 = 2;
+pub const NUM_QUEUES: usize = 3;
+
+/// Contract version in the config space.
+pub const VERSION: u32 = 1;
+
+/// `caps` bits of the config space.
+pub mod caps {
+    /// CQ arming through the notify word in the CQ ring header (always set in version 1).
+    pub const CQ_NOTIFY_WORD: u32 = 1 << 0;
+    /// Page lists may be indirect (`levels` 1 and 2).
+    pub const MULTI_LEVEL_PAGE_LIST: u32 = 1 << 1;
+    /// Fast registration (REG_MR work requests, kernel opcode 0x20) is implemented.
+    pub const FAST_REG: u32 = 1 << 2;
+    /// Memory windows (type 1 and 2).
+    pub const MEM_WINDOW: u32 = 1 << 3;
+    /// SRQs.
+    pub const SRQ: u32 = 1 << 4;
+}
+
+macro_rules! byte_valued {
+    ($($t:ty = $n:expr),* $(,)?) => {
+        $(
+            const _: () = assert!(size_of::<$t>() == $n);
+            // SAFETY: the type is `#[repr(C)]`, made only of integers and byte arrays with
+            // explicit padding fields (the size assertion above proves there is no implicit
+            // padding), so every byte pattern is a valid value.
+            unsafe impl ByteValued for $t {}
+        )*
+    };
+}
+
+/// The device configuration space (`VHOST_USER_GET_CONFIG`), also returned by QUERY_DEVICE.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConfigSpace {
+    pub version: u32,
+    pub caps: u32,
+    pub mac: [u8; 6],
+    pub reserved0: u16,
+    pub netdev_mtu: u32,
+    /// `ibv_port_state`: 4 = ACTIVE.
+    pub port_state: u8,
+    /// `ibv_mtu` (1 = 256 … 5 = 4096).
+    pub active_mtu: u8,
+    pub max_mtu: u8,
+    pub phys_port_cnt: u8,
+    pub gid_tbl_len: u32,
+    pub max_qp: u32,
+    pub max_qp_wr: u32,
+    pub max_sge: u32,
+    pub max_cq: u32,
+    pub max_cqe: u32,
+    pub max_mr: u32,
+    pub max_pd: u32,
+    pub max_mr_size: u64,
+    pub page_size_cap: u64,
+    pub max_qp_rd_atom: u32,
+    pub max_qp_init_rd_atom: u32,
+    pub max_srq: u32,
+    pub max_srq_wr: u32,
+    pub max_srq_sge: u32,
+    pub max_ah: u32,
+    pub max_mcast_grp: u32,
+    pub max_mcast_qp_attach: u32,
+    pub max_inline: u32,
+    pub max_mw: u32,
+    pub max_registered_bytes: u64,
+    /// `ib_device_cap_flags` the device implements.
+    pub device_cap_flags: u64,
+}
+
+/// Control request header (device-readable, first 16 bytes of every control request).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CtrlHdr {
+    pub opcode: u32,
+    /// Must be 0.
+    pub flags: u32,
+    /// Echoed in the response.
+    pub seq: u64,
+}
+
+/// Response header (device-writable, first 16 bytes of every response).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RespHdr {
+    pub status: u32,
+    /// Byte length of the response struct that follows (0 on error).
+    pub len: u32,
+    pub seq: u64,
+}
+
+/// Control opcodes.
+pub mod op {
+    pub const QUERY_DEVICE: u32 = 1;
+    pub const QUERY_PORT: u32 = 2;
+    pub const CREATE_PD: u32 = 3;
+    pub const DESTROY_PD: u32 = 4;
+    pub const CREATE_CQ: u32 = 5;
+    pub const RESIZE_CQ: u32 = 6;
+    pub const DESTROY_CQ: u32 = 7;
+    pub const CREATE_QP: u32 = 8;
+    pub const MODIFY_QP: u32 = 9;
+    pub const QUERY_QP: u32 = 10;
+    pub const DESTROY_QP: u32 = 11;
+    pub const CREATE_SRQ: u32 = 12;
+    pub const MODIFY_SRQ: u32 = 13;
+    pub const QUERY_SRQ: u32 = 14;
+    pub const DESTROY_SRQ: u32 = 15;
+    pub const REG_USER_MR: u32 = 16;
+    pub const REG_DMA_MR: u32 = 17;
+    pub const ALLOC_MR: u32 = 18;
+    pub const DEREG_MR: u32 = 19;
+    pub const ALLOC_MW: u32 = 20;
+    pub const DEALLOC_MW: u32 = 21;
+    pub const CREATE_AH: u32 = 22;
+    pub const DESTROY_AH: u32 = 23;
+    pub const ADD_GID: u32 = 24;
+    pub const DEL_GID: u32 = 25;
+    pub const ATTACH_MCAST: u32 = 26;
+    pub const DETACH_MCAST: u32 = 27;
+    /// Resets the device: every object is destroyed, every ring forgotten.
+    pub const RESET: u32 = 28;
+}
+
+/// Response status codes.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    Ok = 0,
+    /// EINVAL: a field is out of range or inconsistent.
+    Invalid = 1,
+    /// ENOMEM: a device limit is reached.
+    NoMemory = 2,
+    /// ENOENT: no such object.
+    NotFound = 3,
+    /// EBUSY: the object is still in use.
+    Busy = 4,
+    /// EPERM: not allowed (access flags, PD mismatch).
+    Permission = 5,
+    /// The object is in a state that forbids the command (QP state machine).
+    BadState = 6,
+    /// EOPNOTSUPP: unknown opcode or unsupported feature.
+    Unsupported = 7,
+    /// EFAULT: a guest-physical address or page list lies outside guest memory.
+    BadAddress = 8,
+    /// The request itself is malformed (too short, non-zero flags, no room for the response).
+    BadRequest = 9,
+}
+
+impl Status {
+    pub fn from_u32(v: u32) -> Option<Status> {
+        use Status::*;
+        Some(match v {
+            0 => Ok,
+            1 => Invalid,
+            2 => NoMemory,
+            3 => NotFound,
+            4 => Busy,
+            5 => Permission,
+            6 => BadState,
+            7 => Unsupported,
+            8 => BadAddress,
+            9 => BadRequest,
+            _ => return None,
+        })
+    }
+}
+
+/// A guest-physical page list.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PageListDesc {
+    /// GPA of the first (top-level) array of little-endian u64 GPAs.
+    pub gpa: u64,
+    /// Number of data pages.
+    pub num_pages: u32,
+    /// log2 of the data page size (12..=30).
+    pub page_shift: u8,
+    /// 0: `gpa` is the array of data-page GPAs (contiguous, `num_pages` entries);
+    /// 1: `gpa` is an array of GPAs of 4 KiB list pages of 512 data-page GPAs each;
+    /// 2: one more level of 4 KiB list pages.
+    pub levels: u8,
+    pub reserved: u16,
+}
+
+/// Where a ring (an `rxe_queue_buf`) lives.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueDesc {
+    pub pages: PageListDesc,
+    /// Number of slots, a power of two; capacity is `num_slots - 1`.
+    pub num_slots: u32,
+    /// log2 of the slot size in bytes.
+    pub log2_elem_size: u32,
+    pub reserved: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CmdQueryPort {
+    pub port_num: u32,
+    pub reserved: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RespQueryPort {
+    pub state: u32,
+    pub max_mtu: u32,
+    pub active_mtu: u32,
+    pub gid_tbl_len: u32,
+    pub port_cap_flags: u32,
+    pub max_msg_sz: u32,
+    pub pkey_tbl_len: u16,
+    /// `IBV_LINK_LAYER_ETHERNET` = 2.
+    pub link_layer: u8,
+    /// 5 = LinkUp.
+    pub phys_state: u8,
+    pub active_width: u8,
+    pub active_speed: u8,
+    pub reserved: u16,
+}
+
+/// A bare object handle: DESTROY_PD/CQ/QP/SRQ/AH, DEREG_MR (lkey), DEALLOC_MW (rkey),
+/// QUERY_SRQ, DEL_GID (index); and the CREATE_PD response.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Handle {
+    pub handle: u32,
+    pub reserved: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CmdCreateCq {
+    /// Requested capacity (>= 1, <= max_cqe, <= queue.num_slots - 1).
+    pub cqe: u32,
+    pub flags: u32,
+    pub queue: QueueDesc,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RespCreateCq {
+    pub cqn: u32,
+    /// Actual capacity: `queue.num_slots - 1`.
+    pub cqe: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CmdResizeCq {
+    pub cqn: u32,
+    pub cqe: u32,
+    pub queue: QueueDesc,
+}
+
+/// Kernel `ib_qp_type` values.
+pub mod qp_type {
+    pub const GSI: u32 = 1;
+    pub const RC: u32 = 2;
+    pub const UC: u32 = 3;
+    pub const UD: u32 = 4;
+}
+
+pub const CREATE_QP_HAS_SRQ: u32 = 1 << 0;
+pub const CREATE_QP_SQ_SIG_ALL: u32 = 1 << 1;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CmdCreateQp {
+    pub qp_type: u32,
+    pub pdn: u32,
+    pub send_cqn: u32,
+    pub recv_cqn: u32,
+    pub srqn: u32,
+    pub flags: u32,
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline_data: u32,
+    pub reserved: u32,
+    pub sq: QueueDesc,
+    pub rq: QueueDesc,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RespCreateQp {
+    pub qpn: u32,
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline_data: u32,
+    pub reserved: u64,
+}
+
+/// An address vector (the GRH fields RoCEv2 uses plus the next-hop MAC).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AhAttr {
+    pub dgid: [u8; 16],
+    pub flow_label: u32,
+    pub sgid_index: u8,
+    pub hop_limit: u8,
+    pub traffic_class: u8,
+    pub sl: u8,
+    pub dmac: [u8; 6],
+    pub reserved0: u16,
+    pub port_num: u8,
+    pub static_rate: u8,
+    pub reserved1: u16,
+    pub reserved2: [u32; 3],
+}
+
+/// QP attributes: the MODIFY_QP command, the QUERY_QP response.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QpAttrs {
+    pub qpn: u32,
+    /// `ibv_qp_attr_mask` bits (MODIFY_QP); all valid bits in a QUERY_QP response.
+    pub attr_mask: u32,
+    /// `ibv_qp_state` (RESET 0 … ERR 6).
+    pub qp_state: u32,
+    pub cur_qp_state: u32,
+    /// `ibv_mtu` (1..=5).
+    pub path_mtu: u32,
+    pub qkey: u32,
+    pub rq_psn: u32,
+    pub sq_psn: u32,
+    pub dest_qp_num: u32,
+    pub qp_access_flags: u32,
+    pub pkey_index: u16,
+    pub en_sqd_async_notify: u8,
+    pub sq_draining: u8,
+    pub max_rd_atomic: u8,
+    pub max_dest_rd_atomic: u8,
+    pub min_rnr_timer: u8,
+    pub port_num: u8,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub reserved0: u8,
+    pub reserved1: u32,
+    pub ah: AhAttr,
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline_data: u32,
+    pub reserved2: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CmdCreateSrq {
+    pub pdn: u32,
+    pub max_wr: u32,
+    pub max_sge: u32,
+    pub srq_limit: u32,
+    pub queue: QueueDesc,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RespCreateSrq {
+    pub srqn: u32,
+    pub max_wr: u32,
+    pub max_sge: u32,
+    pub reserved: u32,
+}
+
+/// `ibv_srq_attr_mask`.
+pub const SRQ_ATTR_MAX_WR: u32 = 1;
+pub const SRQ_ATTR_LIMIT: u32 = 2;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CmdModifySrq {
+    pub srqn: u32,
+    pub attr_mask: u32,
+    pub max_wr: u32,
+    pub srq_limit: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RespQuerySrq {
+    pub max_wr: u32,
+    pub max_sge: u32,
+    pub srq_limit: u32,
+    pub reserved: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CmdRegUserMr {
+    pub pdn: u32,
+    /// `ibv_access_flags`.
+    pub access: u32,
+    pub iova: u64,
+    pub length: u64,
+    pub pages: PageListDesc,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RespMr {
+    pub lkey: u32,
+    pub rkey: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CmdRegDmaMr {
+    pub pdn: u32,
+    pub access: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CmdAllocMr {
+    pub pdn: u32,
+    pub max_num_sg: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CmdAllocMw {
+    pub pdn: u32,
+    /// 1 or 2.
+    pub mw_type: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CmdCreateAh {
+    pub pdn: u32,
+    pub reserved: u32,
+    pub attr: AhAttr,
+}
+
+/// Kernel `ib_gid_type`: only RoCEv2 is supported.
+pub const GID_TYPE_ROCE_UDP_ENCAP: u32 = 2;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CmdAddGid {
+    pub index: u32,
+    pub gid_type: u32,
+    pub gid: [u8; 16],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CmdMcast {
+    pub qpn: u32,
+    pub reserved: u32,
+    pub gid: [u8; 16],
+}
+
+/// A doorbell (vq 1): one or more of these fill the device-readable buffer.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Doorbell {
+    pub kind: u32,
+    /// QPN (SQ, RQ), SRQN (SRQ) or CQN (CQ).
+    pub object: u32,
+    /// The producer index the driver just published (a hint; the device reads the ring).
+    pub index: u32,
+    pub reserved: u32,
+}
+
+pub mod doorbell {
+    pub const SQ: u32 = 1;
+    pub const RQ: u32 = 2;
+    pub const SRQ: u32 = 3;
+    /// The driver consumed CQEs after an overflow-free stall, or armed the CQ: re-check.
+    pub const CQ: u32 = 4;
+}
+
+/// An event (vq 2): the device writes one into each device-writable buffer.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Event {
+    pub kind: u32,
+    /// `ibv_event_type` for ASYNC events, 0 for COMPLETION.
+    pub event: u32,
+    /// CQN, QPN, SRQN or port number.
+    pub object: u32,
+    pub reserved: u32,
+}
+
+pub mod event {
+    pub const KIND_COMPLETION: u32 = 1;
+    pub const KIND_ASYNC: u32 = 2;
+    // `ibv_event_type` values.
+    pub const CQ_ERR: u32 = 0;
+    pub const QP_FATAL: u32 = 1;
+    pub const QP_REQ_ERR: u32 = 2;
+    pub const QP_ACCESS_ERR: u32 = 3;
+    pub const COMM_EST: u32 = 4;
+    pub const SQ_DRAINED: u32 = 5;
+    pub const DEVICE_FATAL: u32 = 8;
+    pub const PORT_ACTIVE: u32 = 9;
+    pub const PORT_ERR: u32 = 10;
+    pub const SRQ_LIMIT_REACHED: u32 = 15;
+    pub const QP_LAST_WQE_REACHED: u32 = 16;
+}
+
+// ------------------------------------------------------------------------------------------
+// The Linux rxe user ABI (include/uapi/rdma/rdma_user_rxe.h, ib_user_verbs.h).
+
+/// `struct rxe_queue_buf` header offsets.
+pub mod ring {
+    pub const LOG2_ELEM_SIZE: u64 = 0;
+    pub const INDEX_MASK: u64 = 4;
+    /// CQ rings only: the arm word (inside rxe's `pad_1`, never touched by librxe).
+    pub const CQ_NOTIFY: u64 = 64;
+    pub const PRODUCER_INDEX: u64 = 128;
+    pub const CONSUMER_INDEX: u64 = 256;
+    pub const DATA: u64 = 384;
+    pub const NOTIFY_NEXT_COMP: u32 = 1;
+    pub const NOTIFY_SOLICITED: u32 = 2;
+}
+
+/// `struct rxe_send_wqe` offsets (sizeof = 208; SGEs or inline data follow at 208).
+pub mod swqe {
+    pub const WR_ID: usize = 0;
+    pub const OPCODE: usize = 12;
+    pub const SEND_FLAGS: usize = 16;
+    /// `ex.imm_data` (big-endian bytes) or `ex.invalidate_rkey`.
+    pub const EX: usize = 20;
+    pub const RDMA_REMOTE_ADDR: usize = 24;
+    pub const RDMA_RKEY: usize = 32;
+    pub const ATOMIC_REMOTE_ADDR: usize = 24;
+    pub const ATOMIC_COMPARE_ADD: usize = 32;
+    pub const ATOMIC_SWAP: usize = 40;
+    pub const ATOMIC_RKEY: usize = 48;
+    pub const UD_REMOTE_QPN: usize = 24;
+    pub const UD_REMOTE_QKEY: usize = 28;
+    pub const UD_PKEY_INDEX: usize = 32;
+    pub const UD_AH_NUM: usize = 36;
+    /// `struct rxe_av` (88 bytes).
+    pub const UD_AV: usize = 56;
+    pub const MW_ADDR: usize = 24;
+    pub const MW_LENGTH: usize = 32;
+    pub const MW_MR_LKEY: usize = 40;
+    pub const MW_MW_RKEY: usize = 44;
+    pub const MW_RKEY: usize = 48;
+    pub const MW_ACCESS: usize = 52;
+    /// Fast registration (our kernel-only `wr.reg` layout, see the doc).
+    pub const REG_IOVA: usize = 24;
+    pub const REG_LENGTH: usize = 32;
+    pub const REG_MR_LKEY: usize = 40;
+    pub const REG_KEY: usize = 44;
+    pub const REG_ACCESS: usize = 48;
+    pub const REG_PAGE_SHIFT: usize = 52;
+    pub const REG_LEVELS: usize = 53;
+    pub const REG_PAGE_LIST: usize = 56;
+    pub const REG_NUM_PAGES: usize = 64;
+    pub const STATUS: usize = 144;
+    pub const STATE: usize = 148;
+    pub const IOVA: usize = 152;
+    pub const DMA_LENGTH: usize = 184;
+    pub const DMA_RESID: usize = 188;
+    pub const DMA_CUR_SGE: usize = 192;
+    pub const DMA_NUM_SGE: usize = 196;
+    pub const DMA_SGE_OFFSET: usize = 200;
+    pub const DMA_DATA: usize = 208;
+    pub const SIZE: usize = 208;
+}
+
+/// `struct rxe_av` offsets.
+pub mod av {
+    pub const PORT_NUM: usize = 0;
+    pub const NETWORK_TYPE: usize = 1;
+    pub const DMAC: usize = 2;
+    pub const DGID: usize = 8;
+    pub const FLOW_LABEL: usize = 24;
+    pub const SGID_INDEX: usize = 28;
+    pub const HOP_LIMIT: usize = 29;
+    pub const TRAFFIC_CLASS: usize = 30;
+    pub const SIZE: usize = 88;
+}
+
+/// `struct rxe_recv_wqe` offsets (sizeof = 40; SGEs follow at 40).
+pub mod rwqe {
+    pub const WR_ID: usize = 0;
+    pub const DMA_LENGTH: usize = 16;
+    pub const DMA_NUM_SGE: usize = 28;
+    pub const DMA_SGE: usize = 40;
+    pub const SIZE: usize = 40;
+}
+
+/// `struct rxe_sge` / `ib_sge` (16 bytes): addr u64, length u32, lkey u32.
+pub const SGE_SIZE: usize = 16;
+
+/// `ibv_wr_opcode` values (plus the kernel-only REG_MR).
+pub mod wr_op {
+    pub const RDMA_WRITE: u32 = 0;
+    pub const RDMA_WRITE_WITH_IMM: u32 = 1;
+    pub const SEND: u32 = 2;
+    pub const SEND_WITH_IMM: u32 = 3;
+    pub const RDMA_READ: u32 = 4;
+    pub const ATOMIC_CMP_AND_SWP: u32 = 5;
+    pub const ATOMIC_FETCH_AND_ADD: u32 = 6;
+    pub const LOCAL_INV: u32 = 7;
+    pub const BIND_MW: u32 = 8;
+    pub const SEND_WITH_INV: u32 = 9;
+    pub const FLUSH: u32 = 14;
+    pub const ATOMIC_WRITE: u32 = 15;
+    /// Kernel `IB_WR_REG_MR`.
+    pub const REG_MR: u32 = 0x20;
+}
+
+/// `struct ib_uverbs_wc` (48 bytes), the CQ ring entry.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UverbsWc {
+    pub wr_id: u64,
+    pub status: u32,
+    pub opcode: u32,
+    pub vendor_err: u32,
+    pub byte_len: u32,
+    /// `imm_data` (big-endian bytes, as on the wire) or `invalidate_rkey`.
+    pub ex: u32,
+    pub qp_num: u32,
+    pub src_qp: u32,
+    pub wc_flags: u32,
+    pub pkey_index: u16,
+    pub slid: u16,
+    pub sl: u8,
+    pub dlid_path_bits: u8,
+    pub port_num: u8,
+    pub reserved: u8,
+}
+
+/// Minimum slot sizes.
+pub const CQE_SIZE: usize = 48;
+
+byte_valued! {
+    ConfigSpace = 128,
+    CtrlHdr = 16,
+    RespHdr = 16,
+    PageListDesc = 16,
+    QueueDesc = 32,
+    CmdQueryPort = 8,
+    RespQueryPort = 32,
+    Handle = 8,
+    CmdCreateCq = 40,
+    RespCreateCq = 8,
+    CmdResizeCq = 40,
+    CmdCreateQp = 112,
+    RespCreateQp = 32,
+    AhAttr = 48,
+    QpAttrs = 128,
+    CmdCreateSrq = 48,
+    RespCreateSrq = 16,
+    CmdModifySrq = 16,
+    RespQuerySrq = 16,
+    CmdRegUserMr = 40,
+    RespMr = 8,
+    CmdRegDmaMr = 8,
+    CmdAllocMr = 8,
+    CmdAllocMw = 8,
+    CmdCreateAh = 56,
+    CmdAddGid = 24,
+    CmdMcast = 24,
+    Doorbell = 16,
+    Event = 16,
+    UverbsWc = 48,
+}
+
+/// Reads a `ByteValued` struct from the front of `bytes`; `None` if too short.
+pub fn read_struct<T: ByteValued + Default>(bytes: &[u8]) -> Option<T> {
+    let mut v = T::default();
+    let n = size_of::<T>();
+    v.as_mut_slice().copy_from_slice(bytes.get(..n)?);
+    Some(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::offset_of;
+
+    /// Offsets the doc tables name, checked here so the doc and the code cannot drift.
+    #[test]
+    fn offsets_match_the_doc() {
+        assert_eq!(offset_of!(ConfigSpace, netdev_mtu), 16);
+        assert_eq!(offset_of!(ConfigSpace, gid_tbl_len), 24);
+        assert_eq!(offset_of!(ConfigSpace, max_mr_size), 56);
+        assert_eq!(offset_of!(ConfigSpace, max_qp_rd_atom), 72);
+        assert_eq!(offset_of!(ConfigSpace, max_registered_bytes), 112);
+        assert_eq!(offset_of!(ConfigSpace, device_cap_flags), 120);
+        assert_eq!(offset_of!(CmdCreateQp, sq), 48);
+        assert_eq!(offset_of!(CmdCreateQp, rq), 80);
+        assert_eq!(offset_of!(QpAttrs, pkey_index), 40);
+        assert_eq!(offset_of!(QpAttrs, rnr_retry), 50);
+        assert_eq!(offset_of!(QpAttrs, ah), 56);
+        assert_eq!(offset_of!(QpAttrs, max_send_wr), 104);
+        assert_eq!(offset_of!(AhAttr, dmac), 24);
+        assert_eq!(offset_of!(UverbsWc, ex), 24);
+        assert_eq!(offset_of!(UverbsWc, port_num), 46);
+        assert_eq!(offset_of!(CmdRegUserMr, pages), 24);
+        assert_eq!(offset_of!(CmdCreateCq, queue), 8);
+    }
+}

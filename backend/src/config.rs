@@ -1,0 +1,196 @@
+//! Command line and the validated configuration it turns into.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Parser, ValueEnum};
+use rxe_core::device::DeviceConfig;
+use rxe_core::verbs::Mtu;
+use thiserror::Error;
+
+use crate::model::ModelConfig;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum TransportKind {
+    /// RoCEv2 over a kernel UDP socket (unprivileged).
+    Udp,
+}
+
+/// vhost-user backend for a virtio-rdma (virtio ID 42) soft-RoCE device.
+#[derive(Parser, Debug, Clone)]
+#[command(version, about)]
+pub struct Args {
+    /// vhost-user unix socket to listen on.
+    #[arg(long)]
+    pub socket_path: PathBuf,
+    /// Host attachment.
+    #[arg(long, value_enum, default_value_t = TransportKind::Udp)]
+    pub transport: TransportKind,
+    /// Local address of the UDP socket (a concrete IP: the ICRC covers it). Its IP is the one
+    /// RoCEv2 GID the guest should add.
+    #[arg(long, default_value = "127.0.0.1:4791")]
+    pub udp_addr: SocketAddr,
+    /// UDP destination port of every packet sent (4791 on a real network; tests may use
+    /// another).
+    #[arg(long, default_value_t = 4791)]
+    pub peer_port: u16,
+    /// Drop IPv4 packets whose ICRC cannot be verified with IP ID 0 (see docs/virtio-rdma.md).
+    #[arg(long)]
+    pub strict_icrc: bool,
+    /// Port MAC address.
+    #[arg(long, default_value = "02:00:00:00:00:01")]
+    pub mac: String,
+    /// Netdev MTU the port is modelled on (active path MTU = largest IB MTU <= MTU - 80).
+    #[arg(long, default_value_t = 1500)]
+    pub mtu: u32,
+    #[arg(long, default_value_t = 1024)]
+    pub max_qp: u32,
+    #[arg(long, default_value_t = 2048)]
+    pub max_cq: u32,
+    #[arg(long, default_value_t = 4096)]
+    pub max_mr: u32,
+    #[arg(long, default_value_t = 1024)]
+    pub max_pd: u32,
+    #[arg(long, default_value_t = 1024)]
+    pub max_srq: u32,
+    /// Total bytes the guest may register (MRs), e.g. 8G, 512M.
+    #[arg(long, default_value = "8G")]
+    pub max_registered_bytes: String,
+    /// Unix socket that prints the counters as JSON to whoever connects.
+    #[arg(long)]
+    pub counters_socket: Option<PathBuf>,
+}
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum ConfigError {
+    #[error("invalid MAC address {0:?} (want xx:xx:xx:xx:xx:xx, unicast)")]
+    Mac(String),
+    #[error("--udp-addr must be a concrete address, not {0}")]
+    UnspecifiedAddr(SocketAddr),
+    #[error("--mtu {0} out of range (576..=65535)")]
+    Mtu(u32),
+    #[error("{0} must be between 1 and {1}")]
+    Limit(&'static str, u32),
+    #[error("invalid size {0:?} (want a number with an optional K, M or G suffix)")]
+    Size(String),
+}
+
+/// The validated configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub socket_path: PathBuf,
+    pub transport: TransportKind,
+    pub udp_addr: SocketAddr,
+    pub peer_port: u16,
+    pub strict_icrc: bool,
+    pub counters_socket: Option<PathBuf>,
+    pub model: ModelConfig,
+}
+
+pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
+    let v: Vec<u8> = s
+        .split(':')
+        .map(|p| u8::from_str_radix(p, 16).ok().filter(|_| p.len() == 2))
+        .collect::<Option<_>>()?;
+    let m: [u8; 6] = v.try_into().ok()?;
+    (m[0] & 1 == 0).then_some(m)
+}
+
+pub fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let (num, mul) = match s.chars().last()? {
+        'k' | 'K' => (&s[..s.len() - 1], 1u64 << 10),
+        'm' | 'M' => (&s[..s.len() - 1], 1 << 20),
+        'g' | 'G' => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<u64>().ok()?.checked_mul(mul)
+}
+
+impl TryFrom<Args> for Config {
+    type Error = ConfigError;
+
+    fn try_from(a: Args) -> Result<Self, Self::Error> {
+        let mac = parse_mac(&a.mac).ok_or_else(|| ConfigError::Mac(a.mac.clone()))?;
+        if a.udp_addr.ip().is_unspecified() {
+            return Err(ConfigError::UnspecifiedAddr(a.udp_addr));
+        }
+        if !(576..=65535).contains(&a.mtu) {
+            return Err(ConfigError::Mtu(a.mtu));
+        }
+        let lim = |name, v: u32, max: u32| {
+            if v == 0 || v > max {
+                Err(ConfigError::Limit(name, max))
+            } else {
+                Ok(v)
+            }
+        };
+        let defaults = DeviceConfig::default();
+        let dev = DeviceConfig {
+            max_qp: lim("--max-qp", a.max_qp, 1 << 16)?,
+            max_cq: lim("--max-cq", a.max_cq, 1 << 16)?,
+            max_mr: lim("--max-mr", a.max_mr, 1 << 20)?,
+            max_pd: lim("--max-pd", a.max_pd, 1 << 16)?,
+            max_srq: lim("--max-srq", a.max_srq, 1 << 16)?,
+            max_registered_bytes: parse_size(&a.max_registered_bytes)
+                .filter(|&v| v > 0)
+                .ok_or_else(|| ConfigError::Size(a.max_registered_bytes.clone()))?,
+            port_mtu: Mtu::for_netdev_mtu(a.mtu),
+            mac,
+            ..defaults
+        };
+        Ok(Config {
+            socket_path: a.socket_path,
+            transport: a.transport,
+            udp_addr: a.udp_addr,
+            peer_port: a.peer_port,
+            strict_icrc: a.strict_icrc,
+            counters_socket: a.counters_socket,
+            model: ModelConfig {
+                dev,
+                netdev_mtu: a.mtu,
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(extra: &[&str]) -> Args {
+        let mut v = vec!["vhost-user-rdma", "--socket-path", "/tmp/x.sock"];
+        v.extend_from_slice(extra);
+        Args::parse_from(v)
+    }
+
+    #[test]
+    fn defaults_and_validation() {
+        let c = Config::try_from(args(&[])).unwrap();
+        assert_eq!(c.model.dev.port_mtu, Mtu::M1024);
+        assert_eq!(c.model.dev.max_registered_bytes, 8 << 30);
+        assert_eq!(c.peer_port, 4791);
+        assert!(matches!(
+            Config::try_from(args(&["--mac", "01:00:00:00:00:01"])),
+            Err(ConfigError::Mac(_))
+        ));
+        assert!(matches!(
+            Config::try_from(args(&["--udp-addr", "0.0.0.0:4791"])),
+            Err(ConfigError::UnspecifiedAddr(_))
+        ));
+        assert!(matches!(
+            Config::try_from(args(&["--max-qp", "0"])),
+            Err(ConfigError::Limit(..))
+        ));
+        assert_eq!(
+            Config::try_from(args(&["--mtu", "9000"]))
+                .unwrap()
+                .model
+                .dev
+                .port_mtu,
+            Mtu::M4096
+        );
+        assert_eq!(parse_size("512M"), Some(512 << 20));
+        assert_eq!(parse_size("x"), None);
+    }
+}

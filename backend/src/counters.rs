@@ -1,0 +1,161 @@
+//! The counters query interface: a unix socket that writes one JSON document to whoever
+//! connects, then closes. `socat - UNIX-CONNECT:/path` or `nc -U /path` reads it.
+
+use std::io::Write;
+use std::os::unix::net::UnixListener;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::model::Model;
+use crate::transport::UdpTransport;
+
+/// What the counters thread (and the signal thread) can see of the running daemon.
+pub struct Shared {
+    pub model: Mutex<Option<Arc<Mutex<Model>>>>,
+    pub transport: Arc<Mutex<UdpTransport>>,
+    pub connections: AtomicU64,
+    pub shutdown: AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+macro_rules! json_fields {
+    ($out:expr, $s:expr, [$($f:ident),*]) => {{
+        let mut parts: Vec<String> = Vec::new();
+        $( parts.push(format!("\"{}\":{}", stringify!($f), $s.$f)); )*
+        $out.push_str(&parts.join(","));
+    }};
+}
+
+/// The counters as one JSON object.
+pub fn render(shared: &Shared) -> String {
+    let mut o = String::from("{");
+    o.push_str(&format!(
+        "\"connections\":{},",
+        shared.connections.load(Ordering::Relaxed)
+    ));
+    let t = lock(&shared.transport).stats;
+    o.push_str("\"transport\":{");
+    json_fields!(
+        o,
+        t,
+        [
+            tx_packets,
+            tx_bytes,
+            tx_dropped,
+            tx_wrong_family,
+            rx_packets,
+            rx_bytes,
+            rx_icrc_ok,
+            rx_icrc_unverified,
+            rx_icrc_bad,
+            rx_short
+        ]
+    );
+    o.push('}');
+    let model = lock(&shared.model).clone();
+    if let Some(m) = model {
+        let m = lock(&m);
+        let p = m.dev.port_counters();
+        o.push_str(",\"port\":{");
+        json_fields!(
+            o,
+            p,
+            [
+                rx_packets,
+                rx_bytes,
+                tx_packets,
+                tx_bytes,
+                rx_dropped,
+                rx_unknown_qp,
+                rx_bad_gid,
+                rx_malformed
+            ]
+        );
+        o.push('}');
+        let s = m.stats;
+        o.push_str(",\"device\":{");
+        json_fields!(
+            o,
+            s,
+            [
+                ctrl_cmds,
+                ctrl_errors,
+                doorbells,
+                bad_doorbells,
+                bad_wqes,
+                ring_faults,
+                cq_overflows,
+                events_raised,
+                events_dropped,
+                sq_wqes,
+                rq_wqes,
+                cqes
+            ]
+        );
+        o.push('}');
+        let (q, c, r) = m.object_counts();
+        o.push_str(&format!(
+            ",\"objects\":{{\"qps\":{q},\"cqs\":{c},\"srqs\":{r}}},\"qps\":["
+        ));
+        let qps: Vec<String> = m
+            .qp_counters()
+            .into_iter()
+            .map(|(qpn, c)| {
+                let mut s = format!("{{\"qpn\":{qpn},");
+                json_fields!(
+                    s,
+                    c,
+                    [
+                        tx_packets,
+                        tx_bytes,
+                        rx_packets,
+                        rx_bytes,
+                        retransmits,
+                        timeouts,
+                        naks_sent,
+                        naks_received,
+                        rnr_naks_sent,
+                        rnr_naks_received,
+                        duplicates,
+                        dropped,
+                        errors
+                    ]
+                );
+                s.push('}');
+                s
+            })
+            .collect();
+        o.push_str(&qps.join(","));
+        o.push(']');
+    }
+    o.push_str("}\n");
+    o
+}
+
+/// Serves the counters socket until `shared.shutdown` is set.
+pub fn spawn(path: &Path, shared: Arc<Shared>) -> std::io::Result<std::thread::JoinHandle<()>> {
+    let _ = std::fs::remove_file(path);
+    let l = UnixListener::bind(path)?;
+    l.set_nonblocking(true)?;
+    let path = path.to_path_buf();
+    std::thread::Builder::new()
+        .name("counters".into())
+        .spawn(move || {
+            while !shared.shutdown.load(Ordering::Relaxed) {
+                match l.accept() {
+                    Ok((mut s, _)) => {
+                        let _ = s.set_nonblocking(false);
+                        let _ = s.set_write_timeout(Some(Duration::from_secs(1)));
+                        let _ = s.write_all(render(&shared).as_bytes());
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(50)),
+                }
+            }
+            let _ = std::fs::remove_file(&path);
+        })
+}

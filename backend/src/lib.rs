@@ -1,0 +1,176 @@
+//! vhost-user-rdma: a vhost-user backend serving a paravirtual RDMA device (virtio ID 42) whose
+//! RoCEv2 transport is the sans-IO `rxe-core` engine. The device contract is
+//! docs/virtio-rdma.md.
+//!
+//! Layout (vhost-device style): [`config`] turns the command line into a validated
+//! [`config::Config`]; [`start_backend`] serves one frontend after another; [`vhu_rdma`] holds
+//! the `VhostUserBackend` impl; [`model`] is the device (commands, rings, engine pumping),
+//! testable without a socket; [`transport`] the UDP socket; [`counters`] the query socket.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+#[cfg(target_endian = "big")]
+compile_error!(
+    "the virtio-rdma structures are little-endian and used in place: little-endian hosts only"
+);
+
+pub mod abi;
+pub mod config;
+pub mod counters;
+pub mod guest_mem;
+pub mod model;
+pub mod ring;
+pub mod transport;
+pub mod vhu_rdma;
+
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use thiserror::Error;
+use vhost::vhost_user::Listener;
+use vhost_user_backend::VhostUserDaemon;
+use vm_memory::GuestMemoryAtomic;
+use vmm_sys_util::epoll::EventSet;
+
+use crate::config::Config;
+use crate::counters::Shared;
+use crate::guest_mem::GuestMemoryMmap;
+use crate::model::Model;
+use crate::transport::UdpTransport;
+use crate::vhu_rdma::{VhuRdma, TIMER_EVENT, UDP_EVENT};
+
+#[derive(Debug, Error)]
+pub enum Error {
+    #[error("binding the UDP socket {0}: {1}")]
+    Udp(std::net::SocketAddr, std::io::Error),
+    #[error("creating the vhost-user listener at {0}: {1}")]
+    Listener(String, vhost::vhost_user::Error),
+    #[error("vhost-user daemon: {0}")]
+    Daemon(String),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+fn block_signals() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data; sigemptyset/sigaddset initialise it; pthread_sigmask
+    // only changes this thread's mask (threads spawned later inherit it).
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
+/// Serves frontends on `config.socket_path` one after another until SIGINT or SIGTERM.
+/// A frontend that disconnects is not an error: its state is dropped and the next one served.
+pub fn start_backend(config: Config) -> Result<(), Error> {
+    let sigset = block_signals();
+    let transport = UdpTransport::bind(config.udp_addr, config.peer_port, config.strict_icrc)
+        .map_err(|e| Error::Udp(config.udp_addr, e))?;
+    log::info!(
+        "udp transport on {} (peers on port {})",
+        transport.local_addr(),
+        config.peer_port
+    );
+    let shared = Arc::new(Shared {
+        model: Mutex::new(None),
+        transport: Arc::new(Mutex::new(transport)),
+        connections: std::sync::atomic::AtomicU64::new(0),
+        shutdown: std::sync::atomic::AtomicBool::new(false),
+    });
+    let counters = match &config.counters_socket {
+        Some(p) => Some(counters::spawn(p, shared.clone())?),
+        None => None,
+    };
+    let shutdown_handle: Arc<Mutex<Option<vhost_user_backend::ShutdownHandle>>> =
+        Arc::new(Mutex::new(None));
+    {
+        let shared = shared.clone();
+        let handle = shutdown_handle.clone();
+        let sock = config.socket_path.clone();
+        std::thread::Builder::new()
+            .name("signals".into())
+            .spawn(move || {
+                let mut sig = 0;
+                // SAFETY: `sigset` is an initialised signal set; `sig` is a live i32.
+                unsafe { libc::sigwait(&sigset, &mut sig) };
+                log::info!("signal {sig}: shutting down");
+                shared.shutdown.store(true, Ordering::SeqCst);
+                if let Some(h) = handle.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                    h.shutdown();
+                }
+                // Wake a listener blocked in accept().
+                let _ = UnixStream::connect(&sock);
+            })?;
+    }
+    let path = config.socket_path.to_string_lossy().to_string();
+    let mut listener =
+        Listener::new(&config.socket_path, true).map_err(|e| Error::Listener(path.clone(), e))?;
+    let result = loop {
+        if shared.shutdown.load(Ordering::SeqCst) {
+            break Ok(());
+        }
+        let model = Arc::new(Mutex::new(Model::new(config.model.clone())));
+        let backend = Arc::new(VhuRdma::new(model.clone(), shared.transport.clone())?);
+        let mut daemon = VhostUserDaemon::new(
+            "vhost-user-rdma".into(),
+            backend.clone(),
+            GuestMemoryAtomic::new(GuestMemoryMmap::new()),
+        )
+        .map_err(|e| Error::Daemon(e.to_string()))?;
+        {
+            let handlers = daemon.get_epoll_handlers();
+            let udp_fd = shared
+                .transport
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .fd();
+            handlers[0]
+                .register_listener(udp_fd, EventSet::IN, UDP_EVENT as u64)
+                .map_err(Error::Io)?;
+            handlers[0]
+                .register_listener(backend.timer_fd(), EventSet::IN, TIMER_EVENT as u64)
+                .map_err(Error::Io)?;
+        }
+        log::info!("waiting for a frontend on {path}");
+        if let Err(e) = daemon.start(&mut listener) {
+            if shared.shutdown.load(Ordering::SeqCst) {
+                break Ok(());
+            }
+            log::error!("accepting a frontend: {e}");
+            continue;
+        }
+        *shutdown_handle.lock().unwrap_or_else(|e| e.into_inner()) = daemon.shutdown_handle();
+        if shared.shutdown.load(Ordering::SeqCst) {
+            daemon.request_shutdown();
+        }
+        shared.connections.fetch_add(1, Ordering::Relaxed);
+        *shared.model.lock().unwrap_or_else(|e| e.into_inner()) = Some(model);
+        log::info!("frontend connected");
+        match daemon.wait() {
+            Ok(()) => log::info!("frontend disconnected"),
+            Err(vhost_user_backend::Error::HandleRequest(
+                vhost::vhost_user::Error::Disconnected | vhost::vhost_user::Error::PartialMessage,
+            )) => log::info!("frontend disconnected"),
+            Err(e) => log::warn!("frontend connection ended: {e}"),
+        }
+        shutdown_handle
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        *shared.model.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        // Dropping the daemon stops and joins its worker thread and closes its epoll.
+        drop(daemon);
+        backend.close_exit_fds();
+    };
+    shared.shutdown.store(true, Ordering::SeqCst);
+    let _ = std::fs::remove_file(&config.socket_path);
+    if let Some(c) = counters {
+        let _ = c.join();
+    }
+    result
+}

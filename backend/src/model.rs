@@ -1,0 +1,1246 @@
+//! The device model: the engine plus what the guest's rings and objects look like from the
+//! device side. Everything here is testable without a socket: give it a `GuestMemoryMmap`.
+//!
+//! ```text
+//!  control vq ──► handle_ctrl ─┐
+//!  doorbell vq ─► doorbell ────┤                ┌─► transmit (UDP)
+//!  UDP socket ──► handle_packet┼─► rxe-core ────┤
+//!  timerfd ─────► handle_timeout┘   Device       └─► pump: CQEs → CQ rings, events → event vq
+//! ```
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::atomic::{fence, Ordering};
+
+use rxe_core::device::{DeviceConfig, QpInit, RecvMeta, Transmit};
+use rxe_core::mem::MwType;
+use rxe_core::verbs::*;
+use rxe_core::{Device, Gid, Instant, Qpn, VerbError};
+use vm_memory::ByteValued;
+
+use crate::abi::{self, op, ring as hdr, Status};
+use crate::guest_mem::{resolve_page_list, GuestMemoryMmap};
+use crate::ring::{self, Ring, SqCaps};
+
+/// Events the device holds while the driver has no event buffer posted.
+pub const MAX_PENDING_EVENTS: usize = 4096;
+
+/// Device-side counters beyond the engine's.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ModelStats {
+    pub ctrl_cmds: u64,
+    pub ctrl_errors: u64,
+    pub doorbells: u64,
+    pub bad_doorbells: u64,
+    pub bad_wqes: u64,
+    pub ring_faults: u64,
+    pub cq_overflows: u64,
+    pub events_raised: u64,
+    pub events_dropped: u64,
+    pub sq_wqes: u64,
+    pub rq_wqes: u64,
+    pub cqes: u64,
+}
+
+#[derive(Debug)]
+struct QpShadow {
+    qp_type: QpType,
+    sq: Option<Ring>,
+    rq: Option<Ring>,
+    sq_cons: u32,
+    rq_cons: u32,
+    send_cq: u32,
+    recv_cq: u32,
+    srq: Option<u32>,
+    caps: QpCap,
+}
+
+#[derive(Debug)]
+struct CqShadow {
+    ring: Ring,
+    prod: u32,
+    /// A solicited-only arm was handed to the engine and has not fired yet.
+    solicited_mirrored: bool,
+    overflowed: bool,
+}
+
+#[derive(Debug)]
+struct SrqShadow {
+    ring: Ring,
+    cons: u32,
+    max_sge: u32,
+}
+
+/// Limits and identity beyond the engine's `DeviceConfig`.
+#[derive(Clone, Debug)]
+pub struct ModelConfig {
+    pub dev: DeviceConfig,
+    pub netdev_mtu: u32,
+}
+
+pub struct Model {
+    pub dev: Device,
+    cfg: ModelConfig,
+    qps: HashMap<u32, QpShadow>,
+    cqs: BTreeMap<u32, CqShadow>,
+    srqs: HashMap<u32, SrqShadow>,
+    /// Events waiting for an event-queue buffer.
+    pub events: VecDeque<abi::Event>,
+    sq_backlog: BTreeSet<u32>,
+    pub stats: ModelStats,
+    slot: Vec<u8>,
+}
+
+fn verr(e: VerbError) -> Status {
+    match e {
+        VerbError::Invalid => Status::Invalid,
+        VerbError::NoResources => Status::NoMemory,
+        VerbError::NotFound => Status::NotFound,
+        VerbError::Busy => Status::Busy,
+        VerbError::BadState => Status::BadState,
+    }
+}
+
+type CmdResult = Result<Vec<u8>, Status>;
+
+fn body<T: ByteValued>(v: T) -> CmdResult {
+    Ok(v.as_slice().to_vec())
+}
+
+/// Size of the response struct of each opcode (0 for commands that return only a header).
+pub fn resp_size(opcode: u32) -> usize {
+    use std::mem::size_of;
+    match opcode {
+        op::QUERY_DEVICE => size_of::<abi::ConfigSpace>(),
+        op::QUERY_PORT => size_of::<abi::RespQueryPort>(),
+        op::CREATE_PD => size_of::<abi::Handle>(),
+        op::CREATE_CQ => size_of::<abi::RespCreateCq>(),
+        op::RESIZE_CQ => size_of::<abi::RespCreateCq>(),
+        op::CREATE_QP => size_of::<abi::RespCreateQp>(),
+        op::QUERY_QP => size_of::<abi::QpAttrs>(),
+        op::CREATE_SRQ => size_of::<abi::RespCreateSrq>(),
+        op::QUERY_SRQ => size_of::<abi::RespQuerySrq>(),
+        op::REG_USER_MR | op::REG_DMA_MR | op::ALLOC_MR => size_of::<abi::RespMr>(),
+        op::ALLOC_MW => size_of::<abi::RespMr>(),
+        op::CREATE_AH => size_of::<abi::Handle>(),
+        _ => 0,
+    }
+}
+
+fn cmd<T: ByteValued + Default>(b: &[u8]) -> Result<T, Status> {
+    abi::read_struct(b).ok_or(Status::BadRequest)
+}
+
+fn to_av(a: &abi::AhAttr) -> Av {
+    Av {
+        dgid: Gid(a.dgid),
+        sgid_index: a.sgid_index,
+        flow_label: a.flow_label & 0xf_ffff,
+        traffic_class: a.traffic_class,
+        hop_limit: a.hop_limit,
+        dmac: a.dmac,
+    }
+}
+
+fn from_av(a: &Av) -> abi::AhAttr {
+    abi::AhAttr {
+        dgid: a.dgid.0,
+        flow_label: a.flow_label,
+        sgid_index: a.sgid_index,
+        hop_limit: a.hop_limit,
+        traffic_class: a.traffic_class,
+        dmac: a.dmac,
+        port_num: 1,
+        ..Default::default()
+    }
+}
+
+fn qp_state(v: u32) -> Option<QpState> {
+    Some(match v {
+        0 => QpState::Reset,
+        1 => QpState::Init,
+        2 => QpState::Rtr,
+        3 => QpState::Rts,
+        4 => QpState::Sqd,
+        5 => QpState::Sqe,
+        6 => QpState::Err,
+        _ => return None,
+    })
+}
+
+/// Converts the wire attributes, checking the enumerations the mask selects.
+fn to_qp_attr(w: &abi::QpAttrs) -> Result<QpAttr, Status> {
+    let m = AttrMask(w.attr_mask);
+    let st = |v, bit| {
+        if m.has(bit) {
+            qp_state(v).ok_or(Status::Invalid)
+        } else {
+            Ok(QpState::Reset)
+        }
+    };
+    let path_mtu = if m.has(AttrMask::PATH_MTU) {
+        Mtu::from_enum(w.path_mtu as u8)
+            .filter(|_| w.path_mtu <= 5)
+            .ok_or(Status::Invalid)?
+    } else {
+        Mtu::M256
+    };
+    Ok(QpAttr {
+        qp_state: st(w.qp_state, AttrMask::STATE)?,
+        cur_qp_state: st(w.cur_qp_state, AttrMask::CUR_STATE)?,
+        path_mtu,
+        qkey: w.qkey,
+        rq_psn: w.rq_psn & 0xff_ffff,
+        sq_psn: w.sq_psn & 0xff_ffff,
+        dest_qp_num: w.dest_qp_num & 0xff_ffff,
+        qp_access_flags: Access(w.qp_access_flags),
+        av: to_av(&w.ah),
+        pkey_index: w.pkey_index,
+        en_sqd_async_notify: w.en_sqd_async_notify != 0,
+        max_rd_atomic: w.max_rd_atomic,
+        max_dest_rd_atomic: w.max_dest_rd_atomic,
+        min_rnr_timer: w.min_rnr_timer,
+        port_num: w.port_num,
+        timeout: w.timeout,
+        retry_cnt: w.retry_cnt,
+        rnr_retry: w.rnr_retry,
+        sq_draining: false,
+    })
+}
+
+impl Model {
+    pub fn new(cfg: ModelConfig) -> Self {
+        Model {
+            dev: Device::new(cfg.dev.clone()),
+            cfg,
+            qps: HashMap::new(),
+            cqs: BTreeMap::new(),
+            srqs: HashMap::new(),
+            events: VecDeque::new(),
+            sq_backlog: BTreeSet::new(),
+            stats: ModelStats::default(),
+            slot: Vec::new(),
+        }
+    }
+
+    /// Device reset: every object destroyed, every ring forgotten.
+    pub fn reset(&mut self) {
+        self.dev = Device::new(self.cfg.dev.clone());
+        self.qps.clear();
+        self.cqs.clear();
+        self.srqs.clear();
+        self.events.clear();
+        self.sq_backlog.clear();
+    }
+
+    /// Number of live objects (QPs, CQs, SRQs): for leak checks.
+    pub fn object_counts(&self) -> (usize, usize, usize) {
+        (self.qps.len(), self.cqs.len(), self.srqs.len())
+    }
+
+    pub fn qpns(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = self.qps.keys().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
+    pub fn config_space(&self) -> abi::ConfigSpace {
+        let c = &self.cfg.dev;
+        abi::ConfigSpace {
+            version: abi::VERSION,
+            caps: abi::caps::CQ_NOTIFY_WORD
+                | abi::caps::MULTI_LEVEL_PAGE_LIST
+                | abi::caps::FAST_REG
+                | abi::caps::MEM_WINDOW
+                | abi::caps::SRQ,
+            mac: c.mac,
+            reserved0: 0,
+            netdev_mtu: self.cfg.netdev_mtu,
+            port_state: 4,
+            active_mtu: c.port_mtu as u8,
+            max_mtu: c.port_mtu as u8,
+            phys_port_cnt: 1,
+            gid_tbl_len: c.gid_table_len,
+            max_qp: c.max_qp,
+            max_qp_wr: c.max_qp_wr,
+            max_sge: c.max_sge,
+            max_cq: c.max_cq,
+            max_cqe: c.max_cqe,
+            max_mr: c.max_mr,
+            max_pd: c.max_pd,
+            max_mr_size: c.max_mr_size,
+            page_size_cap: 0xffff_f000,
+            max_qp_rd_atom: 128,
+            max_qp_init_rd_atom: 128,
+            max_srq: c.max_srq,
+            max_srq_wr: c.max_srq_wr,
+            max_srq_sge: c.max_sge,
+            max_ah: c.max_ah,
+            max_mcast_grp: c.max_mcast_grp,
+            max_mcast_qp_attach: c.max_mcast_qp_attach,
+            max_inline: c.max_inline,
+            max_mw: c.max_mr,
+            max_registered_bytes: c.max_registered_bytes,
+            // IB_DEVICE_BAD_PKEY_CNTR | BAD_QKEY_CNTR | AUTO_PATH_MIG? no: rxe's set minus
+            // the ones we do not implement: RC_RNR_NAK_GEN (1<<12), SRQ_RESIZE (1<<13),
+            // MEM_WINDOW (1<<17), MEM_MGT_EXTENSIONS (1<<21), MEM_WINDOW_TYPE_2B (1<<24).
+            device_cap_flags: (1 << 12) | (1 << 17) | (1 << 21) | (1 << 24),
+        }
+    }
+
+    // ------------------------------------------------------------------ control commands
+
+    /// Executes one control request (`req` = header + command). `resp_cap` is the size of the
+    /// device-writable part. Returns the response header and struct.
+    pub fn handle_ctrl(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        req: &[u8],
+        resp_cap: usize,
+    ) -> (abi::RespHdr, Vec<u8>) {
+        self.stats.ctrl_cmds += 1;
+        let Some(h) = abi::read_struct::<abi::CtrlHdr>(req) else {
+            self.stats.ctrl_errors += 1;
+            return (
+                abi::RespHdr {
+                    status: Status::BadRequest as u32,
+                    ..Default::default()
+                },
+                Vec::new(),
+            );
+        };
+        let need = std::mem::size_of::<abi::RespHdr>() + resp_size(h.opcode);
+        let r = if h.flags != 0 || resp_cap < need {
+            Err(Status::BadRequest)
+        } else {
+            self.exec(mem, h.opcode, &req[std::mem::size_of::<abi::CtrlHdr>()..])
+        };
+        match r {
+            Ok(b) => (
+                abi::RespHdr {
+                    status: Status::Ok as u32,
+                    len: b.len() as u32,
+                    seq: h.seq,
+                },
+                b,
+            ),
+            Err(s) => {
+                self.stats.ctrl_errors += 1;
+                log::debug!("control opcode {} failed: {:?}", h.opcode, s);
+                (
+                    abi::RespHdr {
+                        status: s as u32,
+                        len: 0,
+                        seq: h.seq,
+                    },
+                    Vec::new(),
+                )
+            }
+        }
+    }
+
+    fn exec(&mut self, mem: &GuestMemoryMmap, opcode: u32, b: &[u8]) -> CmdResult {
+        match opcode {
+            op::QUERY_DEVICE => body(self.config_space()),
+            op::QUERY_PORT => {
+                let c: abi::CmdQueryPort = cmd(b)?;
+                if c.port_num != 1 {
+                    return Err(Status::Invalid);
+                }
+                let m = self.cfg.dev.port_mtu as u32;
+                body(abi::RespQueryPort {
+                    state: 4,
+                    max_mtu: m,
+                    active_mtu: m,
+                    gid_tbl_len: self.cfg.dev.gid_table_len,
+                    port_cap_flags: 0,
+                    max_msg_sz: 1 << 31,
+                    pkey_tbl_len: 1,
+                    link_layer: 2,
+                    phys_state: 5,
+                    active_width: 1,
+                    active_speed: 1,
+                    reserved: 0,
+                })
+            }
+            op::CREATE_PD => {
+                let pd = self.dev.alloc_pd().map_err(verr)?;
+                body(abi::Handle {
+                    handle: pd,
+                    reserved: 0,
+                })
+            }
+            op::DESTROY_PD => {
+                let c: abi::Handle = cmd(b)?;
+                self.dev.dealloc_pd(c.handle).map_err(verr)?;
+                Ok(Vec::new())
+            }
+            op::CREATE_CQ => self.create_cq(mem, cmd(b)?),
+            op::RESIZE_CQ => self.resize_cq(mem, cmd(b)?),
+            op::DESTROY_CQ => {
+                let c: abi::Handle = cmd(b)?;
+                self.dev.destroy_cq(c.handle).map_err(verr)?;
+                self.cqs.remove(&c.handle);
+                Ok(Vec::new())
+            }
+            op::CREATE_QP => self.create_qp(mem, cmd(b)?),
+            op::MODIFY_QP => self.modify_qp(mem, cmd(b)?),
+            op::QUERY_QP => {
+                let c: abi::QpAttrs = cmd(b)?;
+                let (a, cap) = self.dev.query_qp(Qpn(c.qpn)).ok_or(Status::NotFound)?;
+                body(abi::QpAttrs {
+                    qpn: c.qpn,
+                    attr_mask: 0x1f_ffff,
+                    qp_state: a.qp_state as u32,
+                    cur_qp_state: a.cur_qp_state as u32,
+                    path_mtu: a.path_mtu as u32,
+                    qkey: a.qkey,
+                    rq_psn: a.rq_psn,
+                    sq_psn: a.sq_psn,
+                    dest_qp_num: a.dest_qp_num,
+                    qp_access_flags: a.qp_access_flags.0,
+                    pkey_index: a.pkey_index,
+                    en_sqd_async_notify: a.en_sqd_async_notify as u8,
+                    sq_draining: a.sq_draining as u8,
+                    max_rd_atomic: a.max_rd_atomic,
+                    max_dest_rd_atomic: a.max_dest_rd_atomic,
+                    min_rnr_timer: a.min_rnr_timer,
+                    port_num: a.port_num,
+                    timeout: a.timeout,
+                    retry_cnt: a.retry_cnt,
+                    rnr_retry: a.rnr_retry,
+                    ah: from_av(&a.av),
+                    max_send_wr: cap.max_send_wr,
+                    max_recv_wr: cap.max_recv_wr,
+                    max_send_sge: cap.max_send_sge,
+                    max_recv_sge: cap.max_recv_sge,
+                    max_inline_data: cap.max_inline_data,
+                    ..Default::default()
+                })
+            }
+            op::DESTROY_QP => {
+                let c: abi::Handle = cmd(b)?;
+                self.dev.destroy_qp(Qpn(c.handle)).map_err(verr)?;
+                self.qps.remove(&c.handle);
+                self.sq_backlog.remove(&c.handle);
+                Ok(Vec::new())
+            }
+            op::CREATE_SRQ => self.create_srq(mem, cmd(b)?),
+            op::MODIFY_SRQ => {
+                let c: abi::CmdModifySrq = cmd(b)?;
+                if c.attr_mask & !(abi::SRQ_ATTR_MAX_WR | abi::SRQ_ATTR_LIMIT) != 0 {
+                    return Err(Status::Invalid);
+                }
+                if c.attr_mask & abi::SRQ_ATTR_MAX_WR != 0 {
+                    // The ring is fixed at creation; rxe resizes by handing a new buffer,
+                    // which this contract does not have a command for yet.
+                    return Err(Status::Unsupported);
+                }
+                let limit = (c.attr_mask & abi::SRQ_ATTR_LIMIT != 0).then_some(c.srq_limit);
+                self.dev.modify_srq(c.srqn, None, limit).map_err(verr)?;
+                Ok(Vec::new())
+            }
+            op::QUERY_SRQ => {
+                let c: abi::Handle = cmd(b)?;
+                let (max_wr, max_sge, limit, _) =
+                    self.dev.query_srq(c.handle).ok_or(Status::NotFound)?;
+                body(abi::RespQuerySrq {
+                    max_wr,
+                    max_sge,
+                    srq_limit: limit,
+                    reserved: 0,
+                })
+            }
+            op::DESTROY_SRQ => {
+                let c: abi::Handle = cmd(b)?;
+                self.dev.destroy_srq(c.handle).map_err(verr)?;
+                self.srqs.remove(&c.handle);
+                Ok(Vec::new())
+            }
+            op::REG_USER_MR => self.reg_user_mr(mem, cmd(b)?),
+            op::REG_DMA_MR => {
+                let c: abi::CmdRegDmaMr = cmd(b)?;
+                if c.access & !Access::ALL.0 != 0 {
+                    return Err(Status::Invalid);
+                }
+                let k = self.dev.reg_dma_mr(c.pdn, Access(c.access)).map_err(verr)?;
+                body(abi::RespMr { lkey: k, rkey: k })
+            }
+            op::ALLOC_MR => {
+                let c: abi::CmdAllocMr = cmd(b)?;
+                let k = self.dev.alloc_mr(c.pdn, c.max_num_sg).map_err(verr)?;
+                body(abi::RespMr { lkey: k, rkey: k })
+            }
+            op::DEREG_MR => {
+                let c: abi::Handle = cmd(b)?;
+                self.dev.dereg_mr(c.handle).map_err(verr)?;
+                Ok(Vec::new())
+            }
+            op::ALLOC_MW => {
+                let c: abi::CmdAllocMw = cmd(b)?;
+                let t = match c.mw_type {
+                    1 => MwType::Type1,
+                    2 => MwType::Type2,
+                    _ => return Err(Status::Invalid),
+                };
+                let k = self.dev.alloc_mw(c.pdn, t).map_err(verr)?;
+                body(abi::RespMr { lkey: k, rkey: k })
+            }
+            op::DEALLOC_MW => {
+                let c: abi::Handle = cmd(b)?;
+                self.dev.dealloc_mw(c.handle).map_err(verr)?;
+                Ok(Vec::new())
+            }
+            op::CREATE_AH => {
+                let c: abi::CmdCreateAh = cmd(b)?;
+                let id = self.dev.create_ah(c.pdn, to_av(&c.attr)).map_err(verr)?;
+                // AH numbers start at 1: librxe treats ah_num 0 as "AV inline in the WQE".
+                body(abi::Handle {
+                    handle: id + 1,
+                    reserved: 0,
+                })
+            }
+            op::DESTROY_AH => {
+                let c: abi::Handle = cmd(b)?;
+                let id = c.handle.checked_sub(1).ok_or(Status::NotFound)?;
+                self.dev.destroy_ah(id).map_err(verr)?;
+                Ok(Vec::new())
+            }
+            op::ADD_GID => {
+                let c: abi::CmdAddGid = cmd(b)?;
+                if c.gid_type != abi::GID_TYPE_ROCE_UDP_ENCAP {
+                    return Err(Status::Unsupported);
+                }
+                let g = Gid(c.gid);
+                if g.is_multicast() || c.gid == [0; 16] {
+                    return Err(Status::Invalid);
+                }
+                self.dev.add_gid(c.index, g).map_err(verr)?;
+                Ok(Vec::new())
+            }
+            op::DEL_GID => {
+                let c: abi::Handle = cmd(b)?;
+                self.dev.del_gid(c.handle).map_err(verr)?;
+                Ok(Vec::new())
+            }
+            op::ATTACH_MCAST => {
+                let c: abi::CmdMcast = cmd(b)?;
+                self.dev
+                    .attach_mcast(Qpn(c.qpn), Gid(c.gid))
+                    .map_err(verr)?;
+                Ok(Vec::new())
+            }
+            op::DETACH_MCAST => {
+                let c: abi::CmdMcast = cmd(b)?;
+                self.dev
+                    .detach_mcast(Qpn(c.qpn), Gid(c.gid))
+                    .map_err(verr)?;
+                Ok(Vec::new())
+            }
+            op::RESET => {
+                self.reset();
+                Ok(Vec::new())
+            }
+            _ => Err(Status::Unsupported),
+        }
+    }
+
+    fn create_cq(&mut self, mem: &GuestMemoryMmap, c: abi::CmdCreateCq) -> CmdResult {
+        if c.flags != 0 || c.cqe == 0 || c.cqe > self.cfg.dev.max_cqe {
+            return Err(Status::Invalid);
+        }
+        if c.queue.num_slots > (self.cfg.dev.max_cqe + 1).next_power_of_two() {
+            return Err(Status::Invalid);
+        }
+        let ring = Ring::new(mem, &c.queue, abi::CQE_SIZE, c.cqe)?;
+        let cap = ring.mask();
+        // The engine's own queue is only a staging area drained into the ring after every
+        // step; it gets the device maximum so that overflow is decided by the guest ring,
+        // as in rxe.
+        let cqn = self.dev.create_cq(self.cfg.dev.max_cqe).map_err(verr)?;
+        self.cqs.insert(
+            cqn,
+            CqShadow {
+                ring,
+                prod: 0,
+                solicited_mirrored: false,
+                overflowed: false,
+            },
+        );
+        // The device owns the producer index from here on; start from what the driver wrote
+        // (0 for a fresh ring), masked.
+        let cq = self.cqs.get_mut(&cqn).expect("just inserted");
+        cq.prod = cq.ring.load_index(mem, hdr::PRODUCER_INDEX).unwrap_or(0);
+        body(abi::RespCreateCq { cqn, cqe: cap })
+    }
+
+    fn resize_cq(&mut self, mem: &GuestMemoryMmap, c: abi::CmdResizeCq) -> CmdResult {
+        if c.cqe == 0 || c.cqe > self.cfg.dev.max_cqe {
+            return Err(Status::Invalid);
+        }
+        let old = self.cqs.get(&c.cqn).ok_or(Status::NotFound)?;
+        let new = Ring::new(mem, &c.queue, abi::CQE_SIZE, c.cqe)?;
+        // Move the entries the driver has not consumed yet to the start of the new ring.
+        let cons = old
+            .ring
+            .load_index(mem, hdr::CONSUMER_INDEX)
+            .map_err(|_| Status::BadAddress)?;
+        let n = old.prod.wrapping_sub(cons) & old.ring.mask();
+        if n > new.mask() {
+            return Err(Status::Invalid);
+        }
+        let mut e = vec![0u8; abi::CQE_SIZE];
+        for i in 0..n {
+            old.ring
+                .read_slot(mem, cons.wrapping_add(i), &mut e)
+                .map_err(|_| Status::BadAddress)?;
+            new.write_slot(mem, i, &e).map_err(|_| Status::BadAddress)?;
+        }
+        new.init_header(mem).map_err(|_| Status::BadAddress)?;
+        new.store_index(mem, hdr::PRODUCER_INDEX, n)
+            .map_err(|_| Status::BadAddress)?;
+        let cap = new.mask();
+        let cq = self.cqs.get_mut(&c.cqn).expect("checked");
+        cq.ring = new;
+        cq.prod = n;
+        body(abi::RespCreateCq {
+            cqn: c.cqn,
+            cqe: cap,
+        })
+    }
+
+    fn create_qp(&mut self, mem: &GuestMemoryMmap, c: abi::CmdCreateQp) -> CmdResult {
+        let qp_type = match c.qp_type {
+            abi::qp_type::RC => QpType::Rc,
+            abi::qp_type::UC => QpType::Uc,
+            abi::qp_type::UD => QpType::Ud,
+            abi::qp_type::GSI => QpType::Gsi,
+            _ => return Err(Status::Unsupported),
+        };
+        if c.flags & !(abi::CREATE_QP_HAS_SRQ | abi::CREATE_QP_SQ_SIG_ALL) != 0 {
+            return Err(Status::Invalid);
+        }
+        let d = &self.cfg.dev;
+        if c.max_send_wr > d.max_qp_wr
+            || c.max_recv_wr > d.max_qp_wr
+            || c.max_send_sge > d.max_sge
+            || c.max_recv_sge > d.max_sge
+            || c.max_inline_data > d.max_inline
+        {
+            return Err(Status::Invalid);
+        }
+        let has_srq = c.flags & abi::CREATE_QP_HAS_SRQ != 0;
+        let sq = if c.sq.pages.num_pages == 0 {
+            if c.max_send_wr != 0 {
+                return Err(Status::Invalid);
+            }
+            None
+        } else {
+            let min = ring::send_wqe_size(c.max_send_sge, c.max_inline_data);
+            Some(Ring::new(mem, &c.sq, min, c.max_send_wr)?)
+        };
+        let rq = if has_srq || c.rq.pages.num_pages == 0 {
+            if !has_srq && c.max_recv_wr != 0 {
+                return Err(Status::Invalid);
+            }
+            None
+        } else {
+            let min = ring::recv_wqe_size(c.max_recv_sge);
+            Some(Ring::new(mem, &c.rq, min, c.max_recv_wr)?)
+        };
+        let cap = QpCap {
+            max_send_wr: c.max_send_wr,
+            max_recv_wr: if has_srq { 0 } else { c.max_recv_wr },
+            max_send_sge: c.max_send_sge,
+            max_recv_sge: if has_srq { 0 } else { c.max_recv_sge },
+            max_inline_data: c.max_inline_data,
+        };
+        let srq = has_srq.then_some(c.srqn);
+        let qpn = self
+            .dev
+            .create_qp(QpInit {
+                qp_type,
+                pd: c.pdn,
+                send_cq: c.send_cqn,
+                recv_cq: c.recv_cqn,
+                srq,
+                cap,
+                sq_sig_all: c.flags & abi::CREATE_QP_SQ_SIG_ALL != 0,
+            })
+            .map_err(verr)?;
+        let sq_cons = sq
+            .as_ref()
+            .and_then(|r| r.load_index(mem, hdr::CONSUMER_INDEX).ok())
+            .unwrap_or(0);
+        let rq_cons = rq
+            .as_ref()
+            .and_then(|r| r.load_index(mem, hdr::CONSUMER_INDEX).ok())
+            .unwrap_or(0);
+        self.qps.insert(
+            qpn.0,
+            QpShadow {
+                qp_type,
+                sq,
+                rq,
+                sq_cons,
+                rq_cons,
+                send_cq: c.send_cqn,
+                recv_cq: c.recv_cqn,
+                srq,
+                caps: cap,
+            },
+        );
+        body(abi::RespCreateQp {
+            qpn: qpn.0,
+            max_send_wr: cap.max_send_wr,
+            max_recv_wr: cap.max_recv_wr,
+            max_send_sge: cap.max_send_sge,
+            max_recv_sge: cap.max_recv_sge,
+            max_inline_data: cap.max_inline_data,
+            reserved: 0,
+        })
+    }
+
+    fn modify_qp(&mut self, mem: &GuestMemoryMmap, c: abi::QpAttrs) -> CmdResult {
+        if !self.qps.contains_key(&c.qpn) {
+            return Err(Status::NotFound);
+        }
+        let attr = to_qp_attr(&c)?;
+        self.dev
+            .modify_qp(Qpn(c.qpn), &attr, AttrMask(c.attr_mask))
+            .map_err(verr)?;
+        // WQEs the driver posted while the QP could not take them can go now (or be flushed).
+        self.pull_rq(mem, c.qpn);
+        self.pull_sq(mem, c.qpn);
+        Ok(Vec::new())
+    }
+
+    fn create_srq(&mut self, mem: &GuestMemoryMmap, c: abi::CmdCreateSrq) -> CmdResult {
+        if c.max_sge == 0 || c.max_sge > self.cfg.dev.max_sge || c.max_wr > self.cfg.dev.max_srq_wr
+        {
+            return Err(Status::Invalid);
+        }
+        let ring = Ring::new(mem, &c.queue, ring::recv_wqe_size(c.max_sge), c.max_wr)?;
+        let srqn = self
+            .dev
+            .create_srq(c.pdn, c.max_wr, c.max_sge, c.srq_limit)
+            .map_err(verr)?;
+        let cons = ring.load_index(mem, hdr::CONSUMER_INDEX).unwrap_or(0);
+        self.srqs.insert(
+            srqn,
+            SrqShadow {
+                ring,
+                cons,
+                max_sge: c.max_sge,
+            },
+        );
+        body(abi::RespCreateSrq {
+            srqn,
+            max_wr: c.max_wr,
+            max_sge: c.max_sge,
+            reserved: 0,
+        })
+    }
+
+    fn reg_user_mr(&mut self, mem: &GuestMemoryMmap, c: abi::CmdRegUserMr) -> CmdResult {
+        if c.access & !Access::ALL.0 != 0
+            || c.length > self.cfg.dev.max_mr_size
+            || c.length > self.cfg.dev.max_registered_bytes
+            || c.iova.checked_add(c.length).is_none()
+            || !(12..=30).contains(&c.pages.page_shift)
+        {
+            return Err(Status::Invalid);
+        }
+        let shift = c.pages.page_shift as u32;
+        let mask = (1u64 << shift) - 1;
+        let need = ((c.iova & mask) + c.length).div_ceil(1 << shift).max(1);
+        if need > crate::guest_mem::MAX_PAGES as u64 || c.pages.num_pages as u64 != need {
+            return Err(Status::Invalid);
+        }
+        let pages = resolve_page_list(mem, &c.pages, need as u32)?;
+        let k = self
+            .dev
+            .reg_mr(
+                c.pdn,
+                c.iova,
+                c.length,
+                Access(c.access),
+                ring::pages_backing(c.pages.page_shift, pages),
+            )
+            .map_err(verr)?;
+        body(abi::RespMr { lkey: k, rkey: k })
+    }
+
+    // ------------------------------------------------------------------ doorbells and rings
+
+    /// Handles one doorbell entry.
+    pub fn doorbell(&mut self, mem: &GuestMemoryMmap, db: &abi::Doorbell) {
+        self.stats.doorbells += 1;
+        match db.kind {
+            abi::doorbell::SQ if self.qps.contains_key(&db.object) => self.pull_sq(mem, db.object),
+            abi::doorbell::RQ if self.qps.contains_key(&db.object) => self.pull_rq(mem, db.object),
+            abi::doorbell::SRQ if self.srqs.contains_key(&db.object) => {
+                self.pull_srq(mem, db.object)
+            }
+            abi::doorbell::CQ if self.cqs.contains_key(&db.object) => {
+                self.check_cq_arm(mem, db.object, true)
+            }
+            _ => self.stats.bad_doorbells += 1,
+        }
+    }
+
+    /// Moves send WQEs from the SQ ring into the engine.
+    fn pull_sq(&mut self, mem: &GuestMemoryMmap, qpn: u32) {
+        let Some(q) = self.qps.get_mut(&qpn) else {
+            return;
+        };
+        let Some(sq) = q.sq.clone() else {
+            return;
+        };
+        let Ok(prod) = sq.load_index(mem, hdr::PRODUCER_INDEX) else {
+            self.stats.ring_faults += 1;
+            return;
+        };
+        let caps = SqCaps {
+            max_sge: q.caps.max_send_sge,
+            max_inline: q.caps.max_inline_data,
+            ud: matches!(q.qp_type, QpType::Ud | QpType::Gsi),
+        };
+        let mut cons = q.sq_cons;
+        self.slot.resize(sq.elem_size(), 0);
+        let mut backlog = false;
+        while cons != prod {
+            if sq.read_slot(mem, cons, &mut self.slot).is_err() {
+                self.stats.ring_faults += 1;
+                break;
+            }
+            let dev = &self.dev;
+            let ah = |n: u32| n.checked_sub(1).and_then(|id| dev.ah(id));
+            match ring::decode_send_wqe(&self.slot, caps, &ah, mem) {
+                Ok(wr) => match self.dev.post_send(Qpn(qpn), wr) {
+                    Ok(()) => self.stats.sq_wqes += 1,
+                    Err(VerbError::NoResources) | Err(VerbError::BadState) => {
+                        backlog = true;
+                        break;
+                    }
+                    Err(_) => {
+                        let wr_id = u64::from_le_bytes(self.slot[..8].try_into().expect("8"));
+                        let opc = u32::from_le_bytes(self.slot[12..16].try_into().expect("4"));
+                        self.bad_wqe(mem, qpn, wr_id, opc, true);
+                    }
+                },
+                Err((wr_id, e)) => {
+                    log::debug!("qp {qpn}: bad send WQE {e:?}");
+                    let opc = u32::from_le_bytes(self.slot[12..16].try_into().expect("4"));
+                    self.bad_wqe(mem, qpn, wr_id, opc, true);
+                }
+            }
+            cons = (cons + 1) & sq.mask();
+        }
+        if let Some(q) = self.qps.get_mut(&qpn) {
+            q.sq_cons = cons;
+        }
+        if sq.store_index(mem, hdr::CONSUMER_INDEX, cons).is_err() {
+            self.stats.ring_faults += 1;
+        }
+        if backlog {
+            self.sq_backlog.insert(qpn);
+        } else {
+            self.sq_backlog.remove(&qpn);
+        }
+    }
+
+    /// A WQE the device cannot execute: the QP goes to the error state (flushing what came
+    /// before), then the WQE completes with LOC_QP_OP_ERR.
+    fn bad_wqe(&mut self, mem: &GuestMemoryMmap, qpn: u32, wr_id: u64, opcode: u32, send: bool) {
+        self.stats.bad_wqes += 1;
+        let attr = QpAttr {
+            qp_state: QpState::Err,
+            ..Default::default()
+        };
+        let _ = self
+            .dev
+            .modify_qp(Qpn(qpn), &attr, AttrMask(AttrMask::STATE));
+        let Some(q) = self.qps.get(&qpn) else {
+            return;
+        };
+        let cqn = if send { q.send_cq } else { q.recv_cq };
+        self.flush_cq(mem, cqn);
+        let wc_op = if send {
+            match opcode {
+                abi::wr_op::RDMA_WRITE | abi::wr_op::RDMA_WRITE_WITH_IMM => 1,
+                abi::wr_op::RDMA_READ => 2,
+                _ => 0,
+            }
+        } else {
+            WcOpcode::Recv as u32
+        };
+        let wc = ring::error_cqe(wr_id, qpn, wc_op, WcStatus::LocQpOpErr);
+        self.write_cqe(mem, cqn, &wc);
+        self.events.push_back(abi::Event {
+            kind: abi::event::KIND_ASYNC,
+            event: abi::event::QP_FATAL,
+            object: qpn,
+            reserved: 0,
+        });
+    }
+
+    /// Moves receive WQEs from the RQ ring into the engine.
+    fn pull_rq(&mut self, mem: &GuestMemoryMmap, qpn: u32) {
+        let Some(q) = self.qps.get(&qpn) else {
+            return;
+        };
+        if let Some(s) = q.srq {
+            self.pull_srq(mem, s);
+            return;
+        }
+        let Some(rq) = q.rq.clone() else {
+            return;
+        };
+        let max_sge = q.caps.max_recv_sge;
+        let Ok(prod) = rq.load_index(mem, hdr::PRODUCER_INDEX) else {
+            self.stats.ring_faults += 1;
+            return;
+        };
+        let mut cons = q.rq_cons;
+        if cons == prod {
+            return;
+        }
+        self.slot.resize(rq.elem_size(), 0);
+        while cons != prod {
+            if rq.read_slot(mem, cons, &mut self.slot).is_err() {
+                self.stats.ring_faults += 1;
+                break;
+            }
+            match ring::decode_recv_wqe(&self.slot, max_sge) {
+                Ok(wr) => match self.dev.post_recv(Qpn(qpn), wr) {
+                    Ok(()) => self.stats.rq_wqes += 1,
+                    // Full, or RESET: leave the rest in the ring.
+                    Err(_) => break,
+                },
+                Err((wr_id, _)) => self.bad_wqe(mem, qpn, wr_id, 0, false),
+            }
+            cons = (cons + 1) & rq.mask();
+        }
+        if let Some(q) = self.qps.get_mut(&qpn) {
+            q.rq_cons = cons;
+        }
+        if rq.store_index(mem, hdr::CONSUMER_INDEX, cons).is_err() {
+            self.stats.ring_faults += 1;
+        }
+    }
+
+    fn pull_srq(&mut self, mem: &GuestMemoryMmap, srqn: u32) {
+        let Some(s) = self.srqs.get(&srqn) else {
+            return;
+        };
+        let ring = s.ring.clone();
+        let max_sge = s.max_sge;
+        let Ok(prod) = ring.load_index(mem, hdr::PRODUCER_INDEX) else {
+            self.stats.ring_faults += 1;
+            return;
+        };
+        let mut cons = s.cons;
+        if cons == prod {
+            return;
+        }
+        self.slot.resize(ring.elem_size(), 0);
+        while cons != prod {
+            if ring.read_slot(mem, cons, &mut self.slot).is_err() {
+                self.stats.ring_faults += 1;
+                break;
+            }
+            match ring::decode_recv_wqe(&self.slot, max_sge) {
+                Ok(wr) => match self.dev.post_srq_recv(srqn, wr) {
+                    Ok(()) => self.stats.rq_wqes += 1,
+                    Err(_) => break,
+                },
+                // No QP to blame: the WQE is skipped and counted.
+                Err(_) => self.stats.bad_wqes += 1,
+            }
+            cons = (cons + 1) & ring.mask();
+        }
+        if let Some(s) = self.srqs.get_mut(&srqn) {
+            s.cons = cons;
+        }
+        if ring.store_index(mem, hdr::CONSUMER_INDEX, cons).is_err() {
+            self.stats.ring_faults += 1;
+        }
+    }
+
+    /// Writes one CQE into a CQ ring (overflow moves the CQ's QPs to the error state).
+    fn write_cqe(&mut self, mem: &GuestMemoryMmap, cqn: u32, wc: &abi::UverbsWc) -> bool {
+        let Some(cq) = self.cqs.get_mut(&cqn) else {
+            return false;
+        };
+        let Ok(cons) = cq.ring.load_index(mem, hdr::CONSUMER_INDEX) else {
+            self.stats.ring_faults += 1;
+            return false;
+        };
+        if (cq.prod.wrapping_add(1).wrapping_sub(cons)) & cq.ring.mask() == 0 {
+            if !cq.overflowed {
+                cq.overflowed = true;
+                self.stats.cq_overflows += 1;
+                self.dev.cq_overflow(cqn);
+            }
+            return false;
+        }
+        if cq
+            .ring
+            .write_slot(mem, cq.prod, ring::cqe_bytes(wc))
+            .is_err()
+        {
+            self.stats.ring_faults += 1;
+            return false;
+        }
+        cq.prod = (cq.prod + 1) & cq.ring.mask();
+        if cq
+            .ring
+            .store_index(mem, hdr::PRODUCER_INDEX, cq.prod)
+            .is_err()
+        {
+            self.stats.ring_faults += 1;
+        }
+        self.stats.cqes += 1;
+        self.check_cq_arm(mem, cqn, false);
+        true
+    }
+
+    /// Moves the engine's completions for `cqn` into the guest ring.
+    fn flush_cq(&mut self, mem: &GuestMemoryMmap, cqn: u32) {
+        let mut wrote = false;
+        loop {
+            let Some(cq) = self.cqs.get_mut(&cqn) else {
+                return;
+            };
+            if self.dev.cq_len(cqn) == 0 {
+                break;
+            }
+            let Ok(cons) = cq.ring.load_index(mem, hdr::CONSUMER_INDEX) else {
+                self.stats.ring_faults += 1;
+                return;
+            };
+            if (cq.prod.wrapping_add(1).wrapping_sub(cons)) & cq.ring.mask() == 0 {
+                if !cq.overflowed {
+                    cq.overflowed = true;
+                    self.stats.cq_overflows += 1;
+                    self.dev.cq_overflow(cqn);
+                }
+                break;
+            }
+            let Some(c) = self.dev.poll_cq(cqn) else {
+                break;
+            };
+            let wc = ring::encode_cqe(&c);
+            if cq
+                .ring
+                .write_slot(mem, cq.prod, ring::cqe_bytes(&wc))
+                .is_err()
+            {
+                self.stats.ring_faults += 1;
+                break;
+            }
+            cq.prod = (cq.prod + 1) & cq.ring.mask();
+            self.stats.cqes += 1;
+            wrote = true;
+        }
+        if wrote {
+            let cq = self.cqs.get(&cqn).expect("present");
+            if cq
+                .ring
+                .store_index(mem, hdr::PRODUCER_INDEX, cq.prod)
+                .is_err()
+            {
+                self.stats.ring_faults += 1;
+            }
+            self.check_cq_arm(mem, cqn, false);
+        }
+    }
+
+    /// The arm protocol (doc: "CQ notification"): after publishing CQEs the device fences and
+    /// reads the notify word; NEXT_COMP fires on any new CQE. SOLICITED is handed to the
+    /// engine, which knows which completions were solicited.
+    fn check_cq_arm(&mut self, mem: &GuestMemoryMmap, cqn: u32, from_doorbell: bool) {
+        let Some(cq) = self.cqs.get_mut(&cqn) else {
+            return;
+        };
+        fence(Ordering::SeqCst);
+        let Ok(w) = cq.ring.buf.load_u32(mem, hdr::CQ_NOTIFY, Ordering::Acquire) else {
+            self.stats.ring_faults += 1;
+            return;
+        };
+        if w & hdr::NOTIFY_NEXT_COMP != 0 {
+            let non_empty = cq
+                .ring
+                .load_index(mem, hdr::CONSUMER_INDEX)
+                .map(|c| c != cq.prod)
+                .unwrap_or(false);
+            if !from_doorbell || non_empty {
+                let _ = cq
+                    .ring
+                    .buf
+                    .store_u32(mem, hdr::CQ_NOTIFY, 0, Ordering::Release);
+                cq.solicited_mirrored = false;
+                self.push_event(abi::event::KIND_COMPLETION, 0, cqn);
+            }
+        } else if w & hdr::NOTIFY_SOLICITED != 0 && !cq.solicited_mirrored {
+            cq.solicited_mirrored = true;
+            let _ = self.dev.req_notify_cq(cqn, true);
+        }
+    }
+
+    fn push_event(&mut self, kind: u32, event: u32, object: u32) {
+        let e = abi::Event {
+            kind,
+            event,
+            object,
+            reserved: 0,
+        };
+        if kind == abi::event::KIND_COMPLETION && self.events.contains(&e) {
+            return;
+        }
+        if self.events.len() >= MAX_PENDING_EVENTS {
+            self.stats.events_dropped += 1;
+            return;
+        }
+        self.stats.events_raised += 1;
+        self.events.push_back(e);
+    }
+
+    // ------------------------------------------------------------------ network side
+
+    /// Hands a received RoCE packet (BTH … ICRC) to the engine, after pulling the destination
+    /// QP's receive WQEs from its ring.
+    pub fn handle_packet(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        now: Instant,
+        meta: &RecvMeta,
+        bytes: &[u8],
+    ) {
+        if bytes.len() >= 12 {
+            let dqpn = u32::from_be_bytes([0, bytes[5], bytes[6], bytes[7]]);
+            if self.qps.contains_key(&dqpn) {
+                self.pull_rq(mem, dqpn);
+            }
+        }
+        let mut ram = crate::guest_mem::GuestRam(mem);
+        let _ = self.dev.handle_packet(now, meta, bytes, &mut ram);
+    }
+
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.dev.handle_timeout(now);
+    }
+
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.dev.poll_timeout()
+    }
+
+    /// Runs the engine until it is idle: sends what it produces through `tx`, moves
+    /// completions into CQ rings, collects events.
+    pub fn pump(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        now: Instant,
+        buf: &mut [u8],
+        tx: &mut dyn FnMut(&Transmit, &mut [u8]),
+    ) {
+        for _ in 0..64 {
+            // Completions made room in the engine's send queues: take what waits in rings.
+            let backlog: Vec<u32> = self.sq_backlog.iter().copied().collect();
+            let before = self.stats.sq_wqes;
+            for qpn in backlog {
+                self.pull_sq(mem, qpn);
+            }
+            let mut sent = (self.stats.sq_wqes - before) as usize;
+            loop {
+                let mut ram = crate::guest_mem::GuestRam(mem);
+                let Some(t) = self.dev.poll_transmit(now, &mut ram, buf) else {
+                    break;
+                };
+                tx(&t, &mut buf[..t.len]);
+                sent += 1;
+                if sent.is_multiple_of(64) {
+                    // Let completions out between bursts.
+                    self.flush_all_cqs(mem);
+                }
+            }
+            self.flush_all_cqs(mem);
+            while let Some(e) = self.dev.poll_event() {
+                self.engine_event(mem, e);
+            }
+            if sent == 0 {
+                break;
+            }
+        }
+    }
+
+    fn flush_all_cqs(&mut self, mem: &GuestMemoryMmap) {
+        let cqns: Vec<u32> = self
+            .cqs
+            .keys()
+            .copied()
+            .filter(|&c| self.dev.cq_len(c) > 0)
+            .collect();
+        for c in cqns {
+            self.flush_cq(mem, c);
+        }
+        // Arms the driver set since the last pass: mirror solicited-only arms into the engine.
+        let cqns: Vec<u32> = self.cqs.keys().copied().collect();
+        for c in cqns {
+            if let Some(cq) = self.cqs.get(&c) {
+                if !cq.solicited_mirrored {
+                    if let Ok(w) = cq.ring.buf.load_u32(mem, hdr::CQ_NOTIFY, Ordering::Relaxed) {
+                        if w == hdr::NOTIFY_SOLICITED {
+                            self.check_cq_arm(mem, c, true);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn engine_event(&mut self, mem: &GuestMemoryMmap, e: AsyncEvent) {
+        use abi::event as ev;
+        let (event, object) = match e {
+            AsyncEvent::Completion { cqn } => {
+                // A solicited-only arm fired in the engine: clear the word and notify.
+                if let Some(cq) = self.cqs.get_mut(&cqn) {
+                    cq.solicited_mirrored = false;
+                    let _ = cq
+                        .ring
+                        .buf
+                        .store_u32(mem, hdr::CQ_NOTIFY, 0, Ordering::Release);
+                }
+                self.push_event(ev::KIND_COMPLETION, 0, cqn);
+                return;
+            }
+            AsyncEvent::CqErr { cqn } => (ev::CQ_ERR, cqn),
+            AsyncEvent::QpFatal { qpn } => (ev::QP_FATAL, qpn.0),
+            AsyncEvent::QpReqErr { qpn } => (ev::QP_REQ_ERR, qpn.0),
+            AsyncEvent::QpAccessErr { qpn } => (ev::QP_ACCESS_ERR, qpn.0),
+            AsyncEvent::CommEst { qpn } => (ev::COMM_EST, qpn.0),
+            AsyncEvent::SqDrained { qpn } => (ev::SQ_DRAINED, qpn.0),
+            AsyncEvent::QpLastWqeReached { qpn } => (ev::QP_LAST_WQE_REACHED, qpn.0),
+            AsyncEvent::SrqLimitReached { srqn } => (ev::SRQ_LIMIT_REACHED, srqn),
+        };
+        self.push_event(ev::KIND_ASYNC, event, object);
+    }
+
+    /// Raises a port event (the transport lost or regained its socket).
+    pub fn port_event(&mut self, active: bool) {
+        let e = if active {
+            abi::event::PORT_ACTIVE
+        } else {
+            abi::event::PORT_ERR
+        };
+        self.push_event(abi::event::KIND_ASYNC, e, 1);
+    }
+
+    /// Per-QP counters as (qpn, counters).
+    pub fn qp_counters(&self) -> Vec<(u32, rxe_core::QpCounters)> {
+        self.qpns()
+            .into_iter()
+            .filter_map(|q| self.dev.qp_counters(Qpn(q)).map(|c| (q, c)))
+            .collect()
+    }
+}

@@ -1,0 +1,21 @@
+//! The vhost-user-rdma daemon under the test crate's own name, so integration tests can
+//! spawn it through `CARGO_BIN_EXE_vur-daemon` (cargo only exposes binaries of the package
+//! under test). Same code path as the `vhost-user-rdma` binary.
+
+use clap::Parser;
+use vhost_user_rdma::config::{Args, Config};
+
+fn main() {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let config = match Config::try_from(Args::parse()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("vur-daemon: {e}");
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = vhost_user_rdma::start_backend(config) {
+        eprintln!("vur-daemon: {e}");
+        std::process::exit(1);
+    }
+}

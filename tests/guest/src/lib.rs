@@ -1,0 +1,1952 @@
+//! A test guest for vhost-user-rdma. It plays two parts, following docs/virtio-rdma.md:
+//!
+//! - **the VMM**: a vhost-user frontend on the daemon's unix socket, guest RAM in a memfd the
+//!   daemon maps, and the three split virtqueues it drives ([`Guest::connect`]);
+//! - **the guest driver + librxe**: control commands on vq 0, rings in the Linux rxe user ABI
+//!   that it fills and reads itself (send WQEs, receive WQEs, `ib_uverbs_wc`), doorbells on
+//!   vq 1, events on vq 2, behind a small verbs-like API.
+//!
+//! User buffers and rings are mapped into this process the way a guest process sees them:
+//! a contiguous virtual range backed by scattered guest-physical pages (each page `mmap`ed
+//! from the memfd at its own offset), so page lists are really exercised.
+
+use std::collections::VecDeque;
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{fence, AtomicU16, AtomicU32, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rxe_core::verbs::*;
+use rxe_core::Gid;
+use vhost::vhost_user::message::{
+    VhostUserConfigFlags, VhostUserProtocolFeatures, VhostUserVirtioFeatures,
+};
+use vhost::vhost_user::{Frontend, VhostUserFrontend};
+use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
+use vmm_sys_util::eventfd::EventFd;
+
+pub use vhost_user_rdma::abi;
+use vhost_user_rdma::abi::{op, ring as hdr, Status};
+
+/// Guest-physical address of the first byte of guest RAM (not 0, to catch offset/GPA mix-ups).
+pub const GPA_BASE: u64 = 0x4000_0000;
+pub const PAGE: u64 = 4096;
+/// Bytes at the start of RAM used for virtqueues, command buffers and page-list arrays
+/// (physically contiguous allocations); the rest is a pool of scattered pages.
+const CONTIG: u64 = 8 << 20;
+
+#[derive(Debug)]
+pub enum Error {
+    Io(io::Error),
+    Vhost(vhost::Error),
+    /// The device answered with a non-OK status.
+    Status(Status),
+    /// The device returned an unknown status code.
+    BadStatus(u32),
+    Timeout(&'static str),
+    NoMemory,
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{self:?}")
+    }
+}
+impl std::error::Error for Error {}
+impl From<io::Error> for Error {
+    fn from(e: io::Error) -> Self {
+        Error::Io(e)
+    }
+}
+impl From<vhost::Error> for Error {
+    fn from(e: vhost::Error) -> Self {
+        Error::Vhost(e)
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+// ---------------------------------------------------------------------------------------------
+// Guest RAM
+
+/// Guest RAM: a memfd mapped once linearly (what the "hypervisor" sees), plus a page allocator.
+pub struct GuestRam {
+    fd: OwnedFd,
+    base: *mut u8,
+    size: u64,
+    contig_next: std::sync::Mutex<u64>,
+    pool: std::sync::Mutex<Vec<u64>>,
+}
+
+// SAFETY: the mapping is shared memory accessed only through raw pointers with explicit
+// atomics/volatile copies; the allocator state is behind mutexes.
+unsafe impl Send for GuestRam {}
+// SAFETY: as above.
+unsafe impl Sync for GuestRam {}
+
+impl Drop for GuestRam {
+    fn drop(&mut self) {
+        // SAFETY: `base` is the mapping of `size` bytes made in `new`, unmapped once here.
+        unsafe { libc::munmap(self.base.cast(), self.size as usize) };
+    }
+}
+
+impl GuestRam {
+    pub fn new(size: u64) -> Result<Arc<GuestRam>> {
+        let size = size.max(CONTIG + (1 << 20)) & !(PAGE - 1);
+        // SAFETY: valid NUL-terminated name; the result is checked.
+        let fd = unsafe { libc::memfd_create(c"vur-guest-ram".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error().into());
+        }
+        // SAFETY: `fd` was just created and is owned by nobody else.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: plain syscall on our fd.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), size as i64) } != 0 {
+            return Err(io::Error::last_os_error().into());
+        }
+        // SAFETY: a fresh shared mapping of the memfd; checked for MAP_FAILED.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                size as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error().into());
+        }
+        // The page pool, shuffled so consecutive allocations are not physically contiguous.
+        let mut pool: Vec<u64> = (CONTIG / PAGE..size / PAGE)
+            .map(|p| GPA_BASE + p * PAGE)
+            .collect();
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        for i in (1..pool.len()).rev() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            pool.swap(i, (x % (i as u64 + 1)) as usize);
+        }
+        Ok(Arc::new(GuestRam {
+            fd,
+            base: base.cast(),
+            size,
+            contig_next: std::sync::Mutex::new(GPA_BASE),
+            pool: std::sync::Mutex::new(pool),
+        }))
+    }
+
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Pointer to `len` bytes at `gpa` in the linear mapping.
+    pub fn ptr(&self, gpa: u64, len: u64) -> *mut u8 {
+        assert!(
+            gpa >= GPA_BASE && gpa + len <= GPA_BASE + self.size,
+            "GPA {gpa:#x}+{len} outside guest RAM"
+        );
+        // SAFETY: in bounds of the mapping, checked above.
+        unsafe { self.base.add((gpa - GPA_BASE) as usize) }
+    }
+
+    pub fn write(&self, gpa: u64, data: &[u8]) {
+        let p = self.ptr(gpa, data.len() as u64);
+        // SAFETY: `p..p+len` is inside the mapping; the device may access the same bytes
+        // concurrently, which for plain data is what shared guest memory means.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) };
+    }
+
+    pub fn read(&self, gpa: u64, out: &mut [u8]) {
+        let p = self.ptr(gpa, out.len() as u64);
+        // SAFETY: as in `write`.
+        unsafe { std::ptr::copy_nonoverlapping(p, out.as_mut_ptr(), out.len()) };
+    }
+
+    pub fn atomic_u16(&self, gpa: u64) -> &AtomicU16 {
+        assert!(gpa.is_multiple_of(2));
+        // SAFETY: aligned, in bounds, lives as long as `self`; shared memory is accessed
+        // atomically on both sides.
+        unsafe { &*(self.ptr(gpa, 2) as *const AtomicU16) }
+    }
+
+    pub fn atomic_u32(&self, gpa: u64) -> &AtomicU32 {
+        assert!(gpa.is_multiple_of(4));
+        // SAFETY: as in `atomic_u16`.
+        unsafe { &*(self.ptr(gpa, 4) as *const AtomicU32) }
+    }
+
+    /// Physically contiguous, zeroed allocation (virtqueues, command buffers, page lists).
+    pub fn alloc_contig(&self, len: u64, align: u64) -> Result<u64> {
+        let mut n = self.contig_next.lock().expect("lock");
+        let a = (*n + align - 1) & !(align - 1);
+        if a + len > GPA_BASE + CONTIG {
+            return Err(Error::NoMemory);
+        }
+        *n = a + len;
+        self.write(a, &vec![0u8; len as usize]);
+        Ok(a)
+    }
+
+    /// `n` scattered pages.
+    pub fn alloc_pages(&self, n: usize) -> Result<Vec<u64>> {
+        let mut p = self.pool.lock().expect("lock");
+        if p.len() < n {
+            return Err(Error::NoMemory);
+        }
+        let at = p.len() - n;
+        Ok(p.split_off(at))
+    }
+
+    pub fn free_pages(&self, pages: &[u64]) {
+        self.pool.lock().expect("lock").extend_from_slice(pages);
+    }
+
+    /// Maps `pages` contiguously into this process (a "user" view of scattered pages).
+    pub fn map_pages(self: &Arc<Self>, pages: &[u64]) -> Result<VaMap> {
+        let len = pages.len() * PAGE as usize;
+        // SAFETY: reserving address space; checked for MAP_FAILED.
+        let va = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if va == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error().into());
+        }
+        for (i, &g) in pages.iter().enumerate() {
+            // SAFETY: MAP_FIXED over our own reservation, one page of the memfd per slot.
+            let r = unsafe {
+                libc::mmap(
+                    va.cast::<u8>().add(i * PAGE as usize).cast(),
+                    PAGE as usize,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED | libc::MAP_FIXED,
+                    self.fd.as_raw_fd(),
+                    (g - GPA_BASE) as i64,
+                )
+            };
+            if r == libc::MAP_FAILED {
+                let e = io::Error::last_os_error();
+                // SAFETY: unmapping the reservation made above.
+                unsafe { libc::munmap(va, len) };
+                return Err(e.into());
+            }
+        }
+        Ok(VaMap {
+            ptr: va.cast(),
+            len,
+            pages: pages.to_vec(),
+            ram: self.clone(),
+        })
+    }
+}
+
+/// A virtually contiguous view of guest pages, as a guest process would have it.
+pub struct VaMap {
+    ptr: *mut u8,
+    len: usize,
+    pub pages: Vec<u64>,
+    ram: Arc<GuestRam>,
+}
+
+// SAFETY: the mapping is plain shared memory owned by this value.
+unsafe impl Send for VaMap {}
+
+impl Drop for VaMap {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly the range mapped in `map_pages`.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+        self.ram.free_pages(&self.pages);
+    }
+}
+
+impl VaMap {
+    pub fn addr(&self) -> u64 {
+        self.ptr as u64
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn write(&self, off: usize, data: &[u8]) {
+        assert!(off + data.len() <= self.len);
+        // SAFETY: in bounds of the mapping.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(off), data.len()) };
+    }
+    pub fn read(&self, off: usize, out: &mut [u8]) {
+        assert!(off + out.len() <= self.len);
+        // SAFETY: in bounds of the mapping.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(off), out.as_mut_ptr(), out.len()) };
+    }
+    pub fn to_vec(&self, off: usize, len: usize) -> Vec<u8> {
+        let mut v = vec![0u8; len];
+        self.read(off, &mut v);
+        v
+    }
+    pub fn atomic_u32(&self, off: usize) -> &AtomicU32 {
+        assert!(off.is_multiple_of(4) && off + 4 <= self.len);
+        // SAFETY: aligned, in bounds, lives as long as `self`.
+        unsafe { &*(self.ptr.add(off) as *const AtomicU32) }
+    }
+    pub fn u64_at(&self, off: usize) -> u64 {
+        let mut b = [0u8; 8];
+        self.read(off, &mut b);
+        u64::from_le_bytes(b)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Split virtqueue, driver side
+
+const VIRTQ_DESC_F_NEXT: u16 = 1;
+const VIRTQ_DESC_F_WRITE: u16 = 2;
+
+pub struct Virtq {
+    ram: Arc<GuestRam>,
+    pub size: u16,
+    desc: u64,
+    avail: u64,
+    used: u64,
+    free: Vec<u16>,
+    avail_idx: u16,
+    last_used: u16,
+    event_idx: bool,
+    /// Whether to ask for used-buffer notifications (EVENT_IDX's used_event).
+    interrupts: bool,
+    pub kick: EventFd,
+    pub call: EventFd,
+}
+
+impl Virtq {
+    fn new(ram: &Arc<GuestRam>, size: u16, event_idx: bool) -> Result<Virtq> {
+        let n = size as u64;
+        let desc = ram.alloc_contig(16 * n, 4096)?;
+        let avail = ram.alloc_contig(6 + 2 * n, 4096)?;
+        let used = ram.alloc_contig(6 + 8 * n, 4096)?;
+        Ok(Virtq {
+            ram: ram.clone(),
+            size,
+            desc,
+            avail,
+            used,
+            free: (0..size).rev().collect(),
+            avail_idx: 0,
+            last_used: 0,
+            event_idx,
+            interrupts: true,
+            kick: EventFd::new(libc::EFD_NONBLOCK)?,
+            call: EventFd::new(libc::EFD_NONBLOCK)?,
+        })
+    }
+
+    fn config(&self) -> VringConfigData {
+        let va = |g| self.ram.ptr(g, 1) as u64;
+        VringConfigData {
+            queue_max_size: self.size,
+            queue_size: self.size,
+            flags: 0,
+            desc_table_addr: va(self.desc),
+            used_ring_addr: va(self.used),
+            avail_ring_addr: va(self.avail),
+            log_addr: None,
+        }
+    }
+
+    /// Adds a chain of (gpa, len, device-writable) buffers; returns the head, or None if the
+    /// table is full.
+    pub fn add(&mut self, bufs: &[(u64, u32, bool)]) -> Option<u16> {
+        if bufs.is_empty() || self.free.len() < bufs.len() {
+            return None;
+        }
+        let ids: Vec<u16> = (0..bufs.len())
+            .map(|_| self.free.pop().expect("checked"))
+            .collect();
+        for (i, &(gpa, len, w)) in bufs.iter().enumerate() {
+            let mut flags = if w { VIRTQ_DESC_F_WRITE } else { 0 };
+            let next = if i + 1 < bufs.len() {
+                flags |= VIRTQ_DESC_F_NEXT;
+                ids[i + 1]
+            } else {
+                0
+            };
+            let mut d = [0u8; 16];
+            d[..8].copy_from_slice(&gpa.to_le_bytes());
+            d[8..12].copy_from_slice(&len.to_le_bytes());
+            d[12..14].copy_from_slice(&flags.to_le_bytes());
+            d[14..16].copy_from_slice(&next.to_le_bytes());
+            self.ram.write(self.desc + 16 * ids[i] as u64, &d);
+        }
+        let slot = self.avail + 4 + 2 * (self.avail_idx % self.size) as u64;
+        self.ram.atomic_u16(slot).store(ids[0], Ordering::Relaxed);
+        let old = self.avail_idx;
+        self.avail_idx = self.avail_idx.wrapping_add(1);
+        fence(Ordering::Release);
+        self.ram
+            .atomic_u16(self.avail + 2)
+            .store(self.avail_idx, Ordering::Release);
+        fence(Ordering::SeqCst);
+        if self.needs_kick(old) {
+            let _ = self.kick.write(1);
+        }
+        Some(ids[0])
+    }
+
+    fn needs_kick(&self, old: u16) -> bool {
+        if self.event_idx {
+            let ev = self
+                .ram
+                .atomic_u16(self.used + 4 + 8 * self.size as u64)
+                .load(Ordering::Acquire);
+            // vring_need_event(event, new, old)
+            self.avail_idx.wrapping_sub(ev).wrapping_sub(1) < self.avail_idx.wrapping_sub(old)
+        } else {
+            self.ram.atomic_u16(self.used).load(Ordering::Acquire) & 1 == 0
+        }
+    }
+
+    /// The next used element (head, len), freeing its chain.
+    pub fn poll_used(&mut self) -> Option<(u16, u32)> {
+        let idx = self.ram.atomic_u16(self.used + 2).load(Ordering::Acquire);
+        if idx == self.last_used {
+            if self.event_idx && self.interrupts {
+                // Ask for an interrupt on the next used buffer.
+                self.ram
+                    .atomic_u16(self.avail + 4 + 2 * self.size as u64)
+                    .store(self.last_used, Ordering::Release);
+            }
+            return None;
+        }
+        let e = self.used + 4 + 8 * (self.last_used % self.size) as u64;
+        let id = self.ram.atomic_u32(e).load(Ordering::Acquire) as u16;
+        let len = self.ram.atomic_u32(e + 4).load(Ordering::Acquire);
+        self.last_used = self.last_used.wrapping_add(1);
+        if self.event_idx && self.interrupts {
+            self.ram
+                .atomic_u16(self.avail + 4 + 2 * self.size as u64)
+                .store(self.last_used, Ordering::Release);
+        }
+        // Free the chain.
+        let mut d = id;
+        for _ in 0..self.size {
+            self.free.push(d);
+            let mut b = [0u8; 2];
+            self.ram.read(self.desc + 16 * d as u64 + 12, &mut b);
+            if u16::from_le_bytes(b) & VIRTQ_DESC_F_NEXT == 0 {
+                break;
+            }
+            self.ram.read(self.desc + 16 * d as u64 + 14, &mut b);
+            d = u16::from_le_bytes(b);
+        }
+        Some((id, len))
+    }
+
+    /// Waits for the next used element.
+    pub fn wait_used(&mut self, timeout: Duration) -> Option<(u16, u32)> {
+        let end = Instant::now() + timeout;
+        loop {
+            if let Some(u) = self.poll_used() {
+                return Some(u);
+            }
+            let left = end.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            let mut p = libc::pollfd {
+                fd: self.call.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            unsafe { libc::poll(&mut p, 1, left.as_millis().clamp(1, 50) as i32) };
+            let _ = self.call.read();
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rings in the rxe user ABI
+
+/// A queue buffer (`struct rxe_queue_buf`) as the driver allocates and librxe maps it.
+pub struct QueueBuf {
+    pub map: VaMap,
+    pub num_slots: u32,
+    pub log2: u32,
+    /// Page-list array GPA (levels 0).
+    pub list_gpa: u64,
+}
+
+impl QueueBuf {
+    fn new(g: &Guest, num_slots: u32, elem: usize) -> Result<QueueBuf> {
+        let log2 = elem.next_power_of_two().trailing_zeros().max(6);
+        let len = hdr::DATA + ((num_slots as u64) << log2);
+        let n = len.div_ceil(PAGE) as usize;
+        let pages = g.ram.alloc_pages(n)?;
+        let map = g.ram.map_pages(&pages)?;
+        let list_gpa = g.page_list(&pages)?;
+        map.write(0, &vec![0u8; map.len()]);
+        map.atomic_u32(hdr::LOG2_ELEM_SIZE as usize)
+            .store(log2, Ordering::Relaxed);
+        map.atomic_u32(hdr::INDEX_MASK as usize)
+            .store(num_slots - 1, Ordering::Relaxed);
+        Ok(QueueBuf {
+            map,
+            num_slots,
+            log2,
+            list_gpa,
+        })
+    }
+    pub fn desc(&self) -> abi::QueueDesc {
+        abi::QueueDesc {
+            pages: abi::PageListDesc {
+                gpa: self.list_gpa,
+                num_pages: self.map.pages.len() as u32,
+                page_shift: 12,
+                levels: 0,
+                reserved: 0,
+            },
+            num_slots: self.num_slots,
+            log2_elem_size: self.log2,
+            reserved: 0,
+        }
+    }
+    pub fn mask(&self) -> u32 {
+        self.num_slots - 1
+    }
+    pub fn producer(&self) -> &AtomicU32 {
+        self.map.atomic_u32(hdr::PRODUCER_INDEX as usize)
+    }
+    pub fn consumer(&self) -> &AtomicU32 {
+        self.map.atomic_u32(hdr::CONSUMER_INDEX as usize)
+    }
+    pub fn notify(&self) -> &AtomicU32 {
+        self.map.atomic_u32(hdr::CQ_NOTIFY as usize)
+    }
+    pub fn slot_off(&self, idx: u32) -> usize {
+        hdr::DATA as usize + (((idx & self.mask()) as usize) << self.log2)
+    }
+    pub fn elem_size(&self) -> usize {
+        1 << self.log2
+    }
+    pub fn is_full(&self) -> bool {
+        let p = self.producer().load(Ordering::Relaxed);
+        let c = self.consumer().load(Ordering::Acquire);
+        (p.wrapping_add(1).wrapping_sub(c)) & self.mask() == 0
+    }
+}
+
+pub struct Cq {
+    pub cqn: u32,
+    pub cqe: u32,
+    pub ring: QueueBuf,
+}
+
+pub struct Qp {
+    pub qpn: u32,
+    pub qp_type: QpType,
+    pub sq: Option<QueueBuf>,
+    pub rq: Option<QueueBuf>,
+    pub cap: QpCap,
+}
+
+pub struct Srq {
+    pub srqn: u32,
+    pub ring: QueueBuf,
+    pub max_sge: u32,
+}
+
+/// A registered user buffer.
+pub struct Mr {
+    pub lkey: u32,
+    pub rkey: u32,
+    pub buf: VaMap,
+    pub len: usize,
+}
+
+impl Mr {
+    /// The IOVA (= this process's virtual address) of byte `off`.
+    pub fn addr(&self, off: usize) -> u64 {
+        self.buf.addr() + off as u64
+    }
+    pub fn sge(&self, off: usize, len: u32) -> Sge {
+        Sge {
+            addr: self.addr(off),
+            length: len,
+            lkey: self.lkey,
+        }
+    }
+}
+
+/// A work completion as read from the CQ ring.
+pub type Wc = abi::UverbsWc;
+
+// ---------------------------------------------------------------------------------------------
+// The guest
+
+/// Options of [`Guest::connect`].
+#[derive(Clone, Debug)]
+pub struct GuestOpts {
+    pub mem_size: u64,
+    pub queue_size: u16,
+    pub event_idx: bool,
+    pub event_bufs: u16,
+}
+
+impl Default for GuestOpts {
+    fn default() -> Self {
+        GuestOpts {
+            mem_size: 64 << 20,
+            queue_size: 256,
+            event_idx: true,
+            event_bufs: 64,
+        }
+    }
+}
+
+pub struct Guest {
+    pub ram: Arc<GuestRam>,
+    fe: Frontend,
+    ctrl: Virtq,
+    db: Virtq,
+    ev: Virtq,
+    ctrl_req: u64,
+    ctrl_resp: u64,
+    db_bufs: u64,
+    ev_bufs: u64,
+    seq: u64,
+    pending_events: VecDeque<abi::Event>,
+    pub config: abi::ConfigSpace,
+    pub timeout: Duration,
+}
+
+const CTRL_BUF: u64 = 8192;
+
+impl Guest {
+    /// Connects to a daemon's vhost-user socket (retrying for up to 10 s while it starts) and
+    /// brings the device up: features, memory table, three vrings, config space.
+    pub fn connect(socket: &Path, opts: GuestOpts) -> Result<Guest> {
+        let end = Instant::now() + Duration::from_secs(10);
+        let mut fe = loop {
+            match Frontend::connect(socket, abi::NUM_QUEUES as u64) {
+                Ok(f) => break f,
+                Err(e) if Instant::now() < end => {
+                    let _ = e;
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
+        let ram = GuestRam::new(opts.mem_size)?;
+        fe.set_owner()?;
+        let features = fe.get_features()?;
+        let mut want = (1u64 << 32) | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+        if opts.event_idx {
+            want |= 1 << 29;
+        }
+        let acked = features & want;
+        if features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() != 0 {
+            let pf = fe.get_protocol_features()?;
+            fe.set_protocol_features(
+                pf & (VhostUserProtocolFeatures::CONFIG
+                    | VhostUserProtocolFeatures::MQ
+                    | VhostUserProtocolFeatures::RESET_DEVICE),
+            )?;
+        }
+        fe.set_features(acked)?;
+        let event_idx = acked & (1 << 29) != 0;
+        let region = VhostUserMemoryRegionInfo {
+            guest_phys_addr: GPA_BASE,
+            memory_size: ram.size(),
+            userspace_addr: ram.ptr(GPA_BASE, 1) as u64,
+            mmap_offset: 0,
+            mmap_handle: ram.fd.as_raw_fd(),
+        };
+        fe.set_mem_table(&[region])?;
+        let mut qs = Vec::new();
+        for i in 0..abi::NUM_QUEUES {
+            let q = Virtq::new(&ram, opts.queue_size, event_idx)?;
+            fe.set_vring_num(i, q.size)?;
+            fe.set_vring_addr(i, &q.config())?;
+            fe.set_vring_base(i, 0)?;
+            fe.set_vring_call(i, &q.call)?;
+            fe.set_vring_kick(i, &q.kick)?;
+            fe.set_vring_enable(i, true)?;
+            qs.push(q);
+        }
+        let ev = qs.pop().expect("3 queues");
+        let mut db = qs.pop().expect("3 queues");
+        // Doorbells are fire-and-forget: no used-buffer interrupts (EVENT_IDX used_event stays
+        // behind); finished buffers are reclaimed by polling.
+        db.interrupts = false;
+        let ctrl = qs.pop().expect("3 queues");
+        let sz = std::mem::size_of::<abi::ConfigSpace>() as u32;
+        let (_, payload) = fe.get_config(
+            0,
+            sz,
+            VhostUserConfigFlags::WRITABLE,
+            &vec![0u8; sz as usize],
+        )?;
+        let config =
+            abi::read_struct::<abi::ConfigSpace>(&payload).ok_or(Error::Timeout("config"))?;
+        let ctrl_req = ram.alloc_contig(CTRL_BUF, 4096)?;
+        let ctrl_resp = ram.alloc_contig(CTRL_BUF, 4096)?;
+        let db_bufs = ram.alloc_contig(16 * opts.queue_size as u64, 4096)?;
+        let ev_bufs = ram.alloc_contig(16 * opts.event_bufs as u64, 4096)?;
+        let mut g = Guest {
+            ram,
+            fe,
+            ctrl,
+            db,
+            ev,
+            ctrl_req,
+            ctrl_resp,
+            db_bufs,
+            ev_bufs,
+            seq: 0,
+            pending_events: VecDeque::new(),
+            config,
+            timeout: Duration::from_secs(10),
+        };
+        for i in 0..opts.event_bufs as u64 {
+            g.ev.add(&[(g.ev_bufs + 16 * i, 16, true)]);
+        }
+        Ok(g)
+    }
+
+    /// Closes the vhost-user connection (the daemon must drop all state and serve again).
+    pub fn disconnect(self) {
+        drop(self);
+    }
+
+    /// VHOST_USER_RESET_DEVICE.
+    pub fn reset_device(&mut self) -> Result<()> {
+        Ok(self.fe.reset_device()?)
+    }
+
+    /// Writes a page-list array (levels 0) for `pages`; returns its GPA.
+    pub fn page_list(&self, pages: &[u64]) -> Result<u64> {
+        let gpa = self.ram.alloc_contig(8 * pages.len() as u64, 8)?;
+        let b: Vec<u8> = pages.iter().flat_map(|p| p.to_le_bytes()).collect();
+        self.ram.write(gpa, &b);
+        Ok(gpa)
+    }
+
+    /// Sends a control request made of `parts` (device-readable) with `resp_len` bytes of
+    /// device-writable response room; returns (status, response body).
+    pub fn raw_cmd(&mut self, req: &[u8], resp_len: u32) -> Result<(u32, Vec<u8>)> {
+        assert!(req.len() as u64 <= CTRL_BUF && resp_len as u64 <= CTRL_BUF);
+        self.ram.write(self.ctrl_req, req);
+        self.ram
+            .write(self.ctrl_resp, &vec![0xEE; resp_len as usize]);
+        let mut chain = Vec::new();
+        if !req.is_empty() {
+            chain.push((self.ctrl_req, req.len() as u32, false));
+        }
+        if resp_len > 0 {
+            chain.push((self.ctrl_resp, resp_len, true));
+        }
+        self.raw_chain(&chain)?;
+        let mut out = vec![0u8; resp_len as usize];
+        self.ram.read(self.ctrl_resp, &mut out);
+        let h: abi::RespHdr = abi::read_struct(&out).unwrap_or_default();
+        let body = out
+            .get(16..16 + (h.len as usize).min(out.len().saturating_sub(16)))
+            .unwrap_or_default()
+            .to_vec();
+        Ok((h.status, body))
+    }
+
+    /// Submits an arbitrary descriptor chain on the control queue and waits for it.
+    pub fn raw_chain(&mut self, chain: &[(u64, u32, bool)]) -> Result<u32> {
+        let head = self.ctrl.add(chain).ok_or(Error::NoMemory)?;
+        loop {
+            match self.ctrl.wait_used(self.timeout) {
+                Some((id, len)) if id == head => return Ok(len),
+                Some(_) => continue,
+                None => return Err(Error::Timeout("control queue")),
+            }
+        }
+    }
+
+    /// A control command: header + `cmd`, response struct returned.
+    pub fn cmd(&mut self, opcode: u32, cmd: &[u8]) -> Result<Vec<u8>> {
+        self.seq += 1;
+        let h = abi::CtrlHdr {
+            opcode,
+            flags: 0,
+            seq: self.seq,
+        };
+        let mut req = vm_memory::ByteValued::as_slice(&h).to_vec();
+        req.extend_from_slice(cmd);
+        let (status, body) = self.raw_cmd(&req, 16 + 256)?;
+        match Status::from_u32(status) {
+            Some(Status::Ok) => Ok(body),
+            Some(s) => Err(Error::Status(s)),
+            None => Err(Error::BadStatus(status)),
+        }
+    }
+
+    fn cmd_t<C: vm_memory::ByteValued, R: vm_memory::ByteValued + Default>(
+        &mut self,
+        opcode: u32,
+        c: &C,
+    ) -> Result<R> {
+        let b = self.cmd(opcode, c.as_slice())?;
+        abi::read_struct(&b).ok_or(Error::BadStatus(u32::MAX))
+    }
+
+    fn handle(&mut self, opcode: u32, h: u32) -> Result<()> {
+        self.cmd(
+            opcode,
+            vm_memory::ByteValued::as_slice(&abi::Handle {
+                handle: h,
+                reserved: 0,
+            }),
+        )
+        .map(|_| ())
+    }
+
+    // ---------------------------------------------------------------- verbs
+
+    pub fn query_device(&mut self) -> Result<abi::ConfigSpace> {
+        let b = self.cmd(op::QUERY_DEVICE, &[])?;
+        abi::read_struct(&b).ok_or(Error::BadStatus(u32::MAX))
+    }
+
+    pub fn query_port(&mut self) -> Result<abi::RespQueryPort> {
+        self.cmd_t(
+            op::QUERY_PORT,
+            &abi::CmdQueryPort {
+                port_num: 1,
+                reserved: 0,
+            },
+        )
+    }
+
+    pub fn add_gid(&mut self, index: u32, gid: Gid) -> Result<()> {
+        self.cmd(
+            op::ADD_GID,
+            vm_memory::ByteValued::as_slice(&abi::CmdAddGid {
+                index,
+                gid_type: abi::GID_TYPE_ROCE_UDP_ENCAP,
+                gid: gid.0,
+            }),
+        )
+        .map(|_| ())
+    }
+
+    pub fn del_gid(&mut self, index: u32) -> Result<()> {
+        self.handle(op::DEL_GID, index)
+    }
+
+    pub fn alloc_pd(&mut self) -> Result<u32> {
+        let h: abi::Handle =
+            abi::read_struct(&self.cmd(op::CREATE_PD, &[])?).ok_or(Error::BadStatus(u32::MAX))?;
+        Ok(h.handle)
+    }
+
+    pub fn dealloc_pd(&mut self, pd: u32) -> Result<()> {
+        self.handle(op::DESTROY_PD, pd)
+    }
+
+    /// Allocates a user buffer of `len` bytes on scattered pages.
+    pub fn alloc_buf(&self, len: usize) -> Result<VaMap> {
+        let n = (len as u64).div_ceil(PAGE).max(1) as usize;
+        let pages = self.ram.alloc_pages(n)?;
+        self.ram.map_pages(&pages)
+    }
+
+    /// Registers a fresh buffer of `len` bytes (page list with indirection when it is large).
+    pub fn reg_mr(&mut self, pd: u32, len: usize, access: Access) -> Result<Mr> {
+        let buf = self.alloc_buf(len)?;
+        let pages = buf.pages.clone();
+        let (gpa, levels) = if pages.len() <= 512 {
+            (self.page_list(&pages)?, 0)
+        } else {
+            // One level of 4 KiB list pages.
+            let mut tops = Vec::new();
+            for chunk in pages.chunks(512) {
+                let lp = self.ram.alloc_contig(PAGE, PAGE)?;
+                let b: Vec<u8> = chunk.iter().flat_map(|p| p.to_le_bytes()).collect();
+                self.ram.write(lp, &b);
+                tops.push(lp);
+            }
+            (self.page_list(&tops)?, 1)
+        };
+        let r: abi::RespMr = self.cmd_t(
+            op::REG_USER_MR,
+            &abi::CmdRegUserMr {
+                pdn: pd,
+                access: access.0,
+                iova: buf.addr(),
+                length: len as u64,
+                pages: abi::PageListDesc {
+                    gpa,
+                    num_pages: pages.len() as u32,
+                    page_shift: 12,
+                    levels,
+                    reserved: 0,
+                },
+            },
+        )?;
+        Ok(Mr {
+            lkey: r.lkey,
+            rkey: r.rkey,
+            buf,
+            len,
+        })
+    }
+
+    pub fn dereg_mr(&mut self, mr: Mr) -> Result<()> {
+        self.handle(op::DEREG_MR, mr.lkey)
+    }
+
+    pub fn alloc_mw(&mut self, pd: u32, mw_type: u32) -> Result<u32> {
+        let r: abi::RespMr = self.cmd_t(op::ALLOC_MW, &abi::CmdAllocMw { pdn: pd, mw_type })?;
+        Ok(r.rkey)
+    }
+
+    pub fn dealloc_mw(&mut self, rkey: u32) -> Result<()> {
+        self.handle(op::DEALLOC_MW, rkey)
+    }
+
+    pub fn create_cq(&mut self, cqe: u32) -> Result<Cq> {
+        let slots = (cqe + 1).next_power_of_two();
+        let ring = QueueBuf::new(self, slots, abi::CQE_SIZE)?;
+        let r: abi::RespCreateCq = self.cmd_t(
+            op::CREATE_CQ,
+            &abi::CmdCreateCq {
+                cqe,
+                flags: 0,
+                queue: ring.desc(),
+            },
+        )?;
+        Ok(Cq {
+            cqn: r.cqn,
+            cqe: r.cqe,
+            ring,
+        })
+    }
+
+    pub fn destroy_cq(&mut self, cq: Cq) -> Result<()> {
+        self.handle(op::DESTROY_CQ, cq.cqn)
+    }
+
+    pub fn create_srq(&mut self, pd: u32, max_wr: u32, max_sge: u32, limit: u32) -> Result<Srq> {
+        let ring = QueueBuf::new(
+            self,
+            (max_wr + 1).next_power_of_two(),
+            abi::rwqe::SIZE + max_sge as usize * abi::SGE_SIZE,
+        )?;
+        let r: abi::RespCreateSrq = self.cmd_t(
+            op::CREATE_SRQ,
+            &abi::CmdCreateSrq {
+                pdn: pd,
+                max_wr,
+                max_sge,
+                srq_limit: limit,
+                queue: ring.desc(),
+            },
+        )?;
+        Ok(Srq {
+            srqn: r.srqn,
+            ring,
+            max_sge,
+        })
+    }
+
+    pub fn destroy_srq(&mut self, srq: Srq) -> Result<()> {
+        self.handle(op::DESTROY_SRQ, srq.srqn)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn create_qp(
+        &mut self,
+        qp_type: QpType,
+        pd: u32,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        srq: Option<&Srq>,
+        cap: QpCap,
+    ) -> Result<Qp> {
+        let sq = if cap.max_send_wr > 0 {
+            let elem = abi::swqe::SIZE
+                + (cap.max_send_sge as usize * abi::SGE_SIZE).max(cap.max_inline_data as usize);
+            Some(QueueBuf::new(
+                self,
+                (cap.max_send_wr + 1).next_power_of_two(),
+                elem,
+            )?)
+        } else {
+            None
+        };
+        let rq = if srq.is_none() && cap.max_recv_wr > 0 {
+            let elem = abi::rwqe::SIZE + cap.max_recv_sge as usize * abi::SGE_SIZE;
+            Some(QueueBuf::new(
+                self,
+                (cap.max_recv_wr + 1).next_power_of_two(),
+                elem,
+            )?)
+        } else {
+            None
+        };
+        let t = match qp_type {
+            QpType::Rc => abi::qp_type::RC,
+            QpType::Uc => abi::qp_type::UC,
+            QpType::Ud => abi::qp_type::UD,
+            QpType::Gsi => abi::qp_type::GSI,
+        };
+        let r: abi::RespCreateQp = self.cmd_t(
+            op::CREATE_QP,
+            &abi::CmdCreateQp {
+                qp_type: t,
+                pdn: pd,
+                send_cqn: send_cq.cqn,
+                recv_cqn: recv_cq.cqn,
+                srqn: srq.map_or(0, |s| s.srqn),
+                flags: if srq.is_some() {
+                    abi::CREATE_QP_HAS_SRQ
+                } else {
+                    0
+                },
+                max_send_wr: cap.max_send_wr,
+                max_recv_wr: cap.max_recv_wr,
+                max_send_sge: cap.max_send_sge,
+                max_recv_sge: cap.max_recv_sge,
+                max_inline_data: cap.max_inline_data,
+                reserved: 0,
+                sq: sq.as_ref().map(|q| q.desc()).unwrap_or_default(),
+                rq: rq.as_ref().map(|q| q.desc()).unwrap_or_default(),
+            },
+        )?;
+        Ok(Qp {
+            qpn: r.qpn,
+            qp_type,
+            sq,
+            rq,
+            cap,
+        })
+    }
+
+    pub fn destroy_qp(&mut self, qp: Qp) -> Result<()> {
+        self.handle(op::DESTROY_QP, qp.qpn)
+    }
+
+    pub fn modify_qp(&mut self, qp: &Qp, attr: &QpAttr, mask: u32) -> Result<()> {
+        let w = abi::QpAttrs {
+            qpn: qp.qpn,
+            attr_mask: mask,
+            qp_state: attr.qp_state as u32,
+            cur_qp_state: attr.cur_qp_state as u32,
+            path_mtu: attr.path_mtu as u32,
+            qkey: attr.qkey,
+            rq_psn: attr.rq_psn,
+            sq_psn: attr.sq_psn,
+            dest_qp_num: attr.dest_qp_num,
+            qp_access_flags: attr.qp_access_flags.0,
+            pkey_index: attr.pkey_index,
+            en_sqd_async_notify: attr.en_sqd_async_notify as u8,
+            max_rd_atomic: attr.max_rd_atomic,
+            max_dest_rd_atomic: attr.max_dest_rd_atomic,
+            min_rnr_timer: attr.min_rnr_timer,
+            port_num: attr.port_num,
+            timeout: attr.timeout,
+            retry_cnt: attr.retry_cnt,
+            rnr_retry: attr.rnr_retry,
+            ah: abi::AhAttr {
+                dgid: attr.av.dgid.0,
+                flow_label: attr.av.flow_label,
+                sgid_index: attr.av.sgid_index,
+                hop_limit: attr.av.hop_limit,
+                traffic_class: attr.av.traffic_class,
+                dmac: attr.av.dmac,
+                port_num: 1,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        self.cmd(op::MODIFY_QP, vm_memory::ByteValued::as_slice(&w))
+            .map(|_| ())
+    }
+
+    pub fn query_qp(&mut self, qp: &Qp) -> Result<abi::QpAttrs> {
+        self.cmd_t(
+            op::QUERY_QP,
+            &abi::QpAttrs {
+                qpn: qp.qpn,
+                ..Default::default()
+            },
+        )
+    }
+
+    pub fn create_ah(&mut self, pd: u32, av: &Av) -> Result<u32> {
+        let h: abi::Handle = self.cmd_t(
+            op::CREATE_AH,
+            &abi::CmdCreateAh {
+                pdn: pd,
+                reserved: 0,
+                attr: abi::AhAttr {
+                    dgid: av.dgid.0,
+                    flow_label: av.flow_label,
+                    sgid_index: av.sgid_index,
+                    hop_limit: av.hop_limit,
+                    traffic_class: av.traffic_class,
+                    dmac: av.dmac,
+                    port_num: 1,
+                    ..Default::default()
+                },
+            },
+        )?;
+        Ok(h.handle)
+    }
+
+    // ---------------------------------------------------------------- data path (librxe's part)
+
+    /// Rings a doorbell.
+    pub fn doorbell(&mut self, kind: u32, object: u32, index: u32) -> Result<()> {
+        // Reclaim finished doorbells first.
+        while self.db.poll_used().is_some() {}
+        let end = Instant::now() + self.timeout;
+        loop {
+            // The buffer slot follows the descriptor that will be used: pick by free list top.
+            let Some(&d) = self.db.free.last() else {
+                if Instant::now() > end {
+                    return Err(Error::Timeout("doorbell queue"));
+                }
+                self.db.wait_used(Duration::from_millis(10));
+                continue;
+            };
+            let gpa = self.db_bufs + 16 * d as u64;
+            let e = abi::Doorbell {
+                kind,
+                object,
+                index,
+                reserved: 0,
+            };
+            self.ram.write(gpa, vm_memory::ByteValued::as_slice(&e));
+            self.db.add(&[(gpa, 16, false)]).ok_or(Error::NoMemory)?;
+            return Ok(());
+        }
+    }
+
+    /// Writes `wr` into the SQ ring as an `rxe_send_wqe`, publishes it, rings the doorbell.
+    pub fn post_send(&mut self, qp: &Qp, wr: &SendWr) -> Result<()> {
+        self.post_send_ah(qp, wr, 0)
+    }
+
+    /// As `post_send`, with a UD destination named by an AH number (0: AV inline).
+    pub fn post_send_ah(&mut self, qp: &Qp, wr: &SendWr, ah_num: u32) -> Result<()> {
+        let sq = qp.sq.as_ref().ok_or(Error::Status(Status::Invalid))?;
+        if sq.is_full() {
+            return Err(Error::NoMemory);
+        }
+        let prod = sq.producer().load(Ordering::Relaxed);
+        let slot = encode_send_wqe(wr, ah_num, sq.elem_size());
+        sq.map.write(sq.slot_off(prod), &slot);
+        sq.producer()
+            .store((prod + 1) & sq.mask(), Ordering::Release);
+        self.doorbell(abi::doorbell::SQ, qp.qpn, (prod + 1) & sq.mask())
+    }
+
+    /// Writes a raw slot into the SQ (for malformed-WQE tests) and rings the doorbell.
+    pub fn post_raw_send_slot(&mut self, qp: &Qp, slot: &[u8]) -> Result<()> {
+        let sq = qp.sq.as_ref().ok_or(Error::Status(Status::Invalid))?;
+        let prod = sq.producer().load(Ordering::Relaxed);
+        sq.map
+            .write(sq.slot_off(prod), &slot[..slot.len().min(sq.elem_size())]);
+        sq.producer()
+            .store((prod + 1) & sq.mask(), Ordering::Release);
+        self.doorbell(abi::doorbell::SQ, qp.qpn, (prod + 1) & sq.mask())
+    }
+
+    /// Writes a receive WQE into the RQ ring (no doorbell: librxe does not ring one).
+    pub fn post_recv(&mut self, qp: &Qp, wr: &RecvWr) -> Result<()> {
+        let rq = qp.rq.as_ref().ok_or(Error::Status(Status::Invalid))?;
+        post_recv_ring(rq, wr)
+    }
+
+    pub fn post_srq_recv(&mut self, srq: &Srq, wr: &RecvWr) -> Result<()> {
+        post_recv_ring(&srq.ring, wr)
+    }
+
+    /// Reads up to `max` completions from the CQ ring.
+    pub fn poll_cq(&mut self, cq: &Cq, max: usize) -> Vec<Wc> {
+        let r = &cq.ring;
+        let mut out = Vec::new();
+        let mut cons = r.consumer().load(Ordering::Relaxed);
+        let prod = r.producer().load(Ordering::Acquire);
+        while cons != prod && out.len() < max {
+            let mut b = [0u8; abi::CQE_SIZE];
+            r.map.read(r.slot_off(cons), &mut b);
+            out.push(abi::read_struct(&b).expect("48 bytes"));
+            cons = (cons + 1) & r.mask();
+        }
+        r.consumer().store(cons, Ordering::Release);
+        out
+    }
+
+    /// Polls until `n` completions arrived or the timeout passed.
+    pub fn wait_cq(&mut self, cq: &Cq, n: usize, timeout: Duration) -> Vec<Wc> {
+        let end = Instant::now() + timeout;
+        let mut out = Vec::new();
+        let mut spins = 0u32;
+        while out.len() < n {
+            let got = self.poll_cq(cq, n - out.len());
+            if got.is_empty() {
+                if Instant::now() > end {
+                    break;
+                }
+                spins += 1;
+                if spins > 200 {
+                    std::thread::sleep(Duration::from_micros(50));
+                } else {
+                    std::hint::spin_loop();
+                }
+            } else {
+                spins = 0;
+            }
+            out.extend(got);
+        }
+        out
+    }
+
+    /// Arms the CQ (the notify word); returns true if completions may have been missed (the
+    /// ring is not empty), as `IB_CQ_REPORT_MISSED_EVENTS` does.
+    pub fn req_notify_cq(&mut self, cq: &Cq, solicited_only: bool) -> bool {
+        let w = if solicited_only {
+            hdr::NOTIFY_SOLICITED
+        } else {
+            hdr::NOTIFY_NEXT_COMP
+        };
+        cq.ring.notify().store(w, Ordering::Release);
+        fence(Ordering::SeqCst);
+        cq.ring.producer().load(Ordering::Acquire) != cq.ring.consumer().load(Ordering::Relaxed)
+    }
+
+    /// Events delivered so far (reposting their buffers).
+    pub fn poll_events(&mut self) -> Vec<abi::Event> {
+        while let Some((id, len)) = self.ev.poll_used() {
+            let gpa = self.ev_bufs + 16 * id as u64;
+            if len >= 16 {
+                let mut b = [0u8; 16];
+                self.ram.read(gpa, &mut b);
+                if let Some(e) = abi::read_struct(&b) {
+                    self.pending_events.push_back(e);
+                }
+            }
+            self.ev.add(&[(gpa, 16, true)]);
+        }
+        self.pending_events.drain(..).collect()
+    }
+
+    /// Waits until an event matching `f` arrives.
+    pub fn wait_event(
+        &mut self,
+        timeout: Duration,
+        f: impl Fn(&abi::Event) -> bool,
+    ) -> Option<abi::Event> {
+        let end = Instant::now() + timeout;
+        let mut seen = Vec::new();
+        let r = loop {
+            let evs = self.poll_events();
+            let mut hit = None;
+            for e in evs {
+                if hit.is_none() && f(&e) {
+                    hit = Some(e);
+                } else {
+                    seen.push(e);
+                }
+            }
+            if hit.is_some() {
+                break hit;
+            }
+            if Instant::now() > end {
+                break None;
+            }
+            if let Some((id, len)) = self.ev.wait_used(Duration::from_millis(20)) {
+                // Keep it for the next poll_events round and repost the buffer.
+                let gpa = self.ev_bufs + 16 * id as u64;
+                let mut b = [0u8; 16];
+                self.ram.read(gpa, &mut b);
+                if len >= 16 {
+                    if let Some(e) = abi::read_struct(&b) {
+                        self.pending_events.push_back(e);
+                    }
+                }
+                self.ev.add(&[(gpa, 16, true)]);
+            }
+        };
+        for e in seen.into_iter().rev() {
+            self.pending_events.push_front(e);
+        }
+        r
+    }
+}
+
+fn post_recv_ring(rq: &QueueBuf, wr: &RecvWr) -> Result<()> {
+    if rq.is_full() {
+        return Err(Error::NoMemory);
+    }
+    let prod = rq.producer().load(Ordering::Relaxed);
+    let mut slot = vec![0u8; rq.elem_size()];
+    slot[0..8].copy_from_slice(&wr.wr_id.to_le_bytes());
+    let total: u64 = wr.sg_list.iter().map(|s| s.length as u64).sum();
+    slot[abi::rwqe::DMA_LENGTH..abi::rwqe::DMA_LENGTH + 4]
+        .copy_from_slice(&(total as u32).to_le_bytes());
+    slot[20..24].copy_from_slice(&(total as u32).to_le_bytes()); // resid
+    slot[abi::rwqe::DMA_NUM_SGE..abi::rwqe::DMA_NUM_SGE + 4]
+        .copy_from_slice(&(wr.sg_list.len() as u32).to_le_bytes());
+    for (i, s) in wr.sg_list.iter().enumerate() {
+        let o = abi::rwqe::DMA_SGE + i * abi::SGE_SIZE;
+        slot[o..o + 8].copy_from_slice(&s.addr.to_le_bytes());
+        slot[o + 8..o + 12].copy_from_slice(&s.length.to_le_bytes());
+        slot[o + 12..o + 16].copy_from_slice(&s.lkey.to_le_bytes());
+    }
+    rq.map.write(rq.slot_off(prod), &slot);
+    rq.producer()
+        .store((prod + 1) & rq.mask(), Ordering::Release);
+    Ok(())
+}
+
+/// Encodes a send work request as librxe does (`struct rxe_send_wqe`).
+pub fn encode_send_wqe(wr: &SendWr, ah_num: u32, elem: usize) -> Vec<u8> {
+    use abi::{swqe as o, wr_op};
+    let mut s = vec![0u8; elem];
+    let put32 =
+        |s: &mut Vec<u8>, off: usize, v: u32| s[off..off + 4].copy_from_slice(&v.to_le_bytes());
+    let put64 =
+        |s: &mut Vec<u8>, off: usize, v: u64| s[off..off + 8].copy_from_slice(&v.to_le_bytes());
+    put64(&mut s, o::WR_ID, wr.wr_id);
+    let imm_raw = |v: u32| u32::from_le_bytes(v.to_be_bytes());
+    let (opcode, ex) = match &wr.op {
+        SendOp::Send => (wr_op::SEND, 0),
+        SendOp::SendWithImm(i) => (wr_op::SEND_WITH_IMM, imm_raw(*i)),
+        SendOp::SendWithInv(k) => (wr_op::SEND_WITH_INV, *k),
+        SendOp::Write { .. } => (wr_op::RDMA_WRITE, 0),
+        SendOp::WriteWithImm { imm, .. } => (wr_op::RDMA_WRITE_WITH_IMM, imm_raw(*imm)),
+        SendOp::Read { .. } => (wr_op::RDMA_READ, 0),
+        SendOp::CompSwap { .. } => (wr_op::ATOMIC_CMP_AND_SWP, 0),
+        SendOp::FetchAdd { .. } => (wr_op::ATOMIC_FETCH_AND_ADD, 0),
+        SendOp::AtomicWrite { .. } => (wr_op::ATOMIC_WRITE, 0),
+        SendOp::Flush { .. } => (wr_op::FLUSH, 0),
+        SendOp::LocalInv { rkey } => (wr_op::LOCAL_INV, *rkey),
+        SendOp::BindMw { .. } => (wr_op::BIND_MW, 0),
+        SendOp::RegMr { .. } => (wr_op::REG_MR, 0),
+    };
+    put32(&mut s, o::OPCODE, opcode);
+    put32(&mut s, o::SEND_FLAGS, wr.flags);
+    put32(&mut s, o::EX, ex);
+    match &wr.op {
+        SendOp::Write { remote_addr, rkey }
+        | SendOp::WriteWithImm {
+            remote_addr, rkey, ..
+        }
+        | SendOp::Read { remote_addr, rkey }
+        | SendOp::AtomicWrite { remote_addr, rkey } => {
+            put64(&mut s, o::RDMA_REMOTE_ADDR, *remote_addr);
+            put32(&mut s, o::RDMA_RKEY, *rkey);
+        }
+        SendOp::CompSwap {
+            remote_addr,
+            rkey,
+            compare,
+            swap,
+        } => {
+            put64(&mut s, o::ATOMIC_REMOTE_ADDR, *remote_addr);
+            put64(&mut s, o::ATOMIC_COMPARE_ADD, *compare);
+            put64(&mut s, o::ATOMIC_SWAP, *swap);
+            put32(&mut s, o::ATOMIC_RKEY, *rkey);
+        }
+        SendOp::FetchAdd {
+            remote_addr,
+            rkey,
+            add,
+        } => {
+            put64(&mut s, o::ATOMIC_REMOTE_ADDR, *remote_addr);
+            put64(&mut s, o::ATOMIC_COMPARE_ADD, *add);
+            put32(&mut s, o::ATOMIC_RKEY, *rkey);
+        }
+        SendOp::BindMw {
+            mw_rkey,
+            new_rkey,
+            mr_lkey,
+            addr,
+            length,
+            access,
+        } => {
+            put64(&mut s, o::MW_ADDR, *addr);
+            put64(&mut s, o::MW_LENGTH, *length);
+            put32(&mut s, o::MW_MR_LKEY, *mr_lkey);
+            put32(&mut s, o::MW_MW_RKEY, *mw_rkey);
+            put32(&mut s, o::MW_RKEY, *new_rkey);
+            put32(&mut s, o::MW_ACCESS, access.0);
+        }
+        _ => {}
+    }
+    if let Some(ud) = &wr.ud {
+        put32(&mut s, o::UD_REMOTE_QPN, ud.remote_qpn.0);
+        put32(&mut s, o::UD_REMOTE_QKEY, ud.remote_qkey);
+        put32(&mut s, o::UD_AH_NUM, ah_num);
+        if ah_num == 0 {
+            let a = o::UD_AV;
+            s[a + abi::av::PORT_NUM] = 1;
+            s[a + abi::av::NETWORK_TYPE] = if ud.av.dgid.ipv4().is_some() { 1 } else { 2 };
+            s[a + abi::av::DMAC..a + abi::av::DMAC + 6].copy_from_slice(&ud.av.dmac);
+            s[a + abi::av::DGID..a + abi::av::DGID + 16].copy_from_slice(&ud.av.dgid.0);
+            put32(&mut s, a + abi::av::FLOW_LABEL, ud.av.flow_label);
+            s[a + abi::av::SGID_INDEX] = ud.av.sgid_index;
+            s[a + abi::av::HOP_LIMIT] = ud.av.hop_limit;
+            s[a + abi::av::TRAFFIC_CLASS] = ud.av.traffic_class;
+        }
+    }
+    let inline = wr.flags & SEND_INLINE != 0;
+    let length: u64 = if inline {
+        wr.inline_data.len() as u64
+    } else {
+        wr.sg_list.iter().map(|x| x.length as u64).sum()
+    };
+    put32(&mut s, o::DMA_LENGTH, length as u32);
+    put32(&mut s, o::DMA_RESID, length as u32);
+    put32(
+        &mut s,
+        o::DMA_NUM_SGE,
+        if inline { 1 } else { wr.sg_list.len() as u32 },
+    );
+    if inline {
+        s[o::DMA_DATA..o::DMA_DATA + wr.inline_data.len()].copy_from_slice(&wr.inline_data);
+    } else {
+        for (i, g) in wr.sg_list.iter().enumerate() {
+            let b = o::DMA_DATA + i * abi::SGE_SIZE;
+            put64(&mut s, b, g.addr);
+            put32(&mut s, b + 8, g.length);
+            put32(&mut s, b + 12, g.lkey);
+        }
+    }
+    s
+}
+
+// ---------------------------------------------------------------------------------------------
+// Daemon processes and two-node setups
+
+/// A running daemon process (killed with SIGTERM on drop).
+pub struct Daemon {
+    pub child: Child,
+    pub socket: PathBuf,
+    pub counters: PathBuf,
+    pub addr: SocketAddr,
+    dir: PathBuf,
+}
+
+impl Daemon {
+    /// Starts `bin` bound to `addr`.
+    pub fn spawn(bin: &Path, addr: SocketAddr, extra: &[&str]) -> io::Result<Daemon> {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "vur-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir)?;
+        let socket = dir.join("rdma.sock");
+        let counters = dir.join("counters.sock");
+        let child = Command::new(bin)
+            .arg("--socket-path")
+            .arg(&socket)
+            .arg("--udp-addr")
+            .arg(addr.to_string())
+            .arg("--peer-port")
+            .arg(addr.port().to_string())
+            .arg("--counters-socket")
+            .arg(&counters)
+            .args(extra)
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or("warn".into()),
+            )
+            .stdin(Stdio::null())
+            .spawn()?;
+        Ok(Daemon {
+            child,
+            socket,
+            counters,
+            addr,
+            dir,
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The counters JSON (waits up to 5 s for the socket to appear).
+    pub fn counters(&self) -> io::Result<String> {
+        use std::io::Read;
+        let end = Instant::now() + Duration::from_secs(5);
+        loop {
+            match std::os::unix::net::UnixStream::connect(&self.counters) {
+                Ok(mut s) => {
+                    let mut out = String::new();
+                    s.read_to_string(&mut out)?;
+                    return Ok(out);
+                }
+                Err(e) if Instant::now() > end => return Err(e),
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+    }
+
+    /// Number of open fds of the daemon process.
+    pub fn fd_count(&self) -> io::Result<usize> {
+        Ok(std::fs::read_dir(format!("/proc/{}/fd", self.pid()))?.count())
+    }
+
+    pub fn is_alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// SIGTERM and wait (bounded); returns the exit status code if it exited.
+    pub fn terminate(&mut self) -> Option<i32> {
+        // SAFETY: signalling our own child by pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let end = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < end {
+            if let Ok(Some(s)) = self.child.try_wait() {
+                return s.code();
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        None
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if self.is_alive() {
+            self.terminate();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Extracts `"key":<number>` from the counters JSON (first occurrence after `section`).
+pub fn json_u64(json: &str, section: &str, key: &str) -> Option<u64> {
+    let from = if section.is_empty() {
+        0
+    } else {
+        json.find(&format!("\"{section}\""))?
+    };
+    let pat = format!("\"{key}\":");
+    let at = json[from..].find(&pat)? + from + pat.len();
+    let end = json[at..]
+        .find(|c: char| !c.is_ascii_digit())
+        .map_or(json.len(), |e| at + e);
+    json[at..end].parse().ok()
+}
+
+/// Two loopback addresses unique to this process and call: 127.X.Y.1 and 127.X.Y.2.
+pub fn loopback_pair(port: u16) -> (SocketAddr, SocketAddr) {
+    static N: AtomicU8 = AtomicU8::new(0);
+    let x = 64 + (std::process::id() % 128) as u8;
+    let y = N.fetch_add(1, Ordering::Relaxed);
+    (
+        SocketAddr::new(Ipv4Addr::new(127, x, y, 1).into(), port),
+        SocketAddr::new(Ipv4Addr::new(127, x, y, 2).into(), port),
+    )
+}
+
+/// Finds the daemon binary: `$VUR_DAEMON`, or `vhost-user-rdma` / `vur-daemon` next to the
+/// running executable (or one directory up, for test executables in `deps/`).
+pub fn find_daemon() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("VUR_DAEMON") {
+        return Some(p.into());
+    }
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?;
+    for d in [dir, dir.parent()?] {
+        for n in ["vhost-user-rdma", "vur-daemon"] {
+            let p = d.join(n);
+            if p.exists() {
+                return Some(p);
+            }
+        }
+    }
+    None
+}
+
+/// One node: a daemon and the test guest attached to it, with GID 0 set to its address.
+pub struct Node {
+    pub daemon: Daemon,
+    pub guest: Guest,
+    pub gid: Gid,
+}
+
+impl Node {
+    pub fn start(bin: &Path, addr: SocketAddr, extra: &[&str]) -> Result<Node> {
+        let daemon = Daemon::spawn(bin, addr, extra)?;
+        let mut guest = Guest::connect(&daemon.socket, GuestOpts::default())?;
+        let gid = Gid::from_ip(addr.ip());
+        guest.add_gid(0, gid)?;
+        Ok(Node { daemon, guest, gid })
+    }
+}
+
+/// What [`connect_qps`] builds on one side.
+pub struct End {
+    pub pd: u32,
+    pub cq: Cq,
+    pub qp: Qp,
+}
+
+/// Connection options.
+#[derive(Clone, Copy, Debug)]
+pub struct ConnOpts {
+    pub qp_type: QpType,
+    pub mtu: Mtu,
+    pub cap: QpCap,
+    pub cqe: u32,
+    pub access: Access,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub min_rnr_timer: u8,
+}
+
+impl Default for ConnOpts {
+    fn default() -> Self {
+        ConnOpts {
+            qp_type: QpType::Rc,
+            mtu: Mtu::M1024,
+            cap: QpCap {
+                max_send_wr: 256,
+                max_recv_wr: 256,
+                max_send_sge: 4,
+                max_recv_sge: 4,
+                max_inline_data: 128,
+            },
+            cqe: 1023,
+            access: Access::LOCAL_WRITE.union(Access::REMOTE),
+            timeout: 12,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 1,
+        }
+    }
+}
+
+/// Moves a QP through INIT → RTR → RTS towards `(dgid, dqpn)`, the way ibv_rc_pingpong does.
+pub fn bring_up(g: &mut Guest, qp: &Qp, dgid: Gid, dqpn: u32, o: &ConnOpts) -> Result<()> {
+    let ud = matches!(qp.qp_type, QpType::Ud | QpType::Gsi);
+    let mut a = QpAttr {
+        qp_state: QpState::Init,
+        qp_access_flags: o.access,
+        qkey: 0x1111_1111,
+        ..Default::default()
+    };
+    let m = AttrMask::STATE
+        | AttrMask::PKEY_INDEX
+        | AttrMask::PORT
+        | if ud {
+            AttrMask::QKEY
+        } else {
+            AttrMask::ACCESS_FLAGS
+        };
+    g.modify_qp(qp, &a, m)?;
+    a.qp_state = QpState::Rtr;
+    let mut m = AttrMask::STATE;
+    if !ud {
+        a.path_mtu = o.mtu;
+        a.dest_qp_num = dqpn;
+        a.rq_psn = 0x100;
+        a.max_dest_rd_atomic = 16;
+        a.min_rnr_timer = o.min_rnr_timer;
+        a.av = Av {
+            dgid,
+            sgid_index: 0,
+            hop_limit: 64,
+            ..Default::default()
+        };
+        m |= AttrMask::AV | AttrMask::PATH_MTU | AttrMask::DEST_QPN | AttrMask::RQ_PSN;
+        if qp.qp_type == QpType::Rc {
+            m |= AttrMask::MAX_DEST_RD_ATOMIC | AttrMask::MIN_RNR_TIMER;
+        }
+    }
+    g.modify_qp(qp, &a, m)?;
+    a.qp_state = QpState::Rts;
+    a.sq_psn = 0x100;
+    a.timeout = o.timeout;
+    a.retry_cnt = o.retry_cnt;
+    a.rnr_retry = o.rnr_retry;
+    a.max_rd_atomic = 16;
+    let mut m = AttrMask::STATE | AttrMask::SQ_PSN;
+    if qp.qp_type == QpType::Rc {
+        m |= AttrMask::TIMEOUT
+            | AttrMask::RETRY_CNT
+            | AttrMask::RNR_RETRY
+            | AttrMask::MAX_QP_RD_ATOMIC;
+    }
+    g.modify_qp(qp, &a, m)
+}
+
+/// Creates a PD, a CQ and a QP on each node and connects the QPs.
+pub fn connect_qps(a: &mut Node, b: &mut Node, o: &ConnOpts) -> Result<(End, End)> {
+    let mk = |n: &mut Node| -> Result<End> {
+        let pd = n.guest.alloc_pd()?;
+        let cq = n.guest.create_cq(o.cqe)?;
+        let qp = n.guest.create_qp(o.qp_type, pd, &cq, &cq, None, o.cap)?;
+        Ok(End { pd, cq, qp })
+    };
+    let ea = mk(a)?;
+    let eb = mk(b)?;
+    bring_up(&mut a.guest, &ea.qp, b.gid, eb.qp.qpn, o)?;
+    bring_up(&mut b.guest, &eb.qp, a.gid, ea.qp.qpn, o)?;
+    Ok((ea, eb))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Measurements shared by the demo and the bench
+
+pub mod perf {
+    use super::*;
+
+    const ALL: Access = Access::LOCAL_WRITE.union(Access::REMOTE);
+
+    /// Busy-polls `cq` until one completion arrives.
+    pub fn spin_one(g: &mut Guest, cq: &Cq, timeout: Duration) -> Result<Wc> {
+        let end = Instant::now() + timeout;
+        let mut i = 0u32;
+        loop {
+            if let Some(w) = g.poll_cq(cq, 1).pop() {
+                if w.status != 0 {
+                    return Err(Error::BadStatus(w.status));
+                }
+                return Ok(w);
+            }
+            i = i.wrapping_add(1);
+            if i.is_multiple_of(1024) && Instant::now() > end {
+                return Err(Error::Timeout("completion"));
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// RC SEND ping-pong of `size` bytes; returns the mean half round trip.
+    pub fn rc_pingpong(a: &mut Node, b: &mut Node, size: u32, iters: u32) -> Result<Duration> {
+        let (ea, eb) = connect_qps(a, b, &ConnOpts::default())?;
+        let ma = a.guest.reg_mr(ea.pd, 4096, ALL)?;
+        let mb = b.guest.reg_mr(eb.pd, 4096, ALL)?;
+        let t = Duration::from_secs(10);
+        let warm = 100;
+        let mut start = Instant::now();
+        for i in 0..iters + warm {
+            if i == warm {
+                start = Instant::now();
+            }
+            b.guest.post_recv(
+                &eb.qp,
+                &RecvWr {
+                    wr_id: 1,
+                    sg_list: vec![mb.sge(0, 4096)],
+                },
+            )?;
+            a.guest.post_recv(
+                &ea.qp,
+                &RecvWr {
+                    wr_id: 2,
+                    sg_list: vec![ma.sge(2048, 2048)],
+                },
+            )?;
+            a.guest
+                .post_send(&ea.qp, &SendWr::new(3, SendOp::Send, vec![ma.sge(0, size)]))?;
+            spin_one(&mut b.guest, &eb.cq, t)?; // recv at b
+            b.guest
+                .post_send(&eb.qp, &SendWr::new(4, SendOp::Send, vec![mb.sge(0, size)]))?;
+            spin_one(&mut a.guest, &ea.cq, t)?; // send done or recv at a
+            spin_one(&mut a.guest, &ea.cq, t)?;
+            spin_one(&mut b.guest, &eb.cq, t)?; // send done at b
+        }
+        Ok(start.elapsed() / (2 * iters))
+    }
+
+    /// RC WRITE stream of `size`-byte messages with `depth` outstanding; returns bytes/s.
+    pub fn rc_write_bw(
+        a: &mut Node,
+        b: &mut Node,
+        size: u32,
+        total: u64,
+        depth: u32,
+    ) -> Result<f64> {
+        // The largest path MTU the port allows (4096 with a netdev MTU >= 4176).
+        let mtu = Mtu::from_enum(a.guest.config.active_mtu).unwrap_or(Mtu::M1024);
+        let o = ConnOpts {
+            cqe: 4095,
+            mtu,
+            ..Default::default()
+        };
+        let (ea, eb) = connect_qps(a, b, &o)?;
+        let ma = a.guest.reg_mr(ea.pd, size as usize, ALL)?;
+        let mb = b.guest.reg_mr(eb.pd, size as usize, ALL)?;
+        let n = total.div_ceil(size as u64);
+        let (mut posted, mut done) = (0u64, 0u64);
+        let t = Duration::from_secs(30);
+        let start = Instant::now();
+        while done < n {
+            while posted < n && posted - done < depth as u64 {
+                let wr = SendWr::new(
+                    posted,
+                    SendOp::Write {
+                        remote_addr: mb.addr(0),
+                        rkey: mb.rkey,
+                    },
+                    vec![ma.sge(0, size)],
+                );
+                a.guest.post_send(&ea.qp, &wr)?;
+                posted += 1;
+            }
+            let w = a.guest.wait_cq(&ea.cq, 1, t);
+            if w.is_empty() {
+                return Err(Error::Timeout("write completion"));
+            }
+            if w[0].status != 0 {
+                return Err(Error::BadStatus(w[0].status));
+            }
+            done += 1;
+            done += a.guest.poll_cq(&ea.cq, 64).len() as u64;
+        }
+        let _ = eb;
+        Ok((n * size as u64) as f64 / start.elapsed().as_secs_f64())
+    }
+
+    /// 64-byte RC SENDs with `depth` outstanding; returns messages/s.
+    pub fn rc_msg_rate(
+        a: &mut Node,
+        b: &mut Node,
+        size: u32,
+        count: u64,
+        depth: u32,
+    ) -> Result<f64> {
+        let o = ConnOpts {
+            cqe: 4095,
+            cap: QpCap {
+                max_send_wr: 512,
+                max_recv_wr: 1024,
+                ..ConnOpts::default().cap
+            },
+            ..Default::default()
+        };
+        let (ea, eb) = connect_qps(a, b, &o)?;
+        let ma = a.guest.reg_mr(ea.pd, 4096, ALL)?;
+        let mb = b.guest.reg_mr(eb.pd, 4096, ALL)?;
+        let (mut posted, mut done, mut recvd, mut rposted) = (0u64, 0u64, 0u64, 0u64);
+        let t = Instant::now() + Duration::from_secs(60);
+        let start = Instant::now();
+        while recvd < count {
+            if Instant::now() > t {
+                return Err(Error::Timeout("message rate"));
+            }
+            while rposted < count && rposted - recvd < 1000 {
+                b.guest.post_recv(
+                    &eb.qp,
+                    &RecvWr {
+                        wr_id: rposted,
+                        sg_list: vec![mb.sge(0, 4096)],
+                    },
+                )?;
+                rposted += 1;
+            }
+            while posted < count && posted - done < depth as u64 && posted < rposted {
+                let mut wr = SendWr::new(posted, SendOp::Send, vec![]);
+                wr.flags |= SEND_INLINE;
+                wr.inline_data = vec![0x5a; size as usize];
+                a.guest.post_send(&ea.qp, &wr)?;
+                posted += 1;
+            }
+            for w in a.guest.poll_cq(&ea.cq, 256) {
+                if w.status != 0 {
+                    return Err(Error::BadStatus(w.status));
+                }
+                done += 1;
+            }
+            recvd += b.guest.poll_cq(&eb.cq, 256).len() as u64;
+        }
+        let _ = ma;
+        Ok(count as f64 / start.elapsed().as_secs_f64())
+    }
+
+    /// Plain UDP ping-pong between two sockets on loopback (two threads); mean half round trip.
+    pub fn udp_pingpong(size: usize, iters: u32) -> io::Result<Duration> {
+        let (x, y) = loopback_pair(0);
+        let a = std::net::UdpSocket::bind(x)?;
+        let b = std::net::UdpSocket::bind(y)?;
+        let (aa, ba) = (a.local_addr()?, b.local_addr()?);
+        let echo = std::thread::spawn(move || {
+            let mut buf = [0u8; 2048];
+            for _ in 0..iters + 100 {
+                if b.recv(&mut buf).is_err() {
+                    return;
+                }
+                let _ = b.send_to(&buf[..size], aa);
+            }
+        });
+        let mut buf = vec![0u8; 2048];
+        a.set_read_timeout(Some(Duration::from_secs(5)))?;
+        let mut start = Instant::now();
+        for i in 0..iters + 100 {
+            if i == 100 {
+                start = Instant::now();
+            }
+            a.send_to(&buf[..size], ba)?;
+            a.recv(&mut buf)?;
+        }
+        let d = start.elapsed() / (2 * iters);
+        let _ = echo.join();
+        Ok(d)
+    }
+
+    /// A TCP loopback stream of `total` bytes in `chunk` writes; bytes/s.
+    pub fn tcp_stream(chunk: usize, total: u64) -> io::Result<f64> {
+        use std::io::{Read, Write};
+        let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let addr = l.local_addr()?;
+        let rx = std::thread::spawn(move || -> io::Result<u64> {
+            let (mut s, _) = l.accept()?;
+            let mut buf = vec![0u8; 1 << 16];
+            let mut n = 0u64;
+            loop {
+                let r = s.read(&mut buf)?;
+                if r == 0 {
+                    return Ok(n);
+                }
+                n += r as u64;
+            }
+        });
+        let mut s = std::net::TcpStream::connect(addr)?;
+        let buf = vec![0x5au8; chunk];
+        let start = Instant::now();
+        let mut sent = 0u64;
+        while sent < total {
+            s.write_all(&buf)?;
+            sent += chunk as u64;
+        }
+        drop(s);
+        let got = rx
+            .join()
+            .map_err(|_| io::Error::other("receiver panicked"))??;
+        Ok(got as f64 / start.elapsed().as_secs_f64())
+    }
+}
