@@ -367,13 +367,7 @@ impl Device {
             return Err(VerbError::Invalid);
         }
         if let Backing::Pages { page_shift, pages } = &backing {
-            if !(9..=30).contains(page_shift) {
-                return Err(VerbError::Invalid);
-            }
-            let need = ((iova & ((1u64 << page_shift) - 1)) + length).div_ceil(1u64 << page_shift);
-            if (pages.len() as u64) < need {
-                return Err(VerbError::Invalid);
-            }
+            check_page_list(iova, length, *page_shift, pages).map_err(|_| VerbError::Invalid)?;
         }
         self.charge(length)?;
         let mr = Mr {

@@ -79,6 +79,37 @@ impl Memory for VecMemory {
     }
 }
 
+/// Validates a page list for `[iova, iova+length)`: a page size from 512 B to 1 GiB, no
+/// overflow anywhere, every page aligned to the page size and ending below 2^64, and enough
+/// pages to cover the range.
+pub fn check_page_list(
+    iova: u64,
+    length: u64,
+    page_shift: u8,
+    pages: &[u64],
+) -> Result<(), MemError> {
+    if !(9..=30).contains(&page_shift) {
+        return Err(MemError::Alignment);
+    }
+    let size = 1u64 << page_shift;
+    let mask = size - 1;
+    iova.checked_add(length).ok_or(MemError::Length)?;
+    let need = (iova & mask)
+        .checked_add(length)
+        .ok_or(MemError::Length)?
+        .div_ceil(size);
+    if (pages.len() as u64) < need {
+        return Err(MemError::Length);
+    }
+    if pages
+        .iter()
+        .any(|&p| p & mask != 0 || p.checked_add(size).is_none())
+    {
+        return Err(MemError::Alignment);
+    }
+    Ok(())
+}
+
 /// How an MR's IOVA range maps to memory addresses.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Backing {
@@ -363,7 +394,10 @@ impl Region<'_> {
                     let pa = *pages.get(page).ok_or(MemError::OutOfRange)?;
                     let in_page = pos & mask;
                     let n = ((mask + 1 - in_page) as usize).min(len - done);
-                    f(pa + in_page, done..done + n)?;
+                    f(
+                        pa.checked_add(in_page).ok_or(MemError::OutOfRange)?,
+                        done..done + n,
+                    )?;
                     done += n;
                     pos += n as u64;
                 }

@@ -226,12 +226,8 @@ fn local_op(q: &Qp, res: &mut Resources, op: &SendOp) -> WcStatus {
                     match mr.kind {
                         MrKind::FastReg { max_pages }
                             if pages.len() as u32 <= max_pages
-                                && (9..=30).contains(page_shift)
-                                && ((iova & ((1u64 << page_shift) - 1)) + length)
-                                    .div_ceil(1u64 << page_shift)
-                                    <= pages.len() as u64
-                                && access.0 & !Access::ALL.0 == 0
-                                && iova.checked_add(*length).is_some() =>
+                                && check_page_list(*iova, *length, *page_shift, pages).is_ok()
+                                && access.0 & !Access::ALL.0 == 0 =>
                         {
                             *k = *key as u8;
                             mr.iova = *iova;
