@@ -325,7 +325,7 @@ pub(crate) fn drain(q: &mut Qp, res: &mut Resources) {
             };
             let cqe = Cqe {
                 byte_len,
-                ..Cqe::new(w.wr.wr_id, status, w.wr.op.wc_opcode(), q.qpn)
+                ..Cqe::new(w.wr.wr_id, status, w.wc_opcode, q.qpn)
             };
             if res.post_cqe(q.send_cq, cqe, false).is_err() {
                 overflow = true;

@@ -531,6 +531,21 @@ impl Device {
             })
             .ok_or(VerbError::NoResources)
     }
+    /// A CQ with no capacity of its own, for a caller that drains it into a ring of its own
+    /// after every call and decides overflow there (the daemon and the guest's CQ ring).
+    pub fn create_staging_cq(&mut self) -> Result<u32, VerbError> {
+        self.res
+            .cqs
+            .insert(Cq {
+                cap: u32::MAX,
+                queue: VecDeque::with_capacity(64),
+                armed: None,
+                error: false,
+                users: 0,
+            })
+            .ok_or(VerbError::NoResources)
+    }
+
     pub fn resize_cq(&mut self, cqn: u32, cqe: u32) -> Result<(), VerbError> {
         let max = self.res.cfg.max_cqe;
         let cq = self.res.cqs.get_mut(cqn).ok_or(VerbError::NotFound)?;
@@ -857,6 +872,28 @@ impl Device {
         crate::req::post_send(q, &mut self.res, wr)?;
         self.schedule(qpn);
         Ok(())
+    }
+
+    /// Completes a send work request that could not be decoded, in order, and moves the QP to
+    /// ERR (the backend's answer to a malformed WQE in a guest ring).
+    pub fn post_send_failed(
+        &mut self,
+        qpn: Qpn,
+        wr_id: u64,
+        opcode: WcOpcode,
+        status: WcStatus,
+    ) -> Result<(), VerbError> {
+        let q = self
+            .qps
+            .get_mut(qpn.0 as usize)
+            .and_then(|q| q.as_deref_mut())
+            .ok_or(VerbError::NotFound)?;
+        crate::req::post_failed(q, &mut self.res, wr_id, opcode, status)
+    }
+
+    /// Send WQEs posted and not yet completed (they count against `max_send_wr`).
+    pub fn sq_outstanding(&self, qpn: Qpn) -> Option<usize> {
+        self.qp(qpn).map(|q| q.sq.len())
     }
 
     pub fn post_recv(&mut self, qpn: Qpn, wr: RecvWr) -> Result<(), VerbError> {

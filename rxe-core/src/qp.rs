@@ -37,6 +37,8 @@ pub(crate) struct SendWqe {
     pub signaled: bool,
     /// For READ: bytes of response data placed so far.
     pub read_done: u32,
+    /// The opcode its completion reports.
+    pub wc_opcode: WcOpcode,
 }
 
 #[derive(Clone, Debug)]

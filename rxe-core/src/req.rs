@@ -11,6 +11,34 @@ use crate::verbs::*;
 use crate::wire::{self, BthRepr, ExtRepr, Opcode};
 
 /// Validates and queues a send WR. QPs in ERR complete it at once with a flush error.
+/// Queues a work request that already failed (the backend could not decode it): it completes
+/// with `status` in send-queue order and the QP moves to ERR, as a local QP operation error does.
+pub(crate) fn post_failed(
+    q: &mut Qp,
+    res: &mut Resources,
+    wr_id: u64,
+    opcode: WcOpcode,
+    status: WcStatus,
+) -> Result<(), VerbError> {
+    if matches!(q.state(), QpState::Reset | QpState::Init | QpState::Rtr) {
+        return Err(VerbError::BadState);
+    }
+    q.sq.push_back(SendWqe {
+        wr: SendWr::new(wr_id, SendOp::Send, Vec::new()),
+        state: WqeState::Done(status),
+        first_psn: Psn::default(),
+        last_psn: Psn::default(),
+        len: 0,
+        signaled: true,
+        read_done: 0,
+        wc_opcode: opcode,
+    });
+    q.counters.errors += 1;
+    crate::comp::set_error(q, res);
+    crate::comp::drain(q, res);
+    Ok(())
+}
+
 pub(crate) fn post_send(q: &mut Qp, res: &mut Resources, wr: SendWr) -> Result<(), VerbError> {
     match q.state() {
         QpState::Reset | QpState::Init | QpState::Rtr => return Err(VerbError::BadState),
@@ -69,7 +97,9 @@ pub(crate) fn post_send(q: &mut Qp, res: &mut Resources, wr: SendWr) -> Result<(
     }
     let signaled = q.sq_sig_all || wr.flags & SEND_SIGNALED != 0;
     let flushed = q.state() == QpState::Err;
+    let wc_opcode = wr.op.wc_opcode();
     q.sq.push_back(SendWqe {
+        wc_opcode,
         wr,
         state: if flushed {
             WqeState::Done(WcStatus::WrFlushErr)

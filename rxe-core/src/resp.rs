@@ -83,7 +83,8 @@ fn recv_cqe(q: &Qp, wr_id: u64, status: WcStatus, opcode: WcOpcode, byte_len: u3
     }
 }
 
-fn post_recv_cqe(q: &mut Qp, res: &mut Resources, cqe: Cqe, solicited: bool) {
+fn post_recv_cqe(q: &mut Qp, res: &mut Resources, mut cqe: Cqe, solicited: bool) {
+    cqe.solicited = solicited;
     if res.post_cqe(q.recv_cq, cqe, solicited).is_err() {
         q.resp.goto_error = true;
     }

@@ -111,6 +111,9 @@ pub struct Cqe {
     pub dlid_path_bits: u8,
     /// For UD receives over RoCEv2: 2 = IPv4, 3 = IPv6 network header (`rdma_network_type`).
     pub network_hdr_type: u8,
+    /// A receive completion of a message sent with the solicited-event bit (for
+    /// solicited-only CQ notification done outside the engine).
+    pub solicited: bool,
 }
 
 impl Cqe {
@@ -131,6 +134,7 @@ impl Cqe {
             sl: 0,
             dlid_path_bits: 0,
             network_hdr_type: 0,
+            solicited: false,
         }
     }
 }

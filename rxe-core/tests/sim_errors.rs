@@ -917,3 +917,69 @@ fn armed_cq_raises_one_completion_event() {
         .collect();
     assert_eq!(ev, vec![AsyncEvent::Completion { cqn: ep[0].cq }]);
 }
+
+#[test]
+fn a_failed_wqe_completes_in_order_and_errors_the_qp() {
+    let mut sim = Sim::new(19);
+    let ep = sim.connect(ConnOpts::default());
+    let (buf, key) = sim.reg(1, ep[1].pd, 64, ALL);
+    sim.dev(0)
+        .post_send(
+            ep[0].qpn,
+            SendWr::new(
+                1,
+                SendOp::Write {
+                    remote_addr: buf,
+                    rkey: key,
+                },
+                vec![],
+            ),
+        )
+        .unwrap();
+    assert_eq!(sim.dev(0).sq_outstanding(ep[0].qpn), Some(1));
+    sim.dev(0)
+        .post_send_failed(ep[0].qpn, 2, WcOpcode::Send, WcStatus::LocQpOpErr)
+        .unwrap();
+    sim.settle(1000);
+    // The WRITE in flight is flushed by the error, then the failed WR reports its status.
+    let c = sim.poll_all(0, ep[0].cq);
+    assert_eq!(
+        statuses(&c),
+        vec![(1, WcStatus::WrFlushErr), (2, WcStatus::LocQpOpErr)]
+    );
+    assert_eq!(c[1].opcode, WcOpcode::Send);
+    assert_eq!(sim.dev(0).qp(ep[0].qpn).unwrap().state(), QpState::Err);
+    assert_eq!(sim.dev(0).sq_outstanding(ep[0].qpn), Some(0));
+}
+
+#[test]
+fn staging_cq_has_no_limit_and_receives_report_solicited() {
+    let mut sim = Sim::new(20);
+    let ep = sim.connect(ConnOpts::default());
+    let cq = sim.dev(1).create_staging_cq().unwrap();
+    assert_eq!(sim.dev(1).cq_len(cq), 0);
+    let (src, skey) = sim.reg(0, ep[0].pd, 8, LW);
+    let (dst, dkey) = sim.reg(1, ep[1].pd, 16, LW);
+    for i in 0..2 {
+        sim.dev(1)
+            .post_recv(
+                ep[1].qpn,
+                RecvWr {
+                    wr_id: i,
+                    sg_list: sge(dst, 16, dkey),
+                },
+            )
+            .unwrap();
+        let mut w = SendWr::new(i, SendOp::Send, sge(src, 8, skey));
+        if i == 1 {
+            w.flags |= SEND_SOLICITED;
+        }
+        sim.dev(0).post_send(ep[0].qpn, w).unwrap();
+    }
+    sim.settle(1000);
+    let c = sim.poll_all(1, ep[1].cq);
+    assert_eq!(
+        c.iter().map(|c| c.solicited).collect::<Vec<_>>(),
+        vec![false, true]
+    );
+}
