@@ -1,10 +1,10 @@
 //! Crashes found by the `engine_rx` fuzz target (`fuzz/fuzz_targets/engine_rx.rs`), as plain
-//! tests through the simulator. A test marked `#[ignore]` reproduces an engine bug that is not
-//! fixed yet: the comment says where it panics; drop the `#[ignore]` with the fix.
+//! tests through the simulator. A reproducer of a bug that is not fixed yet is marked
+//! `#[ignore]` with a comment saying where it panics; drop the `#[ignore]` with the fix.
 //!
-//! Both bugs below are arithmetic overflows on values the guest chooses in a fast-registration
-//! (REG_MR) work request. They panic only where overflow checks are on (debug builds, tests,
-//! the fuzz targets); release builds wrap.
+//! Both bugs below were arithmetic overflows on values the guest chooses in a fast-registration
+//! (REG_MR) work request; they panicked where overflow checks are on (debug builds, tests, the
+//! fuzz targets) and wrapped in release builds. Fixed in 725253b (`mem::check_page_list`).
 
 use rxe_core::sim::*;
 use rxe_core::verbs::*;
@@ -37,8 +37,8 @@ fn reg_mr(lkey: u32, iova: u64, length: u64, pages: Vec<u64>) -> SendOp {
 ///
 /// `req::local_op` checks the page count with `((iova & page_mask) + length).div_ceil(..)`
 /// before it checks `iova.checked_add(length)`: the addition overflows when the iova is not
-/// page-aligned and the length is close to `u64::MAX`. Panics at `src/req.rs:230` ("attempt to
-/// add with overflow") from `Device::poll_transmit` → `req::next_request` → `req::local_op`.
+/// page-aligned and the length is close to `u64::MAX`. Panicked at `src/req.rs:230` ("attempt
+/// to add with overflow") from `Device::poll_transmit` → `req::next_request` → `req::local_op`.
 /// Expected: the WR completes with `LocQpOpErr` (as a length whose end overflows does in
 /// release builds), like `Device::reg_mr`, which checks `iova.checked_add(length)` first.
 #[test]
