@@ -19,6 +19,7 @@ fn rearm(q: &mut Qp, now: Instant) {
 fn reset_retry(q: &mut Qp) {
     q.comp.retry_cnt = q.attr.retry_cnt;
     q.comp.rnr_retry = q.attr.rnr_retry;
+    q.comp.started_retry = false;
 }
 
 /// Completes (successfully) every non-read WQE whose PSNs are all before `psn`, i.e. covered by
@@ -118,8 +119,12 @@ pub(crate) fn handle_response(
             return Err(Drop::Duplicate);
         }
         if psn.after(expected) {
-            // A response went missing: ask again from what we have.
-            crate::req::retry_from(q, expected);
+            // A response went missing: ask again from what we have, once per loss — the rest
+            // of the burst that follows it says nothing new.
+            if !q.comp.started_retry {
+                q.comp.started_retry = true;
+                crate::req::retry_from(q, expected);
+            }
             return Err(Drop::OutOfSequence);
         }
         if let SendOp::Read { .. } = w.wr.op {

@@ -119,6 +119,9 @@ pub(crate) struct CompState {
     pub retry_cnt: u8,
     pub rnr_retry: u8,
     pub retrans_at: Option<Instant>,
+    /// A READ response out of sequence already sent the requester back: later ones of the
+    /// same burst must not restart it again (rxe's `started_retry`). Cleared on progress.
+    pub started_retry: bool,
 }
 
 /// A multi-packet message being received.

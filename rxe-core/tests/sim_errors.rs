@@ -983,3 +983,44 @@ fn staging_cq_has_no_limit_and_receives_report_solicited() {
         vec![false, true]
     );
 }
+
+#[test]
+fn a_lost_read_response_restarts_the_requester_once() {
+    // 64 pipelined 64 KiB READs; every 200th response is lost. Each loss must send the
+    // requester back once, not once per response of the burst that follows it.
+    let cfg = rxe_core::DeviceConfig {
+        port_mtu: Mtu::M4096,
+        ..Default::default()
+    };
+    let mut sim = Sim::with_config(23, cfg);
+    sim.link[1].drop_every = 200;
+    let ep = sim.connect(ConnOpts {
+        mtu: Mtu::M4096,
+        max_rd_atomic: 16,
+        ..Default::default()
+    });
+    let (src, skey) = sim.reg(1, ep[1].pd, 65536, ALL);
+    let (dst, dkey) = sim.reg(0, ep[0].pd, 65536, LW);
+    for k in 0..64 {
+        let wr = SendWr::new(
+            k,
+            SendOp::Read {
+                remote_addr: src,
+                rkey: skey,
+            },
+            sge(dst, 65536, dkey),
+        );
+        sim.dev(0).post_send(ep[0].qpn, wr).unwrap();
+    }
+    sim.settle(1_000_000);
+    let c = sim.poll_all(0, ep[0].cq);
+    assert_eq!(c.len(), 64);
+    assert!(c.iter().all(|c| c.status == WcStatus::Success));
+    let lost = sim.stats[1].lost;
+    let retransmits = sim.dev(0).qp_counters(ep[0].qpn).unwrap().retransmits;
+    assert!(lost > 0);
+    assert!(
+        retransmits <= lost,
+        "{retransmits} restarts for {lost} lost responses"
+    );
+}
