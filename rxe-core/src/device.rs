@@ -509,7 +509,7 @@ impl Device {
             addr,
             length,
             access,
-            MwType::Type1,
+            Some(MwType::Type1),
         )?;
         Ok(new_key)
     }

@@ -130,7 +130,7 @@ pub(crate) fn bind_mw(
     addr: u64,
     length: u64,
     access: Access,
-    expect: MwType,
+    expect: Option<MwType>,
 ) -> Result<(), WcStatus> {
     // The MW is named by index; its variant byte is what the bind changes.
     let (mw_type, mw_pd, mw_state, old_mr) = match keys.get_by_index(mw_rkey) {
@@ -139,7 +139,7 @@ pub(crate) fn bind_mw(
         }
         _ => return Err(WcStatus::MwBindErr),
     };
-    if mw_type != expect || mw_pd != pd {
+    if expect.is_some_and(|e| e != mw_type) || mw_pd != pd {
         return Err(WcStatus::MwBindErr);
     }
     if mw_type == MwType::Type2 && mw_state == KeyState::Valid {
@@ -293,7 +293,8 @@ fn local_op(q: &Qp, res: &mut Resources, op: &SendOp) -> WcStatus {
             *addr,
             *length,
             *access,
-            MwType::Type2,
+            // librxe binds both types with a BIND_MW work request.
+            None,
         ),
         _ => Ok(()),
     };

@@ -1024,3 +1024,47 @@ fn a_lost_read_response_restarts_the_requester_once() {
         "{retransmits} restarts for {lost} lost responses"
     );
 }
+
+#[test]
+fn type1_window_bound_by_a_work_request_as_librxe_does() {
+    let mut sim = Sim::new(24);
+    let ep = sim.connect(ConnOpts::default());
+    let (mr, mrkey) = sim.reg(1, ep[1].pd, 4096, ALL);
+    let mw = sim.dev(1).alloc_mw(ep[1].pd, MwType::Type1).unwrap();
+    let new_rkey = (mw & !0xff) | ((mw + 1) & 0xff);
+    let bind = SendOp::BindMw {
+        mw_rkey: mw,
+        new_rkey,
+        mr_lkey: mrkey,
+        addr: mr,
+        length: 512,
+        access: Access::REMOTE_READ,
+    };
+    sim.dev(1)
+        .post_send(ep[1].qpn, SendWr::new(1, bind, vec![]))
+        .unwrap();
+    sim.settle(100);
+    assert_eq!(
+        statuses(&sim.poll_all(1, ep[1].cq)),
+        vec![(1, WcStatus::Success)]
+    );
+    let (dst, dkey) = sim.reg(0, ep[0].pd, 512, LW);
+    sim.dev(0)
+        .post_send(
+            ep[0].qpn,
+            SendWr::new(
+                2,
+                SendOp::Read {
+                    remote_addr: mr,
+                    rkey: new_rkey,
+                },
+                sge(dst, 512, dkey),
+            ),
+        )
+        .unwrap();
+    sim.settle(1000);
+    assert_eq!(
+        statuses(&sim.poll_all(0, ep[0].cq)),
+        vec![(2, WcStatus::Success)]
+    );
+}
