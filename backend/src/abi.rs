@@ -140,6 +140,8 @@ pub mod op {
     pub const DETACH_MCAST: u32 = 27;
     /// Resets the device: every object is destroyed, every ring forgotten.
     pub const RESET: u32 = 28;
+    /// Binds a type 1 memory window (`ibv_bind_mw`) outside any send queue.
+    pub const BIND_MW: u32 = 29;
 }
 
 /// Response status codes.
@@ -454,6 +456,20 @@ pub struct CmdAllocMw {
     pub mw_type: u32,
 }
 
+/// BIND_MW (type 1 windows): the QP names the PD the bind is checked against.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CmdBindMw {
+    pub qpn: u32,
+    /// The window's current rkey (from ALLOC_MW or the previous bind).
+    pub mw_rkey: u32,
+    pub mr_lkey: u32,
+    /// `ibv_access_flags` of the window.
+    pub access: u32,
+    pub addr: u64,
+    pub length: u64,
+}
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CmdCreateAh {
@@ -686,6 +702,7 @@ byte_valued! {
     CmdRegDmaMr = 8,
     CmdAllocMr = 8,
     CmdAllocMw = 8,
+    CmdBindMw = 32,
     CmdCreateAh = 56,
     CmdAddGid = 24,
     CmdMcast = 24,

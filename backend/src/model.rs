@@ -21,6 +21,41 @@ use crate::abi::{self, op, ring as hdr, Status};
 use crate::guest_mem::{resolve_page_list, GuestMemoryMmap};
 use crate::ring::{self, Ring, SqCaps};
 
+/// Where [`Model::pump`] puts the packets the engine produces: the transport batches them.
+pub trait PacketSink {
+    /// Room for the next packet (at least 4096 + 64 bytes).
+    fn next_buf(&mut self) -> &mut [u8];
+    /// The packet the engine just built at the front of `next_buf()` is complete.
+    fn push(&mut self, t: &Transmit);
+    /// Sends everything pushed so far.
+    fn flush(&mut self);
+}
+
+/// A sink that hands each packet to a closure at once (tests, fuzzing).
+pub struct FnSink<F: FnMut(&Transmit, &mut [u8])> {
+    pub buf: Vec<u8>,
+    pub f: F,
+}
+
+impl<F: FnMut(&Transmit, &mut [u8])> FnSink<F> {
+    pub fn new(f: F) -> Self {
+        FnSink {
+            buf: vec![0; 65536],
+            f,
+        }
+    }
+}
+
+impl<F: FnMut(&Transmit, &mut [u8])> PacketSink for FnSink<F> {
+    fn next_buf(&mut self) -> &mut [u8] {
+        &mut self.buf
+    }
+    fn push(&mut self, t: &Transmit) {
+        (self.f)(t, &mut self.buf[..t.len]);
+    }
+    fn flush(&mut self) {}
+}
+
 /// Events the device holds while the driver has no event buffer posted.
 pub const MAX_PENDING_EVENTS: usize = 4096;
 
@@ -46,9 +81,11 @@ struct QpShadow {
     qp_type: QpType,
     sq: Option<Ring>,
     rq: Option<Ring>,
+    /// SQ consumer index as published: the oldest WQE not yet completed (rxe semantics).
     sq_cons: u32,
+    /// Next SQ slot to take into the engine (`sq_cons` + the engine's outstanding WQEs).
+    sq_taken: u32,
     rq_cons: u32,
-    send_cq: u32,
     recv_cq: u32,
     srq: Option<u32>,
     caps: QpCap,
@@ -58,8 +95,6 @@ struct QpShadow {
 struct CqShadow {
     ring: Ring,
     prod: u32,
-    /// A solicited-only arm was handed to the engine and has not fired yet.
-    solicited_mirrored: bool,
     overflowed: bool,
 }
 
@@ -86,8 +121,12 @@ pub struct Model {
     /// Events waiting for an event-queue buffer.
     pub events: VecDeque<abi::Event>,
     sq_backlog: BTreeSet<u32>,
+    /// QPs with send WQEs in the engine: their SQ consumer index follows completions.
+    sq_active: BTreeSet<u32>,
     pub stats: ModelStats,
     slot: Vec<u8>,
+    /// Scratch list of object numbers (no allocation per pass).
+    scratch: Vec<u32>,
 }
 
 fn verr(e: VerbError) -> Status {
@@ -120,7 +159,7 @@ pub fn resp_size(opcode: u32) -> usize {
         op::CREATE_SRQ => size_of::<abi::RespCreateSrq>(),
         op::QUERY_SRQ => size_of::<abi::RespQuerySrq>(),
         op::REG_USER_MR | op::REG_DMA_MR | op::ALLOC_MR => size_of::<abi::RespMr>(),
-        op::ALLOC_MW => size_of::<abi::RespMr>(),
+        op::ALLOC_MW | op::BIND_MW => size_of::<abi::RespMr>(),
         op::CREATE_AH => size_of::<abi::Handle>(),
         _ => 0,
     }
@@ -217,8 +256,10 @@ impl Model {
             srqs: HashMap::new(),
             events: VecDeque::new(),
             sq_backlog: BTreeSet::new(),
+            sq_active: BTreeSet::new(),
             stats: ModelStats::default(),
             slot: Vec::new(),
+            scratch: Vec::new(),
         }
     }
 
@@ -230,6 +271,7 @@ impl Model {
         self.srqs.clear();
         self.events.clear();
         self.sq_backlog.clear();
+        self.sq_active.clear();
     }
 
     /// Number of live objects (QPs, CQs, SRQs): for leak checks.
@@ -422,6 +464,7 @@ impl Model {
                 self.dev.destroy_qp(Qpn(c.handle)).map_err(verr)?;
                 self.qps.remove(&c.handle);
                 self.sq_backlog.remove(&c.handle);
+                self.sq_active.remove(&c.handle);
                 Ok(Vec::new())
             }
             op::CREATE_SRQ => self.create_srq(mem, cmd(b)?),
@@ -483,6 +526,27 @@ impl Model {
                     _ => return Err(Status::Invalid),
                 };
                 let k = self.dev.alloc_mw(c.pdn, t).map_err(verr)?;
+                body(abi::RespMr { lkey: k, rkey: k })
+            }
+            op::BIND_MW => {
+                let c: abi::CmdBindMw = cmd(b)?;
+                if c.access & !Access::ALL.0 != 0 {
+                    return Err(Status::Invalid);
+                }
+                if !self.qps.contains_key(&c.qpn) {
+                    return Err(Status::NotFound);
+                }
+                let k = self
+                    .dev
+                    .bind_mw_type1(
+                        Qpn(c.qpn),
+                        c.mw_rkey,
+                        c.mr_lkey,
+                        c.addr,
+                        c.length,
+                        Access(c.access),
+                    )
+                    .map_err(|_| Status::Invalid)?;
                 body(abi::RespMr { lkey: k, rkey: k })
             }
             op::DEALLOC_MW => {
@@ -553,16 +617,14 @@ impl Model {
         }
         let ring = Ring::new(mem, &c.queue, abi::CQE_SIZE, c.cqe)?;
         let cap = ring.mask();
-        // The engine's own queue is only a staging area drained into the ring after every
-        // step; it gets the device maximum so that overflow is decided by the guest ring,
-        // as in rxe.
-        let cqn = self.dev.create_cq(self.cfg.dev.max_cqe).map_err(verr)?;
+        // The engine's queue is only a staging area drained into the ring after every step;
+        // overflow is decided by the guest ring, as in rxe.
+        let cqn = self.dev.create_staging_cq().map_err(verr)?;
         self.cqs.insert(
             cqn,
             CqShadow {
                 ring,
                 prod: 0,
-                solicited_mirrored: false,
                 overflowed: false,
             },
         );
@@ -682,8 +744,8 @@ impl Model {
                 sq,
                 rq,
                 sq_cons,
+                sq_taken: sq_cons,
                 rq_cons,
-                send_cq: c.send_cqn,
                 recv_cq: c.recv_cqn,
                 srq,
                 caps: cap,
@@ -782,15 +844,16 @@ impl Model {
                 self.pull_srq(mem, db.object)
             }
             abi::doorbell::CQ if self.cqs.contains_key(&db.object) => {
-                self.check_cq_arm(mem, db.object, true)
+                self.check_cq_arm(mem, db.object, None)
             }
             _ => self.stats.bad_doorbells += 1,
         }
     }
 
-    /// Moves send WQEs from the SQ ring into the engine.
+    /// Moves send WQEs from the SQ ring into the engine: at most `max_send_wr` outstanding,
+    /// as rxe, so the driver can never have more WQEs in flight than it sized its CQ for.
     fn pull_sq(&mut self, mem: &GuestMemoryMmap, qpn: u32) {
-        let Some(q) = self.qps.get_mut(&qpn) else {
+        let Some(q) = self.qps.get(&qpn) else {
             return;
         };
         let Some(sq) = q.sq.clone() else {
@@ -805,53 +868,106 @@ impl Model {
             max_inline: q.caps.max_inline_data,
             ud: matches!(q.qp_type, QpType::Ud | QpType::Gsi),
         };
-        let mut cons = q.sq_cons;
+        let max = q.caps.max_send_wr as usize;
+        let mut taken = q.sq_taken;
+        let outstanding = self.dev.sq_outstanding(Qpn(qpn)).unwrap_or(0);
+        let mut room = max.saturating_sub(outstanding);
         self.slot.resize(sq.elem_size(), 0);
         let mut backlog = false;
-        while cons != prod {
-            if sq.read_slot(mem, cons, &mut self.slot).is_err() {
+        while taken != prod {
+            if room == 0 {
+                // Completions will make room: look again then.
+                backlog = true;
+                break;
+            }
+            if sq.read_slot(mem, taken, &mut self.slot).is_err() {
                 self.stats.ring_faults += 1;
                 break;
             }
             let dev = &self.dev;
             let ah = |n: u32| n.checked_sub(1).and_then(|id| dev.ah(id));
-            match ring::decode_send_wqe(&self.slot, caps, &ah, mem) {
+            let r = match ring::decode_send_wqe(&self.slot, caps, &ah, mem) {
                 Ok(wr) => match self.dev.post_send(Qpn(qpn), wr) {
-                    Ok(()) => self.stats.sq_wqes += 1,
-                    Err(VerbError::NoResources) | Err(VerbError::BadState) => {
-                        backlog = true;
-                        break;
+                    Ok(()) => {
+                        self.stats.sq_wqes += 1;
+                        Ok(())
                     }
-                    Err(_) => {
-                        let wr_id = u64::from_le_bytes(self.slot[..8].try_into().expect("8"));
-                        let opc = u32::from_le_bytes(self.slot[12..16].try_into().expect("4"));
-                        self.bad_wqe(mem, qpn, wr_id, opc, true);
-                    }
+                    Err(e @ (VerbError::NoResources | VerbError::BadState)) => Err(e),
+                    Err(_) => self.post_failed(qpn),
                 },
-                Err((wr_id, e)) => {
+                Err((_, e)) => {
                     log::debug!("qp {qpn}: bad send WQE {e:?}");
-                    let opc = u32::from_le_bytes(self.slot[12..16].try_into().expect("4"));
-                    self.bad_wqe(mem, qpn, wr_id, opc, true);
+                    self.post_failed(qpn)
                 }
+            };
+            if r.is_err() {
+                // Not ready (RESET/INIT/RTR) or full: leave the rest in the ring.
+                backlog = true;
+                break;
             }
-            cons = (cons + 1) & sq.mask();
+            room -= 1;
+            taken = (taken + 1) & sq.mask();
         }
         if let Some(q) = self.qps.get_mut(&qpn) {
-            q.sq_cons = cons;
-        }
-        if sq.store_index(mem, hdr::CONSUMER_INDEX, cons).is_err() {
-            self.stats.ring_faults += 1;
+            q.sq_taken = taken;
         }
         if backlog {
             self.sq_backlog.insert(qpn);
         } else {
             self.sq_backlog.remove(&qpn);
         }
+        self.sq_active.insert(qpn);
+        self.sync_sq_cons(mem, qpn);
     }
 
-    /// A WQE the device cannot execute: the QP goes to the error state (flushing what came
-    /// before), then the WQE completes with LOC_QP_OP_ERR.
-    fn bad_wqe(&mut self, mem: &GuestMemoryMmap, qpn: u32, wr_id: u64, opcode: u32, send: bool) {
+    /// A send WQE the device cannot execute: it completes with LOC_QP_OP_ERR in send-queue
+    /// order and the QP moves to ERR (the engine flushes what came before and raises QP_FATAL).
+    fn post_failed(&mut self, qpn: u32) -> Result<(), VerbError> {
+        let wr_id = u64::from_le_bytes(self.slot[..8].try_into().expect("8"));
+        let opc = u32::from_le_bytes(self.slot[12..16].try_into().expect("4"));
+        let wc_op = match opc {
+            abi::wr_op::RDMA_WRITE | abi::wr_op::RDMA_WRITE_WITH_IMM => WcOpcode::RdmaWrite,
+            abi::wr_op::RDMA_READ => WcOpcode::RdmaRead,
+            abi::wr_op::ATOMIC_CMP_AND_SWP => WcOpcode::CompSwap,
+            abi::wr_op::ATOMIC_FETCH_AND_ADD => WcOpcode::FetchAdd,
+            abi::wr_op::LOCAL_INV => WcOpcode::LocalInv,
+            abi::wr_op::BIND_MW => WcOpcode::BindMw,
+            abi::wr_op::REG_MR => WcOpcode::RegMr,
+            abi::wr_op::ATOMIC_WRITE => WcOpcode::AtomicWrite,
+            _ => WcOpcode::Send,
+        };
+        self.dev
+            .post_send_failed(Qpn(qpn), wr_id, wc_op, WcStatus::LocQpOpErr)?;
+        self.stats.bad_wqes += 1;
+        Ok(())
+    }
+
+    /// Publishes the SQ consumer index: the oldest WQE the engine has not completed.
+    fn sync_sq_cons(&mut self, mem: &GuestMemoryMmap, qpn: u32) {
+        let outstanding = self.dev.sq_outstanding(Qpn(qpn)).unwrap_or(0) as u32;
+        let Some(q) = self.qps.get_mut(&qpn) else {
+            self.sq_active.remove(&qpn);
+            return;
+        };
+        let Some(sq) = &q.sq else {
+            self.sq_active.remove(&qpn);
+            return;
+        };
+        let cons = q.sq_taken.wrapping_sub(outstanding) & sq.mask();
+        if cons != q.sq_cons {
+            q.sq_cons = cons;
+            if sq.store_index(mem, hdr::CONSUMER_INDEX, cons).is_err() {
+                self.stats.ring_faults += 1;
+            }
+        }
+        if outstanding == 0 {
+            self.sq_active.remove(&qpn);
+        }
+    }
+
+    /// A receive WQE the device cannot use: the QP goes to the error state (flushing what
+    /// came before), then the WQE completes with LOC_QP_OP_ERR.
+    fn bad_recv_wqe(&mut self, mem: &GuestMemoryMmap, qpn: u32, wr_id: u64) {
         self.stats.bad_wqes += 1;
         let attr = QpAttr {
             qp_state: QpState::Err,
@@ -863,25 +979,11 @@ impl Model {
         let Some(q) = self.qps.get(&qpn) else {
             return;
         };
-        let cqn = if send { q.send_cq } else { q.recv_cq };
+        let cqn = q.recv_cq;
         self.flush_cq(mem, cqn);
-        let wc_op = if send {
-            match opcode {
-                abi::wr_op::RDMA_WRITE | abi::wr_op::RDMA_WRITE_WITH_IMM => 1,
-                abi::wr_op::RDMA_READ => 2,
-                _ => 0,
-            }
-        } else {
-            WcOpcode::Recv as u32
-        };
-        let wc = ring::error_cqe(wr_id, qpn, wc_op, WcStatus::LocQpOpErr);
+        let wc = ring::error_cqe(wr_id, qpn, WcOpcode::Recv as u32, WcStatus::LocQpOpErr);
         self.write_cqe(mem, cqn, &wc);
-        self.events.push_back(abi::Event {
-            kind: abi::event::KIND_ASYNC,
-            event: abi::event::QP_FATAL,
-            object: qpn,
-            reserved: 0,
-        });
+        self.push_event(abi::event::KIND_ASYNC, abi::event::QP_FATAL, qpn);
     }
 
     /// Moves receive WQEs from the RQ ring into the engine.
@@ -917,7 +1019,7 @@ impl Model {
                     // Full, or RESET: leave the rest in the ring.
                     Err(_) => break,
                 },
-                Err((wr_id, _)) => self.bad_wqe(mem, qpn, wr_id, 0, false),
+                Err((wr_id, _)) => self.bad_recv_wqe(mem, qpn, wr_id),
             }
             cons = (cons + 1) & rq.mask();
         }
@@ -967,23 +1069,31 @@ impl Model {
         }
     }
 
-    /// Writes one CQE into a CQ ring (overflow moves the CQ's QPs to the error state).
-    fn write_cqe(&mut self, mem: &GuestMemoryMmap, cqn: u32, wc: &abi::UverbsWc) -> bool {
-        let Some(cq) = self.cqs.get_mut(&cqn) else {
-            return false;
-        };
+    /// Is the CQ ring full? Marks the overflow (once) and tells the engine, which moves
+    /// every QP using the CQ to ERR and raises CQ_ERR, as rxe.
+    fn ring_full(&mut self, mem: &GuestMemoryMmap, cqn: u32) -> Option<bool> {
+        let cq = self.cqs.get_mut(&cqn)?;
         let Ok(cons) = cq.ring.load_index(mem, hdr::CONSUMER_INDEX) else {
             self.stats.ring_faults += 1;
-            return false;
+            return None;
         };
-        if (cq.prod.wrapping_add(1).wrapping_sub(cons)) & cq.ring.mask() == 0 {
-            if !cq.overflowed {
-                cq.overflowed = true;
-                self.stats.cq_overflows += 1;
-                self.dev.cq_overflow(cqn);
-            }
+        if (cq.prod.wrapping_add(1).wrapping_sub(cons)) & cq.ring.mask() != 0 {
+            return Some(false);
+        }
+        if !cq.overflowed {
+            cq.overflowed = true;
+            self.stats.cq_overflows += 1;
+            self.dev.cq_overflow(cqn);
+        }
+        Some(true)
+    }
+
+    /// Writes one CQE into a CQ ring (overflow moves the CQ's QPs to the error state).
+    fn write_cqe(&mut self, mem: &GuestMemoryMmap, cqn: u32, wc: &abi::UverbsWc) -> bool {
+        if self.ring_full(mem, cqn) != Some(false) {
             return false;
         }
+        let cq = self.cqs.get_mut(&cqn).expect("checked by ring_full");
         if cq
             .ring
             .write_slot(mem, cq.prod, ring::cqe_bytes(wc))
@@ -1001,35 +1111,30 @@ impl Model {
             self.stats.ring_faults += 1;
         }
         self.stats.cqes += 1;
-        self.check_cq_arm(mem, cqn, false);
+        self.check_cq_arm(mem, cqn, Some(wc.status != 0));
         true
     }
 
     /// Moves the engine's completions for `cqn` into the guest ring.
     fn flush_cq(&mut self, mem: &GuestMemoryMmap, cqn: u32) {
         let mut wrote = false;
-        loop {
-            let Some(cq) = self.cqs.get_mut(&cqn) else {
-                return;
-            };
-            if self.dev.cq_len(cqn) == 0 {
-                break;
-            }
-            let Ok(cons) = cq.ring.load_index(mem, hdr::CONSUMER_INDEX) else {
-                self.stats.ring_faults += 1;
-                return;
-            };
-            if (cq.prod.wrapping_add(1).wrapping_sub(cons)) & cq.ring.mask() == 0 {
-                if !cq.overflowed {
-                    cq.overflowed = true;
-                    self.stats.cq_overflows += 1;
-                    self.dev.cq_overflow(cqn);
+        // A solicited receive or an error among them: fires a solicited-only arm.
+        let mut solicited = false;
+        while self.dev.cq_len(cqn) > 0 {
+            match self.ring_full(mem, cqn) {
+                Some(false) => {}
+                Some(true) => {
+                    // The CQ is in error: what the engine still holds is lost, as the
+                    // completion that did not fit (rxe drops it the same way).
+                    while self.dev.poll_cq(cqn).is_some() {}
+                    break;
                 }
-                break;
+                None => return,
             }
             let Some(c) = self.dev.poll_cq(cqn) else {
                 break;
             };
+            let cq = self.cqs.get_mut(&cqn).expect("checked by ring_full");
             let wc = ring::encode_cqe(&c);
             if cq
                 .ring
@@ -1041,6 +1146,7 @@ impl Model {
             }
             cq.prod = (cq.prod + 1) & cq.ring.mask();
             self.stats.cqes += 1;
+            solicited |= c.solicited || c.status != WcStatus::Success;
             wrote = true;
         }
         if wrote {
@@ -1052,14 +1158,16 @@ impl Model {
             {
                 self.stats.ring_faults += 1;
             }
-            self.check_cq_arm(mem, cqn, false);
+            self.check_cq_arm(mem, cqn, Some(solicited));
         }
     }
 
     /// The arm protocol (doc: "CQ notification"): after publishing CQEs the device fences and
-    /// reads the notify word; NEXT_COMP fires on any new CQE. SOLICITED is handed to the
-    /// engine, which knows which completions were solicited.
-    fn check_cq_arm(&mut self, mem: &GuestMemoryMmap, cqn: u32, from_doorbell: bool) {
+    /// reads the notify word. `wrote` is `Some(solicited)` after publishing completions
+    /// (`solicited`: one of them was a solicited receive or an error), `None` for a CQ
+    /// doorbell. NEXT_COMP fires on any new CQE (on a doorbell: if the ring is not empty);
+    /// SOLICITED fires on a solicited or error completion.
+    fn check_cq_arm(&mut self, mem: &GuestMemoryMmap, cqn: u32, wrote: Option<bool>) {
         let Some(cq) = self.cqs.get_mut(&cqn) else {
             return;
         };
@@ -1068,23 +1176,24 @@ impl Model {
             self.stats.ring_faults += 1;
             return;
         };
-        if w & hdr::NOTIFY_NEXT_COMP != 0 {
-            let non_empty = cq
-                .ring
-                .load_index(mem, hdr::CONSUMER_INDEX)
-                .map(|c| c != cq.prod)
-                .unwrap_or(false);
-            if !from_doorbell || non_empty {
-                let _ = cq
-                    .ring
-                    .buf
-                    .store_u32(mem, hdr::CQ_NOTIFY, 0, Ordering::Release);
-                cq.solicited_mirrored = false;
-                self.push_event(abi::event::KIND_COMPLETION, 0, cqn);
+        let fire = match wrote {
+            Some(solicited) => {
+                w & hdr::NOTIFY_NEXT_COMP != 0 || (w & hdr::NOTIFY_SOLICITED != 0 && solicited)
             }
-        } else if w & hdr::NOTIFY_SOLICITED != 0 && !cq.solicited_mirrored {
-            cq.solicited_mirrored = true;
-            let _ = self.dev.req_notify_cq(cqn, true);
+            None => {
+                w & hdr::NOTIFY_NEXT_COMP != 0
+                    && cq
+                        .ring
+                        .load_index(mem, hdr::CONSUMER_INDEX)
+                        .is_ok_and(|c| c != cq.prod)
+            }
+        };
+        if fire {
+            let _ = cq
+                .ring
+                .buf
+                .store_u32(mem, hdr::CQ_NOTIFY, 0, Ordering::Release);
+            self.push_event(abi::event::KIND_COMPLETION, 0, cqn);
         }
     }
 
@@ -1137,36 +1246,37 @@ impl Model {
 
     /// Runs the engine until it is idle: sends what it produces through `tx`, moves
     /// completions into CQ rings, collects events.
-    pub fn pump(
-        &mut self,
-        mem: &GuestMemoryMmap,
-        now: Instant,
-        buf: &mut [u8],
-        tx: &mut dyn FnMut(&Transmit, &mut [u8]),
-    ) {
+    pub fn pump(&mut self, mem: &GuestMemoryMmap, now: Instant, tx: &mut dyn PacketSink) {
         for _ in 0..64 {
             // Completions made room in the engine's send queues: take what waits in rings.
-            let backlog: Vec<u32> = self.sq_backlog.iter().copied().collect();
             let before = self.stats.sq_wqes;
-            for qpn in backlog {
-                self.pull_sq(mem, qpn);
+            if !self.sq_backlog.is_empty() {
+                let mut v = std::mem::take(&mut self.scratch);
+                v.clear();
+                v.extend(self.sq_backlog.iter().copied());
+                for &qpn in &v {
+                    self.pull_sq(mem, qpn);
+                }
+                self.scratch = v;
             }
             let mut sent = (self.stats.sq_wqes - before) as usize;
             loop {
                 let mut ram = crate::guest_mem::GuestRam(mem);
-                let Some(t) = self.dev.poll_transmit(now, &mut ram, buf) else {
+                let Some(t) = self.dev.poll_transmit(now, &mut ram, tx.next_buf()) else {
                     break;
                 };
-                tx(&t, &mut buf[..t.len]);
+                tx.push(&t);
                 sent += 1;
                 if sent.is_multiple_of(64) {
-                    // Let completions out between bursts.
+                    // Let packets and completions out between bursts.
+                    tx.flush();
                     self.flush_all_cqs(mem);
                 }
             }
+            tx.flush();
             self.flush_all_cqs(mem);
             while let Some(e) = self.dev.poll_event() {
-                self.engine_event(mem, e);
+                self.engine_event(e);
             }
             if sent == 0 {
                 break;
@@ -1175,42 +1285,27 @@ impl Model {
     }
 
     fn flush_all_cqs(&mut self, mem: &GuestMemoryMmap) {
-        let cqns: Vec<u32> = self
-            .cqs
-            .keys()
-            .copied()
-            .filter(|&c| self.dev.cq_len(c) > 0)
-            .collect();
-        for c in cqns {
+        let mut v = std::mem::take(&mut self.scratch);
+        v.clear();
+        v.extend(self.cqs.keys().copied().filter(|&c| self.dev.cq_len(c) > 0));
+        for &c in &v {
             self.flush_cq(mem, c);
         }
-        // Arms the driver set since the last pass: mirror solicited-only arms into the engine.
-        let cqns: Vec<u32> = self.cqs.keys().copied().collect();
-        for c in cqns {
-            if let Some(cq) = self.cqs.get(&c) {
-                if !cq.solicited_mirrored {
-                    if let Ok(w) = cq.ring.buf.load_u32(mem, hdr::CQ_NOTIFY, Ordering::Relaxed) {
-                        if w == hdr::NOTIFY_SOLICITED {
-                            self.check_cq_arm(mem, c, true);
-                        }
-                    }
-                }
-            }
+        // Completions retire send WQEs: the SQ consumer indices follow.
+        v.clear();
+        v.extend(self.sq_active.iter().copied());
+        for &q in &v {
+            self.sync_sq_cons(mem, q);
         }
+        self.scratch = v;
     }
 
-    fn engine_event(&mut self, mem: &GuestMemoryMmap, e: AsyncEvent) {
+    fn engine_event(&mut self, e: AsyncEvent) {
         use abi::event as ev;
         let (event, object) = match e {
             AsyncEvent::Completion { cqn } => {
-                // A solicited-only arm fired in the engine: clear the word and notify.
-                if let Some(cq) = self.cqs.get_mut(&cqn) {
-                    cq.solicited_mirrored = false;
-                    let _ = cq
-                        .ring
-                        .buf
-                        .store_u32(mem, hdr::CQ_NOTIFY, 0, Ordering::Release);
-                }
+                // The device never arms engine CQs (the notify word is checked as CQEs are
+                // written), but an event from the engine is passed on all the same.
                 self.push_event(ev::KIND_COMPLETION, 0, cqn);
                 return;
             }

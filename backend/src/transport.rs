@@ -15,10 +15,21 @@
 //! `strict_icrc` is set.
 
 use std::io;
-use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
 
 use rxe_core::device::{RecvMeta, Transmit};
+
+use crate::model::PacketSink;
+
+/// Packets sent with one `sendmmsg`.
+pub const TX_BATCH: usize = 32;
+/// Datagrams received with one `recvmmsg`.
+pub const RX_BATCH: usize = 32;
+/// Room per packet: a 4096-byte path MTU plus every RoCE header and the ICRC.
+const TX_SLOT: usize = 4096 + 256;
+/// Room per received datagram (larger ones are truncated and dropped).
+const RX_SLOT: usize = 9216;
 use rxe_core::wire::frame::icrc_for_udp_socket;
 use rxe_core::Gid;
 
@@ -43,6 +54,17 @@ pub struct UdpTransport {
     peer_port: u16,
     strict_icrc: bool,
     pub stats: TransportStats,
+    /// Packets waiting for `sendmmsg`: `TX_BATCH` slots of `TX_SLOT` bytes.
+    tx_buf: Vec<u8>,
+    tx_pending: Vec<(usize, SocketAddr)>,
+    rx: RxBatch,
+}
+
+/// `recvmmsg` state: buffers, source addresses and their lengths.
+struct RxBatch {
+    buf: Vec<u8>,
+    names: Vec<libc::sockaddr_storage>,
+    lens: Vec<(usize, libc::socklen_t, bool)>,
 }
 
 fn setsockopt_int(fd: RawFd, level: i32, name: i32, v: i32) -> io::Result<()> {
@@ -110,6 +132,14 @@ impl UdpTransport {
             peer_port,
             strict_icrc,
             stats: TransportStats::default(),
+            tx_buf: vec![0; TX_BATCH * TX_SLOT],
+            tx_pending: Vec::with_capacity(TX_BATCH),
+            rx: RxBatch {
+                buf: vec![0; RX_BATCH * RX_SLOT],
+                // SAFETY: sockaddr_storage is plain data; all-zero is a valid value.
+                names: vec![unsafe { std::mem::zeroed() }; RX_BATCH],
+                lens: vec![(0, 0, false); RX_BATCH],
+            },
         })
     }
 
@@ -126,18 +156,26 @@ impl UdpTransport {
         Gid::from_ip(self.local.ip())
     }
 
-    /// Sends one packet (BTH … zeroed ICRC slot); fills the ICRC first.
-    pub fn send(&mut self, t: &Transmit, roce: &mut [u8]) {
+    /// Fills the ICRC of one packet (BTH … zeroed ICRC slot); returns its destination.
+    fn prepare(&mut self, t: &Transmit, roce: &mut [u8]) -> Option<SocketAddr> {
         let dst_ip = t.dst.to_ip();
         if dst_ip.is_ipv4() != self.local.is_ipv4() {
             self.stats.tx_wrong_family += 1;
-            return;
+            return None;
         }
         let dst = SocketAddr::new(dst_ip, self.peer_port);
         if icrc_for_udp_socket(self.local, dst, roce).is_err() {
             self.stats.tx_dropped += 1;
-            return;
+            return None;
         }
+        Some(dst)
+    }
+
+    /// Sends one packet at once (BTH … zeroed ICRC slot); fills the ICRC first.
+    pub fn send(&mut self, t: &Transmit, roce: &mut [u8]) {
+        let Some(dst) = self.prepare(t, roce) else {
+            return;
+        };
         match self.sock.send_to(roce, dst) {
             Ok(_) => {
                 self.stats.tx_packets += 1;
@@ -145,6 +183,147 @@ impl UdpTransport {
             }
             // A full socket buffer is loss: the engine's retransmission covers it.
             Err(_) => self.stats.tx_dropped += 1,
+        }
+    }
+
+    /// Sends the queued packets with as few `sendmmsg` calls as the kernel allows.
+    fn send_pending(&mut self) {
+        let n = self.tx_pending.len();
+        if n == 0 {
+            return;
+        }
+        let mut names: [libc::sockaddr_storage; TX_BATCH] =
+            // SAFETY: sockaddr_storage is plain data; all-zero is a valid value.
+            unsafe { std::mem::zeroed() };
+        let mut iov: [libc::iovec; TX_BATCH] =
+            // SAFETY: iovec is a pointer and a length; all-zero is a valid (empty) value.
+            unsafe { std::mem::zeroed() };
+        let mut msgs: [libc::mmsghdr; TX_BATCH] =
+            // SAFETY: mmsghdr is plain data and pointers; all-zero is a valid (empty) value.
+            unsafe { std::mem::zeroed() };
+        for (i, &(len, dst)) in self.tx_pending.iter().enumerate() {
+            let nl = sockaddr_from(dst, &mut names[i]);
+            iov[i].iov_base = self.tx_buf[i * TX_SLOT..].as_mut_ptr().cast();
+            iov[i].iov_len = len;
+            msgs[i].msg_hdr.msg_name = (&mut names[i] as *mut libc::sockaddr_storage).cast();
+            msgs[i].msg_hdr.msg_namelen = nl;
+            msgs[i].msg_hdr.msg_iov = &mut iov[i];
+            msgs[i].msg_hdr.msg_iovlen = 1;
+        }
+        let mut done = 0usize;
+        while done < n {
+            // SAFETY: `msgs[done..n]` are initialised headers whose name, iovec and data
+            // pointers point into `names`, `iov` and `self.tx_buf`, all alive and unmoved for
+            // the duration of the call.
+            let r = unsafe {
+                libc::sendmmsg(
+                    self.sock.as_raw_fd(),
+                    msgs[done..].as_mut_ptr(),
+                    (n - done) as libc::c_uint,
+                    0,
+                )
+            };
+            if r > 0 {
+                for &(len, _) in &self.tx_pending[done..done + r as usize] {
+                    self.stats.tx_packets += 1;
+                    self.stats.tx_bytes += len as u64;
+                }
+                done += r as usize;
+                continue;
+            }
+            let e = io::Error::last_os_error();
+            if r < 0 && e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            // A full socket buffer (or an ICMP error reported on this call) loses the head
+            // packet: the engine's retransmission covers it. Try the rest.
+            self.stats.tx_dropped += 1;
+            done += 1;
+        }
+        self.tx_pending.clear();
+    }
+
+    /// Receives up to [`RX_BATCH`] datagrams with one `recvmmsg`; returns how many arrived
+    /// (0 when nothing is waiting). Read them with [`Self::packet`].
+    pub fn recv_batch(&mut self) -> usize {
+        let mut iov: [libc::iovec; RX_BATCH] =
+            // SAFETY: iovec is a pointer and a length; all-zero is a valid (empty) value.
+            unsafe { std::mem::zeroed() };
+        let mut msgs: [libc::mmsghdr; RX_BATCH] =
+            // SAFETY: mmsghdr is plain data and pointers; all-zero is a valid (empty) value.
+            unsafe { std::mem::zeroed() };
+        let rx = &mut self.rx;
+        for i in 0..RX_BATCH {
+            iov[i].iov_base = rx.buf[i * RX_SLOT..].as_mut_ptr().cast();
+            iov[i].iov_len = RX_SLOT;
+            msgs[i].msg_hdr.msg_name = (&mut rx.names[i] as *mut libc::sockaddr_storage).cast();
+            msgs[i].msg_hdr.msg_namelen =
+                std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            msgs[i].msg_hdr.msg_iov = &mut iov[i];
+            msgs[i].msg_hdr.msg_iovlen = 1;
+        }
+        let n = loop {
+            // SAFETY: every header points at a live, writable buffer of the size it names
+            // (`rx.buf` slots and `rx.names` entries) that stays put during the call.
+            let r = unsafe {
+                libc::recvmmsg(
+                    self.sock.as_raw_fd(),
+                    msgs.as_mut_ptr(),
+                    RX_BATCH as libc::c_uint,
+                    libc::MSG_DONTWAIT,
+                    std::ptr::null_mut(),
+                )
+            };
+            if r >= 0 {
+                break r as usize;
+            }
+            match io::Error::last_os_error().kind() {
+                io::ErrorKind::Interrupted => continue,
+                io::ErrorKind::WouldBlock => return 0,
+                // ICMP errors surface here (ECONNREFUSED on a closed peer port): not fatal,
+                // and they consume the error: try again.
+                _ => continue,
+            }
+        };
+        for (i, m) in msgs.iter().enumerate().take(n) {
+            let trunc = m.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
+            rx.lens[i] = (m.msg_len as usize, m.msg_hdr.msg_namelen, trunc);
+        }
+        n
+    }
+
+    /// Datagram `i` of the last [`Self::recv_batch`], checked (length, ICRC); `None` if it
+    /// was dropped (counted).
+    pub fn packet(&mut self, i: usize) -> Option<(RecvMeta, &[u8])> {
+        let (n, namelen, trunc) = self.rx.lens[i];
+        self.stats.rx_packets += 1;
+        self.stats.rx_bytes += n as u64;
+        let src = sockaddr_to(&self.rx.names[i], namelen)?;
+        if n < 12 + 4 || trunc {
+            self.stats.rx_short += 1;
+            return None;
+        }
+        let bytes = &self.rx.buf[i * RX_SLOT..i * RX_SLOT + n];
+        match check_icrc(self.local, src, n, bytes) {
+            IcrcCheck::Ok => self.stats.rx_icrc_ok += 1,
+            IcrcCheck::Unverifiable if !self.strict_icrc => self.stats.rx_icrc_unverified += 1,
+            _ => {
+                self.stats.rx_icrc_bad += 1;
+                return None;
+            }
+        }
+        let meta = self.meta(src);
+        Some((meta, &self.rx.buf[i * RX_SLOT..i * RX_SLOT + n]))
+    }
+
+    fn meta(&self, src: SocketAddr) -> RecvMeta {
+        RecvMeta {
+            src: Gid::from_ip(unmap(src.ip())),
+            dst: self.gid(),
+            sport: src.port(),
+            traffic_class: 0,
+            hop_limit: 64,
+            flow_label: 0,
         }
     }
 
@@ -165,7 +344,7 @@ impl UdpTransport {
                 self.stats.rx_short += 1;
                 continue;
             }
-            match self.check_icrc(src, n, &buf[..n]) {
+            match check_icrc(self.local, src, n, &buf[..n]) {
                 IcrcCheck::Ok => self.stats.rx_icrc_ok += 1,
                 IcrcCheck::Unverifiable if !self.strict_icrc => self.stats.rx_icrc_unverified += 1,
                 _ => {
@@ -173,52 +352,129 @@ impl UdpTransport {
                     continue;
                 }
             }
-            let meta = RecvMeta {
-                src: Gid::from_ip(unmap(src.ip())),
-                dst: self.gid(),
-                sport: src.port(),
-                traffic_class: 0,
-                hop_limit: 64,
-                flow_label: 0,
-            };
-            return Some((meta, n));
+            return Some((self.meta(src), n));
+        }
+    }
+}
+
+impl PacketSink for UdpTransport {
+    fn next_buf(&mut self) -> &mut [u8] {
+        let i = self.tx_pending.len();
+        &mut self.tx_buf[i * TX_SLOT..(i + 1) * TX_SLOT]
+    }
+
+    fn push(&mut self, t: &Transmit) {
+        let i = self.tx_pending.len();
+        let len = t.len.min(TX_SLOT);
+        let mut slot = std::mem::take(&mut self.tx_buf);
+        let dst = self.prepare(t, &mut slot[i * TX_SLOT..i * TX_SLOT + len]);
+        self.tx_buf = slot;
+        if let Some(dst) = dst {
+            self.tx_pending.push((len, dst));
+            if self.tx_pending.len() == TX_BATCH {
+                self.send_pending();
+            }
         }
     }
 
-    fn check_icrc(&self, src: SocketAddr, n: usize, roce: &[u8]) -> IcrcCheck {
-        let mut h = [0u8; 48];
-        let udp_len = (8 + n) as u16;
-        let l = match (unmap(src.ip()), self.local.ip()) {
-            (IpAddr::V4(s), IpAddr::V4(d)) => {
-                h[0] = 0x45;
-                h[2..4].copy_from_slice(&(20 + udp_len).to_be_bytes());
-                // ID 0, DF.
-                h[6] = 0x40;
-                h[8] = 64;
-                h[9] = 17;
-                h[12..16].copy_from_slice(&s.octets());
-                h[16..20].copy_from_slice(&d.octets());
-                20
-            }
-            (IpAddr::V6(s), IpAddr::V6(d)) => {
-                h[0] = 0x60;
-                h[4..6].copy_from_slice(&udp_len.to_be_bytes());
-                h[6] = 17;
-                h[7] = 64;
-                h[8..24].copy_from_slice(&s.octets());
-                h[24..40].copy_from_slice(&d.octets());
-                40
-            }
-            _ => return IcrcCheck::Bad,
-        };
-        h[l..l + 2].copy_from_slice(&src.port().to_be_bytes());
-        h[l + 2..l + 4].copy_from_slice(&self.local.port().to_be_bytes());
-        h[l + 4..l + 6].copy_from_slice(&udp_len.to_be_bytes());
-        match rxe_core::icrc::verify(&h[..l + 8], roce) {
-            Ok(()) => IcrcCheck::Ok,
-            Err(_) if l == 20 => IcrcCheck::Unverifiable,
-            Err(_) => IcrcCheck::Bad,
+    fn flush(&mut self) {
+        self.send_pending();
+    }
+}
+
+/// Writes `a` as a C socket address; returns its length.
+fn sockaddr_from(a: SocketAddr, out: &mut libc::sockaddr_storage) -> libc::socklen_t {
+    match a {
+        SocketAddr::V4(v4) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: v4.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(v4.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
+            unsafe { std::ptr::write((out as *mut libc::sockaddr_storage).cast(), sin) };
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t
         }
+        SocketAddr::V6(v6) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: v6.port().to_be(),
+                sin6_flowinfo: v6.flowinfo(),
+                sin6_addr: libc::in6_addr {
+                    s6_addr: v6.ip().octets(),
+                },
+                sin6_scope_id: v6.scope_id(),
+            };
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in6.
+            unsafe { std::ptr::write((out as *mut libc::sockaddr_storage).cast(), sin6) };
+            std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t
+        }
+    }
+}
+
+/// Reads a C socket address the kernel wrote.
+fn sockaddr_to(s: &libc::sockaddr_storage, len: libc::socklen_t) -> Option<SocketAddr> {
+    let len = len as usize;
+    match s.ss_family as i32 {
+        libc::AF_INET if len >= std::mem::size_of::<libc::sockaddr_in>() => {
+            // SAFETY: the family says the storage holds a sockaddr_in, which it is aligned
+            // for and larger than.
+            let a = unsafe { &*(s as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            Some(SocketAddr::V4(SocketAddrV4::new(
+                Ipv4Addr::from(a.sin_addr.s_addr.to_ne_bytes()),
+                u16::from_be(a.sin_port),
+            )))
+        }
+        libc::AF_INET6 if len >= std::mem::size_of::<libc::sockaddr_in6>() => {
+            // SAFETY: as above, for sockaddr_in6.
+            let a = unsafe { &*(s as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            Some(SocketAddr::V6(SocketAddrV6::new(
+                Ipv6Addr::from(a.sin6_addr.s6_addr),
+                u16::from_be(a.sin6_port),
+                a.sin6_flowinfo,
+                a.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    }
+}
+
+fn check_icrc(local: SocketAddr, src: SocketAddr, n: usize, roce: &[u8]) -> IcrcCheck {
+    let mut h = [0u8; 48];
+    let udp_len = (8 + n) as u16;
+    let l = match (unmap(src.ip()), local.ip()) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            h[0] = 0x45;
+            h[2..4].copy_from_slice(&(20 + udp_len).to_be_bytes());
+            // ID 0, DF.
+            h[6] = 0x40;
+            h[8] = 64;
+            h[9] = 17;
+            h[12..16].copy_from_slice(&s.octets());
+            h[16..20].copy_from_slice(&d.octets());
+            20
+        }
+        (IpAddr::V6(s), IpAddr::V6(d)) => {
+            h[0] = 0x60;
+            h[4..6].copy_from_slice(&udp_len.to_be_bytes());
+            h[6] = 17;
+            h[7] = 64;
+            h[8..24].copy_from_slice(&s.octets());
+            h[24..40].copy_from_slice(&d.octets());
+            40
+        }
+        _ => return IcrcCheck::Bad,
+    };
+    h[l..l + 2].copy_from_slice(&src.port().to_be_bytes());
+    h[l + 2..l + 4].copy_from_slice(&local.port().to_be_bytes());
+    h[l + 4..l + 6].copy_from_slice(&udp_len.to_be_bytes());
+    match rxe_core::icrc::verify(&h[..l + 8], roce) {
+        Ok(()) => IcrcCheck::Ok,
+        Err(_) if l == 20 => IcrcCheck::Unverifiable,
+        Err(_) => IcrcCheck::Bad,
     }
 }
 

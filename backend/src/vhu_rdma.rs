@@ -21,7 +21,7 @@ use vmm_sys_util::event::{
 use crate::abi::{self, NUM_QUEUES, VQ_CTRL, VQ_DOORBELL, VQ_EVENT};
 use crate::guest_mem::GuestMemoryMmap;
 use crate::model::Model;
-use crate::transport::UdpTransport;
+use crate::transport::{UdpTransport, RX_BATCH};
 
 /// Epoll ids of the extra fds (ids up to `NUM_QUEUES` are reserved by vhost-user-backend).
 pub const UDP_EVENT: u16 = NUM_QUEUES as u16 + 1;
@@ -33,7 +33,7 @@ pub const QUEUE_SIZE: usize = 1024;
 const MAX_REQUEST: usize = 64 << 10;
 /// Datagrams handled per UDP wake-up before the engine is pumped (the socket is
 /// level-triggered: what is left wakes us again).
-const RX_BATCH: usize = 256;
+const RX_LIMIT: usize = 256;
 
 type GM = GuestMemoryAtomic<GuestMemoryMmap>;
 
@@ -49,7 +49,11 @@ pub fn now() -> rxe_core::Instant {
 }
 
 /// A non-blocking CLOCK_MONOTONIC timerfd armed with absolute deadlines.
-pub struct Timer(OwnedFd);
+pub struct Timer {
+    fd: OwnedFd,
+    /// The deadline the kernel holds, so re-arming with the same one costs no syscall.
+    armed: Mutex<Option<rxe_core::Instant>>,
+}
 
 impl Timer {
     pub fn new() -> io::Result<Timer> {
@@ -63,11 +67,19 @@ impl Timer {
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
-        // SAFETY: `fd` was just created and is owned by nobody else.
-        Ok(Timer(unsafe { OwnedFd::from_raw_fd(fd) }))
+        Ok(Timer {
+            // SAFETY: `fd` was just created and is owned by nobody else.
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+            armed: Mutex::new(None),
+        })
     }
     /// Arms for `at` (engine time), or disarms with `None`.
     pub fn arm(&self, at: Option<rxe_core::Instant>) {
+        let mut armed = lock(&self.armed);
+        if *armed == at {
+            return;
+        }
+        *armed = at;
         let mut v: libc::itimerspec =
             // SAFETY: itimerspec is plain integers; all-zero is a valid (disarmed) value.
             unsafe { std::mem::zeroed() };
@@ -79,7 +91,7 @@ impl Timer {
         // SAFETY: the fd is a timerfd we own; `v` is a valid itimerspec.
         unsafe {
             libc::timerfd_settime(
-                self.0.as_raw_fd(),
+                self.fd.as_raw_fd(),
                 libc::TFD_TIMER_ABSTIME,
                 &v,
                 std::ptr::null_mut(),
@@ -89,10 +101,12 @@ impl Timer {
     fn consume(&self) {
         let mut b = [0u8; 8];
         // SAFETY: reading 8 bytes into a live buffer from a non-blocking timerfd we own.
-        unsafe { libc::read(self.0.as_raw_fd(), b.as_mut_ptr().cast(), 8) };
+        unsafe { libc::read(self.fd.as_raw_fd(), b.as_mut_ptr().cast(), 8) };
+        // It fired: the kernel holds no deadline any more.
+        *lock(&self.armed) = None;
     }
     pub fn fd(&self) -> RawFd {
-        self.0.as_raw_fd()
+        self.fd.as_raw_fd()
     }
 }
 
@@ -102,7 +116,6 @@ pub struct VhuRdma {
     mem: Mutex<Option<GM>>,
     event_idx: AtomicBool,
     timer: Timer,
-    buf: Mutex<Vec<u8>>,
     /// Exit-event consumer fds handed to vhost-user-backend, which registers them in its
     /// epoll with `into_raw_fd()` and never closes them; closed in [`Self::close_exit_fds`]
     /// once the daemon (and its worker threads) are gone.
@@ -122,7 +135,6 @@ impl VhuRdma {
             mem: Mutex::new(None),
             event_idx: AtomicBool::new(false),
             timer: Timer::new()?,
-            buf: Mutex::new(vec![0u8; 65536]),
             exit_fds: Mutex::new(Vec::new()),
         })
     }
@@ -347,15 +359,13 @@ impl VhostUserBackend for VhuRdma {
             match device_event {
                 TIMER_EVENT => self.timer.consume(),
                 UDP_EVENT => {
-                    let mut buf = lock(&self.buf);
                     let mut t = lock(&self.transport);
-                    while t.recv(&mut buf).is_some() {}
+                    while t.recv_batch() > 0 {}
                 }
                 _ => {}
             }
             return Ok(());
         };
-        let mut buf = lock(&self.buf);
         let mut model = lock(&self.model);
         match device_event {
             VQ_CTRL => {
@@ -384,11 +394,19 @@ impl VhostUserBackend for VhuRdma {
             UDP_EVENT => {
                 let g = mem.memory();
                 let mut t = lock(&self.transport);
-                for _ in 0..RX_BATCH {
-                    let Some((meta, n)) = t.recv(&mut buf) else {
+                let mut total = 0;
+                while total < RX_LIMIT {
+                    let n = t.recv_batch();
+                    let at = now();
+                    for i in 0..n {
+                        if let Some((meta, bytes)) = t.packet(i) {
+                            model.handle_packet(&g, at, &meta, bytes);
+                        }
+                    }
+                    total += n;
+                    if n < RX_BATCH {
                         break;
-                    };
-                    model.handle_packet(&g, now(), &meta, &buf[..n]);
+                    }
                 }
             }
             TIMER_EVENT => {
@@ -400,7 +418,7 @@ impl VhostUserBackend for VhuRdma {
         {
             let g = mem.memory();
             let mut t = lock(&self.transport);
-            model.pump(&g, now(), &mut buf, &mut |tx, bytes| t.send(tx, bytes));
+            model.pump(&g, now(), &mut *t);
         }
         self.deliver_events(&vrings[VQ_EVENT as usize], &mem, &mut model)?;
         self.timer.arm(model.poll_timeout());

@@ -35,6 +35,9 @@ fuzz_target!(|data: &[u8]| {
         assert!(h.len as usize == body.len());
         rest = t;
     }
-    let mut buf = vec![0u8; 8192];
-    m.pump(&mem, rxe_core::Instant(0), &mut buf, &mut |_, _| {});
+    m.pump(
+        &mem,
+        rxe_core::Instant(0),
+        &mut vhost_user_rdma::model::FnSink::new(|_, _| {}),
+    );
 });

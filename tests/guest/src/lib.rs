@@ -942,6 +942,109 @@ impl Guest {
         })
     }
 
+    /// RESIZE_CQ: a new ring of `cqe` entries; the device moves unconsumed entries into it.
+    /// On error the old ring stays in use.
+    pub fn resize_cq(&mut self, cq: &mut Cq, cqe: u32) -> Result<()> {
+        let slots = (cqe + 1).next_power_of_two();
+        let ring = QueueBuf::new(self, slots, abi::CQE_SIZE)?;
+        let r: abi::RespCreateCq = self.cmd_t(
+            op::RESIZE_CQ,
+            &abi::CmdResizeCq {
+                cqn: cq.cqn,
+                cqe,
+                queue: ring.desc(),
+            },
+        )?;
+        cq.cqe = r.cqe;
+        cq.ring = ring;
+        Ok(())
+    }
+
+    /// ALLOC_MR: a fast-registration MR; returns its key.
+    pub fn alloc_mr(&mut self, pd: u32, max_num_sg: u32) -> Result<u32> {
+        let r: abi::RespMr = self.cmd_t(
+            op::ALLOC_MR,
+            &abi::CmdAllocMr {
+                pdn: pd,
+                max_num_sg,
+            },
+        )?;
+        Ok(r.lkey)
+    }
+
+    /// BIND_MW (type 1 windows): returns the window's new rkey.
+    pub fn bind_mw_type1(
+        &mut self,
+        qp: &Qp,
+        mw_rkey: u32,
+        mr_lkey: u32,
+        addr: u64,
+        length: u64,
+        access: Access,
+    ) -> Result<u32> {
+        let r: abi::RespMr = self.cmd_t(
+            op::BIND_MW,
+            &abi::CmdBindMw {
+                qpn: qp.qpn,
+                mw_rkey,
+                mr_lkey,
+                access: access.0,
+                addr,
+                length,
+            },
+        )?;
+        Ok(r.rkey)
+    }
+
+    /// MODIFY_SRQ.
+    pub fn modify_srq(&mut self, srq: &Srq, attr_mask: u32, max_wr: u32, limit: u32) -> Result<()> {
+        self.cmd(
+            op::MODIFY_SRQ,
+            vm_memory::ByteValued::as_slice(&abi::CmdModifySrq {
+                srqn: srq.srqn,
+                attr_mask,
+                max_wr,
+                srq_limit: limit,
+            }),
+        )
+        .map(|_| ())
+    }
+
+    /// Posts a REG_MR work request (the contract's kernel-only fast registration): maps
+    /// `iova … iova+length` of MR `lkey` under the new `key` onto the guest pages `pages`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn post_reg_mr(
+        &mut self,
+        qp: &Qp,
+        wr_id: u64,
+        lkey: u32,
+        key: u32,
+        access: Access,
+        iova: u64,
+        length: u64,
+        pages: &[u64],
+    ) -> Result<()> {
+        use abi::swqe as o;
+        let sq = qp.sq.as_ref().ok_or(Error::Status(Status::Invalid))?;
+        let list = self.page_list(pages)?;
+        let mut wr = SendWr::new(wr_id, SendOp::LocalInv { rkey: 0 }, vec![]);
+        wr.flags = SEND_SIGNALED;
+        let mut slot = encode_send_wqe(&wr, 0, sq.elem_size());
+        slot[o::OPCODE..o::OPCODE + 4].copy_from_slice(&abi::wr_op::REG_MR.to_le_bytes());
+        slot[o::EX..o::EX + 4].copy_from_slice(&[0; 4]);
+        slot[o::REG_IOVA..o::REG_IOVA + 8].copy_from_slice(&iova.to_le_bytes());
+        slot[o::REG_LENGTH..o::REG_LENGTH + 8].copy_from_slice(&length.to_le_bytes());
+        slot[o::REG_MR_LKEY..o::REG_MR_LKEY + 4].copy_from_slice(&lkey.to_le_bytes());
+        slot[o::REG_KEY..o::REG_KEY + 4].copy_from_slice(&key.to_le_bytes());
+        slot[o::REG_ACCESS..o::REG_ACCESS + 4].copy_from_slice(&access.0.to_le_bytes());
+        slot[o::REG_PAGE_SHIFT] = 12;
+        slot[o::REG_LEVELS] = 0;
+        slot[o::REG_PAGE_LIST..o::REG_PAGE_LIST + 8].copy_from_slice(&list.to_le_bytes());
+        slot[o::REG_NUM_PAGES..o::REG_NUM_PAGES + 4]
+            .copy_from_slice(&(pages.len() as u32).to_le_bytes());
+        self.post_raw_send_slot(qp, &slot)
+    }
+
     pub fn destroy_cq(&mut self, cq: Cq) -> Result<()> {
         self.handle(op::DESTROY_CQ, cq.cqn)
     }
@@ -1454,6 +1557,16 @@ pub struct Daemon {
 impl Daemon {
     /// Starts `bin` bound to `addr`.
     pub fn spawn(bin: &Path, addr: SocketAddr, extra: &[&str]) -> io::Result<Daemon> {
+        Self::spawn_on(bin, addr, extra, None)
+    }
+
+    /// Starts `bin` bound to `addr`, restricted to the CPUs in `cpus` if given.
+    pub fn spawn_on(
+        bin: &Path,
+        addr: SocketAddr,
+        extra: &[&str],
+        cpus: Option<&[usize]>,
+    ) -> io::Result<Daemon> {
         static N: AtomicU32 = AtomicU32::new(0);
         let dir = std::env::temp_dir().join(format!(
             "vur-{}-{}",
@@ -1463,8 +1576,8 @@ impl Daemon {
         std::fs::create_dir_all(&dir)?;
         let socket = dir.join("rdma.sock");
         let counters = dir.join("counters.sock");
-        let child = Command::new(bin)
-            .arg("--socket-path")
+        let mut cmd = Command::new(bin);
+        cmd.arg("--socket-path")
             .arg(&socket)
             .arg("--udp-addr")
             .arg(addr.to_string())
@@ -1477,8 +1590,21 @@ impl Daemon {
                 "RUST_LOG",
                 std::env::var("RUST_LOG").unwrap_or("warn".into()),
             )
-            .stdin(Stdio::null())
-            .spawn()?;
+            .stdin(Stdio::null());
+        if let Some(cpus) = cpus {
+            let set = cpu_set(cpus);
+            // SAFETY: the closure runs in the child between fork and exec and only calls
+            // sched_setaffinity (async-signal-safe) on a set built before the fork.
+            unsafe {
+                std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+                    if libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) != 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let child = cmd.spawn()?;
         Ok(Daemon {
             child,
             socket,
@@ -1544,6 +1670,26 @@ impl Drop for Daemon {
     }
 }
 
+fn cpu_set(cpus: &[usize]) -> libc::cpu_set_t {
+    // SAFETY: cpu_set_t is a plain bit array; all-zero is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &c in cpus.iter().filter(|&&c| c < libc::CPU_SETSIZE as usize) {
+        // SAFETY: `c` is below CPU_SETSIZE, so the bit is inside `set`.
+        unsafe { libc::CPU_SET(c, &mut set) };
+    }
+    set
+}
+
+/// Restricts the calling thread to the CPUs in `cpus`.
+pub fn pin_current_thread(cpus: &[usize]) -> io::Result<()> {
+    let set = cpu_set(cpus);
+    // SAFETY: `set` is a valid cpu_set_t of the size passed; pid 0 is the calling thread.
+    if unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Extracts `"key":<number>` from the counters JSON (first occurrence after `section`).
 pub fn json_u64(json: &str, section: &str, key: &str) -> Option<u64> {
     let from = if section.is_empty() {
@@ -1598,7 +1744,17 @@ pub struct Node {
 
 impl Node {
     pub fn start(bin: &Path, addr: SocketAddr, extra: &[&str]) -> Result<Node> {
-        let daemon = Daemon::spawn(bin, addr, extra)?;
+        Self::start_on(bin, addr, extra, None)
+    }
+
+    /// As [`Node::start`], with the daemon restricted to `cpus`.
+    pub fn start_on(
+        bin: &Path,
+        addr: SocketAddr,
+        extra: &[&str],
+        cpus: Option<&[usize]>,
+    ) -> Result<Node> {
+        let daemon = Daemon::spawn_on(bin, addr, extra, cpus)?;
         let mut guest = Guest::connect(&daemon.socket, GuestOpts::default())?;
         let gid = Gid::from_ip(addr.ip());
         guest.add_gid(0, gid)?;
@@ -1726,6 +1882,51 @@ pub mod perf {
 
     const ALL: Access = Access::LOCAL_WRITE.union(Access::REMOTE);
 
+    /// How the benchmarks wait for a completion.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum WaitMode {
+        /// Busy-poll the CQ ring (`ibv_rc_pingpong` without `-e`).
+        Spin,
+        /// Poll briefly, then arm the CQ and sleep until the device's COMPLETION event
+        /// (`ibv_rc_pingpong -e`): leaves the CPU to the daemons.
+        Event,
+    }
+
+    /// Waits for one successful completion on `cq`.
+    pub fn wait_one(g: &mut Guest, cq: &Cq, mode: WaitMode, timeout: Duration) -> Result<Wc> {
+        match mode {
+            WaitMode::Spin => spin_one(g, cq, timeout),
+            WaitMode::Event => event_one(g, cq, timeout),
+        }
+    }
+
+    /// Polls a little, then arms the CQ and blocks on the event queue.
+    pub fn event_one(g: &mut Guest, cq: &Cq, timeout: Duration) -> Result<Wc> {
+        let end = Instant::now() + timeout;
+        loop {
+            for _ in 0..64 {
+                if let Some(w) = g.poll_cq(cq, 1).pop() {
+                    if w.status != 0 {
+                        return Err(Error::BadStatus(w.status));
+                    }
+                    return Ok(w);
+                }
+                std::hint::spin_loop();
+            }
+            if g.req_notify_cq(cq, false) {
+                continue; // missed events: the ring is not empty
+            }
+            let left = end.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::Timeout("completion"));
+            }
+            let cqn = cq.cqn;
+            g.wait_event(left, |e| {
+                e.kind == abi::event::KIND_COMPLETION && e.object == cqn
+            });
+        }
+    }
+
     /// Busy-polls `cq` until one completion arrives.
     pub fn spin_one(g: &mut Guest, cq: &Cq, timeout: Duration) -> Result<Wc> {
         let end = Instant::now() + timeout;
@@ -1745,8 +1946,19 @@ pub mod perf {
         }
     }
 
-    /// RC SEND ping-pong of `size` bytes; returns the mean half round trip.
+    /// RC SEND ping-pong of `size` bytes, busy-polling; returns the mean half round trip.
     pub fn rc_pingpong(a: &mut Node, b: &mut Node, size: u32, iters: u32) -> Result<Duration> {
+        rc_pingpong_wait(a, b, size, iters, WaitMode::Spin)
+    }
+
+    /// RC SEND ping-pong of `size` bytes; returns the mean half round trip.
+    pub fn rc_pingpong_wait(
+        a: &mut Node,
+        b: &mut Node,
+        size: u32,
+        iters: u32,
+        mode: WaitMode,
+    ) -> Result<Duration> {
         let (ea, eb) = connect_qps(a, b, &ConnOpts::default())?;
         let ma = a.guest.reg_mr(ea.pd, 4096, ALL)?;
         let mb = b.guest.reg_mr(eb.pd, 4096, ALL)?;
@@ -1773,12 +1985,12 @@ pub mod perf {
             )?;
             a.guest
                 .post_send(&ea.qp, &SendWr::new(3, SendOp::Send, vec![ma.sge(0, size)]))?;
-            spin_one(&mut b.guest, &eb.cq, t)?; // recv at b
+            wait_one(&mut b.guest, &eb.cq, mode, t)?; // recv at b
             b.guest
                 .post_send(&eb.qp, &SendWr::new(4, SendOp::Send, vec![mb.sge(0, size)]))?;
-            spin_one(&mut a.guest, &ea.cq, t)?; // send done or recv at a
-            spin_one(&mut a.guest, &ea.cq, t)?;
-            spin_one(&mut b.guest, &eb.cq, t)?; // send done at b
+            wait_one(&mut a.guest, &ea.cq, mode, t)?; // send done or recv at a
+            wait_one(&mut a.guest, &ea.cq, mode, t)?;
+            wait_one(&mut b.guest, &eb.cq, mode, t)?; // send done at b
         }
         Ok(start.elapsed() / (2 * iters))
     }
@@ -1916,6 +2128,39 @@ pub mod perf {
         let d = start.elapsed() / (2 * iters);
         let _ = echo.join();
         Ok(d)
+    }
+
+    /// A stream of `count` UDP datagrams of `size` bytes between two loopback sockets (the
+    /// receiver in a thread); datagrams received per second.
+    pub fn udp_stream_rate(size: usize, count: u64) -> io::Result<f64> {
+        let (x, y) = loopback_pair(0);
+        let a = std::net::UdpSocket::bind(x)?;
+        let b = std::net::UdpSocket::bind(y)?;
+        let ba = b.local_addr()?;
+        b.set_read_timeout(Some(Duration::from_millis(200)))?;
+        let rx = std::thread::spawn(move || {
+            let mut buf = [0u8; 2048];
+            let mut n = 0u64;
+            let mut first = None;
+            let mut last = Instant::now();
+            while n < count {
+                if b.recv(&mut buf).is_err() {
+                    break;
+                }
+                last = Instant::now();
+                first.get_or_insert(last);
+                n += 1;
+            }
+            (n, first.map_or(Duration::ZERO, |f| last - f))
+        });
+        let buf = vec![0x5au8; size];
+        for _ in 0..count {
+            a.send_to(&buf, ba)?;
+        }
+        let (n, d) = rx
+            .join()
+            .map_err(|_| io::Error::other("receiver panicked"))?;
+        Ok(n as f64 / d.as_secs_f64().max(1e-9))
     }
 
     /// A TCP loopback stream of `total` bytes in `chunk` writes; bytes/s.
