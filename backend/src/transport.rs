@@ -497,19 +497,7 @@ mod tests {
     use rxe_core::wire::{emit, BthRepr, ExtRepr, Opcode};
 
     fn packet(buf: &mut [u8]) -> usize {
-        let bth = BthRepr {
-            opcode: Opcode::RC_SEND_ONLY,
-            solicited: false,
-            mig_req: false,
-            pad_count: 0,
-            tver: 0,
-            pkey: 0xffff,
-            fecn: false,
-            becn: false,
-            dest_qp: 0x12,
-            ack_req: true,
-            psn: 7,
-        };
+        let bth = BthRepr::new(Opcode::RC_SEND_ONLY, 0x12, 7, true);
         let (n, pr) = emit(buf, &bth, &ExtRepr::default(), 4).unwrap();
         buf[pr.start..pr.end].copy_from_slice(b"ping");
         n

@@ -168,19 +168,7 @@ fn run_baseline(op_len: usize, write: bool, duration: Duration) -> Result {
                     (true, false, false) => Opcode::RC_RDMA_WRITE_MIDDLE,
                     _ => Opcode::RC_RDMA_WRITE_LAST,
                 };
-                let bth = BthRepr {
-                    opcode: op,
-                    solicited: false,
-                    mig_req: false,
-                    pad_count: 0,
-                    tver: 0,
-                    pkey: 0xffff,
-                    fecn: false,
-                    becn: false,
-                    dest_qp: 0x11,
-                    ack_req: last,
-                    psn,
-                };
+                let bth = BthRepr::new(op, 0x11, psn, last);
                 let ext = ExtRepr {
                     reth: (0, 0x100, op_len as u32),
                     ..Default::default()

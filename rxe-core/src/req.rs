@@ -546,17 +546,8 @@ fn build(
         }
     };
     let bth = BthRepr {
-        opcode: op,
         solicited: end && wr_flags & SEND_SOLICITED != 0,
-        mig_req: false,
-        pad_count: 0,
-        tver: 0,
-        pkey: 0xffff,
-        fecn: false,
-        becn: false,
-        dest_qp,
-        ack_req,
-        psn: psn.get(),
+        ..BthRepr::new(op, dest_qp, psn.get(), ack_req)
     };
     let (total, range) = wire::emit(buf, &bth, &ext, payload as usize).ok()?;
     if payload > 0 {

@@ -762,19 +762,7 @@ pub(crate) fn next_response(
             (op, psn, n)
         }
     };
-    let bth = BthRepr {
-        opcode: op,
-        solicited: false,
-        mig_req: false,
-        pad_count: 0,
-        tver: 0,
-        pkey: 0xffff,
-        fecn: false,
-        becn: false,
-        dest_qp: q.attr.dest_qp_num,
-        ack_req: false,
-        psn: psn.get(),
-    };
+    let bth = BthRepr::new(op, q.attr.dest_qp_num, psn.get(), false);
     let (total, range) = wire::emit(buf, &bth, &ext, plen as usize).ok()?;
     if let RespOut::Read {
         psn,

@@ -53,17 +53,8 @@ fn ext(i: u32) -> ExtRepr {
 /// The RoCE packet (BTH … zeroed ICRC slot) for `op`, with values derived from `i`.
 fn roce(op: Opcode, i: u32) -> Vec<u8> {
     let bth = BthRepr {
-        opcode: op,
         solicited: i % 2 == 1,
-        mig_req: false,
-        pad_count: 0,
-        tver: 0,
-        pkey: 0xffff,
-        fecn: false,
-        becn: false,
-        dest_qp: 0x0012_3400 + i,
-        ack_req: true,
-        psn: 0x00ab_c000 + i,
+        ..BthRepr::new(op, 0x0012_3400 + i, 0x00ab_c000 + i, true)
     };
     let mut b = vec![0u8; 256];
     let (n, pr) = emit(&mut b, &bth, &ext(i), payload_len(op)).unwrap();
@@ -338,19 +329,7 @@ fn nonzero_udp_checksum_is_verified() {
 fn ethernet_padding_and_not_roce() {
     // An ACK is 62 bytes at L2, SEND_ONLY with no payload 58: pad it to the 60-byte minimum.
     let m = meta(v4(), true, 0);
-    let bth = BthRepr {
-        opcode: Opcode::RC_SEND_ONLY,
-        solicited: false,
-        mig_req: false,
-        pad_count: 0,
-        tver: 0,
-        pkey: 0xffff,
-        fecn: false,
-        becn: false,
-        dest_qp: 0x11,
-        ack_req: false,
-        psn: 0,
-    };
+    let bth = BthRepr::new(Opcode::RC_SEND_ONLY, 0x11, 0, false);
     let mut r = [0u8; 16];
     emit(&mut r, &bth, &ExtRepr::default(), 0).unwrap();
     let mut f = frame_of(&m, &r);

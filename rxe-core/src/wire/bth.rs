@@ -137,6 +137,24 @@ pub struct BthRepr {
 }
 
 impl BthRepr {
+    /// A BTH as rxe sends it: default P_Key, no SE/M/FECN/BECN, TVer 0, pad filled in by
+    /// `wire::emit`; the fields that vary are set on the result.
+    pub const fn new(opcode: Opcode, dest_qp: u32, psn: u32, ack_req: bool) -> Self {
+        BthRepr {
+            opcode,
+            solicited: false,
+            mig_req: false,
+            pad_count: 0,
+            tver: 0,
+            pkey: 0xffff,
+            fecn: false,
+            becn: false,
+            dest_qp,
+            ack_req,
+            psn,
+        }
+    }
+
     pub fn parse<T: AsRef<[u8]>>(h: &Bth<T>) -> Self {
         Self {
             opcode: h.opcode(),

@@ -408,19 +408,7 @@ mod tests {
     use core::net::{Ipv4Addr, Ipv6Addr};
 
     fn roce(buf: &mut [u8], at: usize) -> usize {
-        let bth = BthRepr {
-            opcode: Opcode::RC_SEND_ONLY,
-            solicited: false,
-            mig_req: false,
-            pad_count: 0,
-            tver: 0,
-            pkey: 0xffff,
-            fecn: false,
-            becn: false,
-            dest_qp: 0x12,
-            ack_req: true,
-            psn: 0x345,
-        };
+        let bth = BthRepr::new(Opcode::RC_SEND_ONLY, 0x12, 0x345, true);
         let (n, pr) = emit(&mut buf[at..], &bth, &ExtRepr::default(), 5).unwrap();
         buf[at + pr.start..at + pr.end].copy_from_slice(b"hello");
         n

@@ -235,19 +235,7 @@ mod tests {
     use super::*;
 
     fn bth(op: Opcode) -> BthRepr {
-        BthRepr {
-            opcode: op,
-            solicited: false,
-            mig_req: false,
-            pad_count: 0,
-            tver: 0,
-            pkey: 0xffff,
-            fecn: false,
-            becn: false,
-            dest_qp: 0x11,
-            ack_req: true,
-            psn: 7,
-        }
+        BthRepr::new(op, 0x11, 7, true)
     }
 
     #[test]
