@@ -4,5 +4,6 @@
 
 pub mod oob;
 pub mod peer;
+pub mod perftest;
 pub mod pingpong;
 pub mod udp;

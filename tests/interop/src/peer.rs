@@ -57,7 +57,9 @@ impl Peer {
         if let Some(t) = self.dev.poll_timeout() {
             wait = wait.min(Duration::from_nanos(t.0.saturating_sub(now.0)));
         }
-        if let Some((n, from)) = self.udp.recv(&mut self.buf, wait)? {
+        // Take what has arrived: the first datagram may be waited for, the rest only if queued.
+        let mut budget = 64;
+        while let Some((n, from)) = self.udp.recv(&mut self.buf, wait)? {
             self.received += 1;
             let meta = RecvMeta {
                 src: Gid::from_ip(from.ip()),
@@ -70,6 +72,11 @@ impl Peer {
             let _ = self
                 .dev
                 .handle_packet(now, &meta, &self.buf[..n], &mut self.mem);
+            budget -= 1;
+            if budget == 0 {
+                break;
+            }
+            wait = Duration::ZERO;
         }
         let now = self.now();
         if self.dev.poll_timeout().is_some_and(|t| t <= now) {

@@ -69,6 +69,12 @@ impl UdpTransport {
                 setsockopt_int(fd, libc::SOL_UDP, libc::UDP_NO_CHECK6_TX, 1)?;
             }
         }
+        // Room for a burst of READ responses while the pump is busy elsewhere (the kernel caps
+        // it at net.core.rmem_max; as root, SO_RCVBUFFORCE lifts the cap).
+        let rcvbuf = 8 << 20;
+        if setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, rcvbuf).is_err() {
+            let _ = setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, rcvbuf);
+        }
         let local = sock.local_addr()?;
         Ok(UdpTransport { sock, local })
     }
@@ -86,14 +92,17 @@ impl UdpTransport {
         Ok(())
     }
 
-    /// Waits up to `timeout` for a datagram.
+    /// Waits up to `timeout` for a datagram (zero: take one only if already queued).
     pub fn recv(
         &self,
         buf: &mut [u8],
         timeout: Duration,
     ) -> io::Result<Option<(usize, SocketAddr)>> {
-        self.sock
-            .set_read_timeout(Some(timeout.max(Duration::from_micros(1))))?;
+        // Zero: only a datagram already queued.
+        self.sock.set_nonblocking(timeout.is_zero())?;
+        if !timeout.is_zero() {
+            self.sock.set_read_timeout(Some(timeout))?;
+        }
         match self.sock.recv_from(buf) {
             Ok(x) => Ok(Some(x)),
             Err(e)
