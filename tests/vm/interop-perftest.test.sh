@@ -36,20 +36,9 @@ tap=vurtapP
 host4=10.77.0.1 guest4=10.77.0.2 host6=fd77::1 guest6=fd77::2
 
 log() { printf '[perftest %s] %s\n' "$(date +%T)" "$*"; }
-missing() {
-    if [[ ${CI:-} == true ]]; then
-        echo "FAIL: $* (CI=true: prerequisites must be installed)"
-        exit 1
-    fi
-    echo "SKIP: $*"
-    exit 0
-}
-[[ $(id -u) -eq 0 ]] || missing "interop-perftest needs root (tap device, bridge)"
-command -v qemu-system-x86_64 >/dev/null || missing "interop-perftest: qemu-system-x86_64 not installed (images/host-setup.sh)"
-command -v dumpcap >/dev/null || missing "interop-perftest: dumpcap not installed (images/host-setup.sh)"
-command -v tshark >/dev/null || missing "interop-perftest: tshark not installed (images/host-setup.sh)"
-images=${VUR_IMAGES:-$("$repo/images/build.sh" --print-dir)}
-[[ -f $images/vmlinuz && -f $images/initrd.img ]] || missing "interop-perftest: no guest image in $images (sudo images/build.sh)"
+# shellcheck source=tests/vm/lib.sh
+. "$here/lib.sh"
+vm_require interop-perftest dumpcap tshark
 
 t_start=$SECONDS
 log "building rxe-perftest"

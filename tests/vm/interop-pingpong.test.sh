@@ -23,19 +23,9 @@ tap=vurtapI
 host4=10.77.0.1 guest4=10.77.0.2 host6=fd77::1 guest6=fd77::2
 
 log() { printf '[interop %s] %s\n' "$(date +%T)" "$*"; }
-missing() {
-    if [[ ${CI:-} == true ]]; then
-        echo "FAIL: $* (CI=true: prerequisites must be installed)"
-        exit 1
-    fi
-    echo "SKIP: $*"
-    exit 0
-}
-[[ $(id -u) -eq 0 ]] || missing "interop-pingpong needs root (tap device, bridge)"
-command -v qemu-system-x86_64 >/dev/null || missing "interop-pingpong: qemu-system-x86_64 not installed (images/host-setup.sh)"
-command -v dumpcap >/dev/null || missing "interop-pingpong: dumpcap not installed (images/host-setup.sh)"
-images=${VUR_IMAGES:-$("$repo/images/build.sh" --print-dir)}
-[[ -f $images/vmlinuz && -f $images/initrd.img ]] || missing "interop-pingpong: no guest image in $images (sudo images/build.sh)"
+# shellcheck source=tests/vm/lib.sh
+. "$here/lib.sh"
+vm_require interop-pingpong dumpcap tshark
 
 t_start=$SECONDS
 log "building rxe-peer"

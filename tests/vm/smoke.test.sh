@@ -18,19 +18,9 @@ tap=${VUR_TAP:-vurtapS}
 guest_ip=10.77.0.2
 
 log() { printf '[smoke %s] %s\n' "$(date +%T)" "$*"; }
-missing() {
-    if [[ ${CI:-} == true ]]; then
-        echo "FAIL: $* (CI=true: prerequisites must be installed)"
-        exit 1
-    fi
-    echo "SKIP: $*"
-    exit 0
-}
-
-[[ $(id -u) -eq 0 ]] || missing "needs root (tap device, bridge)"
-command -v qemu-system-x86_64 >/dev/null || missing "qemu-system-x86_64 not installed (images/host-setup.sh)"
-images=${VUR_IMAGES:-$("$repo/images/build.sh" --print-dir)}
-[[ -f $images/vmlinuz && -f $images/initrd.img ]] || missing "no guest image in $images (sudo images/build.sh)"
+# shellcheck source=tests/vm/lib.sh
+. "$here/lib.sh"
+vm_require smoke
 
 t_start=$SECONDS
 shared=$(mktemp -d "${TMPDIR:-/tmp}/vur-smoke.XXXXXX")

@@ -1,0 +1,27 @@
+# Shared by the VM tests (source it): prerequisite checks with the SKIP / CI=true rule.
+# shellcheck shell=bash
+
+# vm_missing REASON: one line and exit 0 ("SKIP: ...") — or, under CI=true, where the
+# prerequisites are installed by .ci/run, a failure.
+vm_missing() {
+    if [[ ${CI:-} == true ]]; then
+        echo "FAIL: $* (CI=true: prerequisites must be installed)"
+        exit 1
+    fi
+    echo "SKIP: $*"
+    exit 0
+}
+
+# vm_require NAME [COMMAND...]: root, QEMU, the given commands and the guest image; sets
+# $images to the image directory.
+vm_require() {
+    local name=$1 c
+    shift
+    [[ $(id -u) -eq 0 ]] || vm_missing "$name needs root (tap device, bridge)"
+    for c in qemu-system-x86_64 "$@"; do
+        command -v "$c" >/dev/null || vm_missing "$name: $c not installed (images/host-setup.sh)"
+    done
+    images=${VUR_IMAGES:-$("$repo/images/build.sh" --print-dir)}
+    [[ -f $images/vmlinuz && -f $images/initrd.img ]] ||
+        vm_missing "$name: no guest image in $images (sudo images/build.sh)"
+}
