@@ -1068,3 +1068,59 @@ fn type1_window_bound_by_a_work_request_as_librxe_does() {
         vec![(2, WcStatus::Success)]
     );
 }
+
+#[test]
+fn a_fenced_request_waits_for_earlier_reads() {
+    let mut sim = Sim::new(25);
+    sim.link[0].delay_ns = 50_000;
+    sim.link[1].delay_ns = 50_000;
+    sim.trace = Some(Vec::new());
+    let ep = sim.connect(ConnOpts::default());
+    let (remote, rkey) = sim.reg(1, ep[1].pd, 4096, ALL);
+    let (local, lkey) = sim.reg(0, ep[0].pd, 4096, LW);
+    let read = SendOp::Read {
+        remote_addr: remote,
+        rkey,
+    };
+    sim.dev(0)
+        .post_send(ep[0].qpn, SendWr::new(1, read, sge(local, 4096, lkey)))
+        .unwrap();
+    let mut w = SendWr::new(
+        2,
+        SendOp::Write {
+            remote_addr: remote,
+            rkey,
+        },
+        sge(local, 64, lkey),
+    );
+    w.flags |= SEND_FENCE;
+    sim.dev(0).post_send(ep[0].qpn, w).unwrap();
+    sim.settle(10_000);
+    assert_eq!(
+        statuses(&sim.poll_all(0, ep[0].cq)),
+        vec![(1, WcStatus::Success), (2, WcStatus::Success)]
+    );
+    // On the wire: the WRITE leaves only after the last READ response arrived.
+    let t = sim.trace.take().unwrap();
+    let op = |x: &Traced| {
+        rxe_core::wire::Packet::new_checked(&x.bytes[..])
+            .unwrap()
+            .opcode()
+    };
+    let last_resp = t
+        .iter()
+        .filter(|x| op(x) == rxe_core::wire::Opcode::RC_RDMA_READ_RESPONSE_LAST)
+        .map(|x| x.at)
+        .max()
+        .unwrap();
+    let write = t
+        .iter()
+        .find(|x| op(x) == rxe_core::wire::Opcode::RC_RDMA_WRITE_ONLY)
+        .unwrap()
+        .at;
+    assert!(
+        write >= last_resp.plus_ns(50_000),
+        "WRITE at {write:?}, last READ response sent at {last_resp:?}"
+    );
+    // Without the fence the WRITE would have followed the READ request at once.
+}
