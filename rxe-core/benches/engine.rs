@@ -1,6 +1,7 @@
 //! The engine alone: two devices joined in memory, lossless, on one core.
 //!
-//! Run: `cargo bench -p rxe-core --bench engine` (add `-- --quick` for a short run).
+//! Run: `cargo bench -p rxe-core --bench engine` (add `-- --quick` for a short run, `--only SEND`
+//! for one case, `--no-baseline` to profile the engine alone, e.g. under callgrind).
 //!
 //! Each line prints the engine's rate beside a baseline measured in the same run: the same
 //! packets built with `wire::emit`, parsed with `Packet::new_checked` and their payload copied
@@ -209,7 +210,18 @@ fn main() {
         ("64 KiB RC WRITE", 65536, true),
     ] {
         let e = run_engine(len, write, d);
-        let b = run_baseline(len, write, d);
+        // `--no-baseline` (for profiling the engine alone) skips the reference loop.
+        let b = if std::env::args().any(|a| a == "--no-baseline") {
+            Result {
+                msgs: 1,
+                data_pkts: 1,
+                all_pkts: 1,
+                bytes: 1,
+                secs: 1.0,
+            }
+        } else {
+            run_baseline(len, write, d)
+        };
         let pps = e.data_pkts as f64 / e.secs;
         let bpps = b.data_pkts as f64 / b.secs;
         println!(
