@@ -20,7 +20,6 @@ iters=${VUR_INTEROP_ITERS:-100}
 export VUR_BRIDGE=${VUR_BRIDGE:-vurbr0}
 export VUR_MTU=9000
 tap=vurtapI
-host4=10.77.0.1 guest4=10.77.0.2 host6=fd77::1 guest6=fd77::2
 
 log() { printf '[interop %s] %s\n' "$(date +%T)" "$*"; }
 # shellcheck source=tests/vm/lib.sh

@@ -1,6 +1,10 @@
 # Shared by the VM tests (source it): prerequisite checks with the SKIP / CI=true rule.
 # shellcheck shell=bash
 
+# The test network of tests/vm/net.sh: host bridge and the first guest, IPv4 and IPv6.
+# shellcheck disable=SC2034 # used by the scripts that source this file
+host4=10.77.0.1 guest4=10.77.0.2 host6=fd77::1 guest6=fd77::2
+
 # vm_missing REASON: one line and exit 0 ("SKIP: ...") — or, under CI=true, where the
 # prerequisites are installed by .ci/run, a failure.
 vm_missing() {
