@@ -16,6 +16,14 @@ fn rearm(q: &mut Qp, now: Instant) {
     };
 }
 
+/// Spends one of `retry_cnt`'s retries: IBTA semantics (7 means seven), or rxe's "7 retries
+/// for ever" when the device is configured so.
+fn use_retry(q: &mut Qp, res: &Resources) {
+    if !(res.cfg.infinite_retry_cnt && q.attr.retry_cnt == 7) {
+        q.comp.retry_cnt -= 1;
+    }
+}
+
 fn reset_retry(q: &mut Qp) {
     q.comp.retry_cnt = q.attr.retry_cnt;
     q.comp.rnr_retry = q.attr.rnr_retry;
@@ -233,9 +241,7 @@ pub(crate) fn handle_response(
                         finish_error(q, res, seq, WcStatus::RetryExcErr);
                         return Ok(());
                     }
-                    if q.comp.retry_cnt != 7 {
-                        q.comp.retry_cnt -= 1;
-                    }
+                    use_retry(q, res);
                     crate::req::retry_from(q, psn);
                     rearm(q, now);
                 }
@@ -263,9 +269,7 @@ pub(crate) fn retransmit_timeout(q: &mut Qp, res: &mut Resources, now: Instant) 
         finish_error(q, res, seq, WcStatus::RetryExcErr);
         return;
     }
-    if q.comp.retry_cnt != 7 {
-        q.comp.retry_cnt -= 1;
-    }
+    use_retry(q, res);
     let psn = q.comp.psn;
     crate::req::retry_from(q, psn);
     rearm(q, now);

@@ -38,6 +38,11 @@ pub struct DeviceConfig {
     /// The port's active MTU (largest path MTU QPs may use).
     pub port_mtu: Mtu,
     pub mac: [u8; 6],
+    /// `retry_cnt = 7` retries forever, as Linux rxe does. Off by default: IBTA gives "7 =
+    /// infinite" only to `rnr_retry`; with `retry_cnt = 7` a WQE is sent at most eight times
+    /// and then completes with `RetryExcErr` (as hardware RoCE NICs do), so a requester whose
+    /// peer has gone ends instead of retrying for ever.
+    pub infinite_retry_cnt: bool,
 }
 
 impl Default for DeviceConfig {
@@ -61,6 +66,7 @@ impl Default for DeviceConfig {
             gid_table_len: 1024,
             port_mtu: Mtu::M1024,
             mac: [0x02, 0, 0, 0, 0, 1],
+            infinite_retry_cnt: false,
         }
     }
 }

@@ -1124,3 +1124,42 @@ fn a_fenced_request_waits_for_earlier_reads() {
     );
     // Without the fence the WRITE would have followed the READ request at once.
 }
+
+/// `retry_cnt = 7` is seven retries (IBTA): a SEND to a peer that has gone is sent eight times
+/// and completes with RetryExcErr, which is how an interop run whose peer exited after the last
+/// ACK was lost ends. Linux rxe's "7 = for ever" is a device option.
+#[test]
+fn retry_cnt_7_is_seven_retries_unless_configured_infinite() {
+    for infinite in [false, true] {
+        let cfg = rxe_core::DeviceConfig {
+            infinite_retry_cnt: infinite,
+            ..Default::default()
+        };
+        let mut sim = Sim::with_config(11, cfg);
+        sim.link[0].loss_ppm = 1_000_000;
+        let ep = sim.connect(ConnOpts {
+            retry_cnt: 7,
+            timeout: 8,
+            ..Default::default()
+        });
+        let (src, skey) = sim.reg(0, ep[0].pd, 64, LW);
+        sim.dev(0)
+            .post_send(ep[0].qpn, SendWr::new(1, SendOp::Send, sge(src, 64, skey)))
+            .unwrap();
+        if infinite {
+            let qpn = ep[0].qpn;
+            let retrying = sim.run_until(20_000, |s| {
+                s.dev(0).qp_counters(qpn).unwrap().retransmits >= 20
+            });
+            assert!(retrying, "rxe semantics keep retrying past seven");
+            assert!(statuses(&sim.poll_all(0, ep[0].cq)).is_empty());
+        } else {
+            sim.settle(20_000);
+            let done = statuses(&sim.poll_all(0, ep[0].cq));
+            let c = sim.dev(0).qp_counters(ep[0].qpn).unwrap();
+            assert_eq!(done, vec![(1, WcStatus::RetryExcErr)]);
+            assert_eq!(c.retransmits, 7, "seven retries after the first send");
+            assert_eq!(c.timeouts, 8);
+        }
+    }
+}

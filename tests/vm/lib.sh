@@ -1,11 +1,17 @@
-# Shared by the VM tests (source it): prerequisite checks with the SKIP / CI=true rule.
+# Shared by the VM tests (source it): prerequisite checks with the SKIP / CI=true rule, and the
+# network namespace every test with a network runs in.
 # shellcheck shell=bash
 
-# The test network of tests/vm/net.sh: host bridge and the first guest, IPv4 and IPv6.
+# The test network of tests/vm/net.sh, inside the test's own namespace: host bridge and the
+# first guest, IPv4 and IPv6.
 # shellcheck disable=SC2034 # used by the scripts that source this file
 host4=10.77.0.1 guest4=10.77.0.2 host6=fd77::1 guest6=fd77::2
 
-# vm_missing REASON: one line and exit 0 ("SKIP: ...") — or, under CI=true, where the
+# Exit code of a test that skipped (tests/run.sh counts it apart from passes).
+# shellcheck disable=SC2034
+VM_SKIP=77
+
+# vm_missing REASON: one line and exit $VM_SKIP ("SKIP: ...") — or, under CI=true, where the
 # prerequisites are installed by .ci/run, a failure.
 vm_missing() {
     if [[ ${CI:-} == true ]]; then
@@ -13,7 +19,7 @@ vm_missing() {
         exit 1
     fi
     echo "SKIP: $*"
-    exit 0
+    exit "$VM_SKIP"
 }
 
 # vm_require NAME [COMMAND...]: root, QEMU, the given commands and the guest image; sets
@@ -21,11 +27,27 @@ vm_missing() {
 vm_require() {
     local name=$1 c
     shift
-    [[ $(id -u) -eq 0 ]] || vm_missing "$name needs root (tap device, bridge)"
-    for c in qemu-system-x86_64 "$@"; do
+    [[ $(id -u) -eq 0 ]] || vm_missing "$name needs root (network namespace, tap device, bridge)"
+    for c in qemu-system-x86_64 ip "$@"; do
         command -v "$c" >/dev/null || vm_missing "$name: $c not installed (images/host-setup.sh)"
     done
     images=${VUR_IMAGES:-$("$repo/images/build.sh" --print-dir)}
     [[ -f $images/vmlinuz && -f $images/initrd.img ]] ||
         vm_missing "$name: no guest image in $images (sudo images/build.sh)"
+}
+
+# vm_in_netns: true when this script already runs in the namespace tests/vm/net.sh made for it.
+vm_in_netns() {
+    [[ -n ${VUR_NETNS:-} && $(ip netns identify $$ 2>/dev/null) == "$VUR_NETNS" ]]
+}
+
+# vm_netns NAME "$@": run this script again inside a network namespace of its own
+# (tests/vm/net.sh exec), which is deleted when it ends, and exit with its exit code. Returns
+# at once when already inside. Everything the test makes — bridge, taps, QEMU, host-side
+# peers, captures, netem — then lives in that namespace.
+vm_netns() {
+    local name=$1
+    shift
+    vm_in_netns && return 0
+    exec "$repo/tests/vm/net.sh" exec --name "$name" -- "$BASH" "$0" "$@"
 }

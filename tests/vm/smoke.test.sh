@@ -5,8 +5,9 @@
 #
 #   sudo tests/vm/smoke.test.sh
 #
-# Prints "SKIP: <reason>" and exits 0 when not root or QEMU / the image is missing,
-# except under CI=true, where a missing prerequisite is a failure.
+# Runs in a network namespace of its own (tests/vm/net.sh exec): bridge, tap and QEMU live
+# there and vanish with it. Prints "SKIP: <reason>" and exits 77 when not root or QEMU / the
+# image is missing, except under CI=true, where a missing prerequisite is a failure.
 # Env: VUR_SMOKE_ITERS (default 100), VUR_IMAGES, VUR_BRIDGE/VUR_TAP (default vurbr0/vurtapS).
 set -euo pipefail
 
@@ -21,6 +22,7 @@ log() { printf '[smoke %s] %s\n' "$(date +%T)" "$*"; }
 # shellcheck source=tests/vm/lib.sh
 . "$here/lib.sh"
 vm_require smoke
+vm_netns smoke "$@"
 
 t_start=$SECONDS
 shared=$(mktemp -d "${TMPDIR:-/tmp}/vur-smoke.XXXXXX")
