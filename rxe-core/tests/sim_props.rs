@@ -62,7 +62,7 @@ proptest! {
         psn1 in 0u32..0x100_0000,
         seed in any::<u64>(),
     ) {
-        let cfg = rxe_core::DeviceConfig { port_mtu: Mtu::M4096, ..Default::default() };
+        let cfg = rxe_core::DeviceConfig { port_mtu: Mtu::M4096, infinite_retry_cnt: true, ..Default::default() };
         let mut sim = Sim::with_config(seed, cfg);
         sim.link = [l0, l1];
         let ep = sim.connect(ConnOpts { mtu, sq_psn: [psn0, psn1], timeout: 10, retry_cnt: 7, rnr_retry: 7, ..Default::default() });
