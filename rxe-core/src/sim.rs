@@ -1,5 +1,9 @@
 //! A deterministic two-node simulator: two [`Device`]s with their own memory, joined by a link
-//! that can lose, duplicate, reorder and delay packets, driven by a fake clock.
+//! that can lose, duplicate, reorder, delay and corrupt packets, driven by a fake clock.
+//!
+//! A corrupted packet is caught the way the daemon's UDP transport catches it: the sending side
+//! fills the ICRC as the transport does ([`frame::icrc_for_udp_socket`]), and the receiving side
+//! checks it before the packet reaches the device, dropping it on a mismatch.
 //!
 //! Tests say "drop every third packet, then expect exactly-once delivery" instead of sleeping;
 //! the benchmarks and the pcap oracle drive the same thing.
@@ -7,10 +11,13 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
+use std::net::SocketAddr;
+
 use crate::device::*;
 use crate::mem::{Backing, VecMemory};
 use crate::types::{Gid, Instant, Qpn};
 use crate::verbs::*;
+use crate::wire::frame;
 
 /// Faults and timing of one direction of the link. Probabilities are in parts per million.
 #[derive(Clone, Debug, Default)]
@@ -25,7 +32,16 @@ pub struct LinkConfig {
     pub drop_every: u32,
     /// Largest RoCE packet (BTH..ICRC) the link carries; bigger ones are dropped. 0 = no limit.
     pub mtu: usize,
+    /// Probability that one bit of a packet is flipped on the way. The ICRC catches it at the
+    /// receiver (see the module documentation); the flip never lands in the BTH byte the ICRC
+    /// masks (FECN, BECN, resv6a), so every corrupted packet must be dropped.
+    pub corrupt_ppm: u32,
 }
+
+/// The RoCEv2 UDP destination port.
+const ROCE_PORT: u16 = 4791;
+/// BTH byte 4 (FECN, BECN, resv6a) is replaced by ones in the ICRC computation.
+const ICRC_MASKED_BYTE: usize = 4;
 
 /// A xorshift generator: deterministic, seedable, no dependency.
 #[derive(Clone, Debug)]
@@ -69,7 +85,29 @@ struct InFlight {
     seq: u64,
     to: usize,
     meta: RecvMeta,
+    /// The link may corrupt: the ICRC was filled at the sender and is checked on delivery.
+    check_icrc: bool,
     bytes: Vec<u8>,
+}
+
+/// The UDP endpoints a transport would use for a packet: the GIDs' addresses, the engine's
+/// source port, the RoCEv2 port.
+fn udp_ends(meta: &RecvMeta) -> (SocketAddr, SocketAddr) {
+    (
+        SocketAddr::new(meta.src.to_ip(), meta.sport),
+        SocketAddr::new(meta.dst.to_ip(), ROCE_PORT),
+    )
+}
+
+fn fill_icrc(meta: &RecvMeta, roce: &mut [u8]) -> Result<(), crate::wire::WireError> {
+    let (s, d) = udp_ends(meta);
+    frame::icrc_for_udp_socket(s, d, roce)
+}
+
+/// Whether the ICRC of `roce` is the one its sender would have filled.
+fn icrc_ok(meta: &RecvMeta, roce: &[u8]) -> bool {
+    let mut want = roce.to_vec();
+    fill_icrc(meta, &mut want).is_ok() && want == roce
 }
 
 impl PartialEq for InFlight {
@@ -96,7 +134,23 @@ pub struct LinkStats {
     pub lost: u64,
     pub duplicated: u64,
     pub reordered: u64,
+    /// Packets with a bit flipped on the link (a corrupted packet that is also duplicated
+    /// counts twice).
+    pub corrupted: u64,
+    /// Packets the receiving side dropped because their ICRC did not match.
+    pub icrc_dropped: u64,
+    /// Packets handed to the receiving device (duplicates count twice; ICRC drops not at all).
     pub delivered: u64,
+}
+
+/// A packet handed to a device's `handle_packet`, for tests that need to know what arrived.
+#[derive(Clone, Debug)]
+pub struct Arrival {
+    pub at: Instant,
+    /// The receiving node.
+    pub to: usize,
+    /// BTH..ICRC, as the device got it.
+    pub bytes: Vec<u8>,
 }
 
 /// A packet as it crossed the link, for traces and pcap.
@@ -116,6 +170,9 @@ pub struct Sim {
     pub rng: Rng,
     /// When set, every packet sent is recorded here.
     pub trace: Option<Vec<Traced>>,
+    /// When set, every packet handed to a device is recorded here, in the order of delivery:
+    /// what survived loss and the ICRC check, with duplicates.
+    pub arrivals: Option<Vec<Arrival>>,
     queue: BinaryHeap<Reverse<InFlight>>,
     seq: u64,
     counts: [u32; 2],
@@ -153,6 +210,7 @@ impl Sim {
             stats: [LinkStats::default(); 2],
             rng: Rng::new(seed),
             trace: None,
+            arrivals: None,
             queue: BinaryHeap::new(),
             seq: 0,
             counts: [0; 2],
@@ -208,10 +266,21 @@ impl Sim {
                 break;
             }
             let Reverse(p) = self.queue.pop().expect("peeked");
+            moved = true;
+            if p.check_icrc && !icrc_ok(&p.meta, &p.bytes) {
+                self.stats[1 - p.to].icrc_dropped += 1;
+                continue;
+            }
+            if let Some(a) = self.arrivals.as_mut() {
+                a.push(Arrival {
+                    at: self.now,
+                    to: p.to,
+                    bytes: p.bytes.clone(),
+                });
+            }
             let n = &mut self.nodes[p.to];
             let _ = n.dev.handle_packet(self.now, &p.meta, &p.bytes, &mut n.mem);
             self.stats[1 - p.to].delivered += 1;
-            moved = true;
         }
         if moved {
             return true;
@@ -234,7 +303,7 @@ impl Sim {
         }
     }
 
-    fn send(&mut self, from: usize, tx: Transmit, bytes: Vec<u8>) {
+    fn send(&mut self, from: usize, tx: Transmit, mut bytes: Vec<u8>) {
         let to = 1 - from;
         let cfg = &self.link[from];
         self.stats[from].sent += 1;
@@ -267,12 +336,30 @@ impl Sim {
             at = at.plus_ns(cfg.reorder_delay_ns.max(1));
             self.stats[from].reordered += 1;
         }
+        // Only a link that corrupts pays for the ICRC: fill it as the transport would, flip a
+        // bit, and have the receiving side check it.
+        let check_icrc = cfg.corrupt_ppm > 0;
+        let mut flipped = false;
+        if check_icrc {
+            let _ = fill_icrc(&meta, &mut bytes);
+            if self.rng.ppm(cfg.corrupt_ppm) && bytes.len() > ICRC_MASKED_BYTE + 1 {
+                let mut i = self.rng.below(bytes.len() as u64 - 1) as usize;
+                if i >= ICRC_MASKED_BYTE {
+                    i += 1;
+                }
+                bytes[i] ^= 1 << self.rng.below(8);
+                flipped = true;
+            }
+        }
         let copies = if self.rng.ppm(cfg.dup_ppm) {
             self.stats[from].duplicated += 1;
             2
         } else {
             1
         };
+        if flipped {
+            self.stats[from].corrupted += copies;
+        }
         for i in 0..copies {
             self.seq += 1;
             self.queue.push(Reverse(InFlight {
@@ -280,6 +367,7 @@ impl Sim {
                 seq: self.seq,
                 to,
                 meta,
+                check_icrc,
                 bytes: bytes.clone(),
             }));
         }
