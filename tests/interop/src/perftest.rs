@@ -27,7 +27,9 @@
 //! `size <= cycle / 2` consecutive operations step through the cycle buffer by
 //! `INC(size, cache_line)` on both ends. The whole buffer is filled with [`pattern`] repeated
 //! with period `min(PATTERN_LEN, size)` — exactly what the tool does with
-//! `--payload_file_path` given [`payload_file`] — so each side knows the other's buffer:
+//! `--payload_file_path` given [`payload_file`] — so each side knows the other's buffer. The
+//! pattern is PRNG bytes, so within a message nothing repeats (and `PATTERN_LEN` is no multiple
+//! of a path MTU): a segment placed at the wrong offset, duplicated or swapped shows:
 //! - READ completions are compared with the remote buffer byte for byte;
 //! - `ib_send_lat` receives are compared with the sender's buffer;
 //! - as `ib_write_bw` server our target half starts scrubbed ([`SCRUB`]) and afterwards must
@@ -59,8 +61,10 @@ pub const CACHE_LINE: u32 = 64;
 pub const MAX_OUT_READS: u16 = 128;
 pub const MIN_RNR_TIMER: u8 = 12;
 pub const QP_TIMEOUT: u8 = 14;
-/// Length of the payload pattern (the tool's `--payload_file_path` file holds it).
-pub const PATTERN_LEN: usize = 256;
+/// Length of the payload pattern (the tool's `--payload_file_path` file holds it): longer
+/// than the largest message the interop tests send (64 KiB), a multiple of 4 (the file holds
+/// DWORDs) and of no path MTU, so the fill never repeats at a segment boundary.
+pub const PATTERN_LEN: usize = 65536 + 4;
 /// What the target half of our buffer holds before an `ib_write_bw` peer writes into it.
 pub const SCRUB: u8 = 0xe5;
 /// perftest's fetch-and-add operand (`ATOMIC_ADD_VALUE`); compare-and-swap uses compare 0,
@@ -250,13 +254,19 @@ impl BwReport {
     }
 }
 
-/// The payload both ends put in their buffers (period `min(PATTERN_LEN, size)`).
-pub fn pattern() -> [u8; PATTERN_LEN] {
-    let mut p = [0u8; PATTERN_LEN];
-    for (i, b) in p.iter_mut().enumerate() {
-        *b = (i as u8).wrapping_mul(151).wrapping_add(0x3c) ^ (i >> 4) as u8;
-    }
-    p
+/// The payload both ends put in their buffers (period `min(PATTERN_LEN, size)`): bytes of a
+/// position-keyed PRNG (splitmix64 of the 8-byte block index).
+pub fn pattern() -> Vec<u8> {
+    (0..PATTERN_LEN)
+        .map(|i| (splitmix64(0x5eed_0002 ^ (i as u64 >> 3)) >> (8 * (i & 7))) as u8)
+        .collect()
+}
+
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// The period of the fill of a `size`-byte test (perftest stops reading the payload file at
@@ -266,7 +276,7 @@ pub fn fill_period(size: usize) -> usize {
 }
 
 /// The byte a perftest-style buffer of a `size`-byte test holds at `offset` from its start.
-pub fn fill_byte(pat: &[u8; PATTERN_LEN], size: usize, offset: u64) -> u8 {
+pub fn fill_byte(pat: &[u8], size: usize, offset: u64) -> u8 {
     pat[(offset % fill_period(size) as u64) as usize]
 }
 
@@ -398,7 +408,7 @@ impl AtomicPlan {
 }
 
 /// The initial value of every atomic slot of a perftest-style buffer.
-pub fn initial_slots(l: &Layout, pat: &[u8; PATTERN_LEN]) -> Vec<u64> {
+pub fn initial_slots(l: &Layout, pat: &[u8]) -> Vec<u64> {
     (0..l.wrap())
         .map(|j| {
             let off = l.remote_off() + l.op_off(j);
@@ -1203,7 +1213,7 @@ fn bw_server_verify(
     p: &mut Peer,
     o: &Opts,
     q: &Qp,
-    pat: &[u8; PATTERN_LEN],
+    pat: &[u8],
     rep: &mut Report,
 ) -> io::Result<()> {
     let l = q.layout;
@@ -1327,6 +1337,27 @@ mod tests {
         }
         assert_eq!(bytes, pattern());
         assert_ne!(u64::from_le_bytes(pattern()[..8].try_into().unwrap()), 0);
+    }
+
+    /// No shift by a multiple of 4 bytes up to the largest path MTU maps the pattern onto
+    /// itself, and a fill longer than the pattern never repeats at an MTU boundary: a segment
+    /// at the wrong offset cannot compare equal.
+    #[test]
+    fn pattern_has_no_period_a_segment_could_hide_in() {
+        let p = pattern();
+        for shift in (4..=8192).step_by(4) {
+            assert_ne!(p[..4096], p[shift..shift + 4096], "shift {shift}");
+        }
+        for mtu in [256u64, 512, 1024, 2048, 4096] {
+            let big = 1 << 20;
+            assert_ne!(
+                (0..mtu).map(|i| fill_byte(&p, big, i)).collect::<Vec<_>>(),
+                (0..mtu)
+                    .map(|i| fill_byte(&p, big, 64 * mtu + i))
+                    .collect::<Vec<_>>(),
+                "segment 64 of MTU {mtu} equals segment 0"
+            );
+        }
     }
 
     #[test]

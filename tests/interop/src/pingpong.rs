@@ -40,16 +40,25 @@ pub struct Opts {
     pub mtu: Mtu,
     pub rx_depth: u32,
     pub timeout: Duration,
-    /// The other end is the stock tool (its first buffer is all [`TOOL_FILL`]); false when it
-    /// is another `rxe-peer`, which sends [`pattern`].
+    /// The other end is the stock tool (its first buffer is all [`TOOL_FILL`], then it echoes
+    /// our [`pattern`]); false when it is another `rxe-peer`, which sends [`pattern`].
     pub peer_is_tool: bool,
 }
 
-/// What an `rxe-peer` client sends.
+/// What an `rxe-peer` sends: bytes of a position-keyed PRNG (splitmix64 of the 8-byte block
+/// index), so no two segments of a message are alike: a segment placed at the wrong offset,
+/// duplicated or swapped shows in the byte check whatever the path MTU.
 pub fn pattern(size: usize) -> Vec<u8> {
     (0..size)
-        .map(|i| (i as u8).wrapping_mul(13).wrapping_add(0x21))
+        .map(|i| (splitmix64(0x5eed_0001 ^ (i as u64 >> 3)) >> (8 * (i & 7))) as u8)
         .collect()
+}
+
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 #[derive(Clone, Debug)]
@@ -225,17 +234,21 @@ pub fn run(p: &mut Peer, o: &Opts) -> io::Result<Report> {
         }
     };
     let client = o.server.is_some();
-    // What we send: as client, our own pattern (the tool echoes it back); as server, what we
-    // last received (the tool's first buffer is all TOOL_FILL, and from then on our echo).
+    // What we send, in both roles: our own pattern. The tool sends and receives in one buffer,
+    // so it echoes what it last received: our pattern, except for a tool client's first SEND,
+    // which carries its initial fill (all TOOL_FILL). Another rxe-peer sends the pattern too.
     let pattern = pattern(o.size);
-    let expect: Vec<u8> = if client || !o.peer_is_tool {
-        pattern.clone()
-    } else {
-        vec![TOOL_FILL; o.size]
+    let tool_fill = vec![TOOL_FILL; o.size];
+    let expect_at = |rcnt: u32| {
+        if !client && o.peer_is_tool && rcnt == 1 {
+            &tool_fill[..]
+        } else {
+            &pattern[..]
+        }
     };
     p.mem
         .slice_mut(sbuf + grh as u64, o.size)
-        .copy_from_slice(if client { &pattern } else { &expect });
+        .copy_from_slice(&pattern);
     let mut send = SendWr::new(
         SEND_WRID,
         SendOp::Send,
@@ -291,10 +304,11 @@ pub fn run(p: &mut Peer, o: &Opts) -> io::Result<Report> {
                         )));
                     }
                     let got = p.mem.slice(rbuf + grh as u64, o.size);
-                    if got != &expect[..] {
+                    let expect = expect_at(rcnt);
+                    if got != expect {
                         let at = got
                             .iter()
-                            .zip(&expect)
+                            .zip(expect)
                             .position(|(a, b)| a != b)
                             .unwrap_or(0);
                         return Err(err(format!(
