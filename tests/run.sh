@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The project's test command (README "Run the tests"; CI calls it through .ci/run).
 #
-#   tests/run.sh            everything: Rust tests, then the VM tests
-#   tests/run.sh --no-vm    Rust tests only
+#   tests/run.sh            everything: Rust tests, fuzz smoke runs, then the VM tests
+#   tests/run.sh --no-vm    Rust tests and fuzz smoke runs only
 #
-# VM tests need root, QEMU and the guest images (images/build.sh); without them each prints one
-# line saying why it skips — except under CI=true, where a missing prerequisite is a failure.
-set -euo pipefail
+# VM tests need root, QEMU and the guest images (scripts/setup-host.sh); without them each
+# prints one line saying why it skips (exit 77) — except under CI=true, where a missing
+# prerequisite is a failure. Every step runs even when an earlier one failed; the last line is
+# "N passed, N failed, N skipped" over the Rust tests, the fuzz targets and the VM tests.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 
 vm=1
@@ -14,20 +16,57 @@ vm=1
 
 step() { printf '\n== %s\n' "$*"; }
 t0=$SECONDS
+passed=0 failed=0 skipped=0
+failures=()
+log=$(mktemp "${TMPDIR:-/tmp}/vur-tests.XXXXXX")
+trap 'rm -f "$log"' EXIT
 
-step "cargo test --workspace"
-cargo test --workspace --all-targets 2>&1
+# cargo_step NAME ARGS...: run cargo test, add up its "test result:" lines.
+cargo_step() {
+    local name=$1 rc=0 p f i
+    shift
+    step "$name"
+    cargo "$@" 2>&1 | tee "$log" || rc=$?
+    read -r p f i < <(awk '/^test result:/ { p += $4; f += $6; i += $8 } END { print p + 0, f + 0, i + 0 }' \
+        FS='[ ;]+' "$log")
+    passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + i))
+    if ((rc != 0)); then
+        ((f > 0)) || failed=$((failed + 1)) # a build failure has no result line
+        failures+=("$name (rc $rc)")
+    fi
+}
+
+# script_step SCRIPT [ARGS...]: one test; exit 0 passes, 77 skips, anything else fails.
+script_step() {
+    local t=$1 rc=0 t1=$SECONDS
+    step "$*"
+    bash "$@" || rc=$?
+    case $rc in
+    0) passed=$((passed + 1)) ;;
+    77) skipped=$((skipped + 1)) ;;
+    *) failed=$((failed + 1)); failures+=("$t (rc $rc)") ;;
+    esac
+    echo "$t: rc $rc in $((SECONDS - t1)) s"
+}
+
+cargo_step "cargo test --workspace --all-targets" test --workspace --all-targets
 # Doc tests too (all-targets skips them).
-cargo test --workspace --doc 2>&1
+cargo_step "cargo test --workspace --doc" test --workspace --doc
 echo "rust tests: $((SECONDS - t0)) s"
 
+if [[ -f tests/fuzz.sh ]]; then
+    script_step tests/fuzz.sh
+fi
+
 if ((vm)); then
-    for t in tests/vm/*.test.sh; do
+    for t in tests/vm/*.test.sh guest-driver-patches/*/test-*.sh; do
         [[ -e $t ]] || continue
-        step "$t"
-        t1=$SECONDS
-        bash "$t"
-        echo "$t: $((SECONDS - t1)) s"
+        script_step "$t"
     done
 fi
-echo "all tests passed in $((SECONDS - t0)) s"
+
+echo
+for f in "${failures[@]}"; do echo "failed: $f"; done
+echo "tests: $((SECONDS - t0)) s"
+echo "$passed passed, $failed failed, $skipped skipped"
+((failed == 0))

@@ -3,7 +3,8 @@
 #
 #   sudo tests/vm/capture-rxe.sh [--out DIR] [--no-install]
 #
-# Boots guest A (10.77.0.2, servers) and guest B (10.77.0.3, clients) on the host bridge,
+# Boots guest A (10.77.0.2, servers) and guest B (10.77.0.3, clients) on a bridge in a network
+# namespace of its own (tests/vm/net.sh exec),
 # runs the test list of tests/vm/capture-guest.sh (ibv_*_pingpong, ib_write_bw, ib_read_bw,
 # ib_atomic_bw, ib_send_lat, one IPv6-GID run) and captures on the bridge:
 #   DIR/roce.pcap   udp port 4791 only (pcap)            -> rxe-core/tests/data/rxe-6.12-capture.pcap
@@ -15,6 +16,7 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
+argv=("$@")
 out=''
 install=1
 while (($#)); do
@@ -34,6 +36,10 @@ for t in qemu-system-x86_64 dumpcap tshark python3; do
 done
 images=${VUR_IMAGES:-$("$repo/images/build.sh" --print-dir)}
 [[ -f $images/initrd.img ]] || die "no guest image in $images (sudo images/build.sh)"
+# The bridge, taps, guests and dumpcap live in a network namespace of their own.
+# shellcheck source=tests/vm/lib.sh
+. "$here/lib.sh"
+vm_netns capture "${argv[@]}"
 
 export VUR_BRIDGE=${VUR_BRIDGE:-vurbr0}
 taps=(vurtapA vurtapB)

@@ -19,10 +19,11 @@
 #   tests/vm/icrc-check.py recomputes the ICRC of every frame each side sent; every opcode
 #   the tests need must appear from both sides.
 #
-#   sudo tests/vm/interop-perftest.test.sh
+#   sudo tests/vm/interop-perftest.test.sh [--repeat N]
 #
-# Prints "SKIP: <reason>" when not root or QEMU / the image is missing (a failure under
-# CI=true). Env: VUR_INTEROP_ITERS (default 100), VUR_INTEROP_KEEP=1 keeps the artifacts,
+# --repeat N runs every case N times and prints a pass count per case. Runs in a network
+# namespace of its own (tests/vm/net.sh exec). Prints "SKIP: <reason>" and exits 77 when not
+# root or QEMU / the image is missing (a failure under CI=true). Env: VUR_INTEROP_ITERS (default 100), VUR_INTEROP_KEEP=1 keeps the artifacts,
 # VUR_PERFTEST_CASES="N ..." runs only those cases, VUR_PERFTEST_DEBUG=1 uses a debug build of
 # rxe-perftest (slower to drain its socket: expect more drops and retransmissions).
 set -euo pipefail
@@ -30,6 +31,12 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 iters=${VUR_INTEROP_ITERS:-100}
+repeat=1
+case ${1:-} in
+--repeat) repeat=${2:-}; [[ $repeat =~ ^[1-9][0-9]*$ ]] || { echo "usage: $0 [--repeat N]" >&2; exit 2; } ;;
+"") ;;
+*) echo "usage: $0 [--repeat N]" >&2; exit 2 ;;
+esac
 export VUR_BRIDGE=${VUR_BRIDGE:-vurbr0}
 export VUR_MTU=9000
 tap=vurtapP
@@ -40,18 +47,21 @@ log() { printf '[perftest %s] %s\n' "$(date +%T)" "$*"; }
 vm_require interop-perftest dumpcap tshark
 
 t_start=$SECONDS
-log "building rxe-perftest"
 # A release build: in the bandwidth cases the guest sends long back-to-back bursts (100
 # outstanding 64 KiB READ responses in case 6), and an unoptimised engine drains its UDP
 # socket slowly enough for the kernel to drop datagrams (recovered by retransmission, but
 # slow under TCG; see VUR_PERFTEST_DEBUG).
 if [[ ${VUR_PERFTEST_DEBUG:-} == 1 ]]; then
-    (cd "$repo" && cargo build -q -p vur-interop --bin rxe-perftest)
-    peer=$repo/target/debug/rxe-perftest
+    profile=(); peer=$repo/target/debug/rxe-perftest
 else
-    (cd "$repo" && cargo build -q --release -p vur-interop --bin rxe-perftest)
-    peer=$repo/target/release/rxe-perftest
+    profile=(--release); peer=$repo/target/release/rxe-perftest
 fi
+if ! vm_in_netns; then
+    log "building rxe-perftest"
+    (cd "$repo" && cargo build -q "${profile[@]}" -p vur-interop --bin rxe-perftest)
+fi
+vm_netns perftest "$@"
+[[ -x $peer ]] || { echo "FAIL: $peer not built"; exit 1; }
 
 # Cases: number, role of the TOOL in the guest, test, IP family of the GIDs, size, then
 # extra arguments for rxe-perftest after "|" (our offered MTU; the tool offers the guest's
@@ -81,8 +91,22 @@ if [[ -n ${VUR_PERFTEST_CASES:-} ]]; then
     for c in "${cases[@]}"; do
         [[ " $VUR_PERFTEST_CASES " == *" ${c%% *} "* ]] && sel+=("$c")
     done
+    ((${#sel[@]})) || { echo "FAIL: VUR_PERFTEST_CASES='$VUR_PERFTEST_CASES' selects no case"; exit 1; }
     cases=("${sel[@]}")
 fi
+# --repeat: every case N times (numbered N.r, each with its own port).
+if ((repeat > 1)); then
+    rep=()
+    for c in "${cases[@]}"; do
+        for ((r = 1; r <= repeat; r++)); do rep+=("${c%% *}.$r ${c#* }"); done
+    done
+    cases=("${rep[@]}")
+fi
+port_of() { # case id N or N.r -> a port of its own
+    local n=${1%%.*} r=1
+    [[ $1 != *.* ]] || r=${1#*.}
+    echo $((18700 + 100 * (r - 1) + n))
+}
 tool_of() { # test name -> "tool binary + its test arguments"
     case $1 in
         send_lat) echo ib_send_lat ;;
@@ -123,7 +147,7 @@ cap_pid=$!
 : >"$shared/cases"
 for c in "${cases[@]}"; do
     read -r n role test fam size _ <<<"${c%%|*}"
-    echo "$n $role $fam $size $(tool_of "$test")" >>"$shared/cases"
+    echo "$n $(port_of "$n") $role $fam $size $(tool_of "$test")" >>"$shared/cases"
 done
 cat >"$shared/interop-guest.sh" <<EOF
 #!/bin/bash
@@ -138,8 +162,7 @@ for _ in $(seq 50); do g6=$(vur-gid v6) && break; sleep 0.2; done
 [[ -n $g6 ]] || { echo "INTEROP-FAIL no IPv6 RoCE v2 GID"; exit 1; }
 ibv_devinfo -d rxe0 | grep -E 'active_mtu|state'
 fails=0
-while read -r n role fam size tool; do
-    port=$((18700 + n))
+while read -r n port role fam size tool; do
     if [[ $fam == 6 ]]; then gid=$g6; else gid=$g4; fi
     # perftest's out-of-band TCP is IPv4 whatever the GID.
     cmd="$tool -d rxe0 -x $gid -F -n $iters -s $size -p $port --payload_file_path /vur/payload.txt"
@@ -165,7 +188,7 @@ EOF
 
 log "booting guest"
 "$here/run-vm.sh" --name interop --tap "$tap" --ip "$guest4/24" --ip6 "$guest6/64" --mtu 9000 \
-    --scenario "$shared/interop-guest.sh" --shared "$shared" --images "$images" --timeout 600 \
+    --scenario "$shared/interop-guest.sh" --shared "$shared" --images "$images" --timeout $((120 + 40 * ${#cases[@]})) \
     >"$shared/run-vm.log" 2>&1 &
 vm_pid=$!
 
@@ -174,7 +197,7 @@ declare -A host_rc
 for c in "${cases[@]}"; do
     read -r n role test fam size _ <<<"${c%%|*}"
     extra=${c#*|}
-    port=$((18700 + n))
+    port=$(port_of "$n")
     # The RoCE address follows the GID family; the TCP exchange is always IPv4.
     if [[ $fam == 6 ]]; then local_ip=$host6; else local_ip=$host4; fi
     read -r -a ours <<<"$(ours_of "$test")"
@@ -218,6 +241,7 @@ grep -a '^INTEROP\|^    ' "$shared/interop.console.log" | tr -d '\r' || true
 table() { awk '/#bytes/ { h = 1; next } h && $1 ~ /^[0-9]+$/ { print $1, $2; exit }' "$1" 2>/dev/null; }
 echo
 table_fail=0
+declare -A pass total
 printf '%-4s %-7s %-10s %-4s %-6s %-8s %-8s %-8s %-16s %-22s %s\n' case tool test ip size our-mtu tool-rc peer-rc 'tool bytes/iters' 'our compl/verified' 'rxe-perftest counters'
 for c in "${cases[@]}"; do
     read -r n role test fam size _ <<<"${c%%|*}"
@@ -235,8 +259,16 @@ for c in "${cases[@]}"; do
     cnt=$(sed -n 's/^counters: //p' "$shared/host-case-$n.log" 2>/dev/null | sed 's/rnr_naks_[a-z]*=0 //g; s/ dropped=[0-9]*//')
     printf '%-4s %-7s %-10s v%-3s %-6s %-8s %-8s %-8s %-16s %-22s %s\n' "$n" "$role" "$test" "$fam" "$size" "${extra#-m }" \
         "$grc" "${host_rc[$n]}" "$tab" "${res:--}" "$cnt"
+    base=${n%%.*}
+    total[$base]=$((${total[$base]:-0} + 1))
+    [[ $grc != 0 || ${host_rc[$n]} != 0 ]] || pass[$base]=$((${pass[$base]:-0} + 1))
 done
 echo
+if ((repeat > 1)); then
+    echo "pass count per case ($repeat repetitions):"
+    for b in $(printf '%s\n' "${!total[@]}" | sort -n); do echo "  case $b: ${pass[$b]:-0}/${total[$b]}"; done
+    echo
+fi
 
 log "checking the capture"
 cap_rc=0

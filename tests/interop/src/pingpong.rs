@@ -5,6 +5,7 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::{Duration, Instant as Wall};
 
 use rxe_core::mem::Backing;
@@ -43,6 +44,24 @@ pub struct Opts {
     /// The other end is the stock tool (its first buffer is all [`TOOL_FILL`], then it echoes
     /// our [`pattern`]); false when it is another `rxe-peer`, which sends [`pattern`].
     pub peer_is_tool: bool,
+    /// A file the harness creates, holding the tool's exit code, once the tool has exited.
+    /// With it we stay on the wire (re-ACKing retransmissions) until the tool has left, and a
+    /// last SEND that fails with RetryExcErr after the tool exited 0 is the defined end of a run
+    /// whose final ACK was lost (see docs/interop.md). Without it we linger 300 ms.
+    pub tool_done: Option<PathBuf>,
+    /// Fail when nothing arrives and nothing completes for this long, saying what we wait for.
+    pub stall: Duration,
+}
+
+/// How a run ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum End {
+    /// Every send and every receive completed successfully.
+    Complete,
+    /// Every receive completed and was verified, every send but the last completed, and the
+    /// last SEND ended with RetryExcErr after the tool had exited 0: the tool's ACK of it was
+    /// lost and its QP was gone before our retransmission arrived.
+    LastSendAfterToolLeft,
 }
 
 /// What an `rxe-peer` sends: bytes of a position-keyed PRNG (splitmix64 of the 8-byte block
@@ -71,6 +90,12 @@ pub struct Report {
     pub remote: Dest,
     /// Our QP's transport counters (retransmissions, NAKs, duplicates, ...).
     pub counters: rxe_core::QpCounters,
+    pub end: End,
+}
+
+/// The tool's exit code, once the harness has written it to `path`.
+fn tool_exit(path: &std::path::Path) -> Option<i32> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
 fn err(msg: String) -> io::Error {
@@ -273,7 +298,21 @@ pub fn run(p: &mut Peer, o: &Opts) -> io::Result<Report> {
     let start = Wall::now();
     let deadline = start + o.timeout;
     let (mut scnt, mut rcnt, mut verified) = (0u32, 0u32, 0u32);
+    let mut end = End::Complete;
     let mut pending = RECV_WRID;
+    // Progress watchdog: a datagram in or a completion out resets it.
+    let mut progress_at = Wall::now();
+    let mut seen = p.received;
+    let waiting_for = |pending: u64, scnt: u32, rcnt: u32| {
+        let mut w = Vec::new();
+        if pending & SEND_WRID != 0 {
+            w.push(format!("the completion (ACK) of our SEND #{}", scnt + 1));
+        }
+        if pending & RECV_WRID != 0 {
+            w.push(format!("the tool's SEND #{}", rcnt + 1));
+        }
+        w.join(" and ")
+    };
     if client {
         ok(p.dev.post_send(qpn, send.clone()), "post_send")?;
         pending |= SEND_WRID;
@@ -285,7 +324,47 @@ pub fn run(p: &mut Peer, o: &Opts) -> io::Result<Report> {
             )));
         }
         p.pump(Duration::from_millis(5))?;
+        if p.received != seen {
+            seen = p.received;
+            progress_at = Wall::now();
+        }
+        if progress_at.elapsed() > o.stall {
+            let c = p.dev.qp_counters(qpn).unwrap_or_default();
+            return Err(err(format!(
+                "stalled: nothing received and nothing completed for {:.1} s after {scnt} sends and {rcnt} receives; waiting for {}; counters: retransmits={} timeouts={} naks_sent={} naks_received={} duplicates={}",
+                o.stall.as_secs_f64(),
+                waiting_for(pending, scnt, rcnt),
+                c.retransmits, c.timeouts, c.naks_sent, c.naks_received, c.duplicates
+            )));
+        }
         while let Some(c) = p.dev.poll_cq(cq) {
+            progress_at = Wall::now();
+            if c.status == WcStatus::RetryExcErr
+                && c.wr_id == SEND_WRID
+                && rcnt == o.iters
+                && scnt + 1 == o.iters
+            {
+                if let Some(f) = &o.tool_done {
+                    // The last SEND only: did the tool leave before our retransmission came?
+                    let until = Wall::now() + o.stall;
+                    while tool_exit(f).is_none() && Wall::now() < until {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    match tool_exit(f) {
+                        Some(0) => {
+                            end = End::LastSendAfterToolLeft;
+                            scnt += 1;
+                            break;
+                        }
+                        rc => {
+                            return Err(err(format!(
+                                "last SEND failed with RetryExcErr and the tool's exit code is {rc:?} (want 0 in {})",
+                                f.display()
+                            )))
+                        }
+                    }
+                }
+            }
             if c.status != WcStatus::Success {
                 return Err(err(format!(
                     "completion error {:?} for wr_id {}",
@@ -334,10 +413,35 @@ pub fn run(p: &mut Peer, o: &Opts) -> io::Result<Report> {
         }
     }
     let secs = start.elapsed().as_secs_f64();
-    // Let the last ACKs out before the process goes away.
-    let linger = Wall::now() + Duration::from_millis(300);
-    while Wall::now() < linger {
-        p.pump(Duration::from_millis(5))?;
+    match &o.tool_done {
+        // Stay on the wire until the tool has left: our ACK of its last message may be lost,
+        // and then we must be here to answer its retransmission.
+        Some(f) => {
+            let mut quiet_since = Wall::now();
+            let mut seen = p.received;
+            while tool_exit(f).is_none() {
+                p.pump(Duration::from_millis(5))?;
+                if p.received != seen {
+                    seen = p.received;
+                    quiet_since = Wall::now();
+                }
+                if quiet_since.elapsed() > o.stall {
+                    return Err(err(format!(
+                        "all {} messages done both ways, but the tool has not exited ({} absent) and nothing arrived for {:.1} s",
+                        o.iters,
+                        f.display(),
+                        o.stall.as_secs_f64()
+                    )));
+                }
+            }
+        }
+        // Let the last ACKs out before the process goes away.
+        None => {
+            let linger = Wall::now() + Duration::from_millis(300);
+            while Wall::now() < linger {
+                p.pump(Duration::from_millis(5))?;
+            }
+        }
     }
     let counters = p.dev.qp_counters(qpn).unwrap_or_default();
     Ok(Report {
@@ -347,5 +451,6 @@ pub fn run(p: &mut Peer, o: &Opts) -> io::Result<Report> {
         verified,
         remote,
         counters,
+        end,
     })
 }

@@ -28,6 +28,8 @@ fn pair(kind: Kind, a: u8, size: usize, mtu: Mtu) {
         rx_depth: 64,
         timeout: Duration::from_secs(60),
         peer_is_tool: false,
+        tool_done: None,
+        stall: Duration::from_secs(20),
     };
     let so = base.clone();
     let scfg = cfg.clone();

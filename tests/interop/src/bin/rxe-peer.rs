@@ -5,7 +5,9 @@
 //! rxe-peer --local-ip 10.77.0.1 rc [--server 10.77.0.2] [-s 4096] [-n 1000] [-m 1024]
 //! ```
 //! With `--server` we are the client of a tool listening there; without, we listen (port 18515)
-//! and the tool connects to us. Prints the tool's style of result line and exits non-zero on any
+//! and the tool connects to us. `--tool-done FILE`: the harness writes the tool's exit code
+//! there when the tool has exited; we stay on the wire until then. `--stall SECS` (default 10):
+//! fail, saying what we wait for, when nothing arrives and nothing completes for that long. Prints the tool's style of result line and exits non-zero on any
 //! error, completion error, data mismatch or timeout.
 
 use std::net::{IpAddr, SocketAddr};
@@ -19,7 +21,7 @@ use vur_interop::pingpong::{self, Kind, Opts};
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: rxe-peer --local-ip IP {{rc|uc|ud}} [--server IP] [-p PORT] [-s SIZE] [-n ITERS] [-m MTU] [-r RX_DEPTH] [--timeout SECS]"
+        "usage: rxe-peer --local-ip IP {{rc|uc|ud}} [--server IP] [-p PORT] [-s SIZE] [-n ITERS] [-m MTU] [-r RX_DEPTH] [--timeout SECS] [--stall SECS] [--tool-done FILE]"
     );
     ExitCode::from(2)
 }
@@ -30,6 +32,8 @@ fn main() -> ExitCode {
     let mut kind = None;
     let mut server: Option<IpAddr> = None;
     let mut self_test = false;
+    let mut tool_done: Option<std::path::PathBuf> = None;
+    let mut stall = 10.0f64;
     let (mut port, mut size, mut iters, mut mtu, mut rx_depth, mut timeout) =
         (18515u16, 4096usize, 1000u32, 1024u32, 500u32, 120u64);
     let mut it = args.iter();
@@ -44,6 +48,17 @@ fn main() -> ExitCode {
             "-m" | "--mtu" => val().parse().map(|v| mtu = v).is_ok(),
             "-r" | "--rx-depth" => val().parse().map(|v| rx_depth = v).is_ok(),
             "--timeout" => val().parse().map(|v| timeout = v).is_ok(),
+            "--stall" => val()
+                .parse()
+                .ok()
+                .filter(|v: &f64| v.is_finite() && *v > 0.0)
+                .map(|v| stall = v)
+                .is_some(),
+            "--tool-done" => {
+                let v = val();
+                tool_done = Some(v.clone().into());
+                !v.is_empty()
+            }
             "--peer-is-rxe-peer" => {
                 self_test = true;
                 true
@@ -94,6 +109,8 @@ fn main() -> ExitCode {
         rx_depth,
         timeout: Duration::from_secs(timeout),
         peer_is_tool: !self_test,
+        tool_done,
+        stall: Duration::from_secs_f64(stall),
     };
     match pingpong::run(&mut peer, &o) {
         Ok(r) => {
@@ -127,6 +144,12 @@ fn main() -> ExitCode {
                 "counters: retransmits={} timeouts={} naks_sent={} naks_received={} rnr_naks_sent={} rnr_naks_received={} duplicates={} dropped={}",
                 c.retransmits, c.timeouts, c.naks_sent, c.naks_received, c.rnr_naks_sent, c.rnr_naks_received, c.duplicates, c.dropped
             );
+            match r.end {
+                pingpong::End::Complete => println!("end: complete"),
+                pingpong::End::LastSendAfterToolLeft => println!(
+                    "end: last SEND retry-exceeded after the tool exited 0 (its ACK was lost; documented in docs/interop.md)"
+                ),
+            }
             ExitCode::SUCCESS
         }
         Err(e) => {
