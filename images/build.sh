@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
-# Build the trixie test guest: kernel + initramfs (rdma-core, perftest, rxe modules).
+# Build the trixie test guest: kernel + initramfs (rdma-core, perftest, rxe modules,
+# and the virtio_rdma driver from guest-driver-patches/linux built against that kernel).
 #
 #   sudo images/build.sh              build (or reuse) and print the output directory
 #   images/build.sh --print-dir       print the output directory only (no build)
 #   sudo images/build.sh --force      rebuild even when the cache is warm
 #
-# Outputs in $VUR_CACHE_DIR/<key>/ (default <repo>/.cache/images/<key>/):
-#   vmlinuz, initrd.img (zstd cpio), manifest.txt (kernel + package versions)
-# The key is a hash of this script, packages.txt, init and vur-gid. The trixie chroot
-# (debootstrap + packages + kernel, before pruning) is cached separately in
+# Outputs in $VUR_CACHE_DIR/<key>/, where VUR_CACHE_DIR defaults to $VUR_CACHE_ROOT/images
+# and VUR_CACHE_ROOT to /var/cache/vhost-user-rdma (root) or
+# ${XDG_CACHE_HOME:-~/.cache}/vhost-user-rdma (other users), so every clone shares it:
+#   vmlinuz, initrd.img (zstd cpio), virtio_rdma.ko, manifest.txt (kernel + package versions)
+# The key is a hash of this script, packages.txt, init, vur-gid and the driver sources. The
+# trixie chroot (debootstrap + packages + kernel, before pruning) is cached separately in
 # rootfs-<key1>/, keyed by this script and packages.txt only, so editing init is cheap.
+# The driver is compiled in a second chroot, kbuild-<kernel>/ (gcc, make and the headers of
+# the image's kernel), so the compiler never enters the guest's initramfs.
 #
 # Needs root (debootstrap, chroot, mknod) and images/host-setup.sh's packages.
 # The archive is derived from the URIs line of /etc/apt/sources.list.d/debian.sources.
@@ -17,7 +22,16 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/.." && pwd)
-cache=${VUR_CACHE_DIR:-$repo/.cache/images}
+if [[ -z ${VUR_CACHE_ROOT:-} ]]; then
+    if [[ $(id -u) -eq 0 ]]; then VUR_CACHE_ROOT=/var/cache/vhost-user-rdma; else
+        VUR_CACHE_ROOT=${XDG_CACHE_HOME:-$HOME/.cache}/vhost-user-rdma
+    fi
+fi
+cache=${VUR_CACHE_DIR:-$VUR_CACHE_ROOT/images}
+# Out-of-tree kernel module sources (guest-driver-patches/linux/virtio_rdma).
+driver_src=$repo/guest-driver-patches/linux/virtio_rdma
+# Packages of the module build chroot (the kernel headers are added by version).
+kbuild_pkgs=(gcc-14 make libc6-dev)
 suite=trixie
 # Kernel package: the newest linux-image-6.12.*-amd64-unsigned in the suite.
 kernel_re='^linux-image-6\.12\.[0-9a-z.+~]*-amd64-unsigned$'
@@ -50,7 +64,13 @@ step() { # step NAME CMD... : run CMD, print its duration
 
 hash_files() { sha256sum "$@" | sha256sum | cut -c1-16; }
 key1=$(hash_files "$here/build.sh" "$here/packages.txt")
-key=$( { echo "$key1"; cat "$here/init" "$here/vur-gid"; } | sha256sum | cut -c1-16)
+driver_hash() { # contents and names of the driver sources
+    [[ -d $driver_src ]] || { echo none && return; }
+    (cd "$driver_src" && find . -type f ! -name '*.o' ! -name '*.ko' ! -name '*.cmd' \
+        ! -name '*.mod*' ! -name 'Module.symvers' ! -name 'modules.order' -print0 |
+        LC_ALL=C sort -z | xargs -0 sha256sum) | sha256sum | cut -c1-16
+}
+key=$( { echo "$key1"; cat "$here/init" "$here/vur-gid"; driver_hash; } | sha256sum | cut -c1-16)
 rootfs=$cache/rootfs-$key1
 out=$cache/$key
 
@@ -148,14 +168,74 @@ else
     log "reusing chroot $rootfs"
 fi
 
-# --- stage 2: prune a copy into the initramfs tree ------------------------------------
-stage=$cache/stage-$key
 kmods=''
 for d in "$rootfs"/kernel/usr/lib/modules/* "$rootfs"/kernel/lib/modules/*; do
     [[ -d $d ]] && kmods=$d && break
 done
 [[ -n $kmods ]] || die "no modules directory in the extracted kernel"
 kver=${kmods##*/}
+
+# --- stage 1b: module build chroot (gcc + the headers of $kver), keyed by kernel ------
+kbuild=$cache/kbuild-$kver-$(echo "${kbuild_pkgs[*]}" | sha256sum | cut -c1-8)
+kbuild_in() { chroot "$kbuild.tmp" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin \
+    DEBIAN_FRONTEND=noninteractive LANG=C.UTF-8 "$@"; }
+do_kbuild_chroot() {
+    local uri kbuild_ver
+    uri=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources)
+    [[ -n $uri ]] || die "no URIs: line in /etc/apt/sources.list.d/debian.sources"
+    rm -rf "$kbuild.tmp"
+    debootstrap --variant=minbase "$suite" "$kbuild.tmp" "$uri" >"$cache/debootstrap-kbuild.log" 2>&1 ||
+        { tail -20 "$cache/debootstrap-kbuild.log"; die "debootstrap failed (log: $cache/debootstrap-kbuild.log)"; }
+    printf '#!/bin/sh\nexit 101\n' >"$kbuild.tmp/usr/sbin/policy-rc.d"
+    chmod 755 "$kbuild.tmp/usr/sbin/policy-rc.d"
+    # linux-kbuild-<upstream version> (modpost, objtool, scripts) goes in with apt; the two
+    # header packages are unpacked by hand: they depend on the kernel image package, whose
+    # postinst (initramfs, bootloader) has no business in a build chroot.
+    kbuild_ver=${kver%-amd64}
+    chroot_mounts "$kbuild.tmp"
+    kbuild_in apt-get update -qq
+    kbuild_in apt-get install -y -qq --no-install-recommends "${kbuild_pkgs[@]}" \
+        "linux-kbuild-$kbuild_ver" >"$cache/apt-kbuild.log" 2>&1 ||
+        { tail -30 "$cache/apt-kbuild.log"; die "apt-get install failed (log: $cache/apt-kbuild.log)"; }
+    mkdir -p "$kbuild.tmp/tmp/hdeb"
+    chmod 777 "$kbuild.tmp/tmp/hdeb"
+    kbuild_in sh -c "cd /tmp/hdeb && apt-get download -qq linux-headers-$kver linux-headers-$kbuild_ver-common" ||
+        die "could not download linux-headers-$kver"
+    kbuild_in sh -c 'for d in /tmp/hdeb/*.deb; do dpkg-deb -x "$d" /; done'
+    rm -rf "$kbuild.tmp/tmp/hdeb" "$kbuild.tmp/var/cache/apt/archives/"*.deb
+    chroot_umounts
+    [[ -f $kbuild.tmp/usr/src/linux-headers-$kver/Makefile ]] || die "no headers for $kver in the build chroot"
+}
+if [[ -d $driver_src ]]; then
+    if [[ ! -f $kbuild/.complete ]]; then
+        step "module build chroot for $kver (debootstrap, gcc, headers)" do_kbuild_chroot
+        touch "$kbuild.tmp/.complete"
+        rm -rf "$kbuild"
+        mv "$kbuild.tmp" "$kbuild"
+        for d in "$cache"/kbuild-*; do
+            [[ $d == "$kbuild" ]] || { log "removing stale $d" && rm -rf "$d"; }
+        done
+    else
+        log "reusing build chroot $kbuild"
+    fi
+fi
+
+# Compiles guest-driver-patches/linux/virtio_rdma in the build chroot into $kbuild/out.ko.
+do_driver() {
+    rm -rf "$kbuild/src"
+    mkdir -p "$kbuild/src"
+    cp -r "$driver_src" "$kbuild/src/virtio_rdma"
+    chroot "$kbuild" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 \
+        make -C "/usr/src/linux-headers-$kver" M=/src/virtio_rdma CONFIG_INFINIBAND_VIRTIO_RDMA=m modules >"$cache/driver-build.log" 2>&1 ||
+        { tail -40 "$cache/driver-build.log"; die "virtio_rdma build failed (log: $cache/driver-build.log)"; }
+    grep -E 'warning|error' "$cache/driver-build.log" || true
+}
+if [[ -d $driver_src ]]; then
+    step "build virtio_rdma.ko for $kver" do_driver
+fi
+
+# --- stage 2: prune a copy into the initramfs tree ------------------------------------
+stage=$cache/stage-$key
 
 do_stage() {
     rm -rf "$stage"
@@ -200,6 +280,9 @@ do_stage() {
     (cd "$m" && find kernel -name '*.ko*' | sort | comm -23 - "$keep_list" | xargs -r rm -f)
     find "$m/kernel" -type d -empty -delete
     rm -f "$keep_list"
+    if [[ -d $driver_src ]]; then
+        install -D -m 644 "$kbuild/src/virtio_rdma/virtio_rdma.ko" "$m/updates/virtio_rdma.ko"
+    fi
     chroot "$stage" depmod -a "$kver"
     kept=$(find "$m/kernel" -name '*.ko*' | wc -l)
     log "modules: kept $kept of $all ($(du -sh "$m" | cut -f1))"
@@ -223,6 +306,7 @@ do_manifest() {
         echo "rdma-core: $(chroot "$stage" dpkg-query -W -f='${source:Version}' libibverbs1)"
         echo "perftest: $(chroot "$stage" dpkg-query -W -f='${Version}' perftest)"
         echo "iproute2: $(chroot "$stage" dpkg-query -W -f='${Version}' iproute2)"
+        [[ ! -d $driver_src ]] || echo "virtio_rdma: $(driver_hash) (guest-driver-patches/linux)"
         echo "initrd.img: $(du -k "$out.tmp/initrd.img" | cut -f1) KiB, $(find "$stage" | wc -l) files"
         echo
         echo "## kernel config (selected)"
@@ -238,6 +322,7 @@ do_cpio() {
     rm -rf "$out.tmp"
     mkdir -p "$out.tmp"
     cp "$rootfs/kernel/boot/vmlinuz-$kver" "$out.tmp/vmlinuz"
+    [[ ! -d $driver_src ]] || cp "$kbuild/src/virtio_rdma/virtio_rdma.ko" "$out.tmp/"
     (cd "$stage" && find . -print0 | LC_ALL=C sort -z |
         cpio --null -o -H newc --reproducible --quiet) | zstd -q -T0 -12 >"$out.tmp/initrd.img"
 }

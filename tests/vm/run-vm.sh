@@ -21,6 +21,11 @@
 #   --no-rxe           do not create rxe0 in the guest
 #   --interactive      console on this terminal, no scenario needed, no timeout
 #   --images DIR       kernel + initrd directory (default: images/build.sh --print-dir; env VUR_IMAGES)
+#   --qemu BIN         QEMU binary (default: $VUR_QEMU, else qemu-system-x86_64)
+#   --rdma-sock PATH   add a vhost-user-rdma-pci device (virtio-rdma, served by the daemon
+#                      listening on PATH); guest RAM becomes a shared memfd, as vhost-user needs
+#   --nic-no-peer      without --tap: an eth0 (virtio-net, --mac) attached to nothing, so a
+#                      virtio-rdma port has a netdev to pair with and carry its addresses
 #
 # Exit code: the scenario's (from the "VUR-END name=NAME rc=N" line the guest prints),
 # 124 on timeout, 125 when QEMU ended without an end marker. On failure the tail of the
@@ -31,7 +36,8 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 
 name='' tap='' mac='' ip='' ip6='' mtu='' scenario='' shared='' timeout=300 logf=''
-mem=1024 smp=1 rxe=1 interactive=0 images=${VUR_IMAGES:-}
+mem=1024 smp=1 rxe=1 interactive=0 images=${VUR_IMAGES:-} qemu=${VUR_QEMU:-qemu-system-x86_64}
+rdma_sock='' nic_no_peer=0
 envs=() files=()
 die() { printf '[run-vm] error: %s\n' "$*" >&2; exit 2; }
 while (($#)); do
@@ -53,6 +59,9 @@ while (($#)); do
     --no-rxe) rxe=0 ;;
     --interactive) interactive=1 ;;
     --images) images=$2; shift ;;
+    --qemu) qemu=$2; shift ;;
+    --rdma-sock) rdma_sock=$2; shift ;;
+    --nic-no-peer) nic_no_peer=1 ;;
     -h | --help) sed -n '2,/^set -euo/{/^set/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
     *) die "unknown option $1 (see --help)" ;;
     esac
@@ -63,7 +72,6 @@ done
 [[ -z $scenario || -f $scenario ]] || die "scenario $scenario not found"
 log() { printf '[run-vm %s %s] %s\n' "$name" "$(date +%T)" "$*"; }
 
-qemu=${VUR_QEMU:-qemu-system-x86_64}
 command -v "$qemu" >/dev/null || die "$qemu not found (images/host-setup.sh installs it)"
 [[ -n $images ]] || images=$("$repo/images/build.sh" --print-dir)
 [[ -f $images/vmlinuz && -f $images/initrd.img ]] ||
@@ -122,6 +130,14 @@ if [[ -n $tap ]]; then
     args+=(-netdev "tap,id=n0,ifname=$tap,script=no,downscript=no"
         -device "virtio-net-pci,netdev=n0,mac=$mac,romfile=")
 fi
+if [[ -z $tap ]] && ((nic_no_peer)); then
+    args+=(-device "virtio-net-pci,mac=$mac,romfile=")
+fi
+if [[ -n $rdma_sock ]]; then
+    [[ -S $rdma_sock ]] || die "no vhost-user socket at $rdma_sock (start vhost-user-rdma first)"
+    args+=(-object "memory-backend-memfd,id=mem,size=${mem}M,share=on" -numa node,memdev=mem
+        -chardev "socket,id=rdma0,path=$rdma_sock" -device vhost-user-rdma-pci,chardev=rdma0)
+fi
 [[ -z $shared ]] || args+=(-virtfs "local,path=$shared,mount_tag=vur,security_model=none,id=vur")
 
 if ((interactive)); then
@@ -130,7 +146,7 @@ if ((interactive)); then
 fi
 
 : >"$logf"
-log "boot: tap=${tap:-none} mac=$mac ip=${ip:-none} ip6=${ip6:-none} timeout=${timeout}s log=$logf"
+log "boot: tap=${tap:-none}${rdma_sock:+ rdma=$rdma_sock} mac=$mac ip=${ip:-none} ip6=${ip6:-none} timeout=${timeout}s log=$logf"
 t0=${EPOCHREALTIME/./}
 "$qemu" "${args[@]}" -serial "file:$logf" 2>"$work/qemu.stderr" &
 qpid=$!

@@ -1,0 +1,153 @@
+/* SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause */
+/*
+ * virtio_rdma: a driver for the virtio-rdma device (virtio ID 42), a RoCEv2 soft-RDMA NIC
+ * whose transport runs in the device. Queue rings live in guest memory in the Linux rxe
+ * user ABI, so the driver registers as RDMA_DRIVER_RXE and unmodified librxe binds to it.
+ */
+#ifndef VIRTIO_RDMA_H
+#define VIRTIO_RDMA_H
+
+#include <linux/list.h>
+#include <linux/mutex.h>
+#include <linux/netdevice.h>
+#include <linux/spinlock.h>
+#include <linux/virtio.h>
+#include <linux/workqueue.h>
+#include <linux/xarray.h>
+#include <rdma/ib_umem.h>
+#include <rdma/ib_verbs.h>
+#include <rdma/rdma_user_rxe.h>
+
+#include "virtio_rdma_abi.h"
+
+struct vrdma_dev {
+	struct ib_device ib;
+	struct virtio_device *vdev;
+	struct virtqueue *ctrl_vq;
+	struct virtqueue *db_vq;
+	struct virtqueue *ev_vq;
+
+	/* the config space as read at probe (little-endian fields) */
+	struct vrdma_config cfg;
+	u8 mac[ETH_ALEN];
+
+	/* control queue: one command at a time */
+	struct mutex ctrl_lock;
+	struct completion ctrl_done;
+	void *ctrl_req;
+	void *ctrl_resp;
+	u64 seq;
+	bool broken;
+
+	/* doorbell queue */
+	spinlock_t db_lock;
+	struct vrdma_doorbell *db_bufs;
+	u16 *db_free;
+	unsigned int db_num;
+	unsigned int db_nfree;
+	struct list_head db_backlog;
+
+	/* event queue; ev_lock also guards object lookups from event context */
+	spinlock_t ev_lock;
+	struct vrdma_event *ev_bufs;
+	unsigned int ev_num;
+	struct work_struct port_work;
+	unsigned long port_events; /* bit n: ib_event_type n pending for the port */
+
+	struct xarray cqs;
+	struct xarray qps;
+	struct xarray srqs;
+
+	/* netdev pairing by MAC */
+	struct notifier_block nb;
+	struct net_device *netdev; /* under rtnl */
+	bool nb_registered;
+};
+
+static inline struct vrdma_dev *to_vdev(struct ib_device *ib)
+{
+	return container_of(ib, struct vrdma_dev, ib);
+}
+
+struct vrdma_ucontext {
+	struct ib_ucontext ibuc;
+};
+
+struct vrdma_mmap_entry {
+	struct rdma_user_mmap_entry rdma;
+	void *buf;
+};
+
+/* one rxe_queue_buf ring */
+struct vrdma_queue {
+	struct rxe_queue_buf *buf;	/* vmalloc_user */
+	size_t size;			/* bytes, page aligned */
+	u32 num_slots;
+	u32 log2;
+	struct vrdma_mmap_entry *mmap;	/* user rings: owns buf */
+};
+
+struct vrdma_pd {
+	struct ib_pd ibpd;
+	u32 pdn;
+};
+
+struct vrdma_cq {
+	struct ib_cq ibcq;
+	u32 cqn;
+	bool is_user;
+	spinlock_t lock;	/* kernel CQs: poll vs. poll */
+	struct vrdma_queue q;
+};
+
+struct vrdma_srq {
+	struct ib_srq ibsrq;
+	u32 srqn;
+	bool is_user;
+	u32 max_wr;
+	u32 max_sge;
+	spinlock_t lock;
+	struct vrdma_queue q;
+};
+
+struct vrdma_qp {
+	struct ib_qp ibqp;
+	u32 qpn;
+	bool is_user;
+	struct ib_qp_cap cap;
+	enum ib_sig_type sq_sig_type;
+	spinlock_t sq_lock;
+	spinlock_t rq_lock;
+	struct vrdma_queue sq;
+	struct vrdma_queue rq;
+	bool has_rq;
+	/* doorbell backlog, under dev->db_lock */
+	struct list_head db_node;
+	bool db_pending;
+};
+
+struct vrdma_ah {
+	struct ib_ah ibah;
+	u32 ah_num;	/* 0: kernel AH, the AV goes inline into each WQE */
+	struct vrdma_ah_attr av;
+	u8 network_type;
+};
+
+struct vrdma_mr {
+	struct ib_mr ibmr;
+	struct ib_umem *umem;
+};
+
+/* virtio_rdma_main.c */
+int vrdma_cmd(struct vrdma_dev *dev, u32 opcode, const void *cmd, size_t cmd_len,
+	      void *resp, size_t resp_len);
+int vrdma_cmd_handle(struct vrdma_dev *dev, u32 opcode, u32 handle);
+void vrdma_ring_doorbell(struct vrdma_dev *dev, u32 kind, u32 object, u32 index,
+			 struct vrdma_qp *qp);
+void vrdma_db_forget(struct vrdma_dev *dev, struct vrdma_qp *qp);
+
+/* virtio_rdma_verbs.c */
+extern const struct ib_device_ops vrdma_dev_ops;
+void vrdma_init_attrs(struct vrdma_dev *dev);
+
+#endif

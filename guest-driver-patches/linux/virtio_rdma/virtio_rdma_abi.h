@@ -1,0 +1,413 @@
+/* SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause */
+/*
+ * The virtio-rdma device contract (virtio ID 42), version 1: config space, control
+ * commands, doorbells and events. docs/virtio-rdma.md is the normative description; every
+ * structure here has a table there with the same offsets. All fields are little-endian.
+ * The rings themselves use the Linux rxe user ABI (<rdma/rdma_user_rxe.h>).
+ */
+#ifndef VIRTIO_RDMA_ABI_H
+#define VIRTIO_RDMA_ABI_H
+
+#include <linux/types.h>
+#include <linux/build_bug.h>
+
+#define VIRTIO_ID_RDMA_DEV 42
+
+enum {
+	VRDMA_VQ_CTRL = 0,
+	VRDMA_VQ_DOORBELL = 1,
+	VRDMA_VQ_EVENT = 2,
+	VRDMA_NUM_VQS = 3,
+};
+
+#define VRDMA_VERSION 1
+
+/* uverbs ABI version of rxe (rxe_param.h), which librxe checks */
+#define VRDMA_UVERBS_ABI_VERSION 2
+
+/* config space caps */
+#define VRDMA_CAP_CQ_NOTIFY_WORD	(1U << 0)
+#define VRDMA_CAP_MULTI_LEVEL_PAGE_LIST	(1U << 1)
+#define VRDMA_CAP_FAST_REG		(1U << 2)
+#define VRDMA_CAP_MEM_WINDOW		(1U << 3)
+#define VRDMA_CAP_SRQ			(1U << 4)
+
+struct vrdma_config {
+	__le32 version;
+	__le32 caps;
+	u8 mac[6];
+	__le16 reserved0;
+	__le32 netdev_mtu;
+	u8 port_state;
+	u8 active_mtu;
+	u8 max_mtu;
+	u8 phys_port_cnt;
+	__le32 gid_tbl_len;
+	__le32 max_qp;
+	__le32 max_qp_wr;
+	__le32 max_sge;
+	__le32 max_cq;
+	__le32 max_cqe;
+	__le32 max_mr;
+	__le32 max_pd;
+	__le64 max_mr_size;
+	__le64 page_size_cap;
+	__le32 max_qp_rd_atom;
+	__le32 max_qp_init_rd_atom;
+	__le32 max_srq;
+	__le32 max_srq_wr;
+	__le32 max_srq_sge;
+	__le32 max_ah;
+	__le32 max_mcast_grp;
+	__le32 max_mcast_qp_attach;
+	__le32 max_inline;
+	__le32 max_mw;
+	__le64 max_registered_bytes;
+	__le64 device_cap_flags;
+};
+
+struct vrdma_ctrl_hdr {
+	__le32 opcode;
+	__le32 flags;
+	__le64 seq;
+};
+
+struct vrdma_resp_hdr {
+	__le32 status;
+	__le32 len;
+	__le64 seq;
+};
+
+enum vrdma_opcode {
+	VRDMA_CMD_QUERY_DEVICE = 1,
+	VRDMA_CMD_QUERY_PORT = 2,
+	VRDMA_CMD_CREATE_PD = 3,
+	VRDMA_CMD_DESTROY_PD = 4,
+	VRDMA_CMD_CREATE_CQ = 5,
+	VRDMA_CMD_RESIZE_CQ = 6,
+	VRDMA_CMD_DESTROY_CQ = 7,
+	VRDMA_CMD_CREATE_QP = 8,
+	VRDMA_CMD_MODIFY_QP = 9,
+	VRDMA_CMD_QUERY_QP = 10,
+	VRDMA_CMD_DESTROY_QP = 11,
+	VRDMA_CMD_CREATE_SRQ = 12,
+	VRDMA_CMD_MODIFY_SRQ = 13,
+	VRDMA_CMD_QUERY_SRQ = 14,
+	VRDMA_CMD_DESTROY_SRQ = 15,
+	VRDMA_CMD_REG_USER_MR = 16,
+	VRDMA_CMD_REG_DMA_MR = 17,
+	VRDMA_CMD_ALLOC_MR = 18,
+	VRDMA_CMD_DEREG_MR = 19,
+	VRDMA_CMD_ALLOC_MW = 20,
+	VRDMA_CMD_DEALLOC_MW = 21,
+	VRDMA_CMD_CREATE_AH = 22,
+	VRDMA_CMD_DESTROY_AH = 23,
+	VRDMA_CMD_ADD_GID = 24,
+	VRDMA_CMD_DEL_GID = 25,
+	VRDMA_CMD_ATTACH_MCAST = 26,
+	VRDMA_CMD_DETACH_MCAST = 27,
+	VRDMA_CMD_RESET = 28,
+	VRDMA_CMD_BIND_MW = 29,
+};
+
+enum vrdma_status {
+	VRDMA_OK = 0,
+	VRDMA_INVALID = 1,
+	VRDMA_NO_MEMORY = 2,
+	VRDMA_NOT_FOUND = 3,
+	VRDMA_BUSY = 4,
+	VRDMA_PERMISSION = 5,
+	VRDMA_BAD_STATE = 6,
+	VRDMA_UNSUPPORTED = 7,
+	VRDMA_BAD_ADDRESS = 8,
+	VRDMA_BAD_REQUEST = 9,
+};
+
+struct vrdma_handle {
+	__le32 handle;
+	__le32 reserved;
+};
+
+struct vrdma_page_list {
+	__le64 gpa;
+	__le32 num_pages;
+	u8 page_shift;
+	u8 levels;
+	__le16 reserved;
+};
+
+struct vrdma_queue_desc {
+	struct vrdma_page_list pages;
+	__le32 num_slots;
+	__le32 log2_elem_size;
+	__le64 reserved;
+};
+
+struct vrdma_cmd_query_port {
+	__le32 port_num;
+	__le32 reserved;
+};
+
+struct vrdma_resp_query_port {
+	__le32 state;
+	__le32 max_mtu;
+	__le32 active_mtu;
+	__le32 gid_tbl_len;
+	__le32 port_cap_flags;
+	__le32 max_msg_sz;
+	__le16 pkey_tbl_len;
+	u8 link_layer;
+	u8 phys_state;
+	u8 active_width;
+	u8 active_speed;
+	__le16 reserved;
+};
+
+struct vrdma_cmd_create_cq {
+	__le32 cqe;
+	__le32 flags;
+	struct vrdma_queue_desc queue;
+};
+
+struct vrdma_resp_create_cq {
+	__le32 cqn;
+	__le32 cqe;
+};
+
+struct vrdma_cmd_resize_cq {
+	__le32 cqn;
+	__le32 cqe;
+	struct vrdma_queue_desc queue;
+};
+
+#define VRDMA_CREATE_QP_HAS_SRQ		(1U << 0)
+#define VRDMA_CREATE_QP_SQ_SIG_ALL	(1U << 1)
+
+struct vrdma_cmd_create_qp {
+	__le32 qp_type;
+	__le32 pdn;
+	__le32 send_cqn;
+	__le32 recv_cqn;
+	__le32 srqn;
+	__le32 flags;
+	__le32 max_send_wr;
+	__le32 max_recv_wr;
+	__le32 max_send_sge;
+	__le32 max_recv_sge;
+	__le32 max_inline_data;
+	__le32 reserved;
+	struct vrdma_queue_desc sq;
+	struct vrdma_queue_desc rq;
+};
+
+struct vrdma_resp_create_qp {
+	__le32 qpn;
+	__le32 max_send_wr;
+	__le32 max_recv_wr;
+	__le32 max_send_sge;
+	__le32 max_recv_sge;
+	__le32 max_inline_data;
+	__le64 reserved;
+};
+
+struct vrdma_ah_attr {
+	u8 dgid[16];
+	__le32 flow_label;
+	u8 sgid_index;
+	u8 hop_limit;
+	u8 traffic_class;
+	u8 sl;
+	u8 dmac[6];
+	__le16 reserved0;
+	u8 port_num;
+	u8 static_rate;
+	__le16 reserved1;
+	__le32 reserved2[3];
+};
+
+struct vrdma_qp_attrs {
+	__le32 qpn;
+	__le32 attr_mask;
+	__le32 qp_state;
+	__le32 cur_qp_state;
+	__le32 path_mtu;
+	__le32 qkey;
+	__le32 rq_psn;
+	__le32 sq_psn;
+	__le32 dest_qp_num;
+	__le32 qp_access_flags;
+	__le16 pkey_index;
+	u8 en_sqd_async_notify;
+	u8 sq_draining;
+	u8 max_rd_atomic;
+	u8 max_dest_rd_atomic;
+	u8 min_rnr_timer;
+	u8 port_num;
+	u8 timeout;
+	u8 retry_cnt;
+	u8 rnr_retry;
+	u8 reserved0;
+	__le32 reserved1;
+	struct vrdma_ah_attr ah;
+	__le32 max_send_wr;
+	__le32 max_recv_wr;
+	__le32 max_send_sge;
+	__le32 max_recv_sge;
+	__le32 max_inline_data;
+	__le32 reserved2;
+};
+
+struct vrdma_cmd_create_srq {
+	__le32 pdn;
+	__le32 max_wr;
+	__le32 max_sge;
+	__le32 srq_limit;
+	struct vrdma_queue_desc queue;
+};
+
+struct vrdma_resp_create_srq {
+	__le32 srqn;
+	__le32 max_wr;
+	__le32 max_sge;
+	__le32 reserved;
+};
+
+#define VRDMA_SRQ_ATTR_MAX_WR	1
+#define VRDMA_SRQ_ATTR_LIMIT	2
+
+struct vrdma_cmd_modify_srq {
+	__le32 srqn;
+	__le32 attr_mask;
+	__le32 max_wr;
+	__le32 srq_limit;
+};
+
+struct vrdma_resp_query_srq {
+	__le32 max_wr;
+	__le32 max_sge;
+	__le32 srq_limit;
+	__le32 reserved;
+};
+
+struct vrdma_cmd_reg_user_mr {
+	__le32 pdn;
+	__le32 access;
+	__le64 iova;
+	__le64 length;
+	struct vrdma_page_list pages;
+};
+
+struct vrdma_resp_mr {
+	__le32 lkey;
+	__le32 rkey;
+};
+
+struct vrdma_cmd_reg_dma_mr {
+	__le32 pdn;
+	__le32 access;
+};
+
+struct vrdma_cmd_alloc_mr {
+	__le32 pdn;
+	__le32 max_num_sg;
+};
+
+struct vrdma_cmd_alloc_mw {
+	__le32 pdn;
+	__le32 mw_type;
+};
+
+struct vrdma_cmd_create_ah {
+	__le32 pdn;
+	__le32 reserved;
+	struct vrdma_ah_attr attr;
+};
+
+#define VRDMA_GID_TYPE_ROCE_UDP_ENCAP 2
+
+struct vrdma_cmd_add_gid {
+	__le32 index;
+	__le32 gid_type;
+	u8 gid[16];
+};
+
+struct vrdma_cmd_mcast {
+	__le32 qpn;
+	__le32 reserved;
+	u8 gid[16];
+};
+
+enum {
+	VRDMA_DB_SQ = 1,
+	VRDMA_DB_RQ = 2,
+	VRDMA_DB_SRQ = 3,
+	VRDMA_DB_CQ = 4,
+};
+
+struct vrdma_doorbell {
+	__le32 kind;
+	__le32 object;
+	__le32 index;
+	__le32 reserved;
+};
+
+enum {
+	VRDMA_EV_COMPLETION = 1,
+	VRDMA_EV_ASYNC = 2,
+};
+
+/* ASYNC event codes are ibv_event_type values */
+enum {
+	VRDMA_AE_CQ_ERR = 0,
+	VRDMA_AE_QP_FATAL = 1,
+	VRDMA_AE_QP_REQ_ERR = 2,
+	VRDMA_AE_QP_ACCESS_ERR = 3,
+	VRDMA_AE_COMM_EST = 4,
+	VRDMA_AE_SQ_DRAINED = 5,
+	VRDMA_AE_DEVICE_FATAL = 8,
+	VRDMA_AE_PORT_ACTIVE = 9,
+	VRDMA_AE_PORT_ERR = 10,
+	VRDMA_AE_SRQ_LIMIT_REACHED = 15,
+	VRDMA_AE_QP_LAST_WQE_REACHED = 16,
+};
+
+struct vrdma_event {
+	__le32 kind;
+	__le32 event;
+	__le32 object;
+	__le32 reserved;
+};
+
+/* rxe_queue_buf header: the CQ notify word lives in pad_1 */
+#define VRDMA_RING_CQ_NOTIFY	64
+#define VRDMA_RING_HDR		384
+#define VRDMA_CQ_NOTIFY_NEXT_COMP	1
+#define VRDMA_CQ_NOTIFY_SOLICITED	2
+
+/* the CQE the device writes: struct ib_uverbs_wc */
+#define VRDMA_CQE_SIZE 48
+#define VRDMA_CQ_LOG2_ELEM 6
+
+static inline void vrdma_abi_check(void)
+{
+	BUILD_BUG_ON(sizeof(struct vrdma_config) != 128);
+	BUILD_BUG_ON(sizeof(struct vrdma_ctrl_hdr) != 16);
+	BUILD_BUG_ON(sizeof(struct vrdma_resp_hdr) != 16);
+	BUILD_BUG_ON(sizeof(struct vrdma_page_list) != 16);
+	BUILD_BUG_ON(sizeof(struct vrdma_queue_desc) != 32);
+	BUILD_BUG_ON(sizeof(struct vrdma_resp_query_port) != 32);
+	BUILD_BUG_ON(sizeof(struct vrdma_cmd_create_cq) != 40);
+	BUILD_BUG_ON(sizeof(struct vrdma_cmd_resize_cq) != 40);
+	BUILD_BUG_ON(sizeof(struct vrdma_cmd_create_qp) != 112);
+	BUILD_BUG_ON(sizeof(struct vrdma_resp_create_qp) != 32);
+	BUILD_BUG_ON(sizeof(struct vrdma_ah_attr) != 48);
+	BUILD_BUG_ON(sizeof(struct vrdma_qp_attrs) != 128);
+	BUILD_BUG_ON(sizeof(struct vrdma_cmd_create_srq) != 48);
+	BUILD_BUG_ON(sizeof(struct vrdma_cmd_reg_user_mr) != 40);
+	BUILD_BUG_ON(sizeof(struct vrdma_cmd_create_ah) != 56);
+	BUILD_BUG_ON(sizeof(struct vrdma_cmd_add_gid) != 24);
+	BUILD_BUG_ON(sizeof(struct vrdma_doorbell) != 16);
+	BUILD_BUG_ON(sizeof(struct vrdma_event) != 16);
+}
+
+#endif

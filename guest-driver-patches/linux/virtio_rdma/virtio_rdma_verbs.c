@@ -1,0 +1,1117 @@
+// SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause
+/*
+ * virtio_rdma verbs. Every object lives in the device; the driver allocates the rings
+ * (rxe_queue_buf, exactly as rxe sizes them), describes them to the device by page lists
+ * of guest-physical addresses, and answers ib_uverbs the way rxe does (mmap_info for each
+ * ring), so librxe works unchanged: post_recv and poll_cq stay in user space and
+ * post_send is a doorbell.
+ */
+
+#include <linux/vmalloc.h>
+#include <linux/mm.h>
+#include <rdma/ib_addr.h>
+#include <rdma/ib_cache.h>
+#include <rdma/ib_mad.h>
+#include <rdma/uverbs_ioctl.h>
+
+#include "virtio_rdma.h"
+
+/* --- rings and page lists ------------------------------------------------------------- */
+
+#define PL_PER_PAGE (PAGE_SIZE / sizeof(__le64))
+
+struct vrdma_pl {
+	struct vrdma_page_list desc;
+	void **pages;
+	unsigned int npages;
+};
+
+static void pl_free(struct vrdma_pl *pl)
+{
+	unsigned int i;
+
+	for (i = 0; i < pl->npages; i++)
+		free_page((unsigned long)pl->pages[i]);
+	kvfree(pl->pages);
+	pl->pages = NULL;
+	pl->npages = 0;
+}
+
+/*
+ * Builds a page list of n data pages (4 KiB) whose GPAs next() yields in order, with as
+ * few levels of 4 KiB list pages as needed (docs/virtio-rdma.md §5.1). The device copies
+ * the list at command time, so it is freed right after the command.
+ */
+static int pl_build(struct vrdma_dev *dev, struct vrdma_pl *pl, u32 n,
+		    u64 (*next)(void *ctx), void *ctx)
+{
+	u32 l1 = DIV_ROUND_UP(n, PL_PER_PAGE), l2 = DIV_ROUND_UP(l1, PL_PER_PAGE);
+	u32 levels = n <= PL_PER_PAGE ? 0 : l1 <= PL_PER_PAGE ? 1 : 2;
+	u32 nleaf = levels ? l1 : 1, nmid = levels == 2 ? l2 : 0;
+	u32 total = nleaf + nmid + (levels ? 1 : 0), i;
+	__le64 *top;
+
+	memset(pl, 0, sizeof(*pl));
+	if (!n || (levels == 2 && l2 > PL_PER_PAGE))
+		return -EINVAL;
+	if (levels && !(le32_to_cpu(dev->cfg.caps) & VRDMA_CAP_MULTI_LEVEL_PAGE_LIST))
+		return -EOPNOTSUPP;
+	pl->pages = kvcalloc(total, sizeof(void *), GFP_KERNEL);
+	if (!pl->pages)
+		return -ENOMEM;
+	for (i = 0; i < total; i++) {
+		pl->pages[i] = (void *)get_zeroed_page(GFP_KERNEL);
+		if (!pl->pages[i]) {
+			pl_free(pl);
+			return -ENOMEM;
+		}
+		pl->npages++;
+	}
+	for (i = 0; i < n; i++)
+		((__le64 *)pl->pages[i / PL_PER_PAGE])[i % PL_PER_PAGE] = cpu_to_le64(next(ctx));
+	if (levels == 0) {
+		top = pl->pages[0];
+	} else if (levels == 1) {
+		top = pl->pages[nleaf];
+		for (i = 0; i < nleaf; i++)
+			top[i] = cpu_to_le64(virt_to_phys(pl->pages[i]));
+	} else {
+		for (i = 0; i < nleaf; i++)
+			((__le64 *)pl->pages[nleaf + i / PL_PER_PAGE])[i % PL_PER_PAGE] =
+				cpu_to_le64(virt_to_phys(pl->pages[i]));
+		top = pl->pages[nleaf + nmid];
+		for (i = 0; i < nmid; i++)
+			top[i] = cpu_to_le64(virt_to_phys(pl->pages[nleaf + i]));
+	}
+	pl->desc.gpa = cpu_to_le64(virt_to_phys(top));
+	pl->desc.num_pages = cpu_to_le32(n);
+	pl->desc.page_shift = PAGE_SHIFT;
+	pl->desc.levels = levels;
+	return 0;
+}
+
+struct vmalloc_it {
+	void *buf;
+	u32 i;
+};
+
+static u64 vmalloc_next(void *ctx)
+{
+	struct vmalloc_it *it = ctx;
+
+	return page_to_phys(vmalloc_to_page(it->buf + (size_t)it->i++ * PAGE_SIZE));
+}
+
+/* A ring of num_slots (power of two) slots of at least elem_size bytes. */
+static int queue_alloc(struct vrdma_queue *q, u32 num_slots, u32 elem_size)
+{
+	memset(q, 0, sizeof(*q));
+	q->num_slots = num_slots;
+	q->log2 = order_base_2(elem_size);
+	q->size = PAGE_ALIGN(VRDMA_RING_HDR + ((size_t)num_slots << q->log2));
+	q->buf = vmalloc_user(q->size);
+	if (!q->buf)
+		return -ENOMEM;
+	q->buf->log2_elem_size = q->log2;
+	q->buf->index_mask = num_slots - 1;
+	return 0;
+}
+
+static void queue_free(struct vrdma_queue *q)
+{
+	if (q->mmap) {
+		/* the buffer goes with the mmap entry (user mappings keep their pages) */
+		rdma_user_mmap_entry_remove(&q->mmap->rdma);
+		q->mmap = NULL;
+	} else {
+		vfree(q->buf);
+	}
+	q->buf = NULL;
+}
+
+static int queue_desc(struct vrdma_dev *dev, struct vrdma_queue *q, struct vrdma_pl *pl,
+		      struct vrdma_queue_desc *d)
+{
+	struct vmalloc_it it = { .buf = q->buf };
+	int err;
+
+	err = pl_build(dev, pl, q->size >> PAGE_SHIFT, vmalloc_next, &it);
+	if (err)
+		return err;
+	d->pages = pl->desc;
+	d->num_slots = cpu_to_le32(q->num_slots);
+	d->log2_elem_size = cpu_to_le32(q->log2);
+	d->reserved = 0;
+	return 0;
+}
+
+/* Makes a user ring mmap-able, rxe style; fills the mminfo librxe reads. */
+static int queue_mmap(struct ib_udata *udata, struct vrdma_queue *q, struct mminfo *mi)
+{
+	struct vrdma_ucontext *uctx =
+		rdma_udata_to_drv_context(udata, struct vrdma_ucontext, ibuc);
+	struct vrdma_mmap_entry *e;
+	int err;
+
+	e = kzalloc(sizeof(*e), GFP_KERNEL);
+	if (!e)
+		return -ENOMEM;
+	e->buf = q->buf;
+	err = rdma_user_mmap_entry_insert(&uctx->ibuc, &e->rdma, q->size);
+	if (err) {
+		kfree(e);
+		return err;
+	}
+	q->mmap = e;
+	mi->offset = rdma_user_mmap_get_offset(&e->rdma);
+	mi->size = q->size;
+	mi->pad = 0;
+	return 0;
+}
+
+static int vrdma_mmap(struct ib_ucontext *uctx, struct vm_area_struct *vma)
+{
+	struct rdma_user_mmap_entry *re = rdma_user_mmap_entry_get(uctx, vma);
+	struct vrdma_mmap_entry *e;
+	int err;
+
+	if (!re)
+		return -EINVAL;
+	e = container_of(re, struct vrdma_mmap_entry, rdma);
+	err = remap_vmalloc_range(vma, e->buf, 0);
+	rdma_user_mmap_entry_put(re);
+	return err;
+}
+
+static void vrdma_mmap_free(struct rdma_user_mmap_entry *re)
+{
+	struct vrdma_mmap_entry *e = container_of(re, struct vrdma_mmap_entry, rdma);
+
+	vfree(e->buf);
+	kfree(e);
+}
+
+/* --- device and port ------------------------------------------------------------------ */
+
+
+/* ib_device_attr from the config space; limits that rings round to a power of two are
+ * reported as 2^n - 1 so that a request for the maximum fits. */
+void vrdma_init_attrs(struct vrdma_dev *dev)
+{
+	const struct vrdma_config *c = &dev->cfg;
+	struct ib_device_attr *a = &dev->ib.attrs;
+
+	memset(a, 0, sizeof(*a));
+	a->fw_ver = 0;
+	a->sys_image_guid = 0;
+	a->max_mr_size = le64_to_cpu(c->max_mr_size);
+	/* 4 KiB pages only: that is what the driver hands the device */
+	a->page_size_cap = PAGE_SIZE;
+	a->vendor_id = 0x1af4;
+	a->vendor_part_id = VIRTIO_ID_RDMA_DEV;
+	a->hw_ver = le32_to_cpu(c->version);
+	a->max_qp = le32_to_cpu(c->max_qp);
+	a->max_qp_wr = rounddown_pow_of_two(le32_to_cpu(c->max_qp_wr) + 1) - 1;
+	a->device_cap_flags = IB_DEVICE_RC_RNR_NAK_GEN | IB_DEVICE_SYS_IMAGE_GUID |
+			      IB_DEVICE_PORT_ACTIVE_EVENT;
+	a->max_send_sge = le32_to_cpu(c->max_sge);
+	a->max_recv_sge = le32_to_cpu(c->max_sge);
+	a->max_sge_rd = le32_to_cpu(c->max_sge);
+	a->max_cq = le32_to_cpu(c->max_cq);
+	a->max_cqe = rounddown_pow_of_two(le32_to_cpu(c->max_cqe) + 1) - 1;
+	a->max_mr = le32_to_cpu(c->max_mr);
+	a->max_pd = le32_to_cpu(c->max_pd);
+	a->max_qp_rd_atom = le32_to_cpu(c->max_qp_rd_atom);
+	a->max_qp_init_rd_atom = le32_to_cpu(c->max_qp_init_rd_atom);
+	a->max_res_rd_atom = 0x3f000;
+	a->atomic_cap = IB_ATOMIC_HCA;
+	a->max_mcast_grp = le32_to_cpu(c->max_mcast_grp);
+	a->max_mcast_qp_attach = le32_to_cpu(c->max_mcast_qp_attach);
+	a->max_total_mcast_qp_attach = a->max_mcast_grp * a->max_mcast_qp_attach;
+	a->max_ah = le32_to_cpu(c->max_ah);
+	if (le32_to_cpu(c->caps) & VRDMA_CAP_SRQ) {
+		a->max_srq = le32_to_cpu(c->max_srq);
+		a->max_srq_wr = rounddown_pow_of_two(le32_to_cpu(c->max_srq_wr) + 1) - 1;
+		a->max_srq_sge = le32_to_cpu(c->max_srq_sge);
+	}
+	a->max_pkeys = 1;
+	a->local_ca_ack_delay = 15;
+	a->max_fast_reg_page_list_len = 512;
+}
+
+static int vrdma_query_device(struct ib_device *ib, struct ib_device_attr *attr,
+			      struct ib_udata *udata)
+{
+	struct vrdma_dev *dev = to_vdev(ib);
+
+	if (udata && (udata->inlen || udata->outlen))
+		return -EINVAL;
+	*attr = dev->ib.attrs;
+	attr->sys_image_guid = dev->ib.node_guid;
+	return 0;
+}
+
+static int vrdma_query_port(struct ib_device *ib, u32 port, struct ib_port_attr *attr)
+{
+	struct vrdma_dev *dev = to_vdev(ib);
+	struct vrdma_cmd_query_port cmd = { .port_num = cpu_to_le32(port) };
+	struct vrdma_resp_query_port r;
+	int err;
+
+	err = vrdma_cmd(dev, VRDMA_CMD_QUERY_PORT, &cmd, sizeof(cmd), &r, sizeof(r));
+	if (err)
+		return err;
+	/* ib_core zeroes attr before calling */
+	attr->state = le32_to_cpu(r.state);
+	attr->max_mtu = le32_to_cpu(r.max_mtu);
+	attr->active_mtu = le32_to_cpu(r.active_mtu);
+	attr->gid_tbl_len = le32_to_cpu(r.gid_tbl_len);
+	/* ib_cm sets CM_SUP through ib_modify_port, which RoCE ports accept without an op */
+	attr->port_cap_flags = le32_to_cpu(r.port_cap_flags) | IB_PORT_CM_SUP;
+	attr->max_msg_sz = le32_to_cpu(r.max_msg_sz);
+	attr->pkey_tbl_len = le16_to_cpu(r.pkey_tbl_len);
+	attr->phys_state = r.phys_state;
+	attr->active_width = r.active_width;
+	attr->active_speed = r.active_speed;
+	attr->bad_pkey_cntr = 0;
+	attr->qkey_viol_cntr = 0;
+	return 0;
+}
+
+static enum rdma_link_layer vrdma_get_link_layer(struct ib_device *ib, u32 port)
+{
+	return IB_LINK_LAYER_ETHERNET;
+}
+
+static int vrdma_get_port_immutable(struct ib_device *ib, u32 port,
+				    struct ib_port_immutable *im)
+{
+	struct ib_port_attr attr;
+	int err;
+
+	err = ib_query_port(ib, port, &attr);
+	if (err)
+		return err;
+	im->pkey_tbl_len = attr.pkey_tbl_len;
+	im->gid_tbl_len = attr.gid_tbl_len;
+	/*
+	 * RoCEv2 only (no RoCEv1 GIDs: the device refuses them). No IB_MAD/IB_CM yet: the
+	 * driver does not implement kernel QPs, and ib_mad would create QP1 at registration.
+	 */
+	im->core_cap_flags = RDMA_CORE_CAP_PROT_ROCE_UDP_ENCAP | RDMA_CORE_CAP_ETH_AH;
+	im->max_mad_size = 0;
+	return 0;
+}
+
+static int vrdma_query_pkey(struct ib_device *ib, u32 port, u16 index, u16 *pkey)
+{
+	if (index > 0)
+		return -EINVAL;
+	*pkey = IB_DEFAULT_PKEY_FULL;
+	return 0;
+}
+
+static int vrdma_add_gid(const struct ib_gid_attr *attr, void **context)
+{
+	struct vrdma_dev *dev = to_vdev(attr->device);
+	struct vrdma_cmd_add_gid cmd = {
+		.index = cpu_to_le32(attr->index),
+		.gid_type = cpu_to_le32(attr->gid_type),
+	};
+
+	memcpy(cmd.gid, attr->gid.raw, sizeof(cmd.gid));
+	return vrdma_cmd(dev, VRDMA_CMD_ADD_GID, &cmd, sizeof(cmd), NULL, 0);
+}
+
+static int vrdma_del_gid(const struct ib_gid_attr *attr, void **context)
+{
+	return vrdma_cmd_handle(to_vdev(attr->device), VRDMA_CMD_DEL_GID, attr->index);
+}
+
+static int vrdma_alloc_ucontext(struct ib_ucontext *uctx, struct ib_udata *udata)
+{
+	return 0;
+}
+
+static void vrdma_dealloc_ucontext(struct ib_ucontext *uctx)
+{
+}
+
+/* --- PD ------------------------------------------------------------------------------- */
+
+static int vrdma_alloc_pd(struct ib_pd *ibpd, struct ib_udata *udata)
+{
+	struct vrdma_pd *pd = container_of(ibpd, struct vrdma_pd, ibpd);
+	struct vrdma_handle h;
+	int err;
+
+	err = vrdma_cmd(to_vdev(ibpd->device), VRDMA_CMD_CREATE_PD, NULL, 0, &h, sizeof(h));
+	if (err)
+		return err;
+	pd->pdn = le32_to_cpu(h.handle);
+	return 0;
+}
+
+static int vrdma_dealloc_pd(struct ib_pd *ibpd, struct ib_udata *udata)
+{
+	struct vrdma_pd *pd = container_of(ibpd, struct vrdma_pd, ibpd);
+
+	return vrdma_cmd_handle(to_vdev(ibpd->device), VRDMA_CMD_DESTROY_PD, pd->pdn);
+}
+
+static u32 pdn_of(struct ib_pd *ibpd)
+{
+	return container_of(ibpd, struct vrdma_pd, ibpd)->pdn;
+}
+
+/* --- CQ ------------------------------------------------------------------------------- */
+
+static int vrdma_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *attr,
+			   struct uverbs_attr_bundle *attrs)
+{
+	struct ib_udata *udata = attrs ? &attrs->driver_udata : NULL;
+	struct vrdma_cq *cq = container_of(ibcq, struct vrdma_cq, ibcq);
+	struct vrdma_dev *dev = to_vdev(ibcq->device);
+	struct vrdma_cmd_create_cq cmd = {};
+	struct rxe_create_cq_resp uresp = {};
+	struct vrdma_resp_create_cq r;
+	struct vrdma_pl pl;
+	unsigned long flags;
+	int err;
+
+	if (attr->flags)
+		return -EOPNOTSUPP;
+	if (attr->cqe < 1 || attr->cqe > dev->ib.attrs.max_cqe)
+		return -EINVAL;
+	if (udata && udata->outlen < sizeof(uresp))
+		return -EINVAL;
+	cq->is_user = !!udata;
+	spin_lock_init(&cq->lock);
+	err = queue_alloc(&cq->q, roundup_pow_of_two(attr->cqe + 1), 1 << VRDMA_CQ_LOG2_ELEM);
+	if (err)
+		return err;
+	err = queue_desc(dev, &cq->q, &pl, &cmd.queue);
+	if (err)
+		goto err_q;
+	cmd.cqe = cpu_to_le32(attr->cqe);
+	err = vrdma_cmd(dev, VRDMA_CMD_CREATE_CQ, &cmd, sizeof(cmd), &r, sizeof(r));
+	pl_free(&pl);
+	if (err)
+		goto err_q;
+	cq->cqn = le32_to_cpu(r.cqn);
+	ibcq->cqe = le32_to_cpu(r.cqe);
+	if (udata) {
+		err = queue_mmap(udata, &cq->q, &uresp.mi);
+		if (!err)
+			err = ib_copy_to_udata(udata, &uresp, sizeof(uresp));
+		if (err)
+			goto err_destroy;
+	}
+	spin_lock_irqsave(&dev->ev_lock, flags);
+	err = xa_err(xa_store(&dev->cqs, cq->cqn, cq, GFP_ATOMIC));
+	spin_unlock_irqrestore(&dev->ev_lock, flags);
+	if (err)
+		goto err_destroy;
+	return 0;
+
+err_destroy:
+	vrdma_cmd_handle(dev, VRDMA_CMD_DESTROY_CQ, cq->cqn);
+err_q:
+	queue_free(&cq->q);
+	return err;
+}
+
+static int vrdma_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata)
+{
+	struct vrdma_cq *cq = container_of(ibcq, struct vrdma_cq, ibcq);
+	struct vrdma_dev *dev = to_vdev(ibcq->device);
+	unsigned long flags;
+	int err;
+
+	err = vrdma_cmd_handle(dev, VRDMA_CMD_DESTROY_CQ, cq->cqn);
+	if (err && err != -ENOENT && err != -EIO && err != -ETIMEDOUT)
+		return err;
+	spin_lock_irqsave(&dev->ev_lock, flags);
+	xa_erase(&dev->cqs, cq->cqn);
+	spin_unlock_irqrestore(&dev->ev_lock, flags);
+	queue_free(&cq->q);
+	return 0;
+}
+
+/*
+ * Arming writes the notify word in the ring header (§8.1): store, full barrier, then look
+ * for entries the device published before it could see the arm.
+ */
+static int vrdma_req_notify_cq(struct ib_cq *ibcq, enum ib_cq_notify_flags flags)
+{
+	struct vrdma_cq *cq = container_of(ibcq, struct vrdma_cq, ibcq);
+	u32 *notify = (u32 *)((u8 *)cq->q.buf + VRDMA_RING_CQ_NOTIFY);
+	u32 bits = (flags & IB_CQ_SOLICITED_MASK) == IB_CQ_SOLICITED ?
+		   VRDMA_CQ_NOTIFY_SOLICITED : VRDMA_CQ_NOTIFY_NEXT_COMP;
+
+	smp_store_release(notify, bits);
+	smp_mb();
+	if ((flags & IB_CQ_REPORT_MISSED_EVENTS) &&
+	    READ_ONCE(cq->q.buf->producer_index) != READ_ONCE(cq->q.buf->consumer_index))
+		return 1;
+	return 0;
+}
+
+static int vrdma_poll_cq(struct ib_cq *ibcq, int num, struct ib_wc *wc)
+{
+	struct vrdma_cq *cq = container_of(ibcq, struct vrdma_cq, ibcq);
+	struct vrdma_dev *dev = to_vdev(ibcq->device);
+	struct rxe_queue_buf *b = cq->q.buf;
+	unsigned long flags;
+	int n = 0;
+
+	if (cq->is_user)
+		return -EINVAL;
+	spin_lock_irqsave(&cq->lock, flags);
+	while (n < num) {
+		u32 cons = b->consumer_index & (cq->q.num_slots - 1);
+		struct ib_uverbs_wc *u;
+		struct vrdma_qp *qp;
+
+		if (cons == smp_load_acquire(&b->producer_index))
+			break;
+		u = (struct ib_uverbs_wc *)(b->data + ((size_t)cons << cq->q.log2));
+		memset(&wc[n], 0, sizeof(wc[n]));
+		wc[n].wr_id = u->wr_id;
+		wc[n].status = u->status;
+		wc[n].opcode = u->opcode;
+		wc[n].vendor_err = u->vendor_err;
+		wc[n].byte_len = u->byte_len;
+		wc[n].ex.imm_data = (__force __be32)u->ex.imm_data;
+		wc[n].src_qp = u->src_qp;
+		wc[n].wc_flags = u->wc_flags;
+		wc[n].pkey_index = u->pkey_index;
+		wc[n].slid = u->slid;
+		wc[n].sl = u->sl;
+		wc[n].dlid_path_bits = u->dlid_path_bits;
+		wc[n].port_num = u->port_num;
+		qp = xa_load(&dev->qps, u->qp_num);
+		wc[n].qp = qp ? &qp->ibqp : NULL;
+		if (wc[n].wc_flags & IB_WC_GRH)
+			wc[n].network_hdr_type = RDMA_NETWORK_IPV4;
+		smp_store_release(&b->consumer_index, (cons + 1) & (cq->q.num_slots - 1));
+		n++;
+	}
+	spin_unlock_irqrestore(&cq->lock, flags);
+	return n;
+}
+
+/* --- QP ------------------------------------------------------------------------------- */
+
+static int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
+			   struct ib_udata *udata)
+{
+	struct vrdma_qp *qp = container_of(ibqp, struct vrdma_qp, ibqp);
+	struct vrdma_dev *dev = to_vdev(ibqp->device);
+	const struct ib_device_attr *a = &dev->ib.attrs;
+	struct rxe_create_qp_resp uresp = {};
+	struct vrdma_cmd_create_qp cmd = {};
+	struct vrdma_resp_create_qp r;
+	struct vrdma_pl sq_pl = {}, rq_pl = {};
+	u32 wqe, send_wr, recv_wr, slots;
+	unsigned long flags;
+	int err;
+
+	if (!udata)
+		return -EOPNOTSUPP;	/* kernel QPs: not yet */
+	if (udata->outlen < sizeof(uresp))
+		return -EINVAL;
+	if (init->create_flags)
+		return -EOPNOTSUPP;
+	switch (init->qp_type) {
+	case IB_QPT_RC:
+	case IB_QPT_UC:
+	case IB_QPT_UD:
+		break;
+	default:
+		return -EOPNOTSUPP;
+	}
+	if (init->cap.max_send_wr > a->max_qp_wr || init->cap.max_recv_wr > a->max_qp_wr ||
+	    init->cap.max_send_sge > a->max_send_sge ||
+	    init->cap.max_recv_sge > a->max_recv_sge ||
+	    init->cap.max_inline_data > le32_to_cpu(dev->cfg.max_inline))
+		return -EINVAL;
+	if (init->srq && !(le32_to_cpu(dev->cfg.caps) & VRDMA_CAP_SRQ))
+		return -EOPNOTSUPP;
+
+	qp->is_user = true;
+	qp->sq_sig_type = init->sq_sig_type;
+	spin_lock_init(&qp->sq_lock);
+	spin_lock_init(&qp->rq_lock);
+	INIT_LIST_HEAD(&qp->db_node);
+
+	/*
+	 * rxe's sizes (rxe_qp.c): the send slot holds max(sge, inline) bytes after the WQE
+	 * header, and the caps librxe is told are what that slot holds. The device is given
+	 * exactly those caps, so it accepts every WQE librxe accepts.
+	 */
+	wqe = max_t(u32, init->cap.max_send_sge * sizeof(struct rxe_sge),
+		    init->cap.max_inline_data);
+	wqe = max_t(u32, wqe, sizeof(struct rxe_sge));
+	wqe = min_t(u32, wqe, le32_to_cpu(dev->cfg.max_inline));
+	send_wr = max_t(u32, init->cap.max_send_wr, 1);
+	slots = roundup_pow_of_two(send_wr + 1);
+	err = queue_alloc(&qp->sq, slots, sizeof(struct rxe_send_wqe) + wqe);
+	if (err)
+		return err;
+	err = queue_desc(dev, &qp->sq, &sq_pl, &cmd.sq);
+	if (err)
+		goto err_q;
+	cmd.max_send_wr = cpu_to_le32(slots - 1);
+	cmd.max_send_sge = cpu_to_le32(min_t(u32, wqe / sizeof(struct rxe_sge), a->max_send_sge));
+	cmd.max_inline_data = cpu_to_le32(wqe);
+
+	if (!init->srq) {
+		qp->has_rq = true;
+		recv_wr = max_t(u32, init->cap.max_recv_wr, 1);
+		slots = roundup_pow_of_two(recv_wr + 1);
+		err = queue_alloc(&qp->rq, slots, sizeof(struct rxe_recv_wqe) +
+				  max_t(u32, init->cap.max_recv_sge, 1) * sizeof(struct rxe_sge));
+		if (err)
+			goto err_q;
+		err = queue_desc(dev, &qp->rq, &rq_pl, &cmd.rq);
+		if (err)
+			goto err_q;
+		cmd.max_recv_wr = cpu_to_le32(slots - 1);
+		cmd.max_recv_sge = cpu_to_le32(max_t(u32, init->cap.max_recv_sge, 1));
+	} else {
+		cmd.flags |= cpu_to_le32(VRDMA_CREATE_QP_HAS_SRQ);
+		cmd.srqn = cpu_to_le32(container_of(init->srq, struct vrdma_srq, ibsrq)->srqn);
+	}
+	if (init->sq_sig_type == IB_SIGNAL_ALL_WR)
+		cmd.flags |= cpu_to_le32(VRDMA_CREATE_QP_SQ_SIG_ALL);
+	cmd.qp_type = cpu_to_le32(init->qp_type);
+	cmd.pdn = cpu_to_le32(pdn_of(ibqp->pd));
+	cmd.send_cqn = cpu_to_le32(container_of(init->send_cq, struct vrdma_cq, ibcq)->cqn);
+	cmd.recv_cqn = cpu_to_le32(container_of(init->recv_cq, struct vrdma_cq, ibcq)->cqn);
+
+	err = vrdma_cmd(dev, VRDMA_CMD_CREATE_QP, &cmd, sizeof(cmd), &r, sizeof(r));
+	pl_free(&sq_pl);
+	pl_free(&rq_pl);
+	if (err)
+		goto err_q;
+	qp->qpn = le32_to_cpu(r.qpn);
+	ibqp->qp_num = qp->qpn;
+	/* what the device echoes is what librxe is told */
+	qp->cap.max_send_wr = le32_to_cpu(r.max_send_wr);
+	qp->cap.max_send_sge = le32_to_cpu(r.max_send_sge);
+	qp->cap.max_inline_data = le32_to_cpu(r.max_inline_data);
+	qp->cap.max_recv_wr = init->srq ? 0 : le32_to_cpu(r.max_recv_wr);
+	qp->cap.max_recv_sge = init->srq ? 0 : le32_to_cpu(r.max_recv_sge);
+	init->cap = qp->cap;
+
+	if (qp->has_rq) {
+		err = queue_mmap(udata, &qp->rq, &uresp.rq_mi);
+		if (err)
+			goto err_destroy;
+	}
+	err = queue_mmap(udata, &qp->sq, &uresp.sq_mi);
+	if (!err)
+		err = ib_copy_to_udata(udata, &uresp, sizeof(uresp));
+	if (err)
+		goto err_destroy;
+
+	spin_lock_irqsave(&dev->ev_lock, flags);
+	err = xa_err(xa_store(&dev->qps, qp->qpn, qp, GFP_ATOMIC));
+	spin_unlock_irqrestore(&dev->ev_lock, flags);
+	if (err)
+		goto err_destroy;
+	return 0;
+
+err_destroy:
+	vrdma_cmd_handle(dev, VRDMA_CMD_DESTROY_QP, qp->qpn);
+err_q:
+	pl_free(&sq_pl);
+	pl_free(&rq_pl);
+	if (qp->sq.buf)
+		queue_free(&qp->sq);
+	if (qp->rq.buf)
+		queue_free(&qp->rq);
+	return err;
+}
+
+static int vrdma_destroy_qp(struct ib_qp *ibqp, struct ib_udata *udata)
+{
+	struct vrdma_qp *qp = container_of(ibqp, struct vrdma_qp, ibqp);
+	struct vrdma_dev *dev = to_vdev(ibqp->device);
+	unsigned long flags;
+	int err;
+
+	err = vrdma_cmd_handle(dev, VRDMA_CMD_DESTROY_QP, qp->qpn);
+	if (err && err != -ENOENT && err != -EIO && err != -ETIMEDOUT)
+		return err;
+	spin_lock_irqsave(&dev->ev_lock, flags);
+	xa_erase(&dev->qps, qp->qpn);
+	spin_unlock_irqrestore(&dev->ev_lock, flags);
+	vrdma_db_forget(dev, qp);
+	queue_free(&qp->sq);
+	if (qp->has_rq)
+		queue_free(&qp->rq);
+	return 0;
+}
+
+static void ah_attr_to_dev(const struct rdma_ah_attr *ah, struct vrdma_ah_attr *d)
+{
+	const struct ib_global_route *grh = rdma_ah_read_grh(ah);
+
+	memset(d, 0, sizeof(*d));
+	memcpy(d->dgid, grh->dgid.raw, sizeof(d->dgid));
+	d->flow_label = cpu_to_le32(grh->flow_label);
+	d->sgid_index = grh->sgid_index;
+	d->hop_limit = grh->hop_limit;
+	d->traffic_class = grh->traffic_class;
+	d->sl = rdma_ah_get_sl(ah);
+	if (ah->type == RDMA_AH_ATTR_TYPE_ROCE)
+		memcpy(d->dmac, ah->roce.dmac, ETH_ALEN);
+	d->port_num = 1;
+	d->static_rate = rdma_ah_get_static_rate(ah);
+}
+
+/* Access bits the kernel passes through that only matter to hardware (HUGETLB, relaxed
+ * ordering and the rest of the optional range): rxe ignores them, so does this driver. */
+static u32 access_to_dev(int access)
+{
+	return access & ~(IB_ACCESS_HUGETLB | IB_ACCESS_OPTIONAL);
+}
+
+static int vrdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
+			   struct ib_udata *udata)
+{
+	struct vrdma_qp *qp = container_of(ibqp, struct vrdma_qp, ibqp);
+	struct vrdma_qp_attrs c = {};
+
+	if (mask & ~IB_QP_ATTR_STANDARD_BITS)
+		return -EOPNOTSUPP;
+	c.qpn = cpu_to_le32(qp->qpn);
+	c.attr_mask = cpu_to_le32(mask);
+	c.qp_state = cpu_to_le32(attr->qp_state);
+	c.cur_qp_state = cpu_to_le32(attr->cur_qp_state);
+	c.path_mtu = cpu_to_le32(attr->path_mtu);
+	c.qkey = cpu_to_le32(attr->qkey);
+	c.rq_psn = cpu_to_le32(attr->rq_psn);
+	c.sq_psn = cpu_to_le32(attr->sq_psn);
+	c.dest_qp_num = cpu_to_le32(attr->dest_qp_num);
+	c.qp_access_flags = cpu_to_le32(access_to_dev(attr->qp_access_flags));
+	c.pkey_index = cpu_to_le16(attr->pkey_index);
+	c.en_sqd_async_notify = attr->en_sqd_async_notify;
+	c.max_rd_atomic = attr->max_rd_atomic;
+	c.max_dest_rd_atomic = attr->max_dest_rd_atomic;
+	c.min_rnr_timer = attr->min_rnr_timer;
+	c.port_num = attr->port_num;
+	c.timeout = attr->timeout;
+	c.retry_cnt = attr->retry_cnt;
+	c.rnr_retry = attr->rnr_retry;
+	if (mask & IB_QP_AV)
+		ah_attr_to_dev(&attr->ah_attr, &c.ah);
+	return vrdma_cmd(to_vdev(ibqp->device), VRDMA_CMD_MODIFY_QP, &c, sizeof(c), NULL, 0);
+}
+
+static int vrdma_query_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
+			  struct ib_qp_init_attr *init)
+{
+	struct vrdma_qp *qp = container_of(ibqp, struct vrdma_qp, ibqp);
+	struct vrdma_qp_attrs c = { .qpn = cpu_to_le32(qp->qpn) }, r;
+	union ib_gid dgid;
+	int err;
+
+	err = vrdma_cmd(to_vdev(ibqp->device), VRDMA_CMD_QUERY_QP, &c, sizeof(c), &r, sizeof(r));
+	if (err)
+		return err;
+	memset(attr, 0, sizeof(*attr));
+	attr->qp_state = le32_to_cpu(r.qp_state);
+	attr->cur_qp_state = attr->qp_state;
+	attr->path_mtu = le32_to_cpu(r.path_mtu);
+	attr->path_mig_state = IB_MIG_MIGRATED;
+	attr->qkey = le32_to_cpu(r.qkey);
+	attr->rq_psn = le32_to_cpu(r.rq_psn);
+	attr->sq_psn = le32_to_cpu(r.sq_psn);
+	attr->dest_qp_num = le32_to_cpu(r.dest_qp_num);
+	attr->qp_access_flags = le32_to_cpu(r.qp_access_flags);
+	attr->pkey_index = le16_to_cpu(r.pkey_index);
+	attr->en_sqd_async_notify = r.en_sqd_async_notify;
+	attr->sq_draining = r.sq_draining;
+	attr->max_rd_atomic = r.max_rd_atomic;
+	attr->max_dest_rd_atomic = r.max_dest_rd_atomic;
+	attr->min_rnr_timer = r.min_rnr_timer;
+	attr->port_num = r.port_num;
+	attr->timeout = r.timeout;
+	attr->retry_cnt = r.retry_cnt;
+	attr->rnr_retry = r.rnr_retry;
+	attr->cap = qp->cap;
+	attr->ah_attr.type = RDMA_AH_ATTR_TYPE_ROCE;
+	memcpy(dgid.raw, r.ah.dgid, sizeof(dgid.raw));
+	rdma_ah_set_grh(&attr->ah_attr, &dgid, le32_to_cpu(r.ah.flow_label), r.ah.sgid_index,
+			r.ah.hop_limit, r.ah.traffic_class);
+	rdma_ah_set_sl(&attr->ah_attr, r.ah.sl);
+	rdma_ah_set_port_num(&attr->ah_attr, 1);
+	memcpy(attr->ah_attr.roce.dmac, r.ah.dmac, ETH_ALEN);
+
+	memset(init, 0, sizeof(*init));
+	init->event_handler = ibqp->event_handler;
+	init->qp_context = ibqp->qp_context;
+	init->send_cq = ibqp->send_cq;
+	init->recv_cq = ibqp->recv_cq;
+	init->srq = ibqp->srq;
+	init->cap = qp->cap;
+	init->sq_sig_type = qp->sq_sig_type;
+	init->qp_type = ibqp->qp_type;
+	init->port_num = 1;
+	return 0;
+}
+
+static int vrdma_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr,
+			   const struct ib_send_wr **bad_wr)
+{
+	struct vrdma_qp *qp = container_of(ibqp, struct vrdma_qp, ibqp);
+
+	if (!qp->is_user) {
+		*bad_wr = wr;
+		return -EOPNOTSUPP;
+	}
+	/* librxe's zero-WR IB_USER_VERBS_CMD_POST_SEND: the WQEs are in the ring already */
+	vrdma_ring_doorbell(to_vdev(ibqp->device), VRDMA_DB_SQ, qp->qpn,
+			    READ_ONCE(qp->sq.buf->producer_index), qp);
+	return 0;
+}
+
+static int vrdma_post_recv(struct ib_qp *ibqp, const struct ib_recv_wr *wr,
+			   const struct ib_recv_wr **bad_wr)
+{
+	*bad_wr = wr;
+	return -EOPNOTSUPP;
+}
+
+/* --- SRQ ------------------------------------------------------------------------------ */
+
+static int vrdma_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *init,
+			    struct ib_udata *udata)
+{
+	struct vrdma_srq *srq = container_of(ibsrq, struct vrdma_srq, ibsrq);
+	struct vrdma_dev *dev = to_vdev(ibsrq->device);
+	const struct ib_device_attr *a = &dev->ib.attrs;
+	struct rxe_create_srq_resp uresp = {};
+	struct vrdma_cmd_create_srq cmd = {};
+	struct vrdma_resp_create_srq r;
+	struct vrdma_pl pl;
+	unsigned long flags;
+	u32 slots;
+	int err;
+
+	if (!udata)
+		return -EOPNOTSUPP;
+	if (udata->outlen < sizeof(uresp))
+		return -EINVAL;
+	if (init->srq_type != IB_SRQT_BASIC)
+		return -EOPNOTSUPP;
+	if (!a->max_srq || init->attr.max_wr < 1 || init->attr.max_wr > a->max_srq_wr ||
+	    init->attr.max_sge < 1 || init->attr.max_sge > a->max_srq_sge ||
+	    init->attr.srq_limit > init->attr.max_wr)
+		return -EINVAL;
+	srq->is_user = true;
+	spin_lock_init(&srq->lock);
+	slots = roundup_pow_of_two(init->attr.max_wr + 1);
+	err = queue_alloc(&srq->q, slots, sizeof(struct rxe_recv_wqe) +
+			  init->attr.max_sge * sizeof(struct rxe_sge));
+	if (err)
+		return err;
+	err = queue_desc(dev, &srq->q, &pl, &cmd.queue);
+	if (err)
+		goto err_q;
+	cmd.pdn = cpu_to_le32(pdn_of(ibsrq->pd));
+	cmd.max_wr = cpu_to_le32(slots - 1);
+	cmd.max_sge = cpu_to_le32(init->attr.max_sge);
+	cmd.srq_limit = cpu_to_le32(init->attr.srq_limit);
+	err = vrdma_cmd(dev, VRDMA_CMD_CREATE_SRQ, &cmd, sizeof(cmd), &r, sizeof(r));
+	pl_free(&pl);
+	if (err)
+		goto err_q;
+	srq->srqn = le32_to_cpu(r.srqn);
+	srq->max_wr = le32_to_cpu(r.max_wr);
+	srq->max_sge = le32_to_cpu(r.max_sge);
+	init->attr.max_wr = srq->max_wr;
+	init->attr.max_sge = srq->max_sge;
+	err = queue_mmap(udata, &srq->q, &uresp.mi);
+	uresp.srq_num = srq->srqn;
+	if (!err)
+		err = ib_copy_to_udata(udata, &uresp, sizeof(uresp));
+	if (err)
+		goto err_destroy;
+	spin_lock_irqsave(&dev->ev_lock, flags);
+	err = xa_err(xa_store(&dev->srqs, srq->srqn, srq, GFP_ATOMIC));
+	spin_unlock_irqrestore(&dev->ev_lock, flags);
+	if (err)
+		goto err_destroy;
+	return 0;
+
+err_destroy:
+	vrdma_cmd_handle(dev, VRDMA_CMD_DESTROY_SRQ, srq->srqn);
+err_q:
+	queue_free(&srq->q);
+	return err;
+}
+
+static int vrdma_modify_srq(struct ib_srq *ibsrq, struct ib_srq_attr *attr,
+			    enum ib_srq_attr_mask mask, struct ib_udata *udata)
+{
+	struct vrdma_srq *srq = container_of(ibsrq, struct vrdma_srq, ibsrq);
+	struct vrdma_cmd_modify_srq cmd = {};
+
+	if (mask & IB_SRQ_MAX_WR)
+		return -EOPNOTSUPP;	/* §5.7: the ring is sized at creation */
+	if (!(mask & IB_SRQ_LIMIT))
+		return 0;
+	cmd.srqn = cpu_to_le32(srq->srqn);
+	cmd.attr_mask = cpu_to_le32(VRDMA_SRQ_ATTR_LIMIT);
+	cmd.srq_limit = cpu_to_le32(attr->srq_limit);
+	return vrdma_cmd(to_vdev(ibsrq->device), VRDMA_CMD_MODIFY_SRQ, &cmd, sizeof(cmd),
+			 NULL, 0);
+}
+
+static int vrdma_query_srq(struct ib_srq *ibsrq, struct ib_srq_attr *attr)
+{
+	struct vrdma_srq *srq = container_of(ibsrq, struct vrdma_srq, ibsrq);
+	struct vrdma_handle h = { .handle = cpu_to_le32(srq->srqn) };
+	struct vrdma_resp_query_srq r;
+	int err;
+
+	err = vrdma_cmd(to_vdev(ibsrq->device), VRDMA_CMD_QUERY_SRQ, &h, sizeof(h), &r,
+			sizeof(r));
+	if (err)
+		return err;
+	attr->max_wr = le32_to_cpu(r.max_wr);
+	attr->max_sge = le32_to_cpu(r.max_sge);
+	attr->srq_limit = le32_to_cpu(r.srq_limit);
+	return 0;
+}
+
+static int vrdma_destroy_srq(struct ib_srq *ibsrq, struct ib_udata *udata)
+{
+	struct vrdma_srq *srq = container_of(ibsrq, struct vrdma_srq, ibsrq);
+	struct vrdma_dev *dev = to_vdev(ibsrq->device);
+	unsigned long flags;
+	int err;
+
+	err = vrdma_cmd_handle(dev, VRDMA_CMD_DESTROY_SRQ, srq->srqn);
+	if (err && err != -ENOENT && err != -EIO && err != -ETIMEDOUT)
+		return err;
+	spin_lock_irqsave(&dev->ev_lock, flags);
+	xa_erase(&dev->srqs, srq->srqn);
+	spin_unlock_irqrestore(&dev->ev_lock, flags);
+	queue_free(&srq->q);
+	return 0;
+}
+
+static int vrdma_post_srq_recv(struct ib_srq *ibsrq, const struct ib_recv_wr *wr,
+			       const struct ib_recv_wr **bad_wr)
+{
+	*bad_wr = wr;
+	return -EOPNOTSUPP;
+}
+
+/* --- MR ------------------------------------------------------------------------------- */
+
+struct umem_it {
+	struct sg_page_iter piter;
+};
+
+static u64 umem_next(void *ctx)
+{
+	struct umem_it *it = ctx;
+
+	__sg_page_iter_next(&it->piter);
+	return page_to_phys(sg_page_iter_page(&it->piter));
+}
+
+static struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length, u64 iova,
+				       int access, struct ib_udata *udata)
+{
+	struct vrdma_dev *dev = to_vdev(ibpd->device);
+	struct vrdma_cmd_reg_user_mr cmd = {};
+	struct vrdma_resp_mr r;
+	struct vrdma_mr *mr;
+	struct umem_it it;
+	struct vrdma_pl pl;
+	size_t npages;
+	int err;
+
+	/* byte x of the MR is at (iova mod page) + x of the page list (§5.8) */
+	if ((start ^ iova) & ~PAGE_MASK)
+		return ERR_PTR(-EINVAL);
+	mr = kzalloc(sizeof(*mr), GFP_KERNEL);
+	if (!mr)
+		return ERR_PTR(-ENOMEM);
+	mr->umem = ib_umem_get(ibpd->device, start, length, access);
+	if (IS_ERR(mr->umem)) {
+		err = PTR_ERR(mr->umem);
+		goto err_free;
+	}
+	npages = ib_umem_num_pages(mr->umem);
+	if (!npages || npages > U32_MAX) {
+		err = -EINVAL;
+		goto err_umem;
+	}
+	__sg_page_iter_start(&it.piter, mr->umem->sgt_append.sgt.sgl,
+			     mr->umem->sgt_append.sgt.orig_nents, 0);
+	err = pl_build(dev, &pl, npages, umem_next, &it);
+	if (err)
+		goto err_umem;
+	cmd.pdn = cpu_to_le32(pdn_of(ibpd));
+	cmd.access = cpu_to_le32(access_to_dev(access));
+	cmd.iova = cpu_to_le64(iova);
+	cmd.length = cpu_to_le64(length);
+	cmd.pages = pl.desc;
+	err = vrdma_cmd(dev, VRDMA_CMD_REG_USER_MR, &cmd, sizeof(cmd), &r, sizeof(r));
+	pl_free(&pl);
+	if (err)
+		goto err_umem;
+	mr->ibmr.lkey = le32_to_cpu(r.lkey);
+	mr->ibmr.rkey = le32_to_cpu(r.rkey);
+	mr->ibmr.iova = iova;
+	mr->ibmr.length = length;
+	return &mr->ibmr;
+
+err_umem:
+	ib_umem_release(mr->umem);
+err_free:
+	kfree(mr);
+	return ERR_PTR(err);
+}
+
+static struct ib_mr *vrdma_get_dma_mr(struct ib_pd *ibpd, int access)
+{
+	struct vrdma_cmd_reg_dma_mr cmd = {
+		.pdn = cpu_to_le32(pdn_of(ibpd)),
+		.access = cpu_to_le32(access_to_dev(access)),
+	};
+	struct vrdma_resp_mr r;
+	struct vrdma_mr *mr;
+	int err;
+
+	mr = kzalloc(sizeof(*mr), GFP_KERNEL);
+	if (!mr)
+		return ERR_PTR(-ENOMEM);
+	err = vrdma_cmd(to_vdev(ibpd->device), VRDMA_CMD_REG_DMA_MR, &cmd, sizeof(cmd), &r,
+			sizeof(r));
+	if (err) {
+		kfree(mr);
+		return ERR_PTR(err);
+	}
+	mr->ibmr.lkey = le32_to_cpu(r.lkey);
+	mr->ibmr.rkey = le32_to_cpu(r.rkey);
+	return &mr->ibmr;
+}
+
+static int vrdma_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata)
+{
+	struct vrdma_mr *mr = container_of(ibmr, struct vrdma_mr, ibmr);
+	int err;
+
+	err = vrdma_cmd_handle(to_vdev(ibmr->device), VRDMA_CMD_DEREG_MR, ibmr->lkey);
+	if (err && err != -ENOENT && err != -EIO && err != -ETIMEDOUT)
+		return err;
+	/* after DEREG_MR the device no longer touches the pages: unpin */
+	if (mr->umem)
+		ib_umem_release(mr->umem);
+	kfree(mr);
+	return 0;
+}
+
+/* --- AH ------------------------------------------------------------------------------- */
+
+/*
+ * User AHs (librxe) get a device AH number; librxe also writes the AV into each UD WQE.
+ * Kernel AHs may be created in atomic context (the CM), so they never use the control
+ * queue: their AV goes inline into each WQE (ah_num 0).
+ */
+static int vrdma_create_ah(struct ib_ah *ibah, struct rdma_ah_init_attr *init,
+			   struct ib_udata *udata)
+{
+	struct vrdma_ah *ah = container_of(ibah, struct vrdma_ah, ibah);
+	struct vrdma_dev *dev = to_vdev(ibah->device);
+	struct vrdma_cmd_create_ah cmd = {};
+	struct rxe_create_ah_resp uresp = {};
+	struct vrdma_handle h;
+	int err;
+
+	ah_attr_to_dev(init->ah_attr, &ah->av);
+	ah->network_type = rdma_gid_attr_network_type(init->ah_attr->grh.sgid_attr);
+	if (!udata)
+		return 0;
+	cmd.pdn = cpu_to_le32(pdn_of(ibah->pd));
+	cmd.attr = ah->av;
+	err = vrdma_cmd(dev, VRDMA_CMD_CREATE_AH, &cmd, sizeof(cmd), &h, sizeof(h));
+	if (err)
+		return err;
+	ah->ah_num = le32_to_cpu(h.handle);
+	if (udata->outlen >= sizeof(uresp)) {
+		uresp.ah_num = ah->ah_num;
+		err = ib_copy_to_udata(udata, &uresp, sizeof(uresp));
+		if (err) {
+			vrdma_cmd_handle(dev, VRDMA_CMD_DESTROY_AH, ah->ah_num);
+			return err;
+		}
+	}
+	return 0;
+}
+
+static int vrdma_destroy_ah(struct ib_ah *ibah, u32 flags)
+{
+	struct vrdma_ah *ah = container_of(ibah, struct vrdma_ah, ibah);
+
+	if (ah->ah_num)
+		vrdma_cmd_handle(to_vdev(ibah->device), VRDMA_CMD_DESTROY_AH, ah->ah_num);
+	return 0;
+}
+
+const struct ib_device_ops vrdma_dev_ops = {
+	.owner = THIS_MODULE,
+	.driver_id = RDMA_DRIVER_RXE,
+	.uverbs_abi_ver = VRDMA_UVERBS_ABI_VERSION,
+
+	.add_gid = vrdma_add_gid,
+	.alloc_pd = vrdma_alloc_pd,
+	.alloc_ucontext = vrdma_alloc_ucontext,
+	.create_ah = vrdma_create_ah,
+	.create_cq = vrdma_create_cq,
+	.create_qp = vrdma_create_qp,
+	.create_srq = vrdma_create_srq,
+	.create_user_ah = vrdma_create_ah,
+	.dealloc_pd = vrdma_dealloc_pd,
+	.dealloc_ucontext = vrdma_dealloc_ucontext,
+	.del_gid = vrdma_del_gid,
+	.dereg_mr = vrdma_dereg_mr,
+	.destroy_ah = vrdma_destroy_ah,
+	.destroy_cq = vrdma_destroy_cq,
+	.destroy_qp = vrdma_destroy_qp,
+	.destroy_srq = vrdma_destroy_srq,
+	.get_dma_mr = vrdma_get_dma_mr,
+	.get_link_layer = vrdma_get_link_layer,
+	.get_port_immutable = vrdma_get_port_immutable,
+	.mmap = vrdma_mmap,
+	.mmap_free = vrdma_mmap_free,
+	.modify_qp = vrdma_modify_qp,
+	.modify_srq = vrdma_modify_srq,
+	.poll_cq = vrdma_poll_cq,
+	.post_recv = vrdma_post_recv,
+	.post_send = vrdma_post_send,
+	.post_srq_recv = vrdma_post_srq_recv,
+	.query_device = vrdma_query_device,
+	.query_pkey = vrdma_query_pkey,
+	.query_port = vrdma_query_port,
+	.query_qp = vrdma_query_qp,
+	.query_srq = vrdma_query_srq,
+	.reg_user_mr = vrdma_reg_user_mr,
+	.req_notify_cq = vrdma_req_notify_cq,
+
+	INIT_RDMA_OBJ_SIZE(ib_ah, vrdma_ah, ibah),
+	INIT_RDMA_OBJ_SIZE(ib_cq, vrdma_cq, ibcq),
+	INIT_RDMA_OBJ_SIZE(ib_pd, vrdma_pd, ibpd),
+	INIT_RDMA_OBJ_SIZE(ib_qp, vrdma_qp, ibqp),
+	INIT_RDMA_OBJ_SIZE(ib_srq, vrdma_srq, ibsrq),
+	INIT_RDMA_OBJ_SIZE(ib_ucontext, vrdma_ucontext, ibuc),
+};

@@ -1,0 +1,170 @@
+#!/usr/bin/env bash
+# One guest with the virtio-rdma device: QEMU's vhost-user-rdma-pci served by the
+# vhost-user-rdma daemon, the guest's virtio_rdma driver (vrdma0) and unmodified rdma-core.
+# In the guest: `ibv_devinfo -v` must show vrdma0 PORT_ACTIVE with sane caps, then the
+# libibverbs examples and perftest run between two processes on that one device (the
+# daemon's udp transport sends to itself).
+#
+#   sudo tests/vm/device-verbs.test.sh [TOOL...]     default: every tool below
+#
+# Tools: devinfo rc uc ud srq send_lat write_bw (names as in the report lines).
+# Prints "SKIP: <reason>" and exits 0 when not root, or the patched QEMU, the image with
+# virtio_rdma.ko or the daemon binary is missing; under CI=true that is a failure.
+# Everything runs in a network namespace of its own (tests/vm/net.sh exec): the daemon's
+# UDP socket is bound to an address on a dummy interface there, which is also the guest's
+# eth0 address (a NIC attached to nothing), so the guest's RoCEv2 GID is the daemon's.
+# Env: VUR_DEVICE_ITERS (default 200), VUR_DAEMON (daemon binary), VUR_IMAGES, VUR_QEMU.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+iters=${VUR_DEVICE_ITERS:-200}
+addr=10.77.0.2
+mac=52:54:00:77:00:02
+t_start=$SECONDS
+
+log() { printf '[device-verbs %s] %s\n' "$(date +%T)" "$*"; }
+# shellcheck source=tests/vm/lib.sh
+. "$here/lib.sh"
+vm_require device-verbs
+[[ -f $images/virtio_rdma.ko ]] ||
+    vm_missing "device-verbs: the image in $images has no virtio_rdma.ko (sudo images/build.sh)"
+qemu=${VUR_QEMU:-}
+[[ -n $qemu ]] || qemu=$(bash "$repo/guest-driver-patches/qemu/build.sh" --print-bin 2>/dev/null) ||
+    vm_missing "device-verbs: no QEMU with vhost-user-rdma-pci (guest-driver-patches/qemu/build.sh)"
+[[ -x $qemu ]] || vm_missing "device-verbs: $qemu is not executable"
+daemon=${VUR_DAEMON:-}
+if [[ -z $daemon ]]; then
+    for d in "$repo/target/release/vhost-user-rdma" "$repo/target/debug/vhost-user-rdma"; do
+        [[ -x $d ]] && daemon=$d && break
+    done
+fi
+[[ -n $daemon ]] ||
+    vm_missing "device-verbs: no vhost-user-rdma binary (cargo build --release -p vhost-user-rdma)"
+
+vm_netns device-verbs "$@"
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/vur-device-verbs.XXXXXX")
+dpid=''
+# shellcheck disable=SC2317 # invoked from the EXIT trap
+cleanup() {
+    local rc=$?
+    if [[ -n $dpid ]] && kill -0 "$dpid" 2>/dev/null; then
+        kill "$dpid" 2>/dev/null || true
+        wait "$dpid" 2>/dev/null || true
+    fi
+    if ((rc == 0)); then rm -rf "$work"; else log "artifacts kept in $work"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+ip link add vurdv0 type dummy
+ip addr add "$addr/24" dev vurdv0
+ip link set vurdv0 up
+
+log "daemon: $daemon --udp-addr $addr:4791 --mac $mac"
+"$daemon" --socket-path "$work/rdma.sock" --udp-addr "$addr:4791" --mac "$mac" \
+    --counters-socket "$work/counters.sock" >"$work/daemon.log" 2>&1 &
+dpid=$!
+for _ in $(seq 100); do
+    [[ -S $work/rdma.sock ]] && break
+    kill -0 "$dpid" 2>/dev/null || break
+    sleep 0.1
+done
+[[ -S $work/rdma.sock ]] || { cat "$work/daemon.log"; log "FAIL: the daemon's socket did not appear within 10 s"; exit 1; }
+
+tools=("$@")
+((${#tools[@]})) || tools=(devinfo rc uc ud srq send_lat write_bw)
+cat >"$work/device-guest.sh" <<EOF
+#!/bin/bash
+# Runs inside the guest (tests/vm/device-verbs.test.sh).
+iters=$iters
+tools=(${tools[*]})
+EOF
+cat >>"$work/device-guest.sh" <<'EOF'
+dev=vrdma0
+fail=0
+report() { echo "DV $1 rc=$2${3:+ $3}"; [[ $2 == 0 ]] || fail=1; }
+
+if [[ ! -e /sys/class/infiniband/$dev ]]; then
+    echo "DV-FAIL no $dev; virtio devices: $(cat /sys/bus/virtio/devices/*/device | tr '\n' ' ')"
+    dmesg | grep -i -E 'virtio_rdma|vrdma|infiniband' | tail -20
+    exit 1
+fi
+gid=''
+for _ in $(seq 50); do gid=$(vur-gid v4 "$dev") && break; sleep 0.1; done
+[[ -n $gid ]] || { echo "DV-FAIL no IPv4 RoCE v2 GID on $dev within 5 s"; exit 1; }
+echo "DV gid-index-v4=$gid gid=$(cat /sys/class/infiniband/$dev/ports/1/gids/$gid)"
+
+# wait_listen PORT: bounded wait for a TCP listener (the tools exchange QP numbers over TCP)
+wait_listen() {
+    for _ in $(seq 200); do ss -ltn | grep -q ":$1 " && return 0; sleep 0.05; done
+    echo "DV note: nothing listened on TCP $1 within 10 s"
+    return 1
+}
+
+# pair NAME SECONDS SERVER-CMD... -- CLIENT-ARGS...: server in the background, client
+# against 127.0.0.1, both bounded by SECONDS.
+pair() {
+    local name=$1 secs=$2 srv=() cli=() s=0 c=0 t0
+    shift 2
+    while (($#)) && [[ $1 != -- ]]; do srv+=("$1"); shift; done
+    shift
+    cli=("$@")
+    timeout "$secs" "${srv[@]}" >"/tmp/$name.server" 2>&1 &
+    local spid=$!
+    wait_listen 18515 || true
+    t0=${EPOCHREALTIME/./}
+    timeout "$secs" "${srv[@]}" "${cli[@]}" 127.0.0.1 >"/tmp/$name.client" 2>&1 || c=$?
+    wait "$spid" || s=$?
+    echo "== $name server (rc=$s)"; tail -n 25 "/tmp/$name.server"
+    echo "== $name client (rc=$c)"; tail -n 25 "/tmp/$name.client"
+    report "$name" $((s | c)) "server=$s client=$c wall=$(((${EPOCHREALTIME/./} - t0) / 1000))ms"
+}
+
+chk() { "$1" --help 2>&1 | grep -q -- '--chk' && echo -c; }
+
+for t in "${tools[@]}"; do
+    case $t in
+    devinfo)
+        ibv_devinfo -v -d "$dev" >/tmp/devinfo 2>&1
+        rc=$?
+        cat /tmp/devinfo
+        grep -q 'state:.*PORT_ACTIVE' /tmp/devinfo || rc=1
+        grep -q 'link_layer:.*Ethernet' /tmp/devinfo || rc=1
+        grep -qE 'max_qp:[[:space:]]+[1-9]' /tmp/devinfo || rc=1
+        report devinfo $rc "$(grep -E 'state:|active_mtu|max_qp:|max_cqe:|max_mr_size' /tmp/devinfo | tr -s ' \t' ' ' | tr '\n' ';')"
+        ;;
+    rc) pair rc 120 ibv_rc_pingpong -d "$dev" -g "$gid" -n "$iters" $(chk ibv_rc_pingpong) -- ;;
+    uc) pair uc 120 ibv_uc_pingpong -d "$dev" -g "$gid" -n "$iters" $(chk ibv_uc_pingpong) -- ;;
+    ud) pair ud 120 ibv_ud_pingpong -d "$dev" -g "$gid" -n "$iters" -s 1024 $(chk ibv_ud_pingpong) -- ;;
+    srq) pair srq 120 ibv_srq_pingpong -d "$dev" -g "$gid" -n "$iters" $(chk ibv_srq_pingpong) -- ;;
+    send_lat) pair send_lat 180 ib_send_lat -d "$dev" -x "$gid" -F -n "$iters" -s 64 -- ;;
+    write_bw) pair write_bw 180 ib_write_bw -d "$dev" -x "$gid" -F -n "$iters" -s 4096 -- ;;
+    *) echo "DV unknown tool $t"; fail=1 ;;
+    esac
+done
+exit $fail
+EOF
+
+log "booting guest (qemu $qemu, image $images)"
+vm_rc=0
+"$here/run-vm.sh" --name dv --qemu "$qemu" --images "$images" --rdma-sock "$work/rdma.sock" \
+    --nic-no-peer --mac "$mac" --ip "$addr/24" --no-rxe --shared "$work" \
+    --scenario "$work/device-guest.sh" --timeout 900 || vm_rc=$?
+
+grep -a '^DV\|^\[vur-init\|usec/iter\|t_avg\|BW average' "$work/dv.console.log" | tr -d '\r' || true
+if command -v socat >/dev/null && [[ -S $work/counters.sock ]]; then
+    log "daemon counters: $(socat - "UNIX-CONNECT:$work/counters.sock" 2>/dev/null | head -c 600)"
+fi
+if ! kill -0 "$dpid" 2>/dev/null; then
+    log "FAIL: the daemon died"; tail -20 "$work/daemon.log"; exit 1
+fi
+if ((vm_rc == 0)); then
+    log "PASS (${tools[*]}) in $((SECONDS - t_start)) s"
+else
+    log "FAIL: guest rc=$vm_rc (console: $work/dv.console.log, daemon: $work/daemon.log)"
+    tail -20 "$work/daemon.log"
+    exit 1
+fi
