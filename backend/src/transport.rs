@@ -504,9 +504,12 @@ mod tests {
     }
 
     /// Two sockets on loopback: what one sends the other verifies (ID 0 over IPv4), and a
-    /// corrupted packet is caught over IPv6 (where the check is complete).
+    /// corrupted packet is caught over IPv6 (where the check is complete). A family whose
+    /// loopback cannot be bound is skipped with a line saying so; when neither can, the test
+    /// fails under CI=true (where both must work) and says so otherwise.
     #[test]
     fn icrc_round_trip_over_real_sockets() {
+        let mut checked = Vec::new();
         for (a, b) in [("127.0.0.1:0", "127.0.0.1:0"), ("[::1]:0", "[::1]:0")] {
             let mut ta = match UdpTransport::bind(a.parse().unwrap(), 0, true) {
                 Ok(t) => t,
@@ -561,6 +564,14 @@ mod tests {
                 std::thread::sleep(std::time::Duration::from_millis(1));
             }
             assert!(dropped, "corrupted packet must be dropped in strict mode");
+            checked.push(a);
+        }
+        if checked.is_empty() {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "neither 127.0.0.1 nor ::1 could be bound: nothing was checked"
+            );
+            eprintln!("SKIP icrc_round_trip_over_real_sockets: no loopback address could be bound");
         }
     }
 }
