@@ -117,14 +117,13 @@ pub fn every_opcode_frames(v6: bool, l2: bool) -> Vec<Vec<u8>> {
         .collect()
 }
 
-/// With `RXE_FUZZ_SEED_DIR` set, writes every frame of the tshark check there, one file each:
-/// the seeds of the `packet_parse` fuzz target (see `fuzz/README.md`). Otherwise does nothing.
+/// Writes every frame of the tshark check to `RXE_FUZZ_SEED_DIR`, one file each: the seeds of
+/// the `packet_parse` fuzz target (see `fuzz/README.md`). A tool, not a check: run it with
+/// `-- --ignored`.
 #[test]
+#[ignore = "writes fuzzing seeds; needs RXE_FUZZ_SEED_DIR"]
 fn write_fuzz_seeds() {
-    let Some(dir) = std::env::var_os("RXE_FUZZ_SEED_DIR") else {
-        return;
-    };
-    let dir = PathBuf::from(dir);
+    let dir = PathBuf::from(std::env::var_os("RXE_FUZZ_SEED_DIR").expect("RXE_FUZZ_SEED_DIR"));
     std::fs::create_dir_all(&dir).unwrap();
     for (tag, v6, l2) in [("eth-ipv4", false, true), ("raw-ipv6", true, false)] {
         for (k, f) in every_opcode_frames(v6, l2).iter().enumerate() {
