@@ -20,6 +20,10 @@
 # non-success, reported as such. A run that stops making progress fails within --stall
 # seconds (10) saying what it waited for; the guest then stops the tool, prints rxe's
 # counters, and keeps a capture of eth0 (and of ifb0, the ingress netem) of every fault run.
+# One stall is expected: Linux rxe 6.12's completer can lose a SEND whose ACK arrives while
+# it retransmits that SEND (docs/interop.md); tests/vm/rxe-stall-check.py must find that
+# exact signature in the guest's captures, and the run is then counted as stalled by the rxe
+# bug, not as passed and not as failed.
 #
 # Runs in a network namespace of its own (tests/vm/net.sh exec). Prints "SKIP: <reason>" and
 # exits 77 when not root or QEMU / the image is missing (a failure under CI=true).
@@ -208,6 +212,7 @@ while read -r idx r seed n role kind fam faults args; do
     echo "$rc" >/vur/run-$idx.guest-rc.tmp && mv /vur/run-$idx.guest-rc.tmp /vur/run-$idx.guest-rc
     wait_for /vur/run-$idx.host-rc 300 || why+=" (rxe-peer never finished)"
     for p in "${caps[@]}"; do kill -INT $p 2>/dev/null; wait $p 2>/dev/null; done
+    touch /vur/run-$idx.guest-done
     stats=''
     [[ $faults == - ]] || stats=$(/usr/sbin/tc -s qdisc show | awk '/qdisc netem/ {d = $2 " " $5} /Sent/ && d {print d ": sent " $4 " pkts, dropped " $7; d = ""}' | tr '\n' ';')
     netem 0 -
@@ -240,7 +245,7 @@ wait_file() {
     return 1
 }
 
-declare -A host_rc
+declare -A host_rc known
 for run in "${runs[@]}"; do
     read -r idx r seed n role kind fam faults args <<<"$run"
     port=$((18600 + idx))
@@ -285,6 +290,20 @@ for run in "${runs[@]}"; do
     # The tool's exit code is the other half of the verdict.
     wait_file "$shared/run-$idx.guest-rc" 100 || true
     grc=$(cat "$shared/run-$idx.guest-rc" 2>/dev/null || echo '?')
+    # A stall where the tool stopped sending may be the rxe completer bug of docs/interop.md
+    # ("A Linux rxe 6.12 requester that never completes a SEND"): accepted only when the
+    # guest's own captures show its exact signature.
+    if ((rc != 0)) && [[ $faults != - && $grc == 96 ]] &&
+        grep -q "stalled: .* waiting for the tool's SEND #[0-9]*; counters" "$shared/host-run-$idx.log"; then
+        wait_file "$shared/run-$idx.guest-done" 100 || true
+        ifb=()
+        [[ ! -f $shared/run-$idx.guest-ifb0.pcap ]] || ifb=("$shared/run-$idx.guest-ifb0.pcap")
+        if /usr/bin/python3 "$here/rxe-stall-check.py" --tool "$guest4" "$shared/run-$idx.guest-eth0.pcap" "${ifb[@]}" \
+            >"$shared/run-$idx.stall-check" 2>&1; then
+            known[$idx]=1
+        fi
+        sed 's/^/    /' "$shared/run-$idx.stall-check" >>"$shared/host-run-$idx.log"
+    fi
     host_rc[$idx]=$rc
     log "run $idx: case $n rep $r tool=$role $kind ipv$fam faults=$faults $args -> rxe-peer rc=$rc, tool rc=$grc"
     sed 's/^/    /' "$shared/host-run-$idx.log"
@@ -301,7 +320,7 @@ cap_pid=''
 grep -a '^INTEROP\|^    ' "$shared/interop.console.log" | tr -d '\r' || true
 
 echo
-declare -A pass total
+declare -A pass total rxebug
 fail_runs=0
 printf '%-4s %-4s %-4s %-7s %-5s %-4s %-20s %-34s %-7s %-7s %s\n' run case rep tool kind ip args faults tool-rc peer-rc 'end / rxe-peer counters'
 for run in "${runs[@]}"; do
@@ -310,10 +329,13 @@ for run in "${runs[@]}"; do
     cnt=$(sed -n 's/^counters: //p' "$shared/host-run-$idx.log" 2>/dev/null | sed 's/rnr_naks_[a-z]*=0 //g; s/ dropped=[0-9]*//')
     endl=$(sed -n 's/^end: \([a-z]*\).*/\1/p' "$shared/host-run-$idx.log" 2>/dev/null)
     [[ $endl != last ]] || endl='last-SEND-after-tool-left'
+    [[ -z ${known[$idx]:-} ]] || endl='rxe-completer-bug'
     printf '%-4s %-4s %-4s %-7s %-5s v%-3s %-20s %-34s %-7s %-7s %s\n' "$idx" "$n" "$r" "$role" "$kind" "$fam" "$args" "$faults" "$grc" "${host_rc[$idx]}" "${endl:-} $cnt"
     total[$n]=$((${total[$n]:-0} + 1))
     if [[ $grc == 0 && ${host_rc[$idx]} == 0 ]]; then
         pass[$n]=$((${pass[$n]:-0} + 1))
+    elif [[ -n ${known[$idx]:-} ]]; then
+        rxebug[$n]=$((${rxebug[$n]:-0} + 1))
     else
         fail_runs=$((fail_runs + 1))
     fi
@@ -323,7 +345,9 @@ if ((repeat > 1)); then
     echo "pass count per case ($repeat repetitions of each fault case):"
     for c in "${cases[@]}"; do
         read -r n role kind fam faults _ <<<"$c"
-        printf '  case %-3s %-7s %-3s v%s %-34s %s/%s\n' "$n" "$role" "$kind" "$fam" "$faults" "${pass[$n]:-0}" "${total[$n]}"
+        b=''
+        [[ -z ${rxebug[$n]:-} ]] || b=" + ${rxebug[$n]} stalled by the rxe completer bug (docs/interop.md)"
+        printf '  case %-3s %-7s %-3s v%s %-34s %s/%s%s\n' "$n" "$role" "$kind" "$fam" "$faults" "${pass[$n]:-0}" "${total[$n]}" "$b"
     done
     echo
 fi
@@ -344,7 +368,9 @@ log "tshark: $bad malformed or error frames"
 ((bad == 0)) || cap_rc=1
 
 if ((vm_rc == 0 && fail_runs == 0 && cap_rc == 0)); then
-    log "PASS: ${#runs[@]} runs of ${#cases[@]} cases, both sides, in $((SECONDS - t_start)) s"
+    nbug=0
+    for k in "${rxebug[@]}"; do nbug=$((nbug + k)); done
+    log "PASS: ${#runs[@]} runs of ${#cases[@]} cases, both sides ($nbug stalled by the documented rxe completer bug), in $((SECONDS - t_start)) s"
 else
     log "FAIL: guest rc=$vm_rc, failed runs=$fail_runs, capture rc=$cap_rc (logs and guest captures in $shared)"
     tail -30 "$shared/run-vm.log" || true
