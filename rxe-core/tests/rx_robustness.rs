@@ -1,5 +1,7 @@
 //! Hostile input on the receive path: mutated, truncated and forged packets are dropped or
-//! answered per the protocol; the engine never panics and keeps serving.
+//! answered per the protocol; the engine never panics, writes no memory a packet may not
+//! reach, and the attacked QPs keep serving (or go to the error state and come back from it
+//! the verbs way).
 //!
 //! This runs a bounded deterministic mutation loop in every test run; `rxe-core/fuzz` has the
 //! coverage-guided targets for long runs.
@@ -8,7 +10,12 @@ use rxe_core::device::RecvMeta;
 use rxe_core::sim::*;
 use rxe_core::verbs::*;
 
-fn traffic(seed: u64) -> (Sim, [Endpoint; 2], Vec<Traced>) {
+/// Each node's one MR, (address, key), 4 KiB each.
+type Mrs = [(u64, u32); 2];
+
+/// The traffic the mutations start from; also returns the MRs: the only memory a remote
+/// packet may change.
+fn traffic(seed: u64) -> (Sim, [Endpoint; 2], Vec<Traced>, Mrs) {
     let mut sim = Sim::new(seed);
     sim.trace = Some(Vec::new());
     let ep = sim.connect(ConnOpts {
@@ -95,13 +102,60 @@ fn traffic(seed: u64) -> (Sim, [Endpoint; 2], Vec<Traced>) {
         .unwrap();
     sim.settle(10_000);
     let t = sim.trace.take().unwrap();
-    (sim, ep, t)
+    (sim, ep, t, [(a, ak), (b, bk)])
+}
+
+/// Sends 64 bytes of `fill` from node 0's MR to node 1's on `ep`; returns the completions of
+/// both nodes.
+fn send_one(sim: &mut Sim, ep: &[Endpoint; 2], mrs: Mrs, fill: u8) -> [Vec<Cqe>; 2] {
+    let [(a, ak), (b, bk)] = mrs;
+    sim.nodes[0].mem.slice_mut(a, 64).fill(fill);
+    sim.dev(1)
+        .post_recv(
+            ep[1].qpn,
+            RecvWr {
+                wr_id: 100,
+                sg_list: vec![Sge {
+                    addr: b,
+                    length: 4096,
+                    lkey: bk,
+                }],
+            },
+        )
+        .unwrap();
+    sim.dev(0)
+        .post_send(
+            ep[0].qpn,
+            SendWr::new(
+                101,
+                SendOp::Send,
+                vec![Sge {
+                    addr: a,
+                    length: 64,
+                    lkey: ak,
+                }],
+            ),
+        )
+        .unwrap();
+    sim.settle(100_000);
+    [sim.poll_all(0, ep[0].cq), sim.poll_all(1, ep[1].cq)]
 }
 
 #[test]
 fn mutated_packets_never_panic_and_the_qp_keeps_working() {
-    let (mut sim, _, trace) = traffic(21);
+    let (mut sim, ep, trace, mrs) = traffic(21);
     assert!(trace.len() > 20);
+    for (n, e) in ep.iter().enumerate() {
+        let _ = sim.poll_all(n, e.cq);
+    }
+    // Everything but the two MRs must come through the junk unchanged.
+    let before = [
+        sim.nodes[0].mem.bytes.clone(),
+        sim.nodes[1].mem.bytes.clone(),
+    ];
+    let dropped_before =
+        sim.dev(1).port_counters().rx_dropped + sim.dev(0).port_counters().rx_dropped;
+    let mut refused = 0u64;
     let mut rng = Rng::new(99);
     let mut buf = vec![0u8; 8192];
     for round in 0..200_000u64 {
@@ -138,7 +192,9 @@ fn mutated_packets_never_panic_and_the_qp_keeps_working() {
             ..Default::default()
         };
         let n = &mut sim.nodes[to];
-        let _ = n.dev.handle_packet(sim.now, &meta, &p, &mut n.mem);
+        if n.dev.handle_packet(sim.now, &meta, &p, &mut n.mem).is_err() {
+            refused += 1;
+        }
         if round % 64 == 0 {
             for k in 0..2 {
                 let n = &mut sim.nodes[k];
@@ -150,53 +206,145 @@ fn mutated_packets_never_panic_and_the_qp_keeps_working() {
             }
         }
     }
-    // Whatever state the junk left the QPs in, the devices still work: a fresh pair connects
-    // and carries a message.
-    let ep2 = sim.connect(ConnOpts::default());
-    let (a, ak) = sim.reg(0, ep2[0].pd, 64, Access::LOCAL_WRITE);
-    let (b, bk) = sim.reg(1, ep2[1].pd, 64, Access::LOCAL_WRITE);
-    sim.nodes[0].mem.slice_mut(a, 64).fill(0x3c);
-    sim.dev(1)
-        .post_recv(
-            ep2[1].qpn,
-            RecvWr {
-                wr_id: 1,
-                sg_list: vec![Sge {
-                    addr: b,
-                    length: 64,
-                    lkey: bk,
-                }],
-            },
-        )
-        .unwrap();
-    sim.dev(0)
-        .post_send(
-            ep2[0].qpn,
-            SendWr::new(
-                1,
-                SendOp::Send,
-                vec![Sge {
-                    addr: a,
-                    length: 64,
-                    lkey: ak,
-                }],
-            ),
-        )
-        .unwrap();
-    sim.settle(100_000);
-    let c = sim.poll_all(1, ep2[1].cq);
+    let dropped = sim.dev(1).port_counters().rx_dropped + sim.dev(0).port_counters().rx_dropped;
     assert_eq!(
-        c.last().map(|c| (c.wr_id, c.status)),
-        Some((1, WcStatus::Success))
+        dropped - dropped_before,
+        refused,
+        "every refused packet is counted once"
     );
-    assert!(sim.nodes[1].mem.slice(b, 64).iter().all(|&x| x == 0x3c));
-    let pc = sim.dev(1).port_counters();
-    assert!(pc.rx_dropped > 1000, "junk was counted: {pc:?}");
+    assert!(refused > 1000, "junk is refused: {refused} of 200000");
+    // Memory: node 0 has nothing outstanding and no receive posted, so no packet may change
+    // any byte of it (a READ response or atomic ACK nobody waits for is dropped). On node 1
+    // an accepted WRITE or SEND (a mutated payload at the expected PSN) may change its MR, and
+    // nothing else.
+    let changed = |n: usize, skip: std::ops::Range<usize>| {
+        let (now, was) = (&sim.nodes[n].mem.bytes, &before[n]);
+        if now[..skip.start] == was[..skip.start] && now[skip.end..] == was[skip.end..] {
+            return None;
+        }
+        (0..now.len())
+            .find(|i| !skip.contains(i) && now[*i] != was[*i])
+            .map(|i| MEM_BASE + i as u64)
+    };
+    assert_eq!(changed(0, 0..0), None, "node 0 memory changed");
+    let b = (mrs[1].0 - MEM_BASE) as usize;
+    assert_eq!(
+        changed(1, b..b + 4096),
+        None,
+        "node 1 memory outside its MR changed"
+    );
+    // The attacked pair: each QP is still RTS or has gone to the error state (a responder
+    // that meets a fatal request error does; IBTA 9.9.3). A SEND on it then either succeeds,
+    // or completes the way a QP in error completes work: flushed on the QP in error, and on
+    // an RTS sender whose responder is in error, RetryExcErr (the responder stays silent).
+    let state = |sim: &Sim, n: usize| sim.nodes[n].dev.query_qp(ep[n].qpn).unwrap().0.qp_state;
+    let s = [state(&sim, 0), state(&sim, 1)];
+    for (n, st) in s.iter().enumerate() {
+        assert!(
+            matches!(st, QpState::Rts | QpState::Err),
+            "node {n}: {st:?}"
+        );
+        let left: Vec<_> = sim.poll_all(n, ep[n].cq).iter().map(|c| c.status).collect();
+        assert!(
+            *st == QpState::Rts || left.iter().all(|&s| s == WcStatus::WrFlushErr),
+            "node {n}: completions left by the junk on a QP in error: {left:?}"
+        );
+    }
+    let c = send_one(&mut sim, &ep, mrs, 0x3c);
+    let st = |c: &[Cqe]| c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>();
+    match s {
+        [QpState::Rts, QpState::Rts] => {
+            assert_eq!(st(&c[0]), [(101, WcStatus::Success)]);
+            assert_eq!(st(&c[1]), [(100, WcStatus::Success)]);
+        }
+        [QpState::Rts, _] => {
+            assert_eq!(st(&c[0]), [(101, WcStatus::RetryExcErr)]);
+            assert_eq!(st(&c[1]), [(100, WcStatus::WrFlushErr)]);
+        }
+        [_, s1] => {
+            assert_eq!(st(&c[0]), [(101, WcStatus::WrFlushErr)]);
+            if s1 == QpState::Err {
+                assert_eq!(st(&c[1]), [(100, WcStatus::WrFlushErr)]);
+            }
+        }
+    }
+    // Whatever state the junk left, the same QPs go back to work the verbs way out of the
+    // error state: RESET, then INIT → RTR → RTS.
+    if s != [QpState::Rts, QpState::Rts] {
+        reconnect(&mut sim, &ep);
+        for (n, e) in ep.iter().enumerate() {
+            let _ = sim.poll_all(n, e.cq);
+        }
+        let c = send_one(&mut sim, &ep, mrs, 0x5a);
+        assert_eq!(st(&c[0]), [(101, WcStatus::Success)]);
+        assert_eq!(st(&c[1]), [(100, WcStatus::Success)]);
+        assert_eq!(c[1][0].byte_len, 64);
+    }
+    let sent = sim.nodes[0].mem.slice(mrs[0].0, 64).to_vec();
+    assert_eq!(sim.nodes[1].mem.slice(mrs[1].0, 64), &sent[..]);
+}
+
+/// RESET, then INIT → RTR → RTS with fresh PSNs, as `Sim::connect` brings a pair up.
+fn reconnect(sim: &mut Sim, ep: &[Endpoint; 2]) {
+    let o = ConnOpts::default();
+    for (i, e) in ep.iter().enumerate() {
+        let reset = QpAttr {
+            qp_state: QpState::Reset,
+            ..Default::default()
+        };
+        sim.dev(i)
+            .modify_qp(e.qpn, &reset, AttrMask(AttrMask::STATE))
+            .expect("reset");
+    }
+    for i in 0..2 {
+        let dgid = sim.nodes[1 - i].gid;
+        let mut a = QpAttr {
+            qp_state: QpState::Init,
+            qp_access_flags: o.access,
+            ..Default::default()
+        };
+        let d = sim.dev(i);
+        let m = AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS;
+        d.modify_qp(ep[i].qpn, &a, AttrMask(m)).expect("init");
+        a.qp_state = QpState::Rtr;
+        a.path_mtu = Mtu::M256;
+        a.dest_qp_num = ep[1 - i].qpn.0;
+        a.rq_psn = 0x7000 + 0x100 * (1 - i) as u32;
+        a.max_dest_rd_atomic = o.max_rd_atomic;
+        a.min_rnr_timer = o.min_rnr_timer;
+        a.av = Av {
+            dgid,
+            sgid_index: 0,
+            hop_limit: 64,
+            ..Default::default()
+        };
+        let m = AttrMask::STATE
+            | AttrMask::AV
+            | AttrMask::PATH_MTU
+            | AttrMask::DEST_QPN
+            | AttrMask::RQ_PSN
+            | AttrMask::MAX_DEST_RD_ATOMIC
+            | AttrMask::MIN_RNR_TIMER;
+        d.modify_qp(ep[i].qpn, &a, AttrMask(m)).expect("rtr");
+        a.qp_state = QpState::Rts;
+        a.sq_psn = 0x7000 + 0x100 * i as u32;
+        a.timeout = o.timeout;
+        a.retry_cnt = o.retry_cnt;
+        a.rnr_retry = o.rnr_retry;
+        a.max_rd_atomic = o.max_rd_atomic;
+        let m = AttrMask::STATE
+            | AttrMask::SQ_PSN
+            | AttrMask::TIMEOUT
+            | AttrMask::RETRY_CNT
+            | AttrMask::RNR_RETRY
+            | AttrMask::MAX_QP_RD_ATOMIC;
+        d.modify_qp(ep[i].qpn, &a, AttrMask(m)).expect("rts");
+    }
 }
 
 #[test]
 fn packets_from_the_wrong_address_are_dropped() {
-    let (mut sim, ep, trace) = traffic(22);
+    let (mut sim, ep, trace, _) = traffic(22);
     let req = trace.iter().find(|t| t.from == 0).unwrap();
     let before = sim.dev(1).qp_counters(ep[1].qpn).unwrap();
     let stranger = rxe_core::Gid::from_ipv4([10, 9, 9, 9]);
