@@ -445,11 +445,37 @@ fn malicious_guest_gets_errors_and_the_daemon_survives() {
 fn reconnect_drops_state_and_leaks_nothing() {
     let (aa, _) = loopback_pair(4791);
     let mut d = Daemon::spawn(bin(), aa, &[]).unwrap();
+    // The baseline: the fds of a daemon back to waiting after one connection (the first may
+    // open things it keeps). Waiting means: the connection was counted and its model dropped
+    // (no "objects" in the counters), and the fd count has settled (the same in 5 reads 20 ms
+    // apart), since the daemon closes the connection's fds after dropping the model.
     let baseline_fds = {
         let g = Guest::connect(&d.socket, GuestOpts::default()).unwrap();
         drop(g);
-        std::thread::sleep(Duration::from_millis(200));
-        d.fd_count().unwrap()
+        let end = std::time::Instant::now() + T;
+        let mut c = d.counters().unwrap();
+        while json_u64(&c, "", "connections") != Some(1) || c.contains("\"objects\"") {
+            assert!(
+                std::time::Instant::now() < end,
+                "waited {T:?} for the daemon to drop the first connection; counters: {c}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+            c = d.counters().unwrap();
+        }
+        let mut seen = vec![d.fd_count().unwrap()];
+        while seen.len() < 5
+            || seen[seen.len() - 5..]
+                .iter()
+                .any(|&n| n != seen[seen.len() - 1])
+        {
+            assert!(
+                std::time::Instant::now() < end,
+                "waited {T:?} for the daemon's fd count to settle; counts seen: {seen:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+            seen.push(d.fd_count().unwrap());
+        }
+        seen[seen.len() - 1]
     };
     for round in 0..5 {
         let mut g = Guest::connect(&d.socket, GuestOpts::default()).unwrap();

@@ -24,6 +24,36 @@ fn pair() -> (Node, Node) {
     )
 }
 
+/// Polls `probe` until it reports that the condition holds; after `T`, fails saying what it
+/// waited for and what it saw last.
+fn wait_for(what: &str, mut probe: impl FnMut() -> (bool, String)) {
+    let end = std::time::Instant::now() + T;
+    loop {
+        let (done, seen) = probe();
+        if done {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < end,
+            "waited {T:?} for {what}; last seen: {seen}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The sum of `key` over every QP in a counters document.
+fn qp_sum(json: &str, key: &str) -> u64 {
+    let pat = format!("\"{key}\":");
+    json.match_indices(&pat)
+        .filter_map(|(i, _)| {
+            let v = &json[i + pat.len()..];
+            v[..v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len())]
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
 fn one(g: &mut Guest, cq: &Cq) -> Wc {
     let w = g.wait_cq(cq, 1, T);
     assert_eq!(w.len(), 1, "expected one completion");
@@ -343,15 +373,30 @@ fn sq_consumer_index_follows_completions() {
         wr.flags = SEND_SIGNALED;
         a.guest.post_send(&ea.qp, &wr).unwrap();
     }
-    std::thread::sleep(Duration::from_millis(100));
+    // Wait until the device has taken max_send_wr (4) WQEs and the responder has refused at
+    // least one with an RNR NAK: from then on the SENDs are provably outstanding.
+    wait_for(
+        "4 SQ WQEs taken by the device and an RNR NAK received",
+        || {
+            let c = a.daemon.counters().unwrap();
+            let done = json_u64(&c, "device", "sq_wqes") == Some(4)
+                && qp_sum(&c, "rnr_naks_received") >= 1;
+            (done, c)
+        },
+    );
     let sq = ea.qp.sq.as_ref().unwrap();
     assert_eq!(
         sq.consumer().load(Ordering::Acquire),
         0,
-        "nothing completed"
+        "nothing completed while the receiver has no receive posted"
     );
+    assert!(a.guest.poll_cq(&ea.cq, 8).is_empty(), "no completion yet");
     let c = a.daemon.counters().unwrap();
-    assert_eq!(json_u64(&c, "device", "sq_wqes"), Some(4), "{c}");
+    assert_eq!(
+        json_u64(&c, "device", "sq_wqes"),
+        Some(4),
+        "the device takes no more than max_send_wr WQEs: {c}"
+    );
     for i in 0..7 {
         b.guest
             .post_recv(
