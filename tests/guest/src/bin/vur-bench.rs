@@ -2,6 +2,12 @@
 //! 64 B RC SEND ping-pong half-RTT vs a UDP-socket ping-pong; 64 KiB RC WRITE throughput vs a
 //! TCP loopback stream; 64 B RC SEND message rate vs a UDP-socket stream of 64 B datagrams.
 //!
+//! Both sides of a row do the same work under the same rules: the same iterations (and 100
+//! warm-up round trips) for the ping-pongs; the same bytes in the same 64 KiB writes for WRITE
+//! vs TCP, timed from the first write to the last byte delivered; the same number of 64 B
+//! messages with the same window (256 in flight) for SEND vs UDP, timed from the first send
+//! to the last receive, and a lost datagram fails the run (RC loses none).
+//!
 //! Run: `cargo build --release -p vur-testguest && target/release/vur-bench`.
 //! `--compare PATH` adds a column for a second daemon binary (e.g. an older build), measured
 //! in the same run; `--only pingpong|write|rate` runs one row; `--wait spin|event` chooses how
@@ -31,16 +37,63 @@ struct Args {
     /// Ping-pong iterations.
     #[arg(long, default_value_t = 5000)]
     iters: u32,
-    /// Bytes written in the WRITE test.
+    /// Bytes written in the WRITE test (and streamed over TCP for the baseline).
     #[arg(long, default_value_t = 1 << 30)]
     write_bytes: u64,
     /// Pin the daemons to this CPU and the guest (this process) to the others, as a VMM would
     /// keep vCPU threads and the vhost-user backend apart. Default: no pinning.
     #[arg(long)]
     daemon_cpu: Option<usize>,
-    /// Messages sent in the message-rate test.
+    /// Messages sent in the message-rate test (and UDP datagrams for the baseline).
     #[arg(long, default_value_t = 200_000)]
     messages: u64,
+}
+
+/// Messages in flight in the message-rate rows, RC and UDP alike.
+const RATE_WINDOW: u32 = 256;
+
+/// The UDP side of the message-rate row, under the RC side's rules: `count` datagrams of
+/// `size` bytes between two loopback sockets (the receiver in a thread), at most `window` sent
+/// and not yet received, timed from the first send to the last receive; messages/s. A lost
+/// datagram is an error (the receiver gives up after 5 s without one), not a faster run.
+fn udp_rate(size: usize, count: u64, window: u64) -> std::io::Result<f64> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+    let (x, y) = loopback_pair(0);
+    let a = std::net::UdpSocket::bind(x)?;
+    let b = std::net::UdpSocket::bind(y)?;
+    let to = b.local_addr()?;
+    b.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let got = Arc::new(AtomicU64::new(0));
+    let seen = got.clone();
+    let rx = std::thread::spawn(move || -> std::io::Result<Instant> {
+        let mut buf = [0u8; 2048];
+        for n in 1..=count {
+            b.recv(&mut buf).map_err(|e| {
+                std::io::Error::other(format!("UDP baseline: datagram {n} of {count}: {e}"))
+            })?;
+            seen.store(n, Ordering::Release);
+        }
+        Ok(Instant::now())
+    });
+    let buf = vec![0x5au8; size];
+    let start = Instant::now();
+    let mut sent = 0u64;
+    while sent < count {
+        if sent - got.load(Ordering::Acquire) < window {
+            a.send_to(&buf, to)?;
+            sent += 1;
+        } else if rx.is_finished() {
+            break; // the receiver failed; its error is returned below
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+    let end = rx
+        .join()
+        .map_err(|_| std::io::Error::other("receiver panicked"))??;
+    Ok(count as f64 / (end - start).as_secs_f64().max(1e-9))
 }
 
 #[derive(Default, Clone, Copy)]
@@ -67,7 +120,8 @@ fn run_daemon(bin: &std::path::Path, a: &Args, wait: WaitMode) -> Row {
         r.write_gbit = bw * 8.0 / 1e9;
     }
     if want("rate") {
-        r.msg_rate = perf::rc_msg_rate(&mut x, &mut y, 64, a.messages, 256).expect("msg rate");
+        r.msg_rate =
+            perf::rc_msg_rate(&mut x, &mut y, 64, a.messages, RATE_WINDOW).expect("msg rate");
     }
     r
 }
@@ -98,10 +152,10 @@ fn main() {
         k.half_rtt_us = perf::udp_pingpong(64, a.iters).expect("udp").as_secs_f64() * 1e6;
     }
     if want("write") {
-        k.write_gbit = perf::tcp_stream(64 << 10, 4 << 30).expect("tcp") * 8.0 / 1e9;
+        k.write_gbit = perf::tcp_stream(64 << 10, a.write_bytes).expect("tcp") * 8.0 / 1e9;
     }
     if want("rate") {
-        k.msg_rate = perf::udp_stream_rate(64, 1_000_000).expect("udp stream");
+        k.msg_rate = udp_rate(64, a.messages, RATE_WINDOW as u64).expect("udp stream");
     }
 
     let cmp_hdr = if other.is_some() { "compare" } else { "" };
