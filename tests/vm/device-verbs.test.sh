@@ -11,9 +11,11 @@
 # Prints "SKIP: <reason>" and exits 0 when not root, or the patched QEMU, the image with
 # virtio_rdma.ko or the daemon binary is missing; under CI=true that is a failure.
 # Everything runs in a network namespace of its own (tests/vm/net.sh exec): the daemon's
-# UDP socket is bound to an address on a dummy interface there, which is also the guest's
+# UDP socket is bound to an address on that namespace's loopback, which is also the guest's
 # eth0 address (a NIC attached to nothing), so the guest's RoCEv2 GID is the daemon's.
-# Env: VUR_DEVICE_ITERS (default 200), VUR_DAEMON (daemon binary), VUR_IMAGES, VUR_QEMU.
+# Env: VUR_DEVICE_ITERS (default 200), VUR_DAEMON (daemon binary), VUR_IMAGES, VUR_QEMU,
+# VUR_DRIVER_KO (a virtio_rdma.ko to load instead of the image's: driver development
+# without repacking the image).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -59,9 +61,8 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-ip link add vurdv0 type dummy
-ip addr add "$addr/24" dev vurdv0
-ip link set vurdv0 up
+# The namespace's own loopback carries the daemon's address (nothing else sees it).
+ip addr add "$addr/32" dev lo
 
 log "daemon: $daemon --udp-addr $addr:4791 --mac $mac"
 "$daemon" --socket-path "$work/rdma.sock" --udp-addr "$addr:4791" --mac "$mac" \
@@ -76,15 +77,27 @@ done
 
 tools=("$@")
 ((${#tools[@]})) || tools=(devinfo rc uc ud srq send_lat write_bw)
+reload=0
+[[ -z ${VUR_DEBUG_PY:-} ]] || cp "$VUR_DEBUG_PY" "$work/pv.py"
+if [[ -n ${VUR_DRIVER_KO:-} ]]; then
+    cp "$VUR_DRIVER_KO" "$work/virtio_rdma.ko"
+    reload=1
+fi
 cat >"$work/device-guest.sh" <<EOF
 #!/bin/bash
 # Runs inside the guest (tests/vm/device-verbs.test.sh).
 iters=$iters
 tools=(${tools[*]})
+reload=$reload
 EOF
 cat >>"$work/device-guest.sh" <<'EOF'
 dev=vrdma0
 fail=0
+if ((reload)); then
+    rmmod virtio_rdma && insmod /vur/virtio_rdma.ko ${VUR_DRIVER_PARAMS:-} ||
+        { echo "DV-FAIL reloading virtio_rdma"; exit 1; }
+    echo "DV driver reloaded from VUR_DRIVER_KO"
+fi
 report() { echo "DV $1 rc=$2${3:+ $3}"; [[ $2 == 0 ]] || fail=1; }
 
 if [[ ! -e /sys/class/infiniband/$dev ]]; then
@@ -136,15 +149,20 @@ for t in "${tools[@]}"; do
         grep -qE 'max_qp:[[:space:]]+[1-9]' /tmp/devinfo || rc=1
         report devinfo $rc "$(grep -E 'state:|active_mtu|max_qp:|max_cqe:|max_mr_size' /tmp/devinfo | tr -s ' \t' ' ' | tr '\n' ';')"
         ;;
-    rc) pair rc 120 ibv_rc_pingpong -d "$dev" -g "$gid" -n "$iters" $(chk ibv_rc_pingpong) -- ;;
+    rc) pair rc 60 ibv_rc_pingpong -d "$dev" -g "$gid" -n "$iters" $(chk ibv_rc_pingpong) -- ;;
     uc) pair uc 120 ibv_uc_pingpong -d "$dev" -g "$gid" -n "$iters" $(chk ibv_uc_pingpong) -- ;;
     ud) pair ud 120 ibv_ud_pingpong -d "$dev" -g "$gid" -n "$iters" -s 1024 $(chk ibv_ud_pingpong) -- ;;
     srq) pair srq 120 ibv_srq_pingpong -d "$dev" -g "$gid" -n "$iters" $(chk ibv_srq_pingpong) -- ;;
     send_lat) pair send_lat 180 ib_send_lat -d "$dev" -x "$gid" -F -n "$iters" -s 64 -- ;;
     write_bw) pair write_bw 180 ib_write_bw -d "$dev" -x "$gid" -F -n "$iters" -s 4096 -- ;;
+    pyverbs) python3 /vur/pv.py "$gid" 2>&1; report pyverbs $? ;;
     *) echo "DV unknown tool $t"; fail=1 ;;
     esac
 done
+if ((fail)); then
+    echo "== dmesg (virtio_rdma, infiniband)"
+    dmesg | grep -iE 'virtio_rdma|vrdma|infiniband|ib_|rdma' | tail -40
+fi
 exit $fail
 EOF
 
@@ -152,9 +170,10 @@ log "booting guest (qemu $qemu, image $images)"
 vm_rc=0
 "$here/run-vm.sh" --name dv --qemu "$qemu" --images "$images" --rdma-sock "$work/rdma.sock" \
     --nic-no-peer --mac "$mac" --ip "$addr/24" --no-rxe --shared "$work" \
-    --scenario "$work/device-guest.sh" --timeout 900 || vm_rc=$?
+    --scenario "$work/device-guest.sh" --timeout 900 ${VUR_DRIVER_PARAMS:+--env "VUR_DRIVER_PARAMS=$VUR_DRIVER_PARAMS"} || vm_rc=$?
 
-grep -a '^DV\|^\[vur-init\|usec/iter\|t_avg\|BW average' "$work/dv.console.log" | tr -d '\r' || true
+tr -d '\r' <"$work/dv.console.log" |
+    grep -a -E '^DV|^\[vur-init|usec/iter|t_avg|BW average|^ *[0-9]+ +[0-9]+ +[0-9.]+' || true
 if command -v socat >/dev/null && [[ -S $work/counters.sock ]]; then
     log "daemon counters: $(socat - "UNIX-CONNECT:$work/counters.sock" 2>/dev/null | head -c 600)"
 fi

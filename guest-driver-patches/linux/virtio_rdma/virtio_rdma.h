@@ -30,6 +30,8 @@ struct vrdma_dev {
 	/* the config space as read at probe (little-endian fields) */
 	struct vrdma_config cfg;
 	u8 mac[ETH_ALEN];
+	/* what query_device answers (ib_core zeroes dev->ib.attrs before asking) */
+	struct ib_device_attr attrs;
 
 	/* control queue: one command at a time */
 	struct mutex ctrl_lock;

@@ -506,6 +506,13 @@ static int vrdma_probe(struct virtio_device *vdev)
 	dev->ib.node_type = RDMA_NODE_IB_CA;
 	dev->ib.phys_port_cnt = 1;
 	dev->ib.num_comp_vectors = 1;
+	/*
+	 * Two write() commands ib_uverbs leaves off unless the driver asks, as rxe does:
+	 * librxe's doorbell (a zero-WR POST_SEND) and ibv_req_notify_cq (the arm is a
+	 * driver store into the CQ ring header).
+	 */
+	dev->ib.uverbs_cmd_mask |= BIT_ULL(IB_USER_VERBS_CMD_POST_SEND) |
+				   BIT_ULL(IB_USER_VERBS_CMD_REQ_NOTIFY_CQ);
 	dev->ib.dev.parent = &vdev->dev;
 	addrconf_addr_eui48((unsigned char *)&dev->ib.node_guid, dev->mac);
 	strscpy(dev->ib.node_desc, "virtio-rdma", sizeof(dev->ib.node_desc));

@@ -16,6 +16,10 @@
 
 #include "virtio_rdma.h"
 
+static bool trace_verbs;
+module_param(trace_verbs, bool, 0644);
+MODULE_PARM_DESC(trace_verbs, "log QP creation and doorbells (driver debugging)");
+
 /* --- rings and page lists ------------------------------------------------------------- */
 
 #define PL_PER_PAGE (PAGE_SIZE / sizeof(__le64))
@@ -199,7 +203,7 @@ static void vrdma_mmap_free(struct rdma_user_mmap_entry *re)
 void vrdma_init_attrs(struct vrdma_dev *dev)
 {
 	const struct vrdma_config *c = &dev->cfg;
-	struct ib_device_attr *a = &dev->ib.attrs;
+	struct ib_device_attr *a = &dev->attrs;
 
 	memset(a, 0, sizeof(*a));
 	a->fw_ver = 0;
@@ -246,7 +250,7 @@ static int vrdma_query_device(struct ib_device *ib, struct ib_device_attr *attr,
 
 	if (udata && (udata->inlen || udata->outlen))
 		return -EINVAL;
-	*attr = dev->ib.attrs;
+	*attr = dev->attrs;
 	attr->sys_image_guid = dev->ib.node_guid;
 	return 0;
 }
@@ -381,7 +385,7 @@ static int vrdma_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *att
 
 	if (attr->flags)
 		return -EOPNOTSUPP;
-	if (attr->cqe < 1 || attr->cqe > dev->ib.attrs.max_cqe)
+	if (attr->cqe < 1 || attr->cqe > dev->attrs.max_cqe)
 		return -EINVAL;
 	if (udata && udata->outlen < sizeof(uresp))
 		return -EINVAL;
@@ -508,7 +512,7 @@ static int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 {
 	struct vrdma_qp *qp = container_of(ibqp, struct vrdma_qp, ibqp);
 	struct vrdma_dev *dev = to_vdev(ibqp->device);
-	const struct ib_device_attr *a = &dev->ib.attrs;
+	const struct ib_device_attr *a = &dev->attrs;
 	struct rxe_create_qp_resp uresp = {};
 	struct vrdma_cmd_create_qp cmd = {};
 	struct vrdma_resp_create_qp r;
@@ -604,6 +608,11 @@ static int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 	qp->cap.max_recv_wr = init->srq ? 0 : le32_to_cpu(r.max_recv_wr);
 	qp->cap.max_recv_sge = init->srq ? 0 : le32_to_cpu(r.max_recv_sge);
 	init->cap = qp->cap;
+	if (trace_verbs)
+		pr_info("virtio_rdma: qp %u type %d sq %u slots log2 %u (wr %u sge %u inline %u) rq %u slots log2 %u (wr %u sge %u)\n",
+			qp->qpn, init->qp_type, qp->sq.num_slots, qp->sq.log2, qp->cap.max_send_wr,
+			qp->cap.max_send_sge, qp->cap.max_inline_data, qp->rq.num_slots, qp->rq.log2,
+			qp->cap.max_recv_wr, qp->cap.max_recv_sge);
 
 	if (qp->has_rq) {
 		err = queue_mmap(udata, &qp->rq, &uresp.rq_mi);
@@ -684,6 +693,7 @@ static int vrdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask
 {
 	struct vrdma_qp *qp = container_of(ibqp, struct vrdma_qp, ibqp);
 	struct vrdma_qp_attrs c = {};
+	int err;
 
 	if (mask & ~IB_QP_ATTR_STANDARD_BITS)
 		return -EOPNOTSUPP;
@@ -708,7 +718,13 @@ static int vrdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask
 	c.rnr_retry = attr->rnr_retry;
 	if (mask & IB_QP_AV)
 		ah_attr_to_dev(&attr->ah_attr, &c.ah);
-	return vrdma_cmd(to_vdev(ibqp->device), VRDMA_CMD_MODIFY_QP, &c, sizeof(c), NULL, 0);
+	err = vrdma_cmd(to_vdev(ibqp->device), VRDMA_CMD_MODIFY_QP, &c, sizeof(c), NULL, 0);
+	if (trace_verbs)
+		pr_info("virtio_rdma: qp %u modify mask %#x state %u: %d; sq log2 %u mask %u prod %u cons %u\n",
+			qp->qpn, mask, attr->qp_state, err, qp->sq.buf->log2_elem_size,
+			qp->sq.buf->index_mask, qp->sq.buf->producer_index,
+			qp->sq.buf->consumer_index);
+	return err;
 }
 
 static int vrdma_query_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
@@ -769,10 +785,15 @@ static int vrdma_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr,
 {
 	struct vrdma_qp *qp = container_of(ibqp, struct vrdma_qp, ibqp);
 
+	if (trace_verbs)
+		pr_info("virtio_rdma: post_send qp %u user %d wr %p\n", qp->qpn, qp->is_user, wr);
 	if (!qp->is_user) {
 		*bad_wr = wr;
 		return -EOPNOTSUPP;
 	}
+	if (trace_verbs)
+		pr_info("virtio_rdma: qp %u sq doorbell prod %u cons %u\n", qp->qpn,
+			READ_ONCE(qp->sq.buf->producer_index), READ_ONCE(qp->sq.buf->consumer_index));
 	/* librxe's zero-WR IB_USER_VERBS_CMD_POST_SEND: the WQEs are in the ring already */
 	vrdma_ring_doorbell(to_vdev(ibqp->device), VRDMA_DB_SQ, qp->qpn,
 			    READ_ONCE(qp->sq.buf->producer_index), qp);
@@ -793,7 +814,7 @@ static int vrdma_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *init,
 {
 	struct vrdma_srq *srq = container_of(ibsrq, struct vrdma_srq, ibsrq);
 	struct vrdma_dev *dev = to_vdev(ibsrq->device);
-	const struct ib_device_attr *a = &dev->ib.attrs;
+	const struct ib_device_attr *a = &dev->attrs;
 	struct rxe_create_srq_resp uresp = {};
 	struct vrdma_cmd_create_srq cmd = {};
 	struct vrdma_resp_create_srq r;
