@@ -478,6 +478,12 @@ pub struct CmdCreateAh {
     pub attr: AhAttr,
 }
 
+/// Access bits the device ignores wherever it takes `ibv_access_flags` (as rxe does):
+/// `IB_ACCESS_HUGETLB` (1 << 7) and the optional range, bits 20..=28
+/// (`IB_UVERBS_ACCESS_OPTIONAL_RANGE`, e.g. `IBV_ACCESS_RELAXED_ORDERING`, which perftest sets),
+/// which ib_uverbs passes through to the driver. They are hints for hardware.
+pub const ACCESS_IGNORED: u32 = (1 << 7) | (((1 << 29) - 1) & !((1 << 20) - 1));
+
 /// Kernel `ib_gid_type`: only RoCEv2 is supported.
 pub const GID_TYPE_ROCE_UDP_ENCAP: u32 = 2;
 

@@ -231,7 +231,7 @@ fn to_qp_attr(w: &abi::QpAttrs) -> Result<QpAttr, Status> {
         rq_psn: w.rq_psn & 0xff_ffff,
         sq_psn: w.sq_psn & 0xff_ffff,
         dest_qp_num: w.dest_qp_num & 0xff_ffff,
-        qp_access_flags: Access(w.qp_access_flags),
+        qp_access_flags: Access(w.qp_access_flags & !abi::ACCESS_IGNORED),
         av: to_av(&w.ah),
         pkey_index: w.pkey_index,
         en_sqd_async_notify: w.en_sqd_async_notify != 0,
@@ -310,7 +310,8 @@ impl Model {
             max_mr: c.max_mr,
             max_pd: c.max_pd,
             max_mr_size: c.max_mr_size,
-            page_size_cap: 0xffff_f000,
+            // 4 KiB … 1 GiB: page lists take page_shift 12..=30 (no 2 GiB pages).
+            page_size_cap: 0x7fff_f000,
             max_qp_rd_atom: 128,
             max_qp_init_rd_atom: 128,
             max_srq: c.max_srq,
@@ -501,7 +502,8 @@ impl Model {
             }
             op::REG_USER_MR => self.reg_user_mr(mem, cmd(b)?),
             op::REG_DMA_MR => {
-                let c: abi::CmdRegDmaMr = cmd(b)?;
+                let mut c: abi::CmdRegDmaMr = cmd(b)?;
+                c.access &= !abi::ACCESS_IGNORED;
                 if c.access & !Access::ALL.0 != 0 {
                     return Err(Status::Invalid);
                 }
@@ -529,7 +531,8 @@ impl Model {
                 body(abi::RespMr { lkey: k, rkey: k })
             }
             op::BIND_MW => {
-                let c: abi::CmdBindMw = cmd(b)?;
+                let mut c: abi::CmdBindMw = cmd(b)?;
+                c.access &= !abi::ACCESS_IGNORED;
                 if c.access & !Access::ALL.0 != 0 {
                     return Err(Status::Invalid);
                 }
@@ -762,9 +765,20 @@ impl Model {
         })
     }
 
-    fn modify_qp(&mut self, mem: &GuestMemoryMmap, c: abi::QpAttrs) -> CmdResult {
-        if !self.qps.contains_key(&c.qpn) {
+    fn modify_qp(&mut self, mem: &GuestMemoryMmap, mut c: abi::QpAttrs) -> CmdResult {
+        let Some(q) = self.qps.get(&c.qpn) else {
             return Err(Status::NotFound);
+        };
+        // IBTA's GSI column (Linux ib_modify_qp_is_ok): a move to INIT needs PKEY_INDEX and
+        // QKEY, not PORT, and the MAD layer sends exactly STATE|PKEY_INDEX|QKEY. The engine's
+        // table treats GSI as UD, which requires PORT: name the one port for the driver.
+        if matches!(q.qp_type, QpType::Gsi)
+            && c.attr_mask & AttrMask::STATE != 0
+            && c.qp_state == 1
+            && c.attr_mask & AttrMask::PORT == 0
+        {
+            c.attr_mask |= AttrMask::PORT;
+            c.port_num = 1;
         }
         let attr = to_qp_attr(&c)?;
         self.dev
@@ -803,7 +817,8 @@ impl Model {
         })
     }
 
-    fn reg_user_mr(&mut self, mem: &GuestMemoryMmap, c: abi::CmdRegUserMr) -> CmdResult {
+    fn reg_user_mr(&mut self, mem: &GuestMemoryMmap, mut c: abi::CmdRegUserMr) -> CmdResult {
+        c.access &= !abi::ACCESS_IGNORED;
         if c.access & !Access::ALL.0 != 0
             || c.length > self.cfg.dev.max_mr_size
             || c.length > self.cfg.dev.max_registered_bytes

@@ -199,11 +199,12 @@ fn gsi_qp1_send_and_receive_with_the_gsi_qkey() {
             qkey: 0x8001_0000,
             ..Default::default()
         };
+        // Exactly the masks of Linux's MAD layer (ib_mad_change_qp_state_to_rts): no PORT.
         n.guest
             .modify_qp(
                 &qp,
                 &attr,
-                AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::QKEY,
+                AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::QKEY,
             )
             .unwrap();
         attr.qp_state = QpState::Rtr;
