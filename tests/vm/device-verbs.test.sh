@@ -7,7 +7,8 @@
 #
 #   sudo tests/vm/device-verbs.test.sh [TOOL...]     default: every tool below
 #
-# Tools: devinfo rc uc ud srq send_lat write_bw (names as in the report lines).
+# Tools: devinfo rc rc_events uc ud srq (libibverbs examples, with --chk data checks; rc_events
+# sleeps on completion events), send_lat send_bw write_lat write_bw read_bw atomic_bw (perftest).
 # Prints "SKIP: <reason>" and exits 0 when not root, or the patched QEMU, the image with
 # virtio_rdma.ko or the daemon binary is missing; under CI=true that is a failure.
 # Everything runs in a network namespace of its own (tests/vm/net.sh exec): the daemon's
@@ -76,9 +77,8 @@ done
 [[ -S $work/rdma.sock ]] || { cat "$work/daemon.log"; log "FAIL: the daemon's socket did not appear within 10 s"; exit 1; }
 
 tools=("$@")
-((${#tools[@]})) || tools=(devinfo rc uc ud srq send_lat write_bw)
+((${#tools[@]})) || tools=(devinfo rc rc_events uc ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw)
 reload=0
-[[ -z ${VUR_DEBUG_PY:-} ]] || cp "$VUR_DEBUG_PY" "$work/pv.py"
 if [[ -n ${VUR_DRIVER_KO:-} ]]; then
     cp "$VUR_DRIVER_KO" "$work/virtio_rdma.ko"
     reload=1
@@ -150,12 +150,16 @@ for t in "${tools[@]}"; do
         report devinfo $rc "$(grep -E 'state:|active_mtu|max_qp:|max_cqe:|max_mr_size' /tmp/devinfo | tr -s ' \t' ' ' | tr '\n' ';')"
         ;;
     rc) pair rc 60 ibv_rc_pingpong -d "$dev" -g "$gid" -n "$iters" $(chk ibv_rc_pingpong) -- ;;
+    rc_events) pair rc_events 60 ibv_rc_pingpong -d "$dev" -g "$gid" -n "$iters" -e $(chk ibv_rc_pingpong) -- ;;
     uc) pair uc 120 ibv_uc_pingpong -d "$dev" -g "$gid" -n "$iters" $(chk ibv_uc_pingpong) -- ;;
     ud) pair ud 120 ibv_ud_pingpong -d "$dev" -g "$gid" -n "$iters" -s 1024 $(chk ibv_ud_pingpong) -- ;;
     srq) pair srq 120 ibv_srq_pingpong -d "$dev" -g "$gid" -n "$iters" $(chk ibv_srq_pingpong) -- ;;
     send_lat) pair send_lat 180 ib_send_lat -d "$dev" -x "$gid" -F -n "$iters" -s 64 -- ;;
     write_bw) pair write_bw 180 ib_write_bw -d "$dev" -x "$gid" -F -n "$iters" -s 4096 -- ;;
-    pyverbs) python3 /vur/pv.py "$gid" 2>&1; report pyverbs $? ;;
+    send_bw) pair send_bw 180 ib_send_bw -d "$dev" -x "$gid" -F -n "$iters" -s 4096 -- ;;
+    write_lat) pair write_lat 180 ib_write_lat -d "$dev" -x "$gid" -F -n "$iters" -s 64 -- ;;
+    read_bw) pair read_bw 180 ib_read_bw -d "$dev" -x "$gid" -F -n "$iters" -s 4096 -- ;;
+    atomic_bw) pair atomic_bw 180 ib_atomic_bw -d "$dev" -x "$gid" -F -n "$iters" -- ;;
     *) echo "DV unknown tool $t"; fail=1 ;;
     esac
 done
@@ -169,7 +173,7 @@ EOF
 log "booting guest (qemu $qemu, image $images)"
 vm_rc=0
 "$here/run-vm.sh" --name dv --qemu "$qemu" --images "$images" --rdma-sock "$work/rdma.sock" \
-    --nic-no-peer --mac "$mac" --ip "$addr/24" --no-rxe --shared "$work" \
+    --nic-no-peer --mac "$mac" --ip "$addr/24" --no-rxe --shared "$work" --smp "${VUR_DEVICE_SMP:-2}" \
     --scenario "$work/device-guest.sh" --timeout 900 ${VUR_DRIVER_PARAMS:+--env "VUR_DRIVER_PARAMS=$VUR_DRIVER_PARAMS"} || vm_rc=$?
 
 tr -d '\r' <"$work/dv.console.log" |
