@@ -287,6 +287,9 @@ pub mod qp_type {
 
 pub const CREATE_QP_HAS_SRQ: u32 = 1 << 0;
 pub const CREATE_QP_SQ_SIG_ALL: u32 = 1 << 1;
+/// The QP's rings are written by the guest kernel only (never mapped to user space): only
+/// such QPs may post the kernel-only REG_MR work request.
+pub const CREATE_QP_KERNEL: u32 = 1 << 2;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -89,6 +89,9 @@ struct QpShadow {
     recv_cq: u32,
     srq: Option<u32>,
     caps: QpCap,
+    pd: u32,
+    /// CREATE_QP_KERNEL: the only QPs whose SQ may carry REG_MR.
+    kernel: bool,
 }
 
 #[derive(Debug)]
@@ -681,7 +684,9 @@ impl Model {
             abi::qp_type::GSI => QpType::Gsi,
             _ => return Err(Status::Unsupported),
         };
-        if c.flags & !(abi::CREATE_QP_HAS_SRQ | abi::CREATE_QP_SQ_SIG_ALL) != 0 {
+        if c.flags & !(abi::CREATE_QP_HAS_SRQ | abi::CREATE_QP_SQ_SIG_ALL | abi::CREATE_QP_KERNEL)
+            != 0
+        {
             return Err(Status::Invalid);
         }
         let d = &self.cfg.dev;
@@ -752,6 +757,8 @@ impl Model {
                 recv_cq: c.recv_cqn,
                 srq,
                 caps: cap,
+                pd: c.pdn,
+                kernel: c.flags & abi::CREATE_QP_KERNEL != 0,
             },
         );
         body(abi::RespCreateQp {
@@ -899,6 +906,18 @@ impl Model {
                 self.stats.ring_faults += 1;
                 break;
             }
+            if !self.reg_mr_allowed(qpn) {
+                // Checked before the page list is read: a user ring cannot make the device
+                // walk (and hold) page lists.
+                let r = self.post_failed(qpn);
+                if r.is_err() {
+                    backlog = true;
+                    break;
+                }
+                room -= 1;
+                taken = (taken + 1) & sq.mask();
+                continue;
+            }
             let dev = &self.dev;
             let ah = |n: u32| n.checked_sub(1).and_then(|id| dev.ah(id));
             let r = match ring::decode_send_wqe(&self.slot, caps, &ah, mem) {
@@ -933,6 +952,30 @@ impl Model {
         }
         self.sq_active.insert(qpn);
         self.sync_sq_cons(mem, qpn);
+    }
+
+    /// For a REG_MR WQE in `self.slot`: the QP is a kernel QP (CREATE_QP_KERNEL) and the MR
+    /// is a fast-registration MR of the QP's PD with room for the page list. Other opcodes:
+    /// true (they are validated by the decoder).
+    fn reg_mr_allowed(&self, qpn: u32) -> bool {
+        let at = |o: usize| u32::from_le_bytes(self.slot[o..o + 4].try_into().expect("4"));
+        if at(abi::swqe::OPCODE) != abi::wr_op::REG_MR {
+            return true;
+        }
+        let Some(q) = self.qps.get(&qpn) else {
+            return false;
+        };
+        if !q.kernel {
+            return false;
+        }
+        match self.dev.mr(at(abi::swqe::REG_MR_LKEY)) {
+            Some(mr) => {
+                mr.pd == q.pd
+                    && matches!(mr.kind, rxe_core::mem::MrKind::FastReg { max_pages }
+                        if at(abi::swqe::REG_NUM_PAGES) <= max_pages)
+            }
+            None => false,
+        }
     }
 
     /// A send WQE the device cannot execute: it completes with LOC_QP_OP_ERR in send-queue

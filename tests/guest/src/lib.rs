@@ -631,6 +631,9 @@ pub struct Guest {
     pending_events: VecDeque<abi::Event>,
     pub config: abi::ConfigSpace,
     pub timeout: Duration,
+    /// New QPs are kernel QPs (CREATE_QP_KERNEL, true by default): this guest plays the
+    /// kernel driver, whose QPs alone may post REG_MR. False plays librxe-mapped QPs.
+    pub kernel_qps: bool,
 }
 
 const CTRL_BUF: u64 = 8192;
@@ -720,6 +723,7 @@ impl Guest {
             pending_events: VecDeque::new(),
             config,
             timeout: Duration::from_secs(10),
+            kernel_qps: true,
         };
         for i in 0..opts.event_bufs as u64 {
             g.ev.add(&[(g.ev_bufs + 16 * i, 16, true)]);
@@ -1123,6 +1127,10 @@ impl Guest {
                 srqn: srq.map_or(0, |s| s.srqn),
                 flags: if srq.is_some() {
                     abi::CREATE_QP_HAS_SRQ
+                } else {
+                    0
+                } | if self.kernel_qps {
+                    abi::CREATE_QP_KERNEL
                 } else {
                     0
                 },

@@ -70,6 +70,48 @@ fn write_wr(wr_id: u64, src: &Mr, len: u32, remote_addr: u64, rkey: u32) -> Send
     wr
 }
 
+/// REG_MR is kernel-only: on a QP created without CREATE_QP_KERNEL (a ring librxe maps for
+/// any process) it completes with LOC_QP_OP_ERR before the device reads its page list, and
+/// so does a REG_MR naming an MR that is not a fast-registration MR of the QP's PD or whose
+/// page list is longer than the MR's max_num_sg.
+#[test]
+fn reg_mr_only_from_kernel_qps_and_checked_before_the_page_list() {
+    let (mut a, mut b) = pair();
+    for case in 0..3 {
+        b.guest.kernel_qps = case != 0;
+        let (_ea, eb) = connect_qps(&mut a, &mut b, &ConnOpts::default()).unwrap();
+        let lkey = b.guest.alloc_mr(eb.pd, 2).unwrap();
+        let target = b.guest.alloc_buf(4 * 4096).unwrap();
+        let (key, npages) = match case {
+            // user QP, otherwise valid
+            0 => ((lkey & !0xff) | 0x11, 2),
+            // kernel QP, three pages into an MR allocated for two
+            1 => ((lkey & !0xff) | 0x12, 3),
+            // kernel QP, an lkey that is no fast-registration MR
+            _ => (0x00ab_cd00, 2),
+        };
+        let mr_lkey = if case == 2 { key } else { lkey };
+        b.guest
+            .post_reg_mr(
+                &eb.qp,
+                9,
+                mr_lkey,
+                key,
+                ALL,
+                0x1000,
+                npages as u64 * 4096,
+                &target.pages[..npages],
+            )
+            .unwrap();
+        let w = one(&mut b.guest, &eb.cq);
+        assert_eq!(
+            (w.wr_id, w.status),
+            (9, WcStatus::LocQpOpErr as u32),
+            "case {case}: {w:?}"
+        );
+    }
+}
+
 /// ALLOC_MR + a REG_MR work request map guest pages under a new key; the peer writes through
 /// that key; LOCAL_INV revokes it and the next remote write is a remote access error.
 #[test]
