@@ -541,6 +541,9 @@ pub struct Event {
 pub mod event {
     pub const KIND_COMPLETION: u32 = 1;
     pub const KIND_ASYNC: u32 = 2;
+    /// Events were dropped (the device's pending queue was full): the driver treats every
+    /// armed CQ as fired and every QP, CQ and SRQ as possibly in error (re-query).
+    pub const KIND_EVENTS_LOST: u32 = 3;
     // `ibv_event_type` values.
     pub const CQ_ERR: u32 = 0;
     pub const QP_FATAL: u32 = 1;

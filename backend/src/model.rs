@@ -1265,8 +1265,16 @@ impl Model {
         if kind == abi::event::KIND_COMPLETION && self.events.contains(&e) {
             return;
         }
-        if self.events.len() >= MAX_PENDING_EVENTS {
+        // The last place is kept for EVENTS_LOST: a dropped event is never silent.
+        if self.events.len() >= MAX_PENDING_EVENTS - 1 {
             self.stats.events_dropped += 1;
+            let lost = abi::Event {
+                kind: abi::event::KIND_EVENTS_LOST,
+                ..Default::default()
+            };
+            if self.events.back() != Some(&lost) && self.events.len() < MAX_PENDING_EVENTS {
+                self.events.push_back(lost);
+            }
             return;
         }
         self.stats.events_raised += 1;
@@ -1395,5 +1403,32 @@ impl Model {
             .into_iter()
             .filter_map(|q| self.dev.qp_counters(Qpn(q)).map(|c| (q, c)))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_beyond_the_pending_limit_end_in_one_events_lost() {
+        let mut m = Model::new(ModelConfig {
+            dev: DeviceConfig::default(),
+            netdev_mtu: 1500,
+        });
+        for qpn in 0..MAX_PENDING_EVENTS as u32 + 10 {
+            m.push_event(abi::event::KIND_ASYNC, abi::event::QP_FATAL, qpn);
+        }
+        assert_eq!(m.events.len(), MAX_PENDING_EVENTS);
+        let last = m.events.back().copied().unwrap_or_default();
+        assert_eq!(last.kind, abi::event::KIND_EVENTS_LOST);
+        assert_eq!(m.stats.events_dropped, 11);
+        // Once the driver has taken some, events flow again.
+        m.events.drain(..100);
+        m.push_event(abi::event::KIND_COMPLETION, 0, 5);
+        assert_eq!(
+            m.events.back().map(|e| e.kind),
+            Some(abi::event::KIND_COMPLETION)
+        );
     }
 }

@@ -98,6 +98,7 @@ struct vrdma_cq {
 	struct ib_cq ibcq;
 	u32 cqn;
 	bool is_user;
+	bool armed;		/* req_notify_cq since the last completion event */
 	spinlock_t lock;	/* kernel CQs: poll vs. poll */
 	struct vrdma_queue q;
 };

@@ -354,6 +354,7 @@ struct vrdma_doorbell {
 enum {
 	VRDMA_EV_COMPLETION = 1,
 	VRDMA_EV_ASYNC = 2,
+	VRDMA_EV_EVENTS_LOST = 3,	/* the device dropped events: every armed CQ fired */
 };
 
 /* ASYNC event codes are ibv_event_type values */

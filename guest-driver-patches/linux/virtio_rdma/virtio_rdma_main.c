@@ -265,8 +265,23 @@ static void vrdma_handle_event(struct vrdma_dev *dev, const struct vrdma_event *
 
 	if (kind == VRDMA_EV_COMPLETION) {
 		cq = xa_load(&dev->cqs, obj);
-		if (cq && cq->ibcq.comp_handler)
+		if (cq && cq->ibcq.comp_handler) {
+			WRITE_ONCE(cq->armed, false);
 			cq->ibcq.comp_handler(&cq->ibcq, cq->ibcq.cq_context);
+		}
+		return;
+	}
+	if (kind == VRDMA_EV_EVENTS_LOST) {
+		unsigned long i;
+
+		/* Any of them may have been a completion event: fire every armed CQ. */
+		dev_warn_ratelimited(&dev->vdev->dev, "device dropped events\n");
+		xa_for_each(&dev->cqs, i, cq) {
+			if (READ_ONCE(cq->armed) && cq->ibcq.comp_handler) {
+				WRITE_ONCE(cq->armed, false);
+				cq->ibcq.comp_handler(&cq->ibcq, cq->ibcq.cq_context);
+			}
+		}
 		return;
 	}
 	if (kind != VRDMA_EV_ASYNC)

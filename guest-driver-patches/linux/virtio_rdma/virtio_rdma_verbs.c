@@ -453,6 +453,7 @@ static int vrdma_req_notify_cq(struct ib_cq *ibcq, enum ib_cq_notify_flags flags
 	u32 bits = (flags & IB_CQ_SOLICITED_MASK) == IB_CQ_SOLICITED ?
 		   VRDMA_CQ_NOTIFY_SOLICITED : VRDMA_CQ_NOTIFY_NEXT_COMP;
 
+	WRITE_ONCE(cq->armed, true);
 	smp_store_release(notify, bits);
 	smp_mb();
 	if ((flags & IB_CQ_REPORT_MISSED_EVENTS) &&
