@@ -293,7 +293,7 @@ proptest! {
         let ep = sim.connect(ConnOpts { qp_type: QpType::Uc, mtu, sq_psn: [psn0, psn1], ..Default::default() });
         let per_pkt = mtu.bytes() as usize;
         let mut next_psn = [psn0, psn1];
-                let mut sent: [Vec<UcMsg>; 2] = [vec![], vec![]];
+        let mut sent: [Vec<UcMsg>; 2] = [vec![], vec![]];
         for (i, &(f, len)) in msgs.iter().enumerate() {
             let t = 1 - f;
             let data = pattern(len, seed ^ (i as u64) << 8);
