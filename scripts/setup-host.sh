@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything the build, the tests and the VM test bed need on Debian 12, then builds
-# the guest images (cached by their inputs). Idempotent; prints how long each slow step takes.
+# QEMU with the virtio-rdma device and the guest images (both cached by their inputs, outside
+# the work tree: /var/cache/vhost-user-rdma, or VUR_CACHE_ROOT). Idempotent; prints how long
+# each slow step takes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,6 +14,11 @@ t0=$SECONDS
 # VM test bed: QEMU (bookworm-backports), debootstrap, tshark, scapy, ...
 images/host-setup.sh
 echo "setup-host: packages in $((SECONDS - t0)) s"
+# QEMU with the vhost-user-rdma-pci device (built once per patch + script + source version,
+# cached outside the work tree).
+t1=$SECONDS
+guest-driver-patches/qemu/build.sh >/dev/null
+echo "setup-host: patched QEMU in $((SECONDS - t1)) s ($(guest-driver-patches/qemu/build.sh --print-bin))"
 if [[ -x images/build.sh ]]; then
     t1=$SECONDS
     images/build.sh
