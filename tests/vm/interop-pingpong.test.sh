@@ -225,7 +225,9 @@ while read -r idx r seed n role kind fam faults args; do
         fails=$((fails + 1))
     fi
 done </vur/runs
-exit $fails
+# The host side judges every run (it knows what a stall was); the guest only reports.
+echo "INTEROP guest: $fails run(s) with a non-zero tool exit"
+exit 0
 EOF
 
 log "booting guest"
