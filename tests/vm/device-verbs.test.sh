@@ -8,7 +8,8 @@
 #   sudo tests/vm/device-verbs.test.sh [TOOL...]     default: every tool below
 #
 # Tools: devinfo rc rc_events uc ud srq (libibverbs examples, with --chk data checks; rc_events
-# sleeps on completion events), send_lat send_bw write_lat write_bw read_bw atomic_bw (perftest).
+# sleeps on completion events), send_lat send_bw write_lat write_bw read_bw atomic_bw (perftest),
+# rping (rdma_cm: the CM runs over the driver's kernel QP1).
 # Prints "SKIP: <reason>" and exits 0 when not root, or the patched QEMU, the image with
 # virtio_rdma.ko or the daemon binary is missing; under CI=true that is a failure.
 # Everything runs in a network namespace of its own (tests/vm/net.sh exec): the daemon's
@@ -77,7 +78,7 @@ done
 [[ -S $work/rdma.sock ]] || { cat "$work/daemon.log"; log "FAIL: the daemon's socket did not appear within 10 s"; exit 1; }
 
 tools=("$@")
-((${#tools[@]})) || tools=(devinfo rc rc_events uc ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw)
+((${#tools[@]})) || tools=(devinfo rc rc_events uc ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw rping)
 reload=0
 if [[ -n ${VUR_DRIVER_KO:-} ]]; then
     cp "$VUR_DRIVER_KO" "$work/virtio_rdma.ko"
@@ -160,6 +161,18 @@ for t in "${tools[@]}"; do
     write_lat) pair write_lat 180 ib_write_lat -d "$dev" -x "$gid" -F -n "$iters" -s 64 -- ;;
     read_bw) pair read_bw 180 ib_read_bw -d "$dev" -x "$gid" -F -n "$iters" -s 4096 -- ;;
     atomic_bw) pair atomic_bw 180 ib_atomic_bw -d "$dev" -x "$gid" -F -n "$iters" -- ;;
+    rping)
+        # rdma_cm: addresses resolved through eth0, the CM's MADs on the kernel's QP1
+        timeout 60 rping -s -a "$VUR_ADDR" -C 20 -v >/tmp/rping.server 2>&1 &
+        spid=$!
+        sleep 2
+        c=0 s=0
+        timeout 60 rping -c -a "$VUR_ADDR" -C 20 -v -V >/tmp/rping.client 2>&1 || c=$?
+        wait "$spid" || s=$?
+        echo "== rping server (rc=$s)"; tail -n 4 /tmp/rping.server
+        echo "== rping client (rc=$c)"; tail -n 4 /tmp/rping.client
+        report rping $((s | c)) "server=$s client=$c pings=$(grep -c 'ping data' /tmp/rping.client)"
+        ;;
     *) echo "DV unknown tool $t"; fail=1 ;;
     esac
 done

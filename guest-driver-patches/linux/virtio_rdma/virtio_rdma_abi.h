@@ -182,6 +182,7 @@ struct vrdma_cmd_resize_cq {
 
 #define VRDMA_CREATE_QP_HAS_SRQ		(1U << 0)
 #define VRDMA_CREATE_QP_SQ_SIG_ALL	(1U << 1)
+#define VRDMA_CREATE_QP_KERNEL		(1U << 2)	/* rings never mapped to user space */
 
 struct vrdma_cmd_create_qp {
 	__le32 qp_type;

@@ -16,6 +16,10 @@
 
 #include "virtio_rdma.h"
 
+static bool kernel_verbs = true;
+module_param(kernel_verbs, bool, 0444);
+MODULE_PARM_DESC(kernel_verbs, "kernel QPs (QP1 for ib_mad, the CM and rdma_cm; kernel ULPs)");
+
 static bool trace_verbs;
 module_param(trace_verbs, bool, 0644);
 MODULE_PARM_DESC(trace_verbs, "log QP creation and doorbells (driver debugging)");
@@ -299,11 +303,16 @@ static int vrdma_get_port_immutable(struct ib_device *ib, u32 port,
 	im->pkey_tbl_len = attr.pkey_tbl_len;
 	im->gid_tbl_len = attr.gid_tbl_len;
 	/*
-	 * RoCEv2 only (no RoCEv1 GIDs: the device refuses them). No IB_MAD/IB_CM yet: the
-	 * driver does not implement kernel QPs, and ib_mad would create QP1 at registration.
+	 * RoCEv2 only (no RoCEv1 GIDs: the device refuses them). With kernel QPs, ib_mad
+	 * opens QP1 on the port and the CM (and so rdma_cm) runs over it.
 	 */
-	im->core_cap_flags = RDMA_CORE_CAP_PROT_ROCE_UDP_ENCAP | RDMA_CORE_CAP_ETH_AH;
-	im->max_mad_size = 0;
+	if (kernel_verbs) {
+		im->core_cap_flags = RDMA_CORE_PORT_IBA_ROCE_UDP_ENCAP;
+		im->max_mad_size = IB_MGMT_MAD_SIZE;
+	} else {
+		im->core_cap_flags = RDMA_CORE_CAP_PROT_ROCE_UDP_ENCAP | RDMA_CORE_CAP_ETH_AH;
+		im->max_mad_size = 0;
+	}
 	return 0;
 }
 
@@ -522,9 +531,9 @@ static int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 	unsigned long flags;
 	int err;
 
-	if (!udata)
-		return -EOPNOTSUPP;	/* kernel QPs: not yet */
-	if (udata->outlen < sizeof(uresp))
+	if (!udata && !kernel_verbs)
+		return -EOPNOTSUPP;
+	if (udata && udata->outlen < sizeof(uresp))
 		return -EINVAL;
 	if (init->create_flags)
 		return -EOPNOTSUPP;
@@ -532,6 +541,10 @@ static int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 	case IB_QPT_RC:
 	case IB_QPT_UC:
 	case IB_QPT_UD:
+		break;
+	case IB_QPT_GSI:
+		if (udata)
+			return -EOPNOTSUPP;
 		break;
 	default:
 		return -EOPNOTSUPP;
@@ -544,7 +557,7 @@ static int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 	if (init->srq && !(le32_to_cpu(dev->cfg.caps) & VRDMA_CAP_SRQ))
 		return -EOPNOTSUPP;
 
-	qp->is_user = true;
+	qp->is_user = !!udata;
 	qp->sq_sig_type = init->sq_sig_type;
 	spin_lock_init(&qp->sq_lock);
 	spin_lock_init(&qp->rq_lock);
@@ -590,6 +603,9 @@ static int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 	}
 	if (init->sq_sig_type == IB_SIGNAL_ALL_WR)
 		cmd.flags |= cpu_to_le32(VRDMA_CREATE_QP_SQ_SIG_ALL);
+	/* rings user space never maps: the only QPs allowed to post REG_MR */
+	if (!udata)
+		cmd.flags |= cpu_to_le32(VRDMA_CREATE_QP_KERNEL);
 	cmd.qp_type = cpu_to_le32(init->qp_type);
 	cmd.pdn = cpu_to_le32(pdn_of(ibqp->pd));
 	cmd.send_cqn = cpu_to_le32(container_of(init->send_cq, struct vrdma_cq, ibcq)->cqn);
@@ -615,16 +631,18 @@ static int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 			qp->cap.max_send_sge, qp->cap.max_inline_data, qp->rq.num_slots, qp->rq.log2,
 			qp->cap.max_recv_wr, qp->cap.max_recv_sge);
 
-	if (qp->has_rq) {
+	if (udata && qp->has_rq) {
 		err = queue_mmap(udata, &qp->rq, &uresp.rq_mi);
 		if (err)
 			goto err_destroy;
 	}
-	err = queue_mmap(udata, &qp->sq, &uresp.sq_mi);
-	if (!err)
-		err = ib_copy_to_udata(udata, &uresp, sizeof(uresp));
-	if (err)
-		goto err_destroy;
+	if (udata) {
+		err = queue_mmap(udata, &qp->sq, &uresp.sq_mi);
+		if (!err)
+			err = ib_copy_to_udata(udata, &uresp, sizeof(uresp));
+		if (err)
+			goto err_destroy;
+	}
 
 	spin_lock_irqsave(&dev->ev_lock, flags);
 	err = xa_err(xa_store(&dev->qps, qp->qpn, qp, GFP_ATOMIC));
@@ -781,31 +799,210 @@ static int vrdma_query_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask,
 	return 0;
 }
 
+/*
+ * Kernel users (ib_mad's QP1, the CM, kernel ULPs) hand the driver ib_send_wr/ib_recv_wr:
+ * the driver writes them into the rings in the rxe ABI itself. ib_core uses virtual DMA
+ * here, so an SGE under the PD's local DMA lkey carries a kernel virtual address; the
+ * device's DMA MR takes guest-physical ones.
+ */
+static u64 sge_gpa(struct vrdma_qp *qp, const struct ib_sge *sge)
+{
+	if (sge->lkey == qp->ibqp.pd->local_dma_lkey)
+		return virt_to_phys((void *)(uintptr_t)sge->addr);
+	return sge->addr;
+}
+
+static bool ring_full(const struct vrdma_queue *q, u32 prod)
+{
+	return ((prod + 1) & (q->num_slots - 1)) == smp_load_acquire(&q->buf->consumer_index);
+}
+
+static void *ring_slot(const struct vrdma_queue *q, u32 idx)
+{
+	return q->buf->data + ((size_t)(idx & (q->num_slots - 1)) << q->log2);
+}
+
+static int build_send_wqe(struct vrdma_qp *qp, const struct ib_send_wr *wr,
+			  struct rxe_send_wqe *wqe)
+{
+	struct rxe_send_wr *w = &wqe->wr;
+	u32 len = 0;
+	int i;
+
+	if (wr->num_sge > qp->cap.max_send_sge)
+		return -EINVAL;
+	memset(wqe, 0, sizeof(*wqe));
+	w->wr_id = wr->wr_id;
+	w->opcode = wr->opcode;
+	w->send_flags = wr->send_flags;
+	switch (wr->opcode) {
+	case IB_WR_RDMA_WRITE_WITH_IMM:
+		w->ex.imm_data = wr->ex.imm_data;
+		fallthrough;
+	case IB_WR_RDMA_WRITE:
+	case IB_WR_RDMA_READ:
+		w->wr.rdma.remote_addr = rdma_wr(wr)->remote_addr;
+		w->wr.rdma.rkey = rdma_wr(wr)->rkey;
+		break;
+	case IB_WR_ATOMIC_CMP_AND_SWP:
+	case IB_WR_ATOMIC_FETCH_AND_ADD:
+		w->wr.atomic.remote_addr = atomic_wr(wr)->remote_addr;
+		w->wr.atomic.compare_add = atomic_wr(wr)->compare_add;
+		w->wr.atomic.swap = atomic_wr(wr)->swap;
+		w->wr.atomic.rkey = atomic_wr(wr)->rkey;
+		break;
+	case IB_WR_SEND_WITH_IMM:
+		w->ex.imm_data = wr->ex.imm_data;
+		fallthrough;
+	case IB_WR_SEND:
+	case IB_WR_SEND_WITH_INV:
+		if (wr->opcode == IB_WR_SEND_WITH_INV)
+			w->ex.invalidate_rkey = wr->ex.invalidate_rkey;
+		if (qp->ibqp.qp_type == IB_QPT_UD || qp->ibqp.qp_type == IB_QPT_GSI) {
+			struct vrdma_ah *ah = container_of(ud_wr(wr)->ah, struct vrdma_ah, ibah);
+			struct rxe_av *av = &w->wr.ud.av;
+
+			w->wr.ud.remote_qpn = ud_wr(wr)->remote_qpn;
+			w->wr.ud.remote_qkey = ud_wr(wr)->remote_qkey;
+			w->wr.ud.pkey_index = ud_wr(wr)->pkey_index;
+			/* the AV inline: kernel AHs have no device object (§11) */
+			w->wr.ud.ah_num = 0;
+			av->port_num = 1;
+			av->network_type = ah->network_type == RDMA_NETWORK_IPV6 ?
+					   RXE_NETWORK_TYPE_IPV6 : RXE_NETWORK_TYPE_IPV4;
+			memcpy(av->dmac, ah->av.dmac, ETH_ALEN);
+			memcpy(av->grh.dgid.raw, ah->av.dgid, 16);
+			av->grh.flow_label = le32_to_cpu(ah->av.flow_label);
+			av->grh.sgid_index = ah->av.sgid_index;
+			av->grh.hop_limit = ah->av.hop_limit;
+			av->grh.traffic_class = ah->av.traffic_class;
+		}
+		break;
+	case IB_WR_LOCAL_INV:
+		w->ex.invalidate_rkey = wr->ex.invalidate_rkey;
+		break;
+	default:
+		return -EOPNOTSUPP;	/* REG_MR, BIND_MW from kernel users: not yet */
+	}
+	for (i = 0; i < wr->num_sge; i++)
+		len += wr->sg_list[i].length;
+	if (wr->send_flags & IB_SEND_INLINE) {
+		u8 *p = wqe->dma.inline_data;
+
+		if (len > qp->cap.max_inline_data)
+			return -EINVAL;
+		for (i = 0; i < wr->num_sge; i++) {
+			memcpy(p, (void *)(uintptr_t)wr->sg_list[i].addr, wr->sg_list[i].length);
+			p += wr->sg_list[i].length;
+		}
+	} else {
+		for (i = 0; i < wr->num_sge; i++) {
+			wqe->dma.sge[i].addr = sge_gpa(qp, &wr->sg_list[i]);
+			wqe->dma.sge[i].length = wr->sg_list[i].length;
+			wqe->dma.sge[i].lkey = wr->sg_list[i].lkey;
+		}
+	}
+	wqe->dma.length = len;
+	wqe->dma.resid = len;
+	wqe->dma.num_sge = wr->num_sge;
+	return 0;
+}
+
 static int vrdma_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr,
 			   const struct ib_send_wr **bad_wr)
 {
 	struct vrdma_qp *qp = container_of(ibqp, struct vrdma_qp, ibqp);
+	struct vrdma_dev *dev = to_vdev(ibqp->device);
+	unsigned long flags;
+	u32 prod;
+	int err = 0;
 
-	if (trace_verbs)
-		pr_info("virtio_rdma: post_send qp %u user %d wr %p\n", qp->qpn, qp->is_user, wr);
-	if (!qp->is_user) {
-		*bad_wr = wr;
-		return -EOPNOTSUPP;
+	if (qp->is_user) {
+		if (trace_verbs)
+			pr_info("virtio_rdma: qp %u sq doorbell prod %u cons %u\n", qp->qpn,
+				READ_ONCE(qp->sq.buf->producer_index),
+				READ_ONCE(qp->sq.buf->consumer_index));
+		/* librxe's zero-WR IB_USER_VERBS_CMD_POST_SEND: the WQEs are in the ring */
+		vrdma_ring_doorbell(dev, VRDMA_DB_SQ, qp->qpn,
+				    READ_ONCE(qp->sq.buf->producer_index), qp);
+		return 0;
 	}
-	if (trace_verbs)
-		pr_info("virtio_rdma: qp %u sq doorbell prod %u cons %u\n", qp->qpn,
-			READ_ONCE(qp->sq.buf->producer_index), READ_ONCE(qp->sq.buf->consumer_index));
-	/* librxe's zero-WR IB_USER_VERBS_CMD_POST_SEND: the WQEs are in the ring already */
-	vrdma_ring_doorbell(to_vdev(ibqp->device), VRDMA_DB_SQ, qp->qpn,
-			    READ_ONCE(qp->sq.buf->producer_index), qp);
-	return 0;
+	spin_lock_irqsave(&qp->sq_lock, flags);
+	prod = qp->sq.buf->producer_index & (qp->sq.num_slots - 1);
+	for (; wr; wr = wr->next) {
+		if (ring_full(&qp->sq, prod)) {
+			err = -ENOMEM;
+			break;
+		}
+		err = build_send_wqe(qp, wr, ring_slot(&qp->sq, prod));
+		if (err)
+			break;
+		prod = (prod + 1) & (qp->sq.num_slots - 1);
+		smp_store_release(&qp->sq.buf->producer_index, prod);
+	}
+	spin_unlock_irqrestore(&qp->sq_lock, flags);
+	if (err)
+		*bad_wr = wr;
+	vrdma_ring_doorbell(dev, VRDMA_DB_SQ, qp->qpn, prod, qp);
+	return err;
+}
+
+static int post_recv_ring(struct vrdma_qp *qp, struct vrdma_queue *q, u32 max_sge,
+			  const struct ib_recv_wr *wr, const struct ib_recv_wr **bad_wr)
+{
+	u32 prod = q->buf->producer_index & (q->num_slots - 1);
+	int err = 0, i;
+
+	for (; wr; wr = wr->next) {
+		struct rxe_recv_wqe *wqe;
+		u32 len = 0;
+
+		if (wr->num_sge > max_sge) {
+			err = -EINVAL;
+			break;
+		}
+		if (ring_full(q, prod)) {
+			err = -ENOMEM;
+			break;
+		}
+		wqe = ring_slot(q, prod);
+		memset(wqe, 0, sizeof(*wqe));
+		wqe->wr_id = wr->wr_id;
+		for (i = 0; i < wr->num_sge; i++) {
+			wqe->dma.sge[i].addr = sge_gpa(qp, &wr->sg_list[i]);
+			wqe->dma.sge[i].length = wr->sg_list[i].length;
+			wqe->dma.sge[i].lkey = wr->sg_list[i].lkey;
+			len += wr->sg_list[i].length;
+		}
+		wqe->dma.length = len;
+		wqe->dma.resid = len;
+		wqe->dma.num_sge = wr->num_sge;
+		prod = (prod + 1) & (q->num_slots - 1);
+		smp_store_release(&q->buf->producer_index, prod);
+	}
+	if (err)
+		*bad_wr = wr;
+	return err;
 }
 
 static int vrdma_post_recv(struct ib_qp *ibqp, const struct ib_recv_wr *wr,
 			   const struct ib_recv_wr **bad_wr)
 {
-	*bad_wr = wr;
-	return -EOPNOTSUPP;
+	struct vrdma_qp *qp = container_of(ibqp, struct vrdma_qp, ibqp);
+	unsigned long flags;
+	int err;
+
+	if (qp->is_user || !qp->has_rq) {
+		*bad_wr = wr;
+		return -EINVAL;
+	}
+	spin_lock_irqsave(&qp->rq_lock, flags);
+	err = post_recv_ring(qp, &qp->rq, qp->cap.max_recv_sge, wr, bad_wr);
+	spin_unlock_irqrestore(&qp->rq_lock, flags);
+	/* the device reads RQs when packets arrive; a doorbell flushes them in ERR (§7) */
+	vrdma_ring_doorbell(to_vdev(ibqp->device), VRDMA_DB_RQ, qp->qpn,
+			    READ_ONCE(qp->rq.buf->producer_index), NULL);
+	return err;
 }
 
 /* --- SRQ ------------------------------------------------------------------------------ */
