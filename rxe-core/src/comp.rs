@@ -237,6 +237,13 @@ pub(crate) fn handle_response(
             };
             match code {
                 NakCode::PsnSeqError => {
+                    if q.req.rnr_until.is_some() && psn == q.comp.psn {
+                        // The responder NAKs the rest of a burst whose head it RNR-NAKed:
+                        // the same event, already being waited out. Spending a retry on it
+                        // would end an RNR-only stall with RetryExcErr once retry_cnt is
+                        // finite (IBTA), though rnr_retry 7 means "for ever".
+                        return Ok(());
+                    }
                     if q.comp.retry_cnt == 0 {
                         finish_error(q, res, seq, WcStatus::RetryExcErr);
                         return Ok(());

@@ -1163,3 +1163,53 @@ fn retry_cnt_7_is_seven_retries_unless_configured_infinite() {
         }
     }
 }
+
+/// A receiver that posts late: every RNR NAK of a burst's head is followed by a sequence NAK
+/// for the rest of the burst. With retry_cnt 7 finite (IBTA) those must not use up retries,
+/// or an RNR-only stall ends in RetryExcErr although rnr_retry 7 means "for ever".
+#[test]
+fn sequence_naks_behind_an_rnr_nak_spend_no_retries() {
+    let mut sim = Sim::new(8);
+    let ep = sim.connect(ConnOpts {
+        retry_cnt: 7,
+        rnr_retry: 7,
+        min_rnr_timer: 1,
+        ..Default::default()
+    });
+    let (src, skey) = sim.reg(0, ep[0].pd, 4 * 64, LW);
+    for i in 0..4u64 {
+        sim.dev(0)
+            .post_send(
+                ep[0].qpn,
+                SendWr::new(i + 1, SendOp::Send, sge(src + 64 * i, 64, skey)),
+            )
+            .unwrap();
+    }
+    let qpn = ep[0].qpn;
+    let stalled = sim.run_until(200_000, |s| {
+        let c = s.dev(0).qp_counters(qpn).unwrap();
+        c.rnr_naks_received >= 12 && c.naks_received >= 12
+    });
+    assert!(stalled, "RNR NAKs and sequence NAKs, round after round");
+    assert!(
+        sim.poll_all(0, ep[0].cq).is_empty(),
+        "nothing completed yet"
+    );
+    let (dst, dkey) = sim.reg(1, ep[1].pd, 4 * 64, LW);
+    for i in 0..4u64 {
+        sim.dev(1)
+            .post_recv(
+                ep[1].qpn,
+                RecvWr {
+                    wr_id: 10 + i,
+                    sg_list: sge(dst + 64 * i, 64, dkey),
+                },
+            )
+            .unwrap();
+    }
+    sim.settle(100_000);
+    assert_eq!(
+        statuses(&sim.poll_all(0, ep[0].cq)),
+        (1..=4).map(|i| (i, WcStatus::Success)).collect::<Vec<_>>()
+    );
+}
