@@ -9,13 +9,14 @@
 #
 # Tools: devinfo rc rc_events uc ud srq (libibverbs examples, with --chk data checks; rc_events
 # sleeps on completion events), send_lat send_bw write_lat write_bw read_bw atomic_bw (perftest),
-# rping (rdma_cm: the CM runs over the driver's kernel QP1).
+# rping (rdma_cm: the CM runs over the driver's kernel QP1); compare (not in the default
+# set): ib_send_lat and ib_write_bw over vrdma0 and over Linux rxe on the same guest's eth0.
 # Prints "SKIP: <reason>" and exits 0 when not root, or the patched QEMU, the image with
 # virtio_rdma.ko or the daemon binary is missing; under CI=true that is a failure.
 # Everything runs in a network namespace of its own (tests/vm/net.sh exec): the daemon's
 # UDP socket is bound to an address on that namespace's loopback, which is also the guest's
 # eth0 address (a NIC attached to nothing), so the guest's RoCEv2 GID is the daemon's.
-# Env: VUR_DEVICE_ITERS (default 200), VUR_DAEMON (daemon binary), VUR_IMAGES, VUR_QEMU,
+# Env: VUR_DEVICE_ITERS (default 200), VUR_COMPARE_ITERS (default 1000), VUR_DAEMON (daemon binary), VUR_IMAGES, VUR_QEMU,
 # VUR_DRIVER_KO (a virtio_rdma.ko to load instead of the image's: driver development
 # without repacking the image).
 set -euo pipefail
@@ -88,6 +89,7 @@ cat >"$work/device-guest.sh" <<EOF
 #!/bin/bash
 # Runs inside the guest (tests/vm/device-verbs.test.sh).
 iters=$iters
+cmp_iters=${VUR_COMPARE_ITERS:-1000}
 tools=(${tools[*]})
 reload=$reload
 EOF
@@ -173,6 +175,23 @@ for t in "${tools[@]}"; do
         echo "== rping client (rc=$c)"; tail -n 4 /tmp/rping.client
         report rping $((s | c)) "server=$s client=$c pings=$(grep -c 'ping data' /tmp/rping.client)"
         ;;
+    compare)
+        # The same perftest runs over vrdma0 and over Linux rxe (rxe0 on this guest's eth0),
+        # same sizes, same guest: the ratio is the figure (TCG makes absolute values moot).
+        rgid=$(vur-gid v4 rxe0) || { echo "DV-FAIL compare: no rxe0 IPv4 GID"; fail=1; continue; }
+        cmp_rc=0
+        for d in "$dev:$gid" "rxe0:$rgid"; do
+            pair "send_lat_${d%%:*}" 180 ib_send_lat -d "${d%%:*}" -x "${d#*:}" -F -n "$cmp_iters" -s 64 -- || true
+            pair "send_lat_ev_${d%%:*}" 180 ib_send_lat -d "${d%%:*}" -x "${d#*:}" -F -n "$cmp_iters" -s 64 -e -- || true
+            pair "write_bw_${d%%:*}" 180 ib_write_bw -d "${d%%:*}" -x "${d#*:}" -F -n "$cmp_iters" -s 65536 -- || true
+        done
+        lat() { awk '/^ *64 +[0-9]+ /{print $6; exit}' "/tmp/send_lat_$1.client"; }
+        bw() { awk '/^ *65536 +[0-9]+ /{print $4; exit}' "/tmp/write_bw_$1.client"; }
+        lat_ev() { awk '/^ *64 +[0-9]+ /{print $6; exit}' "/tmp/send_lat_ev_$1.client"; }
+        echo "DV-CMP ib_send_lat 64 B t_avg usec: vrdma0 $(lat $dev) rxe0 $(lat rxe0)"
+        echo "DV-CMP ib_send_lat -e 64 B t_avg usec: vrdma0 $(lat_ev $dev) rxe0 $(lat_ev rxe0)"
+        echo "DV-CMP ib_write_bw 64 KiB BW average MiB/s: vrdma0 $(bw $dev) rxe0 $(bw rxe0)"
+        ;;
     *) echo "DV unknown tool $t"; fail=1 ;;
     esac
 done
@@ -183,14 +202,17 @@ fi
 exit $fail
 EOF
 
+rxe_opt=(--no-rxe)
+[[ " ${tools[*]} " != *" compare "* ]] || rxe_opt=()
 log "booting guest (qemu $qemu, image $images)"
 vm_rc=0
 "$here/run-vm.sh" --name dv --qemu "$qemu" --images "$images" --rdma-sock "$work/rdma.sock" \
-    --nic-no-peer --mac "$mac" --ip "$addr/24" --no-rxe --shared "$work" --smp "${VUR_DEVICE_SMP:-2}" \
+    --nic-no-peer --mac "$mac" --ip "$addr/24" "${rxe_opt[@]}" --shared "$work" --smp "${VUR_DEVICE_SMP:-2}" \
     --scenario "$work/device-guest.sh" --timeout 900 ${VUR_DRIVER_PARAMS:+--env "VUR_DRIVER_PARAMS=$VUR_DRIVER_PARAMS"} || vm_rc=$?
 
 tr -d '\r' <"$work/dv.console.log" |
     grep -a -E '^DV|^\[vur-init|usec/iter|t_avg|BW average|^ *[0-9]+ +[0-9]+ +[0-9.]+' || true
+grep -a '^DV-CMP' "$work/dv.console.log" | tr -d '\r' >"$work/compare.txt" || true
 if command -v socat >/dev/null && [[ -S $work/counters.sock ]]; then
     log "daemon counters: $(socat - "UNIX-CONNECT:$work/counters.sock" 2>/dev/null | head -c 600)"
 fi
