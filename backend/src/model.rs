@@ -642,7 +642,11 @@ impl Model {
     }
 
     fn resize_cq(&mut self, mem: &GuestMemoryMmap, c: abi::CmdResizeCq) -> CmdResult {
-        if c.cqe == 0 || c.cqe > self.cfg.dev.max_cqe {
+        // The same bounds as CREATE_CQ.
+        if c.cqe == 0
+            || c.cqe > self.cfg.dev.max_cqe
+            || c.queue.num_slots > (self.cfg.dev.max_cqe + 1).next_power_of_two()
+        {
             return Err(Status::Invalid);
         }
         let old = self.cqs.get(&c.cqn).ok_or(Status::NotFound)?;
@@ -663,7 +667,16 @@ impl Model {
                 .map_err(|_| Status::BadAddress)?;
             new.write_slot(mem, i, &e).map_err(|_| Status::BadAddress)?;
         }
+        // An armed CQ stays armed in its new ring.
+        let notify = old
+            .ring
+            .buf
+            .load_u32(mem, hdr::CQ_NOTIFY, Ordering::Acquire)
+            .map_err(|_| Status::BadAddress)?;
         new.init_header(mem).map_err(|_| Status::BadAddress)?;
+        new.buf
+            .store_u32(mem, hdr::CQ_NOTIFY, notify, Ordering::Release)
+            .map_err(|_| Status::BadAddress)?;
         new.store_index(mem, hdr::PRODUCER_INDEX, n)
             .map_err(|_| Status::BadAddress)?;
         let cap = new.mask();

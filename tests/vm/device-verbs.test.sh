@@ -9,7 +9,8 @@
 #
 # Tools: devinfo rc rc_events uc ud srq (libibverbs examples, with --chk data checks; rc_events
 # sleeps on completion events), send_lat send_bw write_lat write_bw read_bw atomic_bw (perftest),
-# rping (rdma_cm: the CM runs over the driver's kernel QP1); compare (not in the default
+# rping (rdma_cm: the CM runs over the driver's kernel QP1), resize_cq (pyverbs: ibv_resize_cq
+# with completions in flight); compare (not in the default
 # set): ib_send_lat and ib_write_bw over vrdma0 and over Linux rxe on the same guest's eth0.
 # Prints "SKIP: <reason>" and exits 0 when not root, or the patched QEMU, the image with
 # virtio_rdma.ko or the daemon binary is missing; under CI=true that is a failure.
@@ -79,7 +80,7 @@ done
 [[ -S $work/rdma.sock ]] || { cat "$work/daemon.log"; log "FAIL: the daemon's socket did not appear within 10 s"; exit 1; }
 
 tools=("$@")
-((${#tools[@]})) || tools=(devinfo rc rc_events uc ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw rping)
+((${#tools[@]})) || tools=(devinfo rc rc_events uc ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw rping resize_cq)
 reload=0
 if [[ -n ${VUR_DRIVER_KO:-} ]]; then
     cp "$VUR_DRIVER_KO" "$work/virtio_rdma.ko"
@@ -174,6 +175,52 @@ for t in "${tools[@]}"; do
         echo "== rping server (rc=$s)"; tail -n 4 /tmp/rping.server
         echo "== rping client (rc=$c)"; tail -n 4 /tmp/rping.client
         report rping $((s | c)) "server=$s client=$c pings=$(grep -c 'ping data' /tmp/rping.client)"
+        ;;
+    resize_cq)
+        # ibv_resize_cq through librxe with completions in the ring (pyverbs, one RC QP
+        # connected to itself): none may be lost, the new ring is mapped from the response.
+        python3 - "$dev" "$gid" >/tmp/resize_cq.log 2>&1 <<'PY'
+import sys, time
+import pyverbs.device as d
+import pyverbs.enums as e
+from pyverbs.addr import AHAttr, GlobalRoute
+from pyverbs.cq import CQ
+from pyverbs.mr import MR
+from pyverbs.pd import PD
+from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
+from pyverbs.wr import SGE, RecvWR, SendWR
+ctx = d.Context(name=sys.argv[1])
+gidx = int(sys.argv[2])
+pd, cq = PD(ctx), CQ(ctx, 15)
+qp = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, sq_sig_all=1,
+                       cap=QPCap(max_send_wr=16, max_recv_wr=16, max_send_sge=1, max_recv_sge=1)))
+mr = MR(pd, 4096, e.IBV_ACCESS_LOCAL_WRITE)
+a = QPAttr(qp_state=e.IBV_QPS_INIT, port_num=1)
+a.qp_access_flags = e.IBV_ACCESS_LOCAL_WRITE
+qp.to_init(a)
+a = QPAttr(qp_state=e.IBV_QPS_RTR, path_mtu=e.IBV_MTU_1024)
+a.dest_qp_num, a.rq_psn, a.max_dest_rd_atomic, a.min_rnr_timer = qp.qp_num, 0, 1, 12
+a.ah_attr = AHAttr(gr=GlobalRoute(dgid=ctx.query_gid(1, gidx), sgid_index=gidx), is_global=1, port_num=1)
+qp.to_rtr(a)
+a = QPAttr(qp_state=e.IBV_QPS_RTS)
+a.timeout, a.retry_cnt, a.rnr_retry, a.sq_psn, a.max_rd_atomic = 14, 7, 7, 0, 1
+qp.to_rts(a)
+for i in range(5):
+    qp.post_recv(RecvWR(wr_id=100 + i, num_sge=1, sg=[SGE(mr.buf, 64, mr.lkey)]))
+    qp.post_send(SendWR(wr_id=i, num_sge=1, sg=[SGE(mr.buf + 64, 64, mr.lkey)], opcode=e.IBV_WR_SEND))
+time.sleep(1)
+cq.resize(63)
+got, end = [], time.time() + 10
+while len(got) < 10 and time.time() < end:
+    n, wcs = cq.poll(16)
+    got += [(w.wr_id, w.status) for w in wcs[:n]]
+print("resize_cq: cqe", cq.cqe, "completions", sorted(got))
+sys.exit(0 if sorted(i for i, _ in got) == list(range(5)) + list(range(100, 105))
+         and all(st == 0 for _, st in got) and cq.cqe == 63 else 1)
+PY
+        rc=$?
+        cat /tmp/resize_cq.log
+        report resize_cq $rc
         ;;
     compare)
         # The same perftest runs over vrdma0 and over Linux rxe (rxe0 on this guest's eth0),

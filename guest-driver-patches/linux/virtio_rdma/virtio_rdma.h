@@ -99,6 +99,7 @@ struct vrdma_cq {
 	u32 cqn;
 	bool is_user;
 	bool armed;		/* req_notify_cq since the last completion event */
+	bool resizing;		/* RESIZE_CQ in flight: kernel pollers keep off the ring */
 	spinlock_t lock;	/* kernel CQs: poll vs. poll */
 	struct vrdma_queue q;
 };

@@ -434,6 +434,68 @@ err_q:
 	return err;
 }
 
+/*
+ * RESIZE_CQ hands the device a new ring; it moves the unconsumed entries and the arm.
+ * librxe holds its CQ lock across the call and maps the new ring from rxe's
+ * rxe_resize_cq_resp; kernel pollers are kept out by the CQ lock.
+ */
+static int vrdma_resize_cq(struct ib_cq *ibcq, int cqe, struct ib_udata *udata)
+{
+	struct vrdma_cq *cq = container_of(ibcq, struct vrdma_cq, ibcq);
+	struct vrdma_dev *dev = to_vdev(ibcq->device);
+	struct vrdma_cmd_resize_cq cmd = {};
+	struct rxe_resize_cq_resp uresp = {};
+	struct vrdma_resp_create_cq r;
+	struct vrdma_queue q, old;
+	unsigned long flags;
+	struct vrdma_pl pl;
+	int err;
+
+	if (cqe < 1 || cqe > dev->attrs.max_cqe)
+		return -EINVAL;
+	if (udata && udata->outlen < sizeof(uresp))
+		return -EINVAL;
+	err = queue_alloc(&q, roundup_pow_of_two(cqe + 1), 1 << VRDMA_CQ_LOG2_ELEM);
+	if (err)
+		return err;
+	err = queue_desc(dev, &q, &pl, &cmd.queue);
+	if (err)
+		goto err_q;
+	cmd.cqn = cpu_to_le32(cq->cqn);
+	cmd.cqe = cpu_to_le32(cqe);
+	if (udata) {
+		/* the mapping first: a failure after the device switched rings is unrecoverable */
+		err = queue_mmap(udata, &q, &uresp.mi);
+		if (err) {
+			pl_free(&pl);
+			goto err_q;
+		}
+	}
+	spin_lock_irqsave(&cq->lock, flags);
+	old = cq->q;
+	cq->resizing = true;
+	spin_unlock_irqrestore(&cq->lock, flags);
+	err = vrdma_cmd(dev, VRDMA_CMD_RESIZE_CQ, &cmd, sizeof(cmd), &r, sizeof(r));
+	pl_free(&pl);
+	spin_lock_irqsave(&cq->lock, flags);
+	cq->resizing = false;
+	if (!err) {
+		cq->q = q;
+		ibcq->cqe = le32_to_cpu(r.cqe);
+	}
+	spin_unlock_irqrestore(&cq->lock, flags);
+	if (err)
+		goto err_q;
+	queue_free(&old);
+	if (udata)
+		return ib_copy_to_udata(udata, &uresp, sizeof(uresp));
+	return 0;
+
+err_q:
+	queue_free(&q);
+	return err;
+}
+
 static int vrdma_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata)
 {
 	struct vrdma_cq *cq = container_of(ibcq, struct vrdma_cq, ibcq);
@@ -475,14 +537,15 @@ static int vrdma_poll_cq(struct ib_cq *ibcq, int num, struct ib_wc *wc)
 {
 	struct vrdma_cq *cq = container_of(ibcq, struct vrdma_cq, ibcq);
 	struct vrdma_dev *dev = to_vdev(ibcq->device);
-	struct rxe_queue_buf *b = cq->q.buf;
+	struct rxe_queue_buf *b;
 	unsigned long flags;
 	int n = 0;
 
 	if (cq->is_user)
 		return -EINVAL;
 	spin_lock_irqsave(&cq->lock, flags);
-	while (n < num) {
+	b = cq->q.buf;
+	while (n < num && !cq->resizing) {
 		u32 cons = b->consumer_index & (cq->q.num_slots - 1);
 		struct ib_uverbs_wc *u;
 		struct vrdma_qp *qp;
@@ -1326,6 +1389,7 @@ const struct ib_device_ops vrdma_dev_ops = {
 	.query_srq = vrdma_query_srq,
 	.reg_user_mr = vrdma_reg_user_mr,
 	.req_notify_cq = vrdma_req_notify_cq,
+	.resize_cq = vrdma_resize_cq,
 
 	INIT_RDMA_OBJ_SIZE(ib_ah, vrdma_ah, ibah),
 	INIT_RDMA_OBJ_SIZE(ib_cq, vrdma_cq, ibcq),

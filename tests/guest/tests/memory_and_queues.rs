@@ -184,8 +184,22 @@ fn resize_cq_grow_with_entries_in_flight_and_shrink_below_count() {
         );
         std::thread::sleep(Duration::from_millis(1));
     }
+    // Armed before the resize: the arm moves with the CQ (the missed-event check says the
+    // ring is not empty, as the ten entries are still there).
+    assert!(a.guest.req_notify_cq(&ea.cq, false));
     a.guest.resize_cq(&mut ea.cq, 63).unwrap();
     assert_eq!(ea.cq.cqe, 63);
+    assert_eq!(
+        ea.cq.ring.notify().load(Ordering::Acquire),
+        abi::ring::NOTIFY_NEXT_COMP,
+        "the notify word is kept"
+    );
+    // A CQ of more slots than any CQ may have is refused, as at CREATE_CQ.
+    let max = a.guest.config.max_cqe;
+    assert!(matches!(
+        a.guest.resize_cq(&mut ea.cq, max + 1),
+        Err(Error::Status(abi::Status::Invalid))
+    ));
     for id in 10..20 {
         post(&mut a.guest, &ea.qp, id);
     }
