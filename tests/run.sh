@@ -59,6 +59,12 @@ if [[ -f tests/fuzz.sh ]]; then
 fi
 
 if ((vm)); then
+    # The VM tests run the release daemon and the release interop peers.
+    step "cargo build --release (daemon and interop peers for the VM tests)"
+    if ! cargo build --release -p vhost-user-rdma -p vur-interop --bins 2>&1; then
+        failed=$((failed + 1))
+        failures+=("cargo build --release")
+    fi
     for t in tests/vm/*.test.sh guest-driver-patches/*/test-*.sh; do
         [[ -e $t ]] || continue
         script_step "$t"
