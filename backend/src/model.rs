@@ -92,6 +92,8 @@ struct QpShadow {
     pd: u32,
     /// CREATE_QP_KERNEL: the only QPs whose SQ may carry REG_MR.
     kernel: bool,
+    /// A ring of this QP faulted: it went to ERR with QP_FATAL (once).
+    faulted: bool,
 }
 
 #[derive(Debug)]
@@ -772,6 +774,7 @@ impl Model {
                 caps: cap,
                 pd: c.pdn,
                 kernel: c.flags & abi::CREATE_QP_KERNEL != 0,
+                faulted: false,
             },
         );
         body(abi::RespCreateQp {
@@ -895,7 +898,7 @@ impl Model {
             return;
         };
         let Ok(prod) = sq.load_index(mem, hdr::PRODUCER_INDEX) else {
-            self.stats.ring_faults += 1;
+            self.qp_ring_fault(mem, qpn);
             return;
         };
         let caps = SqCaps {
@@ -916,7 +919,7 @@ impl Model {
                 break;
             }
             if sq.read_slot(mem, taken, &mut self.slot).is_err() {
-                self.stats.ring_faults += 1;
+                self.qp_ring_fault(mem, qpn);
                 break;
             }
             if !self.reg_mr_allowed(qpn) {
@@ -1028,7 +1031,7 @@ impl Model {
         if cons != q.sq_cons {
             q.sq_cons = cons;
             if sq.store_index(mem, hdr::CONSUMER_INDEX, cons).is_err() {
-                self.stats.ring_faults += 1;
+                self.qp_ring_fault(mem, qpn);
             }
         }
         if outstanding == 0 {
@@ -1038,6 +1041,29 @@ impl Model {
 
     /// A receive WQE the device cannot use: the QP goes to the error state (flushing what
     /// came before), then the WQE completes with LOC_QP_OP_ERR.
+    /// A QP ring the device cannot read or write (its pages left guest memory): counted, and
+    /// the QP moves to ERR with QP_FATAL (once), so its user sees an error rather than a QP
+    /// that silently stops.
+    fn qp_ring_fault(&mut self, mem: &GuestMemoryMmap, qpn: u32) {
+        self.stats.ring_faults += 1;
+        let Some(q) = self.qps.get_mut(&qpn) else {
+            return;
+        };
+        if std::mem::replace(&mut q.faulted, true) {
+            return;
+        }
+        let cqn = q.recv_cq;
+        let attr = QpAttr {
+            qp_state: QpState::Err,
+            ..Default::default()
+        };
+        let _ = self
+            .dev
+            .modify_qp(Qpn(qpn), &attr, AttrMask(AttrMask::STATE));
+        self.flush_cq(mem, cqn);
+        self.push_event(abi::event::KIND_ASYNC, abi::event::QP_FATAL, qpn);
+    }
+
     fn bad_recv_wqe(&mut self, mem: &GuestMemoryMmap, qpn: u32, wr_id: u64) {
         self.stats.bad_wqes += 1;
         let attr = QpAttr {
@@ -1071,7 +1097,7 @@ impl Model {
         };
         let max_sge = q.caps.max_recv_sge;
         let Ok(prod) = rq.load_index(mem, hdr::PRODUCER_INDEX) else {
-            self.stats.ring_faults += 1;
+            self.qp_ring_fault(mem, qpn);
             return;
         };
         let mut cons = q.rq_cons;
@@ -1081,7 +1107,7 @@ impl Model {
         self.slot.resize(rq.elem_size(), 0);
         while cons != prod {
             if rq.read_slot(mem, cons, &mut self.slot).is_err() {
-                self.stats.ring_faults += 1;
+                self.qp_ring_fault(mem, qpn);
                 break;
             }
             match ring::decode_recv_wqe(&self.slot, max_sge) {
@@ -1098,7 +1124,7 @@ impl Model {
             q.rq_cons = cons;
         }
         if rq.store_index(mem, hdr::CONSUMER_INDEX, cons).is_err() {
-            self.stats.ring_faults += 1;
+            self.qp_ring_fault(mem, qpn);
         }
     }
 
