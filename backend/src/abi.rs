@@ -34,6 +34,9 @@ pub mod caps {
     pub const MEM_WINDOW: u32 = 1 << 3;
     /// SRQs.
     pub const SRQ: u32 = 1 << 4;
+    /// QUERY_GID_SOURCES lists the GIDs the transport can send from; ADD_GID refuses others
+    /// with ADDRESS_NOT_AVAILABLE.
+    pub const GID_SOURCES: u32 = 1 << 5;
 }
 
 macro_rules! byte_valued {
@@ -142,6 +145,8 @@ pub mod op {
     pub const RESET: u32 = 28;
     /// Binds a type 1 memory window (`ibv_bind_mw`) outside any send queue.
     pub const BIND_MW: u32 = 29;
+    /// The GIDs the transport can send from (caps GID_SOURCES).
+    pub const QUERY_GID_SOURCES: u32 = 30;
 }
 
 /// Response status codes.
@@ -167,6 +172,8 @@ pub enum Status {
     BadAddress = 8,
     /// The request itself is malformed (too short, non-zero flags, no room for the response).
     BadRequest = 9,
+    /// EADDRNOTAVAIL: ADD_GID of a GID the transport cannot send from.
+    AddressNotAvailable = 10,
 }
 
 impl Status {
@@ -183,6 +190,7 @@ impl Status {
             7 => Unsupported,
             8 => BadAddress,
             9 => BadRequest,
+            10 => AddressNotAvailable,
             _ => return None,
         })
     }
@@ -498,6 +506,18 @@ pub struct CmdAddGid {
     pub gid: [u8; 16],
 }
 
+/// Most GIDs QUERY_GID_SOURCES returns.
+pub const MAX_GID_SOURCES: usize = 4;
+
+/// QUERY_GID_SOURCES response: the GIDs (IPv4-mapped for IPv4) the transport sends from.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RespGidSources {
+    pub count: u32,
+    pub reserved: u32,
+    pub gids: [[u8; 16]; MAX_GID_SOURCES],
+}
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CmdMcast {
@@ -690,6 +710,7 @@ pub struct UverbsWc {
 pub const CQE_SIZE: usize = 48;
 
 byte_valued! {
+    RespGidSources = 72,
     ConfigSpace = 128,
     CtrlHdr = 16,
     RespHdr = 16,

@@ -114,7 +114,13 @@ pub fn start_backend(config: Config) -> Result<(), Error> {
         if shared.shutdown.load(Ordering::SeqCst) {
             break Ok(());
         }
-        let model = Arc::new(Mutex::new(Model::new(config.model.clone())));
+        let mut m = Model::new(config.model.clone());
+        m.set_source_gids(vec![shared
+            .transport
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .gid()]);
+        let model = Arc::new(Mutex::new(m));
         let backend = Arc::new(VhuRdma::new(model.clone(), shared.transport.clone())?);
         let mut daemon = VhostUserDaemon::new(
             "vhost-user-rdma".into(),

@@ -129,6 +129,8 @@ pub struct Model {
     /// QPs with send WQEs in the engine: their SQ consumer index follows completions.
     sq_active: BTreeSet<u32>,
     pub stats: ModelStats,
+    /// GIDs the transport can send from; ADD_GID refuses others. Empty: no restriction.
+    source_gids: Vec<Gid>,
     slot: Vec<u8>,
     /// Scratch list of object numbers (no allocation per pass).
     scratch: Vec<u32>,
@@ -166,6 +168,7 @@ pub fn resp_size(opcode: u32) -> usize {
         op::REG_USER_MR | op::REG_DMA_MR | op::ALLOC_MR => size_of::<abi::RespMr>(),
         op::ALLOC_MW | op::BIND_MW => size_of::<abi::RespMr>(),
         op::CREATE_AH => size_of::<abi::Handle>(),
+        op::QUERY_GID_SOURCES => size_of::<abi::RespGidSources>(),
         _ => 0,
     }
 }
@@ -263,6 +266,7 @@ impl Model {
             sq_backlog: BTreeSet::new(),
             sq_active: BTreeSet::new(),
             stats: ModelStats::default(),
+            source_gids: Vec::new(),
             slot: Vec::new(),
             scratch: Vec::new(),
         }
@@ -290,6 +294,13 @@ impl Model {
         v
     }
 
+    /// The GIDs the transport sends from (the udp transport: its bound address). From then
+    /// on ADD_GID takes only these, and QUERY_GID_SOURCES lists them.
+    pub fn set_source_gids(&mut self, gids: Vec<Gid>) {
+        self.source_gids = gids;
+        self.source_gids.truncate(abi::MAX_GID_SOURCES);
+    }
+
     pub fn config_space(&self) -> abi::ConfigSpace {
         let c = &self.cfg.dev;
         abi::ConfigSpace {
@@ -298,7 +309,12 @@ impl Model {
                 | abi::caps::MULTI_LEVEL_PAGE_LIST
                 | abi::caps::FAST_REG
                 | abi::caps::MEM_WINDOW
-                | abi::caps::SRQ,
+                | abi::caps::SRQ
+                | if self.source_gids.is_empty() {
+                    0
+                } else {
+                    abi::caps::GID_SOURCES
+                },
             mac: c.mac,
             reserved0: 0,
             netdev_mtu: self.cfg.netdev_mtu,
@@ -389,6 +405,19 @@ impl Model {
     fn exec(&mut self, mem: &GuestMemoryMmap, opcode: u32, b: &[u8]) -> CmdResult {
         match opcode {
             op::QUERY_DEVICE => body(self.config_space()),
+            op::QUERY_GID_SOURCES => {
+                if self.source_gids.is_empty() {
+                    return Err(Status::Unsupported);
+                }
+                let mut r = abi::RespGidSources {
+                    count: self.source_gids.len() as u32,
+                    ..Default::default()
+                };
+                for (d, g) in r.gids.iter_mut().zip(&self.source_gids) {
+                    *d = g.0;
+                }
+                body(r)
+            }
             op::QUERY_PORT => {
                 let c: abi::CmdQueryPort = cmd(b)?;
                 if c.port_num != 1 {
@@ -585,6 +614,11 @@ impl Model {
                 let g = Gid(c.gid);
                 if g.is_multicast() || c.gid == [0; 16] {
                     return Err(Status::Invalid);
+                }
+                // A GID the transport cannot send from would make a QP that names it send
+                // from another address, which its peer drops.
+                if !self.source_gids.is_empty() && !self.source_gids.contains(&g) {
+                    return Err(Status::AddressNotAvailable);
                 }
                 self.dev.add_gid(c.index, g).map_err(verr)?;
                 Ok(Vec::new())

@@ -152,6 +152,8 @@ for t in "${tools[@]}"; do
         grep -q 'link_layer:.*Ethernet' /tmp/devinfo || rc=1
         grep -qE 'max_qp:[[:space:]]+[1-9]' /tmp/devinfo || rc=1
         report devinfo $rc "$(grep -E 'state:|active_mtu|max_qp:|max_cqe:|max_mr_size' /tmp/devinfo | tr -s ' \t' ' ' | tr '\n' ';')"
+        echo "DV gids: $(grep -E 'GID\[' /tmp/devinfo | tr -s ' \t' ' ' | tr '\n' ';')"
+        echo "DV driver: $(dmesg | grep -E 'virtio_rdma.*(sends from|paired)|GID add failed' | sed 's/^\[[^]]*\] //' | tr '\n' ';')"
         ;;
     rc) pair rc 60 ibv_rc_pingpong -d "$dev" -g "$gid" -n "$iters" $(chk ibv_rc_pingpong) -- ;;
     rc_events) pair rc_events 60 ibv_rc_pingpong -d "$dev" -g "$gid" -n "$iters" -e $(chk ibv_rc_pingpong) -- ;;

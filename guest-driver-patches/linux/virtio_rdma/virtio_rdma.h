@@ -30,6 +30,8 @@ struct vrdma_dev {
 	/* the config space as read at probe (little-endian fields) */
 	struct vrdma_config cfg;
 	u8 mac[ETH_ALEN];
+	/* the GIDs the device's transport sends from (QUERY_GID_SOURCES) */
+	struct vrdma_resp_gid_sources sources;
 	/* what query_device answers (ib_core zeroes dev->ib.attrs before asking) */
 	struct ib_device_attr attrs;
 

@@ -31,6 +31,7 @@ enum {
 #define VRDMA_CAP_FAST_REG		(1U << 2)
 #define VRDMA_CAP_MEM_WINDOW		(1U << 3)
 #define VRDMA_CAP_SRQ			(1U << 4)
+#define VRDMA_CAP_GID_SOURCES		(1U << 5)
 
 struct vrdma_config {
 	__le32 version;
@@ -108,6 +109,7 @@ enum vrdma_opcode {
 	VRDMA_CMD_DETACH_MCAST = 27,
 	VRDMA_CMD_RESET = 28,
 	VRDMA_CMD_BIND_MW = 29,
+	VRDMA_CMD_QUERY_GID_SOURCES = 30,
 };
 
 enum vrdma_status {
@@ -121,6 +123,7 @@ enum vrdma_status {
 	VRDMA_UNSUPPORTED = 7,
 	VRDMA_BAD_ADDRESS = 8,
 	VRDMA_BAD_REQUEST = 9,
+	VRDMA_ADDRESS_NOT_AVAILABLE = 10,
 };
 
 struct vrdma_handle {
@@ -332,6 +335,14 @@ struct vrdma_cmd_add_gid {
 	u8 gid[16];
 };
 
+#define VRDMA_MAX_GID_SOURCES 4
+
+struct vrdma_resp_gid_sources {
+	__le32 count;
+	__le32 reserved;
+	u8 gids[VRDMA_MAX_GID_SOURCES][16];
+};
+
 struct vrdma_cmd_mcast {
 	__le32 qpn;
 	__le32 reserved;
@@ -410,6 +421,7 @@ static inline void vrdma_abi_check(void)
 	BUILD_BUG_ON(sizeof(struct vrdma_cmd_add_gid) != 24);
 	BUILD_BUG_ON(sizeof(struct vrdma_doorbell) != 16);
 	BUILD_BUG_ON(sizeof(struct vrdma_event) != 16);
+	BUILD_BUG_ON(sizeof(struct vrdma_resp_gid_sources) != 72);
 }
 
 #endif

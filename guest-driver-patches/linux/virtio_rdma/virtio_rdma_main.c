@@ -38,6 +38,8 @@ static int status_to_errno(u32 status)
 		return -EOPNOTSUPP;
 	case VRDMA_BAD_ADDRESS:
 		return -EFAULT;
+	case VRDMA_ADDRESS_NOT_AVAILABLE:
+		return -EADDRNOTAVAIL;
 	case VRDMA_INVALID:
 	case VRDMA_BAD_STATE:
 	case VRDMA_BAD_REQUEST:
@@ -516,6 +518,17 @@ static int vrdma_probe(struct virtio_device *vdev)
 	if (err)
 		goto err_reset;
 
+	if (le32_to_cpu(dev->cfg.caps) & VRDMA_CAP_GID_SOURCES) {
+		err = vrdma_cmd(dev, VRDMA_CMD_QUERY_GID_SOURCES, NULL, 0, &dev->sources,
+				sizeof(dev->sources));
+		if (err)
+			memset(&dev->sources, 0, sizeof(dev->sources));
+		for (i = 0; i < min_t(u32, le32_to_cpu(dev->sources.count),
+				      VRDMA_MAX_GID_SOURCES); i++)
+			dev_info(&vdev->dev,
+				 "the device sends from %pI6c: only that GID of the paired netdev works\n",
+				 dev->sources.gids[i]);
+	}
 	vrdma_init_attrs(dev);
 	ib_set_device_ops(&dev->ib, &vrdma_dev_ops);
 	dev->ib.node_type = RDMA_NODE_IB_CA;

@@ -207,6 +207,32 @@ fn status(g: &mut Guest, opcode: u32, body: &[u8]) -> Status {
     }
 }
 
+/// The udp transport sends from its bound address only: QUERY_GID_SOURCES says which, and
+/// ADD_GID refuses any other GID (a QP naming it would send from the wrong address) with a
+/// status of its own; the config space announces both.
+#[test]
+fn gid_sources_are_the_bound_address_and_other_gids_are_refused() {
+    let (aa, _) = loopback_pair(4791);
+    let d = Daemon::spawn(bin(), aa, &[]).unwrap();
+    let mut g = Guest::connect(&d.socket, GuestOpts::default()).unwrap();
+    assert_ne!(g.config.caps & abi::caps::GID_SOURCES, 0);
+    let b = g.cmd(op::QUERY_GID_SOURCES, &[]).unwrap();
+    let r: abi::RespGidSources = abi::read_struct(&b).unwrap();
+    let bound = rxe_core::Gid::from_ip(aa.ip());
+    assert_eq!((r.count, r.gids[0]), (1, bound.0));
+    let link_local = rxe_core::Gid(
+        "fe80::5054:ff:fe77:2"
+            .parse::<std::net::Ipv6Addr>()
+            .unwrap()
+            .octets(),
+    );
+    assert!(matches!(
+        g.add_gid(0, link_local),
+        Err(Error::Status(Status::AddressNotAvailable))
+    ));
+    g.add_gid(1, bound).unwrap();
+}
+
 #[test]
 fn malicious_guest_gets_errors_and_the_daemon_survives() {
     let (aa, _) = loopback_pair(4791);
