@@ -87,6 +87,13 @@ pub(crate) fn handle_response(
         return Err(Drop::WrongQpState);
     }
     let psn = Psn::new(pkt.bth().psn());
+    if !psn.before(q.req.max_psn) {
+        // A ghost: it answers a PSN never sent (forged, or a peer that lost track). IBTA
+        // drops it silently; acting on it would complete as successful work the peer never
+        // saw and move the completer past everything the peer will really acknowledge.
+        q.counters.ghost_responses += 1;
+        return Err(Drop::Ghost);
+    }
     let op = pkt.opcode();
     let aeth = pkt.aeth();
     let flags = pkt.flags();

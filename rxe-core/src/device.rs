@@ -152,6 +152,8 @@ pub enum Drop {
     Duplicate,
     OutOfSequence,
     Unexpected,
+    /// A response whose PSN the requester never sent (IBTA's "ghost" response).
+    Ghost,
 }
 
 pub(crate) struct Resources {

@@ -174,6 +174,9 @@ pub struct QpCounters {
     pub duplicates: u64,
     pub dropped: u64,
     pub errors: u64,
+    /// Responses (ACK, NAK, READ response, atomic ACK) dropped because their PSN is not
+    /// before the next PSN the requester would send: they answer something never sent.
+    pub ghost_responses: u64,
 }
 
 #[derive(Debug)]
