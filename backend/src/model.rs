@@ -1328,6 +1328,11 @@ impl Model {
         }
     }
 
+    /// The guest's objects are gone (a reconnect lost the device's state): DEVICE_FATAL.
+    pub fn device_fatal(&mut self) {
+        self.push_event(abi::event::KIND_ASYNC, abi::event::DEVICE_FATAL, 0);
+    }
+
     fn push_event(&mut self, kind: u32, event: u32, object: u32) {
         let e = abi::Event {
             kind,

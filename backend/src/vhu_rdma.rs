@@ -115,6 +115,8 @@ pub struct VhuRdma {
     transport: Arc<Mutex<UdpTransport>>,
     mem: Mutex<Option<GM>>,
     event_idx: AtomicBool,
+    /// Whether this connection was checked for a guest that used an earlier device instance.
+    state_checked: AtomicBool,
     timer: Timer,
     /// Exit-event consumer fds handed to vhost-user-backend, which registers them in its
     /// epoll with `into_raw_fd()` and never closes them; closed in [`Self::close_exit_fds`]
@@ -134,6 +136,7 @@ impl VhuRdma {
             transport,
             mem: Mutex::new(None),
             event_idx: AtomicBool::new(false),
+            state_checked: AtomicBool::new(false),
             timer: Timer::new()?,
             exit_fds: Mutex::new(Vec::new()),
         })
@@ -367,6 +370,19 @@ impl VhostUserBackend for VhuRdma {
             return Ok(());
         };
         let mut model = lock(&self.model);
+        if device_event <= VQ_EVENT && !self.state_checked.swap(true, Ordering::Relaxed) {
+            // The first kick of this connection. A control queue that does not start at 0 is
+            // a running guest reconnecting (the VMM restores the ring positions): everything
+            // it created lives in a device instance that is gone. Say so (DEVICE_FATAL) rather
+            // than let its QPs stop without a word.
+            let base = vrings[VQ_CTRL as usize].get_mut().get_queue().next_avail();
+            if base != 0 {
+                log::warn!(
+                    "frontend reconnected with control queue at {base}: device state was lost"
+                );
+                model.device_fatal();
+            }
+        }
         match device_event {
             VQ_CTRL => {
                 self.process_queue(&vrings[VQ_CTRL as usize], &mem, |g, req, wr| {

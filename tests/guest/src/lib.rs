@@ -354,6 +354,15 @@ impl Virtq {
         })
     }
 
+    /// Puts the rings at position `base` (avail and used idx), as a VMM restoring a running
+    /// guest's queues does.
+    fn start_at(&mut self, base: u16) {
+        self.avail_idx = base;
+        self.last_used = base;
+        self.ram.write(self.avail + 2, &base.to_le_bytes());
+        self.ram.write(self.used + 2, &base.to_le_bytes());
+    }
+
     fn config(&self) -> VringConfigData {
         let va = |g| self.ram.ptr(g, 1) as u64;
         VringConfigData {
@@ -604,6 +613,9 @@ pub struct GuestOpts {
     pub queue_size: u16,
     pub event_idx: bool,
     pub event_bufs: u16,
+    /// Ring position every virtqueue starts at (SET_VRING_BASE, avail and used idx): non-zero
+    /// plays a VMM reconnecting a running guest to a restarted daemon.
+    pub vring_base: u16,
 }
 
 impl Default for GuestOpts {
@@ -613,6 +625,7 @@ impl Default for GuestOpts {
             queue_size: 256,
             event_idx: true,
             event_bufs: 64,
+            vring_base: 0,
         }
     }
 }
@@ -681,10 +694,11 @@ impl Guest {
         fe.set_mem_table(&[region])?;
         let mut qs = Vec::new();
         for i in 0..abi::NUM_QUEUES {
-            let q = Virtq::new(&ram, opts.queue_size, event_idx)?;
+            let mut q = Virtq::new(&ram, opts.queue_size, event_idx)?;
+            q.start_at(opts.vring_base);
             fe.set_vring_num(i, q.size)?;
             fe.set_vring_addr(i, &q.config())?;
-            fe.set_vring_base(i, 0)?;
+            fe.set_vring_base(i, opts.vring_base)?;
             fe.set_vring_call(i, &q.call)?;
             fe.set_vring_kick(i, &q.kick)?;
             fe.set_vring_enable(i, true)?;

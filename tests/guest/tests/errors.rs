@@ -207,6 +207,33 @@ fn status(g: &mut Guest, opcode: u32, body: &[u8]) -> Status {
     }
 }
 
+/// A VMM that reconnects a running guest to a restarted daemon restores the ring positions;
+/// the guest's objects are gone, and the device says so with DEVICE_FATAL instead of letting
+/// its QPs stop silently. A fresh guest (rings at 0) gets no such event.
+#[test]
+fn reconnect_that_lost_state_raises_device_fatal() {
+    let (aa, _) = loopback_pair(4791);
+    let d = Daemon::spawn(bin(), aa, &[]).unwrap();
+    let fatal =
+        |e: &abi::Event| e.kind == abi::event::KIND_ASYNC && e.event == abi::event::DEVICE_FATAL;
+    {
+        let mut g = Guest::connect(&d.socket, GuestOpts::default()).unwrap();
+        g.alloc_pd().unwrap();
+        assert!(g.wait_event(Duration::from_millis(300), fatal).is_none());
+    }
+    let opts = GuestOpts {
+        vring_base: 7,
+        ..Default::default()
+    };
+    let mut g = Guest::connect(&d.socket, opts).unwrap();
+    g.alloc_pd().unwrap();
+    let e = g.wait_event(Duration::from_secs(5), fatal);
+    assert!(
+        e.is_some(),
+        "no DEVICE_FATAL after a reconnect at ring position 7"
+    );
+}
+
 /// The udp transport sends from its bound address only: QUERY_GID_SOURCES says which, and
 /// ADD_GID refuses any other GID (a QP naming it would send from the wrong address) with a
 /// status of its own; the config space announces both.
