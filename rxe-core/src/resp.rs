@@ -366,6 +366,16 @@ fn execute(
     if !allowed {
         return inv(WcStatus::RemInvReqErr);
     }
+    // The receive WQE of a SEND is taken before its length is checked, as rxe does
+    // (`check_resource()` before `check_length()`): no WQE is an RNR NAK whatever the packet
+    // holds, and a malformed first packet consumes the WQE, which then completes with the
+    // error (REM_INV_REQ_ERR for a bad length) instead of being flushed without a reason.
+    if f.contains(OpFlags::SEND) && f.contains(OpFlags::FIRST) {
+        let Some(w) = take_recv(q, res) else {
+            return Exec::Rnr;
+        };
+        q.resp.in_msg = Some(InMsg::Send { wqe: w, offset: 0 });
+    }
     let mtu = q.mtu() as usize;
     let payload = pkt.payload();
     let plen = payload.len();
@@ -396,12 +406,6 @@ fn execute(
     let qpn = q.qpn.0;
 
     if f.contains(OpFlags::SEND) {
-        if f.contains(OpFlags::FIRST) {
-            let Some(w) = take_recv(q, res) else {
-                return Exec::Rnr;
-            };
-            q.resp.in_msg = Some(InMsg::Send { wqe: w, offset: 0 });
-        }
         let Some(InMsg::Send { wqe, offset }) = q.resp.in_msg.as_mut() else {
             return inv(WcStatus::RemInvReqErr);
         };
