@@ -244,6 +244,11 @@ PY
     *) echo "DV unknown tool $t"; fail=1 ;;
     esac
 done
+# Let the host read the daemon's counters while this guest is still connected (every tool
+# has exited: only the kernel's own objects, QP1 and its CQ, may remain).
+touch /vur/tools-done
+for _ in $(seq 300); do [[ -f /vur/counters-read ]] && break; sleep 0.1; done
+[[ -f /vur/counters-read ]] || echo "DV note: the host did not read the counters within 30 s"
 if ((fail)); then
     echo "== dmesg (virtio_rdma, infiniband)"
     dmesg | grep -iE 'virtio_rdma|vrdma|infiniband|ib_|rdma' | tail -40
@@ -255,6 +260,18 @@ rxe_opt=(--no-rxe)
 [[ " ${tools[*]} " != *" compare "* ]] || rxe_opt=()
 log "booting guest (qemu $qemu, image $images)"
 vm_rc=0
+counters() { # one JSON object from the daemon's counters socket
+    python3 -c 'import socket,sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+print(b"".join(iter(lambda: s.recv(65536), b"")).decode())' "$work/counters.sock"
+}
+(
+    for _ in $(seq 9000); do [[ -f $work/tools-done ]] && break; sleep 0.1; done
+    [[ -f $work/tools-done ]] && counters >"$work/counters.json" 2>&1
+    touch "$work/counters-read"
+) &
+watcher=$!
 "$here/run-vm.sh" --name dv --qemu "$qemu" --images "$images" --rdma-sock "$work/rdma.sock" \
     --nic-no-peer --mac "$mac" --ip "$addr/24" "${rxe_opt[@]}" --shared "$work" --smp "${VUR_DEVICE_SMP:-2}" \
     --scenario "$work/device-guest.sh" --timeout 900 ${VUR_DRIVER_PARAMS:+--env "VUR_DRIVER_PARAMS=$VUR_DRIVER_PARAMS"} || vm_rc=$?
@@ -262,13 +279,25 @@ vm_rc=0
 tr -d '\r' <"$work/dv.console.log" |
     grep -a -E '^DV|^\[vur-init|usec/iter|t_avg|BW average|^ *[0-9]+ +[0-9]+ +[0-9.]+' || true
 grep -a '^DV-CMP' "$work/dv.console.log" | tr -d '\r' >"$work/compare.txt" || true
-if command -v socat >/dev/null && [[ -S $work/counters.sock ]]; then
-    log "daemon counters: $(socat - "UNIX-CONNECT:$work/counters.sock" 2>/dev/null | head -c 600)"
+kill "$watcher" 2>/dev/null || true
+wait "$watcher" 2>/dev/null || true
+leak=0
+if [[ -s $work/counters.json ]]; then
+    objs=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); o=d.get("objects",{}); print(o.get("qps",-1), o.get("cqs",-1), o.get("srqs",-1)); print(json.dumps(d.get("device",{})), file=sys.stderr)' "$work/counters.json" 2>"$work/device-counters.txt") || objs=''
+    log "daemon objects after the tools (qps cqs srqs): ${objs:-unreadable}; device: $(cat "$work/device-counters.txt")"
+    # What may stay: the kernel's QP1 and its CQ (ib_mad).
+    read -r nqp ncq nsrq <<<"${objs:-9 9 9}"
+    if ((nqp > 1 || ncq > 1 || nsrq > 0)); then
+        log "FAIL: objects left in the device after every tool exited"
+        leak=1
+    fi
+else
+    log "note: no counters read (the guest did not reach the end of its tools)"
 fi
 if ! kill -0 "$dpid" 2>/dev/null; then
     log "FAIL: the daemon died"; tail -20 "$work/daemon.log"; exit 1
 fi
-if ((vm_rc == 0)); then
+if ((vm_rc == 0 && leak == 0)); then
     log "PASS (${tools[*]}) in $((SECONDS - t_start)) s"
 else
     log "FAIL: guest rc=$vm_rc (console: $work/dv.console.log, daemon: $work/daemon.log)"
