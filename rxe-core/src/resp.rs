@@ -699,7 +699,11 @@ fn duplicate(q: &mut Qp, _res: &mut Resources, pkt: &Packet<&[u8]>) -> Result<()
                     rkey,
                     len: l as u32,
                     offset: 0,
-                    first: true,
+                    // As rxe (`duplicate_request()`: `rdatm_res_state_replay` unless the PSN
+                    // is the READ's first): a replay from inside the message continues it
+                    // with MIDDLE … LAST (LAST alone for its last packet), one from its start
+                    // begins with FIRST (or ONLY).
+                    first: psn == first_psn,
                 })
         }
         Resource::Atomic { psn: p, orig } if p == psn && f.contains(OpFlags::ATOMIC) => {
