@@ -29,7 +29,7 @@ installed() { # pkg -> 0 when dpkg says "install ok installed"
 }
 
 # Packages from the host's own suite (bookworm).
-base_pkgs=(debootstrap zstd cpio xz-utils iproute2 iputils-ping tshark python3-scapy procps)
+base_pkgs=(debootstrap zstd cpio xz-utils iproute2 iputils-ping tshark python3-scapy procps clang)
 # Packages taken from bookworm-backports.
 bpo_pkgs=(qemu-system-x86 qemu-utils)
 

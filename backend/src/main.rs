@@ -1,10 +1,17 @@
-//! `vhost-user-rdma`: parse the command line, validate it, serve.
+//! `vhost-user-rdma`: parse the command line, validate it, serve. `vhost-user-rdma tap ...`
+//! runs the eBPF RoCEv2 tap instead (vur-tap, docs/tap.md).
+
+use std::process::ExitCode;
 
 use clap::Parser;
 use vhost_user_rdma::config::{Args, Config};
 
-fn main() {
+fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    if std::env::args_os().nth(1).is_some_and(|a| a == "tap") {
+        let args = std::iter::once("vhost-user-rdma tap".into()).chain(std::env::args_os().skip(2));
+        return vur_tap::cli::main_with_args(args);
+    }
     let config = match Config::try_from(Args::parse()) {
         Ok(c) => c,
         Err(e) => {
@@ -16,4 +23,5 @@ fn main() {
         eprintln!("vhost-user-rdma: {e}");
         std::process::exit(1);
     }
+    ExitCode::SUCCESS
 }
