@@ -1,0 +1,260 @@
+#!/usr/bin/env bash
+# The eBPF tcx tap (vhost-user-rdma tap, docs/tap.md) on a veth pair between two network
+# namespaces, with two rxe-peer engines talking RoCEv2 across it (no VM needed):
+#   1. RC, unfiltered, pcapng: every frame decodes as RoCE (tshark), egress frames = what the
+#      local peer sent, ingress frames = what the remote peer sent, the expected opcodes appear,
+#      every ICRC is right (tests/vm/icrc-check.py, full snap length), and both peers exit 0
+#      with every buffer verified (the tap does not disturb traffic).
+#   2. UD, pcap, plus a live tap (--write - | tshark -r -) with --opcode ud --count.
+#   3. In-kernel filters, four taps on the same interface at once (tcx multi-program): --qpn of
+#      the RC QP, --qpn and --ip of crafted RoCE frames to an address nobody listens on, and
+#      --opcode ack; each capture holds exactly the frames it should.
+#   4. Bad input (unknown interface, bad QPN, bad opcode class) exits 2.
+#
+#   sudo tests/vm/tap.test.sh
+#
+# Runs in a network namespace of its own (tests/vm/net.sh exec) and makes a second one for the
+# far end of the veth; the 10.77.9.0/24 addresses exist only there. Prints "SKIP: <reason>"
+# and exits 77 without root, clang, tshark or python3 (a failure under CI=true).
+# Env: VUR_TAP_ITERS (RC messages, default 300), VUR_TAP_KEEP=1 keeps the captures,
+# VUR_TAP_PROFILE=debug uses the debug binaries (default release, as tests/run.sh builds).
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+iters=${VUR_TAP_ITERS:-300}
+profile=${VUR_TAP_PROFILE:-release}
+
+log() { printf '[tap %s] %s\n' "$(date +%T)" "$*"; }
+fail() { printf '[tap %s] FAIL: %s\n' "$(date +%T)" "$*"; exit 1; }
+# shellcheck source=tests/vm/lib.sh
+. "$here/lib.sh"
+[[ $(id -u) -eq 0 ]] || vm_missing "tap: needs root (network namespaces, eBPF tcx)"
+for c in ip clang tshark /usr/bin/python3; do
+    command -v "$c" >/dev/null || vm_missing "tap: $c not installed (images/host-setup.sh)"
+done
+if ! vm_in_netns; then
+    t=$SECONDS
+    flag=--release
+    [[ $profile == debug ]] && flag=
+    log "building vhost-user-rdma and rxe-peer ($profile)"
+    # shellcheck disable=SC2086 # $flag is empty or one word
+    (cd "$repo" && cargo build -q $flag -p vhost-user-rdma -p vur-interop --bins)
+    log "built in $((SECONDS - t)) s"
+fi
+vm_netns tap "$@"
+
+bin=$repo/target/$profile/vhost-user-rdma
+peer=$repo/target/$profile/rxe-peer
+[[ -x $bin && -x $peer ]] || fail "$bin or $peer not built"
+t_start=$SECONDS
+work=$(mktemp -d "${TMPDIR:-/tmp}/vur-tap.XXXXXX")
+far=vur-tapfar-$$
+pids=()
+cleanup() {
+    local p
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in $(ip netns pids "$far" 2>/dev/null); do kill -9 "$p" 2>/dev/null || true; done
+    ip netns del "$far" 2>/dev/null || true
+    if [[ ${VUR_TAP_KEEP:-} == 1 ]]; then log "captures kept in $work"; else rm -rf "$work"; fi
+}
+trap cleanup EXIT
+
+log "namespace $VUR_NETNS: veth vtapA 10.77.9.1/24 <-> vtapB 10.77.9.2/24 (+ .3) in $far"
+ip netns add "$far"
+ip -n "$far" link set lo up
+ip link add vtapA type veth peer name vtapB netns "$far"
+ip addr add 10.77.9.1/24 dev vtapA
+ip -n "$far" addr add 10.77.9.2/24 dev vtapB
+ip -n "$far" addr add 10.77.9.3/24 dev vtapB
+ip link set vtapA up
+ip -n "$far" link set vtapB up
+
+# start_tap NAME ARGS...: the tap on vtapA in the background, its stderr in $work/NAME.err;
+# returns once it says it is attached (at most 20 s). Sets $tap_pid.
+start_tap() {
+    local name=$1 i
+    shift
+    "$bin" tap --iface vtapA "$@" 2>"$work/$name.err" &
+    tap_pid=$!
+    pids+=("$tap_pid")
+    for i in $(seq 200); do
+        grep -q '^tap: attached' "$work/$name.err" && return 0
+        kill -0 "$tap_pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    cat "$work/$name.err"
+    fail "tap $name did not attach within 20 s"
+}
+
+# stop_tap PID NAME: SIGINT, then at most 10 s for it to drain and exit 0.
+stop_tap() {
+    local pid=$1 name=$2 i rc=0
+    kill -INT "$pid"
+    for i in $(seq 100); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    kill -0 "$pid" 2>/dev/null && { kill -9 "$pid"; fail "tap $name still running 10 s after SIGINT"; }
+    wait "$pid" || rc=$?
+    ((rc == 0)) || { cat "$work/$name.err"; fail "tap $name exited $rc"; }
+    grep '^tap: done' "$work/$name.err" | sed "s/^/  [$name] /"
+    grep -q ' 0 lost to a full ring buffer' "$work/$name.err" || fail "tap $name lost frames to a full ring"
+}
+
+# run_pair NAME KIND ARGS...: rxe-peer server in $far, client here, both must exit 0 with every
+# buffer verified and the run complete. Sets $sent_a / $sent_b (packets each side sent).
+run_pair() {
+    local name=$1 kind=$2 spid rc=0 f
+    shift 2
+    ip netns exec "$far" timeout 120 "$peer" --local-ip 10.77.9.2 "$kind" --peer-is-rxe-peer "$@" \
+        >"$work/$name.server" 2>&1 &
+    spid=$!
+    timeout 120 "$peer" --local-ip 10.77.9.1 "$kind" --server 10.77.9.2 --peer-is-rxe-peer "$@" \
+        >"$work/$name.client" 2>&1 || rc=$?
+    wait "$spid" || rc=$((rc ? rc : $?))
+    for f in client server; do
+        if ((rc != 0)) || ! grep -q '^end: complete' "$work/$name.$f"; then
+            cat "$work/$name.client" "$work/$name.server"
+            fail "$name: rxe-peer did not finish cleanly (rc $rc)"
+        fi
+        grep -E '^verified|^counters' "$work/$name.$f" | sed "s/^/  [$name $f] /"
+    done
+    sent_a=$(sed -n 's/.*; \([0-9]*\) packets sent.*/\1/p' "$work/$name.client")
+    sent_b=$(sed -n 's/.*; \([0-9]*\) packets sent.*/\1/p' "$work/$name.server")
+    [[ -n $sent_a && -n $sent_b ]] || fail "$name: no packet counts in rxe-peer's output"
+    # The last frames are on the wire when the peers exit: give the far end's softirq a moment.
+    sleep 0.5
+}
+
+# fields FILE [-Y FILTER] FIELDS...: tshark's field output, one line per frame.
+fields() {
+    local f=$1 x args=()
+    shift
+    if [[ ${1:-} == -Y ]]; then args=(-Y "$2"); shift 2; fi
+    for x in "$@"; do args+=(-e "$x"); done
+    tshark -n -r "$f" -T fields "${args[@]}" 2>/dev/null
+}
+count() { fields "$@" frame.number | wc -l; }
+
+# check_roce FILE: every frame decodes as RoCE, none malformed, every ICRC right.
+check_roce() {
+    local f=$1 total roce bad pcap
+    total=$(count "$f")
+    roce=$(count "$f" -Y infiniband)
+    bad=$(count "$f" -Y '_ws.malformed')
+    log "  $(basename "$f"): $total frames, $roce decode as RoCE (infiniband), $bad malformed"
+    ((total > 0 && roce == total && bad == 0)) || fail "$f: not every frame is well-formed RoCE"
+    pcap=$f
+    if [[ $f == *.pcapng ]]; then
+        pcap=${f%.pcapng}.pcap
+        tshark -r "$f" -w "$pcap" -F pcap 2>/dev/null || fail "tshark could not convert $f to pcap"
+    fi
+    if ! /usr/bin/python3 "$here/icrc-check.py" "$pcap" --expect-src 10.77.9.1 --expect-src 10.77.9.2 \
+        >"$pcap.icrc" 2>&1; then
+        sed 's/^/  [icrc] /' "$pcap.icrc"
+        fail "$f: ICRC check failed"
+    fi
+    sed 's/^/  [icrc] /' "$pcap.icrc"
+}
+
+# --- 1. RC, unfiltered, pcapng -------------------------------------------------------------
+log "1. RC: $iters messages of 4096 B at path MTU 1024, tap unfiltered -> pcapng"
+start_tap rc --write "$work/rc.pcapng"
+rc_tap=$tap_pid
+t=$SECONDS
+run_pair rc rc -n "$iters" -s 4096 -m 1024
+log "  RC run: $((SECONDS - t)) s; client sent $sent_a packets, server sent $sent_b"
+stop_tap "$rc_tap" rc
+egress=$(count "$work/rc.pcapng" -Y 'frame.interface_id == 1')
+ingress=$(count "$work/rc.pcapng" -Y 'frame.interface_id == 0')
+log "  egress frames $egress (client sent $sent_a), ingress frames $ingress (server sent $sent_b)"
+((egress == sent_a && ingress == sent_b)) || fail "RC: frame counts differ from rxe-peer's"
+check_roce "$work/rc.pcapng"
+ops=$(fields "$work/rc.pcapng" infiniband.bth.opcode | sort -n | uniq -c | awk '{printf "%s:%s ", $2, $1}')
+log "  opcodes (opcode:frames): $ops"
+for op in 0 1 2 17; do # SEND_FIRST, SEND_MIDDLE, SEND_LAST, ACKNOWLEDGE
+    [[ " $ops" == *" $op:"* ]] || fail "RC: opcode $op missing"
+done
+sends=$(count "$work/rc.pcapng" -Y 'infiniband.bth.opcode == 2')
+((sends == 2 * iters)) || fail "RC: $sends SEND_LAST frames, want $((2 * iters))"
+grep -m2 -E '^tap: [0-9.]+s [0-9]+ frames \|' "$work/rc.err" | sed 's/^/  [summary] /'
+grep -qE 'RC_SEND_FIRST=[0-9]+ .*retransmits=0 naks=0 rnr_naks=0 cnps=0 ring_drops=0' "$work/rc.err" ||
+    fail "RC: no summary line with the counts"
+
+# --- 2. UD, pcap, plus a live tap ----------------------------------------------------------
+log "2. UD: 200 messages of 1024 B, tap unfiltered -> pcap, live tap --opcode ud --count 50 | tshark -r -"
+start_tap ud --write "$work/ud.pcap"
+ud_tap=$tap_pid
+"$bin" tap --iface vtapA --write - --opcode ud --count 50 --quiet 2>"$work/live.err" |
+    tshark -n -r - -T fields -e infiniband.bth.opcode >"$work/live.txt" 2>/dev/null &
+live_pid=$!
+pids+=("$live_pid")
+for _ in $(seq 200); do grep -q '^tap: attached' "$work/live.err" && break; sleep 0.1; done
+grep -q '^tap: attached' "$work/live.err" || fail "live tap did not attach within 20 s"
+run_pair ud ud -n 200 -s 1024 -m 1024
+stop_tap "$ud_tap" ud
+for _ in $(seq 100); do kill -0 "$live_pid" 2>/dev/null || break; sleep 0.1; done
+kill -0 "$live_pid" 2>/dev/null && fail "live tap | tshark still running 10 s after the run (--count 50)"
+wait "$live_pid" || fail "live tap | tshark failed: $(cat "$work/live.err")"
+total=$(count "$work/ud.pcap")
+log "  ud.pcap: $total frames (sent $sent_a + $sent_b); live: $(wc -l <"$work/live.txt") frames, opcodes $(sort -u "$work/live.txt" | tr '\n' ' ')"
+((total == sent_a + sent_b)) || fail "UD: frame count differs from rxe-peer's"
+check_roce "$work/ud.pcap"
+[[ $(fields "$work/ud.pcap" infiniband.bth.opcode | sort -u) == 100 ]] || fail "UD: opcodes other than UD SEND_ONLY (100)"
+[[ $(wc -l <"$work/live.txt") -eq 50 && $(sort -u "$work/live.txt") == 100 ]] || fail "live: want 50 UD SEND_ONLY frames"
+
+# --- 3. in-kernel filters, four taps at once -----------------------------------------------
+crafted=20
+log "3. filters: taps --qpn 0x11, --qpn 0xab, --ip 10.77.9.3, --opcode ack at once; $crafted crafted frames to QP 0xab at 10.77.9.3, then RC"
+start_tap q11 --write "$work/q11.pcap" --qpn 0x11
+q11=$tap_pid
+start_tap qab --write "$work/qab.pcap" --qpn 0xab
+qab=$tap_pid
+start_tap ip3 --write "$work/ip3.pcap" --ip 10.77.9.3
+ip3=$tap_pid
+start_tap ack --write "$work/ack.pcap" --opcode ack
+ack=$tap_pid
+# RC SEND_ONLY to QP 0xab, PSN i, at an address where no RoCE endpoint listens.
+/usr/bin/python3 - "$crafted" <<'EOF'
+import socket, struct, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("10.77.9.1", 0))
+for i in range(int(sys.argv[1])):
+    bth = struct.pack("!BBHI I", 0x04, 0x40, 0xFFFF, 0xAB, i)
+    s.sendto(bth + bytes(16) + b"\0\0\0\0", ("10.77.9.3", 4791))
+EOF
+run_pair filt rc -n 50 -s 4096 -m 1024
+for p in "$q11 q11" "$qab qab" "$ip3 ip3" "$ack ack"; do
+    # shellcheck disable=SC2086 # pid and name
+    stop_tap $p
+done
+n=$(count "$work/q11.pcap")
+other=$(count "$work/q11.pcap" -Y 'infiniband.bth.destqp != 0x11')
+log "  --qpn 0x11: $n frames (peers sent $((sent_a + sent_b))), $other to another QP"
+((n == sent_a + sent_b && other == 0)) || fail "--qpn 0x11 captured the wrong frames"
+check_roce "$work/q11.pcap"
+for f in qab ip3; do
+    n=$(count "$work/$f.pcap")
+    other=$(count "$work/$f.pcap" -Y 'infiniband.bth.destqp != 0xab || ip.dst != 10.77.9.3')
+    log "  $f: $n frames (crafted $crafted), $other others"
+    ((n == crafted && other == 0)) || fail "$f filter captured the wrong frames"
+done
+n=$(count "$work/ack.pcap")
+other=$(count "$work/ack.pcap" -Y 'infiniband.bth.opcode != 17')
+acks=$(count "$work/q11.pcap" -Y 'infiniband.bth.opcode == 17')
+log "  --opcode ack: $n frames (ACKs in the --qpn 0x11 capture: $acks), $other other opcodes"
+((n == acks && n > 0 && other == 0)) || fail "--opcode ack captured the wrong frames"
+
+# --- 4. bad input --------------------------------------------------------------------------
+log "4. bad input exits 2 with a message"
+for args in "--iface no-such-if0" "--iface vtapA --qpn 0x1000000" "--iface vtapA --opcode bogus" \
+    "--iface vtapA --snaplen 0" "--iface"; do
+    rc=0
+    # shellcheck disable=SC2086 # word-split on purpose
+    "$bin" tap $args >/dev/null 2>"$work/bad.err" || rc=$?
+    log "  tap $args -> rc $rc: $(grep -m1 -v '^$' "$work/bad.err")"
+    ((rc == 2)) || fail "tap $args: exit $rc, want 2"
+done
+
+log "PASS in $((SECONDS - t_start)) s"
