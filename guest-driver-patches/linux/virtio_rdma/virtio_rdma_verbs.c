@@ -1084,9 +1084,9 @@ static int vrdma_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *init,
 	u32 slots;
 	int err;
 
-	if (!udata)
+	if (!udata && !kernel_verbs)
 		return -EOPNOTSUPP;
-	if (udata->outlen < sizeof(uresp))
+	if (udata && udata->outlen < sizeof(uresp))
 		return -EINVAL;
 	if (init->srq_type != IB_SRQT_BASIC)
 		return -EOPNOTSUPP;
@@ -1094,7 +1094,7 @@ static int vrdma_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *init,
 	    init->attr.max_sge < 1 || init->attr.max_sge > a->max_srq_sge ||
 	    init->attr.srq_limit > init->attr.max_wr)
 		return -EINVAL;
-	srq->is_user = true;
+	srq->is_user = !!udata;
 	spin_lock_init(&srq->lock);
 	slots = roundup_pow_of_two(init->attr.max_wr + 1);
 	err = queue_alloc(&srq->q, slots, sizeof(struct rxe_recv_wqe) +
@@ -1117,12 +1117,14 @@ static int vrdma_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *init,
 	srq->max_sge = le32_to_cpu(r.max_sge);
 	init->attr.max_wr = srq->max_wr;
 	init->attr.max_sge = srq->max_sge;
-	err = queue_mmap(udata, &srq->q, &uresp.mi);
-	uresp.srq_num = srq->srqn;
-	if (!err)
-		err = ib_copy_to_udata(udata, &uresp, sizeof(uresp));
-	if (err)
-		goto err_destroy;
+	if (udata) {
+		err = queue_mmap(udata, &srq->q, &uresp.mi);
+		uresp.srq_num = srq->srqn;
+		if (!err)
+			err = ib_copy_to_udata(udata, &uresp, sizeof(uresp));
+		if (err)
+			goto err_destroy;
+	}
 	spin_lock_irqsave(&dev->ev_lock, flags);
 	err = xa_err(xa_store(&dev->srqs, srq->srqn, srq, GFP_ATOMIC));
 	spin_unlock_irqrestore(&dev->ev_lock, flags);
@@ -1191,8 +1193,51 @@ static int vrdma_destroy_srq(struct ib_srq *ibsrq, struct ib_udata *udata)
 static int vrdma_post_srq_recv(struct ib_srq *ibsrq, const struct ib_recv_wr *wr,
 			       const struct ib_recv_wr **bad_wr)
 {
-	*bad_wr = wr;
-	return -EOPNOTSUPP;
+	struct vrdma_srq *srq = container_of(ibsrq, struct vrdma_srq, ibsrq);
+	u32 prod = srq->q.buf->producer_index & (srq->q.num_slots - 1);
+	unsigned long flags;
+	int err = 0, i;
+
+	if (srq->is_user) {
+		*bad_wr = wr;
+		return -EINVAL;
+	}
+	spin_lock_irqsave(&srq->lock, flags);
+	for (; wr; wr = wr->next) {
+		struct rxe_recv_wqe *wqe;
+		u32 len = 0;
+
+		if (wr->num_sge > srq->max_sge) {
+			err = -EINVAL;
+			break;
+		}
+		if (ring_full(&srq->q, prod)) {
+			err = -ENOMEM;
+			break;
+		}
+		wqe = ring_slot(&srq->q, prod);
+		memset(wqe, 0, sizeof(*wqe));
+		wqe->wr_id = wr->wr_id;
+		for (i = 0; i < wr->num_sge; i++) {
+			/* an SRQ has no QP to name the PD's DMA lkey: take the SRQ's PD */
+			const struct ib_sge *sge = &wr->sg_list[i];
+
+			wqe->dma.sge[i].addr = sge->lkey == ibsrq->pd->local_dma_lkey ?
+				virt_to_phys((void *)(uintptr_t)sge->addr) : sge->addr;
+			wqe->dma.sge[i].length = sge->length;
+			wqe->dma.sge[i].lkey = sge->lkey;
+			len += sge->length;
+		}
+		wqe->dma.length = len;
+		wqe->dma.resid = len;
+		wqe->dma.num_sge = wr->num_sge;
+		prod = (prod + 1) & (srq->q.num_slots - 1);
+		smp_store_release(&srq->q.buf->producer_index, prod);
+	}
+	spin_unlock_irqrestore(&srq->lock, flags);
+	if (err)
+		*bad_wr = wr;
+	return err;
 }
 
 /* --- MR ------------------------------------------------------------------------------- */
