@@ -104,7 +104,7 @@ enum {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 4 << 20);
+	__uint(max_entries, 4 << 20); // user space sets the size (--ring-kib)
 } events SEC(".maps");
 
 struct {

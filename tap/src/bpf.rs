@@ -73,6 +73,9 @@ impl KernelConfig {
     }
 }
 
+/// Default ring buffer size (bytes).
+pub const DEFAULT_RING_BYTES: u32 = 4 << 20;
+
 /// Size of `struct tap_record`, which precedes the frame bytes in every ring buffer record.
 pub const RECORD_HEADER: usize = 24;
 
@@ -157,8 +160,15 @@ pub struct Tap {
 impl Tap {
     /// Loads the object, writes the filters, and attaches both programs with tcx to every
     /// interface in `ifaces` — last in the tcx chain, so programs already there run first.
-    pub fn attach(ifaces: &[String], cfg: &KernelConfig) -> Result<Self, BpfError> {
-        let mut ebpf = EbpfLoader::new().load(&OBJECT.0)?;
+    /// `ring_bytes`: size of the ring buffer (a power of two, at least a page).
+    pub fn attach(
+        ifaces: &[String],
+        cfg: &KernelConfig,
+        ring_bytes: u32,
+    ) -> Result<Self, BpfError> {
+        let mut ebpf = EbpfLoader::new()
+            .map_max_entries("events", ring_bytes)
+            .load(&OBJECT.0)?;
         {
             let map = ebpf
                 .map_mut("config")

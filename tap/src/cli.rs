@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use clap::{Parser, ValueEnum};
 use thiserror::Error;
 
-use crate::bpf::{Filter, KernelConfig, Record, Tap, MAX_SNAPLEN};
+use crate::bpf::{Filter, KernelConfig, Record, Tap, DEFAULT_RING_BYTES, MAX_SNAPLEN};
 use crate::pcap::{Format, Frame, Writer};
 use crate::roce::{parse_number, parse_opcode_classes, Summary};
 
@@ -51,6 +51,10 @@ pub struct TapArgs {
     /// Bytes of each frame to keep, from the Ethernet header (at most 9216).
     #[arg(long, default_value_t = MAX_SNAPLEN)]
     pub snaplen: u32,
+    /// Ring buffer size in KiB (a power of two, 4..=1048576); larger rides out longer stalls
+    /// of the reader.
+    #[arg(long, default_value_t = DEFAULT_RING_BYTES / 1024)]
+    pub ring_kib: u32,
     /// Stop after N frames.
     #[arg(long)]
     pub count: Option<u64>,
@@ -74,6 +78,8 @@ pub enum TapConfigError {
     Snaplen(u32),
     #[error("--duration {0}: want a positive number of seconds")]
     Duration(f64),
+    #[error("--ring-kib {0}: want a power of two from 4 to 1048576")]
+    RingKib(u32),
     #[error("--count 0: want at least 1")]
     Count,
 }
@@ -93,6 +99,7 @@ pub struct TapConfig {
     pub output: Output,
     pub filter: Filter,
     pub snaplen: u32,
+    pub ring_bytes: u32,
     pub count: Option<u64>,
     pub duration: Option<Duration>,
     pub quiet: bool,
@@ -149,6 +156,9 @@ impl TryFrom<TapArgs> for TapConfig {
                     .ok_or(TapConfigError::Duration(d))
             })
             .transpose()?;
+        if !a.ring_kib.is_power_of_two() || !(4..=1 << 20).contains(&a.ring_kib) {
+            return Err(TapConfigError::RingKib(a.ring_kib));
+        }
         if a.count == Some(0) {
             return Err(TapConfigError::Count);
         }
@@ -178,6 +188,7 @@ impl TryFrom<TapArgs> for TapConfig {
             output,
             filter: Filter { qpn, opcodes, ip },
             snaplen: a.snaplen,
+            ring_bytes: a.ring_kib * 1024,
             count: a.count,
             duration,
             quiet: a.quiet,
@@ -310,7 +321,11 @@ pub fn run(cfg: &TapConfig) -> Result<(), RunError> {
     };
 
     install_signal_handlers();
-    let mut tap = Tap::attach(&names, &KernelConfig::new(&cfg.filter, cfg.snaplen))?;
+    let mut tap = Tap::attach(
+        &names,
+        &KernelConfig::new(&cfg.filter, cfg.snaplen),
+        cfg.ring_bytes,
+    )?;
     let offset = realtime_offset_ns();
     eprintln!(
         "tap: attached to {} (tcx ingress and egress), writing {out_name}",
@@ -464,6 +479,15 @@ mod tests {
             TapConfigError::Duration(-1.0)
         );
         assert_eq!(cfg(&["--count", "0"]).unwrap_err(), TapConfigError::Count);
+        assert_eq!(
+            cfg(&["--ring-kib", "100"]).unwrap_err(),
+            TapConfigError::RingKib(100)
+        );
+        assert_eq!(
+            cfg(&["--ring-kib", "2"]).unwrap_err(),
+            TapConfigError::RingKib(2)
+        );
+        assert_eq!(cfg(&["--ring-kib", "64"]).unwrap().ring_bytes, 64 << 10);
         let c = cfg(&["--ip", "10.77.9.1"]).unwrap();
         assert_eq!(c.filter.ip.unwrap()[10..], [0xff, 0xff, 10, 77, 9, 1]);
         let bad = TapConfig::try_from(

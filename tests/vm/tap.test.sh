@@ -9,7 +9,9 @@
 #   3. In-kernel filters, four taps on the same interface at once (tcx multi-program): --qpn of
 #      the RC QP, --qpn and --ip of crafted RoCE frames to an address nobody listens on, and
 #      --opcode ack; each capture holds exactly the frames it should.
-#   4. Bad input (unknown interface, bad QPN, bad opcode class) exits 2.
+#   4. A reader that stalls (SIGSTOP) with a small ring: the frames lost to the full ring are
+#      counted, and written + lost = what the peers sent.
+#   5. Bad input (unknown interface, bad QPN, bad opcode class) exits 2.
 #
 #   sudo tests/vm/tap.test.sh
 #
@@ -87,9 +89,10 @@ start_tap() {
     fail "tap $name did not attach within 20 s"
 }
 
-# stop_tap PID NAME: SIGINT, then at most 10 s for it to drain and exit 0.
+# stop_tap PID NAME [drops-ok]: SIGINT, then at most 10 s for it to drain and exit 0; no frame
+# may have been lost to a full ring buffer unless drops-ok.
 stop_tap() {
-    local pid=$1 name=$2 i rc=0
+    local pid=$1 name=$2 drops=${3:-} i rc=0
     kill -INT "$pid"
     for i in $(seq 100); do
         kill -0 "$pid" 2>/dev/null || break
@@ -99,7 +102,8 @@ stop_tap() {
     wait "$pid" || rc=$?
     ((rc == 0)) || { cat "$work/$name.err"; fail "tap $name exited $rc"; }
     grep '^tap: done' "$work/$name.err" | sed "s/^/  [$name] /"
-    grep -q ' 0 lost to a full ring buffer' "$work/$name.err" || fail "tap $name lost frames to a full ring"
+    [[ -n $drops ]] || grep -q ' 0 lost to a full ring buffer' "$work/$name.err" ||
+        fail "tap $name lost frames to a full ring"
 }
 
 # run_pair NAME KIND ARGS...: rxe-peer server in $far, client here, both must exit 0 with every
@@ -246,10 +250,25 @@ acks=$(count "$work/q11.pcap" -Y 'infiniband.bth.opcode == 17')
 log "  --opcode ack: $n frames (ACKs in the --qpn 0x11 capture: $acks), $other other opcodes"
 ((n == acks && n > 0 && other == 0)) || fail "--opcode ack captured the wrong frames"
 
-# --- 4. bad input --------------------------------------------------------------------------
-log "4. bad input exits 2 with a message"
+# --- 4. a full ring buffer is counted, not hidden ---------------------------------------------
+log "4. ring full: tap with a 64 KiB ring stopped (SIGSTOP) during an RC run of 100 messages"
+start_tap full --write "$work/full.pcap" --ring-kib 64
+full=$tap_pid
+kill -STOP "$full"
+run_pair full rc -n 100 -s 4096 -m 1024
+kill -CONT "$full"
+stop_tap "$full" full drops-ok
+read -r written matched lost < <(sed -n 's/.*: \([0-9]*\) frames written; in kernel: \([0-9]*\) matched, [0-9]* filtered out, \([0-9]*\) lost.*/\1 \2 \3/p' "$work/full.err")
+n=$(count "$work/full.pcap")
+log "  peers sent $((sent_a + sent_b)); tap: $written written ($n in the file), $matched matched, $lost lost to the full ring"
+((lost > 0 && written + lost == matched && matched == sent_a + sent_b && n == written)) ||
+    fail "ring-full accounting does not add up"
+grep -q "ring_drops=$lost" "$work/full.err" || fail "no summary line reports ring_drops=$lost"
+
+# --- 5. bad input --------------------------------------------------------------------------
+log "5. bad input exits 2 with a message"
 for args in "--iface no-such-if0" "--iface vtapA --qpn 0x1000000" "--iface vtapA --opcode bogus" \
-    "--iface vtapA --snaplen 0" "--iface"; do
+    "--iface vtapA --snaplen 0" "--iface vtapA --ring-kib 3" "--iface"; do
     rc=0
     # shellcheck disable=SC2086 # word-split on purpose
     "$bin" tap $args >/dev/null 2>"$work/bad.err" || rc=$?
