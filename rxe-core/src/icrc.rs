@@ -83,6 +83,245 @@ pub fn fill(l3l4: &[u8], roce_with_icrc: &mut [u8]) -> Result<(), WireError> {
     Ok(())
 }
 
+/// The reflected CRC-32 polynomial.
+const POLY: u32 = 0xedb8_8320;
+
+/// Offset of the IPv4 identification in the IP header (and in `l3l4`).
+const IPV4_ID_AT: usize = 4;
+
+/// A linear map on the 32-bit CRC register over GF(2), given by the images of its 32 unit
+/// vectors (`cols[j]` is the image of `1 << j`).
+#[derive(Clone, Copy)]
+struct Gf2Map([u32; 32]);
+
+impl Gf2Map {
+    const IDENTITY: Gf2Map = {
+        let mut c = [0u32; 32];
+        let mut j = 0;
+        while j < 32 {
+            c[j] = 1 << j;
+            j += 1;
+        }
+        Gf2Map(c)
+    };
+
+    /// One zero byte through the reflected CRC register: eight times `r >> 1`, XOR the
+    /// polynomial when the bit shifted out was one.
+    fn zero_byte() -> Gf2Map {
+        let mut c = [0u32; 32];
+        for (j, col) in c.iter_mut().enumerate() {
+            *col = feed_byte(1 << j, 0);
+        }
+        Gf2Map(c)
+    }
+
+    fn apply(&self, mut v: u32) -> u32 {
+        let mut r = 0;
+        let mut j = 0;
+        while v != 0 {
+            if v & 1 != 0 {
+                r ^= self.0[j];
+            }
+            v >>= 1;
+            j += 1;
+        }
+        r
+    }
+
+    /// `self` followed by `next`.
+    fn then(&self, next: &Gf2Map) -> Gf2Map {
+        let mut c = [0u32; 32];
+        for (o, i) in c.iter_mut().zip(self.0.iter()) {
+            *o = next.apply(*i);
+        }
+        Gf2Map(c)
+    }
+
+    /// `n` zero bytes, by repeated squaring.
+    fn zero_bytes(mut n: usize) -> Gf2Map {
+        let mut acc = Gf2Map::IDENTITY;
+        let mut sq = Gf2Map::zero_byte();
+        while n != 0 {
+            if n & 1 != 0 {
+                acc = acc.then(&sq);
+            }
+            n >>= 1;
+            if n != 0 {
+                sq = sq.then(&sq);
+            }
+        }
+        acc
+    }
+}
+
+/// The linear part of feeding one byte to the reflected CRC register.
+fn feed_byte(mut r: u32, b: u8) -> u32 {
+    r ^= b as u32;
+    for _ in 0..8 {
+        r = (r >> 1) ^ (POLY & (r & 1).wrapping_neg());
+    }
+    r
+}
+
+/// What the 16 bits of the IPv4 identification contribute to the ICRC of a packet of one
+/// length, reduced for solving: the ICRC is affine over GF(2) in the bits it covers, so
+///
+/// `icrc(header with ID x) = icrc(header with ID 0) ^ M·x`
+///
+/// for a 32×16 matrix `M` that depends only on how many bytes follow the ID, i.e. on the
+/// packet length. A receiver that cannot see the ID (a UDP socket) can still check the ICRC:
+/// the received ICRC XOR the one computed with ID 0 must lie in the column span of `M`. The 16
+/// columns are independent (any error burst of 32 bits or fewer changes a CRC-32), so the ID is
+/// unique when it exists, and a random corruption is accepted with probability 2⁻¹⁶.
+///
+/// `rows` is `M` in echelon form: `rows[b]`, when its vector is non-zero, has highest set bit
+/// `b`, with the ID bits whose columns XOR to it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ipv4IdBasis {
+    roce_len: usize,
+    cols: [u32; 16],
+    rows: [(u32, u16); 32],
+}
+
+impl Ipv4IdBasis {
+    /// The basis for RoCE packets (BTH through ICRC) of `roce_len` bytes behind an option-less
+    /// IPv4 header and a UDP header.
+    pub fn new(roce_len: usize) -> Self {
+        // After the ID: the rest of the IPv4 header, the UDP header and the RoCE packet up to
+        // (not including) the ICRC.
+        let after = (IPV4_LEN - IPV4_ID_AT - 2) + UDP_LEN + roce_len.saturating_sub(4);
+        let shift = Gf2Map::zero_bytes(after);
+        let mut cols = [0u32; 16];
+        for (k, c) in cols.iter_mut().enumerate() {
+            let id = 1u16 << k;
+            let [hi, lo] = id.to_be_bytes();
+            *c = shift.apply(feed_byte(feed_byte(0, hi), lo));
+        }
+        let mut rows = [(0u32, 0u16); 32];
+        for (k, &c) in cols.iter().enumerate() {
+            let (mut v, mut m) = (c, 1u16 << k);
+            while v != 0 {
+                let b = 31 - v.leading_zeros() as usize;
+                if rows[b].0 == 0 {
+                    rows[b] = (v, m);
+                    break;
+                }
+                v ^= rows[b].0;
+                m ^= rows[b].1;
+            }
+        }
+        Ipv4IdBasis {
+            roce_len,
+            cols,
+            rows,
+        }
+    }
+
+    /// The RoCE packet length this basis is for.
+    pub fn roce_len(&self) -> usize {
+        self.roce_len
+    }
+
+    /// Number of independent columns (16: every ID gives a different ICRC).
+    pub fn rank(&self) -> u32 {
+        self.rows.iter().filter(|r| r.0 != 0).count() as u32
+    }
+
+    /// What ID `id` adds to the ICRC computed with ID 0.
+    pub fn contribution(&self, id: u16) -> u32 {
+        (0..16)
+            .filter(|k| id & (1 << k) != 0)
+            .fold(0, |a, k| a ^ self.cols[k])
+    }
+
+    /// The ID whose contribution is `delta`, if there is one.
+    pub fn solve(&self, delta: u32) -> Option<u16> {
+        let (mut v, mut m) = (delta, 0u16);
+        while v != 0 {
+            let b = 31 - v.leading_zeros() as usize;
+            let (rv, rm) = self.rows[b];
+            if rv == 0 {
+                return None;
+            }
+            v ^= rv;
+            m ^= rm;
+        }
+        Some(m)
+    }
+}
+
+/// Checks the ICRC of an IPv4 RoCE packet whose identification the receiver cannot see: the
+/// ID field of `l3l4` is ignored. Returns the ID that makes the ICRC match (unique), or
+/// [`WireError::BadChecksum`] when none does. `basis` must be for `roce_with_icrc.len()`
+/// ([`WireError::BadLength`] otherwise).
+pub fn verify_any_ipv4_id(
+    basis: &Ipv4IdBasis,
+    l3l4: &[u8],
+    roce_with_icrc: &[u8],
+) -> Result<u16, WireError> {
+    let n = roce_with_icrc.len();
+    if n < BTH_LEN + 4 {
+        return Err(WireError::Truncated);
+    }
+    if basis.roce_len != n {
+        return Err(WireError::BadLength);
+    }
+    if l3l4.len() != IPV4_LEN + UDP_LEN || l3l4[0] != 0x45 {
+        return Err(WireError::BadField);
+    }
+    let mut h = [0u8; IPV4_LEN + UDP_LEN];
+    h.copy_from_slice(l3l4);
+    h[IPV4_ID_AT] = 0;
+    h[IPV4_ID_AT + 1] = 0;
+    let got = u32::from_le_bytes(roce_with_icrc[n - 4..].try_into().expect("4 bytes"));
+    let want = compute(&h, &roce_with_icrc[..n - 4])?;
+    basis.solve(got ^ want).ok_or(WireError::BadChecksum)
+}
+
+/// [`verify_any_ipv4_id`] with the bases cached per packet length (a bounded cache: the
+/// lengths one connection uses are few — ACKs, requests, full- and last-packet sizes).
+#[derive(Clone, Debug, Default)]
+pub struct Ipv4IdSolver {
+    cache: Vec<Ipv4IdBasis>,
+    next: usize,
+}
+
+impl Ipv4IdSolver {
+    /// Packet lengths kept; beyond that the oldest entry is replaced.
+    pub const CAPACITY: usize = 64;
+
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The basis for `roce_len`, computed on first use.
+    pub fn basis(&mut self, roce_len: usize) -> &Ipv4IdBasis {
+        let i = match self.cache.iter().position(|b| b.roce_len == roce_len) {
+            Some(i) => i,
+            None if self.cache.len() < Self::CAPACITY => {
+                self.cache.push(Ipv4IdBasis::new(roce_len));
+                self.cache.len() - 1
+            }
+            None => {
+                let i = self.next;
+                self.next = (self.next + 1) % Self::CAPACITY;
+                self.cache[i] = Ipv4IdBasis::new(roce_len);
+                i
+            }
+        };
+        &self.cache[i]
+    }
+
+    /// See [`verify_any_ipv4_id`].
+    pub fn verify(&mut self, l3l4: &[u8], roce_with_icrc: &[u8]) -> Result<u16, WireError> {
+        if roce_with_icrc.len() < BTH_LEN + 4 {
+            return Err(WireError::Truncated);
+        }
+        let b = self.basis(roce_with_icrc.len());
+        verify_any_ipv4_id(b, l3l4, roce_with_icrc)
+    }
+}
+
 /// UDP source port for an RC/UC QP pair, as `rdma_get_udp_sport()` computes it: a 20-bit flow
 /// label (the given one, or one folded from `lqpn * rqpn`), folded again into 14 bits, with the
 /// top two bits set. It is the same in both directions.
@@ -106,6 +345,141 @@ pub fn ud_udp_sport(qpn: u32) -> u16 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sim::Rng;
+
+    /// A random option-less IPv4 + UDP header with identification `id` and a random RoCE
+    /// packet of `roce_len` bytes whose ICRC is filled for that header.
+    fn packet(rng: &mut Rng, roce_len: usize, id: u16) -> ([u8; 28], Vec<u8>) {
+        let mut h = [0u8; 28];
+        for b in h.iter_mut() {
+            *b = rng.next_u64() as u8;
+        }
+        h[0] = 0x45;
+        h[4..6].copy_from_slice(&id.to_be_bytes());
+        let mut r: Vec<u8> = (0..roce_len).map(|_| rng.next_u64() as u8).collect();
+        fill(&h, &mut r).unwrap();
+        (h, r)
+    }
+
+    /// Bytes of the IPv4 + UDP header the ICRC masks: TOS, TTL, header checksum, UDP checksum.
+    const MASKED_L3L4: [usize; 6] = [1, 8, 10, 11, 26, 27];
+
+    #[test]
+    fn ipv4_id_contributions_match_the_icrc() {
+        let mut rng = Rng::new(1);
+        let mut lens = vec![16, 17, 20, 21, 24, 28, 1044, 4140, 9000];
+        lens.extend((0..20).map(|_| 16 + rng.below(2000) as usize));
+        for len in lens {
+            let b = Ipv4IdBasis::new(len);
+            assert_eq!(b.rank(), 16, "len {len}");
+            for _ in 0..8 {
+                let id = rng.next_u64() as u16;
+                let (mut h, r) = packet(&mut rng, len, id);
+                let with = compute(&h, &r[..len - 4]).unwrap();
+                h[4..6].fill(0);
+                let without = compute(&h, &r[..len - 4]).unwrap();
+                assert_eq!(with ^ without, b.contribution(id), "len {len} id {id:#x}");
+                assert_eq!(b.solve(b.contribution(id)), Some(id));
+            }
+        }
+    }
+
+    #[test]
+    fn the_solver_recovers_the_id_of_random_packets() {
+        let mut rng = Rng::new(2);
+        let mut solver = Ipv4IdSolver::new();
+        for i in 0..300 {
+            let len = 16 + rng.below(1200) as usize;
+            let id = if i < 3 {
+                [0, 1, 0xffff][i]
+            } else {
+                rng.next_u64() as u16
+            };
+            let (h, r) = packet(&mut rng, len, id);
+            assert_eq!(solver.verify(&h, &r), Ok(id), "len {len}");
+            // What the header says the ID is does not matter: the receiver cannot see it.
+            let mut h0 = h;
+            h0[4..6].copy_from_slice(&(rng.next_u64() as u16).to_be_bytes());
+            assert_eq!(solver.verify(&h0, &r), Ok(id));
+        }
+        assert!(solver.cache.len() <= Ipv4IdSolver::CAPACITY);
+        // Wrong basis length, truncation and a non-IPv4 header are errors, not panics.
+        let (h, r) = packet(&mut rng, 40, 7);
+        assert_eq!(
+            verify_any_ipv4_id(&Ipv4IdBasis::new(44), &h, &r),
+            Err(WireError::BadLength)
+        );
+        assert_eq!(solver.verify(&h, &r[..10]), Err(WireError::Truncated));
+        assert_eq!(solver.verify(&h[..20], &r), Err(WireError::BadField));
+        let mut h6 = h;
+        h6[0] = 0x46;
+        assert_eq!(solver.verify(&h6, &r), Err(WireError::BadField));
+    }
+
+    #[test]
+    fn flipping_a_covered_bit_is_rejected_a_masked_one_accepted() {
+        let mut rng = Rng::new(3);
+        let mut solver = Ipv4IdSolver::new();
+        let (mut flips, mut accepted) = (0u64, 0u64);
+        for len in [20, 24, 60, 300, 1044] {
+            let id = rng.next_u64() as u16;
+            let (h, r) = packet(&mut rng, len, id);
+            for byte in 0..h.len() {
+                if byte == 4 || byte == 5 {
+                    continue; // the ID: unknown to the receiver, not a flip target
+                }
+                for bit in 0..8 {
+                    let mut f = h;
+                    f[byte] ^= 1 << bit;
+                    let v = solver.verify(&f, &r);
+                    if byte == 0 {
+                        // Not an option-less IPv4 header any more: refused as such.
+                        assert_eq!(v, Err(WireError::BadField));
+                    } else if MASKED_L3L4.contains(&byte) {
+                        assert_eq!(v, Ok(id), "masked byte {byte}");
+                    } else {
+                        // Header fields: always rejected for these lengths (the length,
+                        // flags and fragment fields sit within 32 bits of the ID, where
+                        // rejection is certain).
+                        assert_eq!(v, Err(WireError::BadChecksum), "l3l4 byte {byte} bit {bit}");
+                    }
+                }
+            }
+            for byte in 0..r.len() {
+                for bit in 0..8 {
+                    let mut f = r.clone();
+                    f[byte] ^= 1 << bit;
+                    let v = solver.verify(&h, &f);
+                    if byte == 4 {
+                        assert_eq!(v, Ok(id), "FECN/BECN/resv6 are masked");
+                        continue;
+                    }
+                    flips += 1;
+                    if v.is_ok() {
+                        accepted += 1;
+                    }
+                }
+            }
+        }
+        // Each flip of a bit far from the ID is accepted with probability about 2^-16.
+        assert!(flips > 10_000);
+        assert!(
+            accepted * 4096 <= flips,
+            "{accepted} of {flips} flips accepted"
+        );
+    }
+
+    #[test]
+    fn random_corruption_is_accepted_with_probability_2_pow_minus_16() {
+        let mut rng = Rng::new(4);
+        let b = Ipv4IdBasis::new(1044);
+        let n = 1u64 << 18;
+        let hits = (0..n)
+            .filter(|_| b.solve(rng.next_u64() as u32).is_some())
+            .count();
+        // Expected n / 2^16 = 4.
+        assert!(hits <= 24, "{hits} of {n}");
+    }
 
     #[test]
     fn sport_formulas() {

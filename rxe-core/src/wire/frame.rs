@@ -401,6 +401,46 @@ pub fn icrc_for_udp_socket(
     icrc::fill(&hdr[..n], roce)
 }
 
+/// Checks the ICRC of a RoCE datagram (`roce`: BTH … ICRC) that a kernel UDP socket bound to
+/// `local` received from `src`: the receiving side of [`icrc_for_udp_socket`].
+///
+/// The IP and UDP headers the ICRC covers are rebuilt from what the socket shows — addresses,
+/// ports, and the lengths implied by the datagram's size — with the fields a socket does not
+/// show set as rxe sends them: IPv4 DF set and fragment offset 0 (the kernel reassembles
+/// fragments, so the sender's values cannot be seen), next header UDP without extension
+/// headers. The masked fields (TOS, TTL, traffic class, flow label, hop limit, checksums) do
+/// not matter. IPv4-mapped IPv6 addresses count as IPv4.
+///
+/// IPv6 is checked exactly: `Ok(None)`. IPv4 also covers the identification, which a socket
+/// does not show; it is solved for instead ([`icrc::Ipv4IdSolver`]): `Ok(Some(id))` when some
+/// ID makes the ICRC match — a random corruption passes with probability 2⁻¹⁶, and a flip in
+/// the length, flags or fragment fields never. [`WireError::BadChecksum`] when the ICRC does
+/// not match; [`WireError::BadField`] when the families differ or an address is unspecified;
+/// [`WireError::Truncated`] when `roce` is shorter than a BTH and an ICRC.
+pub fn verify_icrc_from_udp_socket(
+    src: SocketAddr,
+    local: SocketAddr,
+    roce: &[u8],
+    solver: &mut icrc::Ipv4IdSolver,
+) -> Result<Option<u16>, WireError> {
+    let (s, d) = (src.ip().to_canonical(), local.ip().to_canonical());
+    if s.is_unspecified() || d.is_unspecified() {
+        return Err(WireError::BadField);
+    }
+    if roce.len() < BTH_LEN + ICRC_LEN {
+        return Err(WireError::Truncated);
+    }
+    let mut m = FrameMeta::new(s, d, src.port());
+    m.dport = local.port();
+    let mut hdr = [0u8; IPV6_HDR_LEN + UDP_HDR_LEN];
+    let n = emit_l3l4(&mut hdr, &m, roce.len())?;
+    if n == IPV4_HDR_LEN + UDP_HDR_LEN {
+        solver.verify(&hdr[..n], roce).map(Some)
+    } else {
+        icrc::verify(&hdr[..n], roce).map(|()| None)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -470,6 +510,66 @@ mod tests {
         assert_eq!(
             icrc_for_udp_socket(any, v4, &mut b),
             Err(WireError::BadField)
+        );
+    }
+
+    #[test]
+    fn udp_socket_receiver_checks_what_udp_socket_sender_filled() {
+        let mut solver = icrc::Ipv4IdSolver::new();
+        for (s, d) in [
+            ("10.1.2.3:49152", "10.1.2.4:4791"),
+            ("[fd00::1]:49153", "[fd00::2]:4791"),
+        ] {
+            let s: SocketAddr = s.parse().unwrap();
+            let d: SocketAddr = d.parse().unwrap();
+            let mut b = [0u8; 128];
+            let n = roce(&mut b, 0);
+            let r = &mut b[..n];
+            icrc_for_udp_socket(s, d, r).unwrap();
+            let want = if s.is_ipv4() { Some(0) } else { None };
+            assert_eq!(verify_icrc_from_udp_socket(s, d, r, &mut solver), Ok(want));
+            // Another source port, or a flipped payload bit: rejected.
+            let s2 = SocketAddr::new(s.ip(), s.port() ^ 1);
+            assert_eq!(
+                verify_icrc_from_udp_socket(s2, d, r, &mut solver),
+                Err(WireError::BadChecksum)
+            );
+            r[n - 6] ^= 0x10;
+            assert_eq!(
+                verify_icrc_from_udp_socket(s, d, r, &mut solver),
+                Err(WireError::BadChecksum)
+            );
+        }
+        // A frame sent with a non-zero IPv4 ID (a connected socket, a NIC) is accepted, and
+        // the ID is found.
+        let s = Ipv4Addr::new(10, 0, 0, 1);
+        let d = Ipv4Addr::new(10, 0, 0, 2);
+        let mut m = FrameMeta::new(s.into(), d.into(), 0xc123);
+        m.ipv4_id = 0xbeef;
+        let mut buf = [0u8; 128];
+        let h = m.header_len().unwrap();
+        let n = roce(&mut buf, h);
+        let total = encap(&mut buf, &m, n).unwrap();
+        let from = SocketAddr::new(s.into(), 0xc123);
+        let mapped = SocketAddr::new(s.to_ipv6_mapped().into(), 0xc123);
+        let to = SocketAddr::new(d.into(), ROCE_UDP_PORT);
+        for f in [from, mapped] {
+            assert_eq!(
+                verify_icrc_from_udp_socket(f, to, &buf[h..total], &mut solver),
+                Ok(Some(0xbeef))
+            );
+        }
+        let any: SocketAddr = "0.0.0.0:1".parse().unwrap();
+        let v6: SocketAddr = "[::1]:1".parse().unwrap();
+        for (a, b) in [(any, to), (from, v6)] {
+            assert_eq!(
+                verify_icrc_from_udp_socket(a, b, &buf[h..total], &mut solver),
+                Err(WireError::BadField)
+            );
+        }
+        assert_eq!(
+            verify_icrc_from_udp_socket(from, to, &buf[h..h + 8], &mut solver),
+            Err(WireError::Truncated)
         );
     }
 
