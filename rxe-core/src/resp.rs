@@ -345,10 +345,6 @@ fn execute(
         nak: NakCode::InvalidRequest,
         status,
     };
-    let acc_err = Exec::Err {
-        nak: NakCode::RemoteAccessError,
-        status: WcStatus::RemAccessErr,
-    };
     if !op_sequence_ok(q.resp.last_op, op) {
         return inv(WcStatus::RemInvReqErr);
     }
@@ -376,6 +372,53 @@ fn execute(
         };
         q.resp.in_msg = Some(InMsg::Send { wqe: w, offset: 0 });
     }
+    let rd_atomic = f.intersects(
+        OpFlags::READ
+            .union(OpFlags::ATOMIC)
+            .union(OpFlags::ATOMIC_WRITE)
+            .union(OpFlags::FLUSH),
+    );
+    if rd_atomic && q.attr.max_dest_rd_atomic == 0 {
+        return inv(WcStatus::RemInvReqErr);
+    }
+    // WRITE with immediate needs a receive WQE: check before any data moves, so an RNR NAK
+    // leaves nothing half done. rxe claims that WQE at this point too, so on RC an error
+    // found from here on (length, R_Key) completes it with the error, as for a SEND.
+    let rwr_write = f.contains(OpFlags::RWR) && f.contains(OpFlags::WRITE);
+    if rwr_write && !recv_available(q, res) {
+        return Exec::Rnr;
+    }
+    let r = execute_checked(q, res, mem, pkt, psn);
+    if let Exec::Err { status, .. } = r {
+        if rwr_write && q.qp_type == QpType::Rc {
+            if let Some(w) = take_recv(q, res) {
+                let cqe = recv_cqe(q, w.wr_id, status, WcOpcode::RecvRdmaWithImm, 0);
+                post_recv_cqe(q, res, cqe, false);
+            }
+        }
+    }
+    r
+}
+
+/// [`execute`] once the operation is allowed and its receive WQE (if any) claimed: lengths,
+/// keys, and the operation itself.
+fn execute_checked(
+    q: &mut Qp,
+    res: &mut Resources,
+    mem: &mut dyn Memory,
+    pkt: &Packet<&[u8]>,
+    psn: Psn,
+) -> Exec {
+    let op = pkt.opcode();
+    let f = pkt.flags();
+    let inv = |status| Exec::Err {
+        nak: NakCode::InvalidRequest,
+        status,
+    };
+    let acc_err = Exec::Err {
+        nak: NakCode::RemoteAccessError,
+        status: WcStatus::RemAccessErr,
+    };
     let mtu = q.mtu() as usize;
     let payload = pkt.payload();
     let plen = payload.len();
@@ -393,15 +436,7 @@ fn execute(
             .union(OpFlags::ATOMIC_WRITE)
             .union(OpFlags::FLUSH),
     );
-    if rd_atomic && q.attr.max_dest_rd_atomic == 0 {
-        return inv(WcStatus::RemInvReqErr);
-    }
     let last = f.contains(OpFlags::LAST);
-    // WRITE with immediate needs a receive WQE: check before any data moves, so an RNR NAK
-    // leaves nothing half done.
-    if f.contains(OpFlags::RWR) && f.contains(OpFlags::WRITE) && !recv_available(q, res) {
-        return Exec::Rnr;
-    }
     let pd = q.pd;
     let qpn = q.qpn.0;
 

@@ -2,7 +2,8 @@
 //! short FIRST, a FIRST with a pad count. Like Linux rxe (`check_resource()` takes the receive
 //! WQE before `check_length()` fails, then `do_complete()` completes it with the error), the
 //! responder NAKs with "invalid request", moves the QP to ERR, and completes the consumed
-//! receive WQE with REM_INV_REQ_ERR; the receives behind it are flushed.
+//! receive WQE with REM_INV_REQ_ERR; the receives behind it are flushed. The same holds for
+//! the receive WQE a WRITE with immediate claims.
 
 use rxe_core::device::{Drop, RecvMeta};
 use rxe_core::sim::*;
@@ -78,12 +79,24 @@ fn responses(sim: &mut Sim) -> Vec<(Opcode, u32, u8)> {
 fn check_malformed(op: Opcode, plen: usize) {
     let (mut sim, ep, _) = setup(2);
     let pkt = send(&ep, op, plen);
-    assert!(deliver(&mut sim, &pkt).is_err());
-    let inv = Syndrome::Nak(NakCode::InvalidRequest).to_byte();
+    check_rejected(
+        &mut sim,
+        &ep,
+        &pkt,
+        NakCode::InvalidRequest,
+        WcStatus::RemInvReqErr,
+    );
+}
+
+/// `pkt` is NAKed with `code`, the QP goes to ERR, the first receive (wr_id 7) completes with
+/// `status` and the second (8) is flushed.
+fn check_rejected(sim: &mut Sim, ep: &[Endpoint; 2], pkt: &[u8], code: NakCode, status: WcStatus) {
+    assert!(deliver(sim, pkt).is_err());
+    let nak = Syndrome::Nak(code).to_byte();
     assert_eq!(
-        responses(&mut sim),
-        [(Opcode::RC_ACKNOWLEDGE, 0x100, inv)],
-        "one NAK invalid request"
+        responses(sim),
+        [(Opcode::RC_ACKNOWLEDGE, 0x100, nak)],
+        "one NAK"
     );
     assert_eq!(sim.dev(1).qp(ep[1].qpn).unwrap().state(), QpState::Err);
     let cqes: Vec<_> = sim
@@ -93,16 +106,86 @@ fn check_malformed(op: Opcode, plen: usize) {
         .collect();
     assert_eq!(
         cqes,
-        [(7, WcStatus::RemInvReqErr), (8, WcStatus::WrFlushErr)],
+        [(7, status), (8, WcStatus::WrFlushErr)],
         "the consumed receive says why; the next one is flushed"
     );
     let ev: Vec<_> = std::iter::from_fn(|| sim.dev(1).poll_event()).collect();
-    assert!(
-        ev.contains(&AsyncEvent::QpReqErr { qpn: ep[1].qpn }),
-        "{ev:?}"
-    );
+    let want = match code {
+        NakCode::RemoteAccessError => AsyncEvent::QpAccessErr { qpn: ep[1].qpn },
+        _ => AsyncEvent::QpReqErr { qpn: ep[1].qpn },
+    };
+    assert!(ev.contains(&want), "{ev:?}");
     let c = sim.dev(1).qp_counters(ep[1].qpn).unwrap();
     assert_eq!((c.naks_sent, c.errors), (1, 1));
+}
+
+/// A WRITE ONLY with immediate into a fresh remote-writable MR on node 1 (`rkey_xor` spoils
+/// its key).
+fn write_imm(sim: &mut Sim, ep: &[Endpoint; 2], plen: usize, rkey_xor: u32) -> Vec<u8> {
+    let (va, rkey) = sim.reg(
+        1,
+        ep[1].pd,
+        4 * MTU,
+        Access::LOCAL_WRITE.union(Access::REMOTE),
+    );
+    let mut buf = vec![0u8; 8192];
+    let bth = BthRepr::new(
+        Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE,
+        ep[1].qpn.0,
+        0x100,
+        true,
+    );
+    let ext = ExtRepr {
+        reth: (va, rkey ^ rkey_xor, plen as u32),
+        imm: 0xfeed,
+        ..Default::default()
+    };
+    let (n, range) = emit(&mut buf, &bth, &ext, plen).unwrap();
+    buf[range].fill(0x3c);
+    buf.truncate(n);
+    buf
+}
+
+#[test]
+fn write_with_immediate_above_the_path_mtu_completes_its_receive_with_the_error() {
+    // rxe claims the receive WQE of a WRITE with immediate in check_resource() too.
+    let (mut sim, ep, _) = setup(2);
+    let p = write_imm(&mut sim, &ep, MTU + 4, 0);
+    check_rejected(
+        &mut sim,
+        &ep,
+        &p,
+        NakCode::InvalidRequest,
+        WcStatus::RemInvReqErr,
+    );
+}
+
+#[test]
+fn write_with_immediate_and_a_bad_rkey_completes_its_receive_with_the_error() {
+    let (mut sim, ep, _) = setup(2);
+    let p = write_imm(&mut sim, &ep, 64, 0x100);
+    check_rejected(
+        &mut sim,
+        &ep,
+        &p,
+        NakCode::RemoteAccessError,
+        WcStatus::RemAccessErr,
+    );
+}
+
+#[test]
+fn a_good_write_with_immediate_still_completes() {
+    let (mut sim, ep, _) = setup(1);
+    let p = write_imm(&mut sim, &ep, 64, 0);
+    assert_eq!(deliver(&mut sim, &p), Ok(()));
+    let c = sim.poll_all(1, ep[1].cq);
+    assert_eq!(c.len(), 1);
+    assert_eq!(
+        (c[0].wr_id, c[0].status, c[0].opcode, c[0].imm_or_inv),
+        (7, WcStatus::Success, WcOpcode::RecvRdmaWithImm, 0xfeed)
+    );
+    let ack = (Opcode::RC_ACKNOWLEDGE, 0x100, Syndrome::ACK);
+    assert_eq!(responses(&mut sim), [ack]);
 }
 
 #[test]
