@@ -128,7 +128,7 @@ impl UdpTransport {
         buf: &mut [u8],
         timeout: Duration,
     ) -> io::Result<Option<(usize, SocketAddr)>> {
-        let deadline = Instant::now() + timeout;
+        let start = Instant::now();
         let mut wait = timeout;
         for _ in 0..MAX_BAD_PER_RECV {
             let Some((n, from)) = self.recv_any(buf, wait)? else {
@@ -137,7 +137,7 @@ impl UdpTransport {
             if self.icrc_ok(from, &buf[..n]) {
                 return Ok(Some((n, from)));
             }
-            wait = deadline.saturating_duration_since(Instant::now());
+            wait = timeout.saturating_sub(start.elapsed());
         }
         Ok(None)
     }
