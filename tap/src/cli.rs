@@ -293,7 +293,7 @@ pub fn run(cfg: &TapConfig) -> Result<(), RunError> {
         Output::None => None,
         Output::Stdout(f) => Some(
             Writer::new(
-                Box::new(io::stdout().lock()) as Box<dyn Write>,
+                Box::new(BufWriter::with_capacity(1 << 16, io::stdout().lock())) as Box<dyn Write>,
                 *f,
                 &names,
                 cfg.snaplen,
