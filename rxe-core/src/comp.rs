@@ -28,6 +28,7 @@ fn reset_retry(q: &mut Qp) {
     q.comp.retry_cnt = q.attr.retry_cnt;
     q.comp.rnr_retry = q.attr.rnr_retry;
     q.comp.started_retry = false;
+    q.comp.rnr_psn = None;
 }
 
 /// Completes (successfully) every non-read WQE whose PSNs are all before `psn`, i.e. covered by
@@ -230,6 +231,7 @@ pub(crate) fn handle_response(
                 q.comp.rnr_retry -= 1;
             }
             crate::req::retry_from(q, psn);
+            q.comp.rnr_psn = Some(psn);
             q.req.rnr_until = Some(now.plus_ns(rnr_timer_ns(timer)));
             q.comp.retrans_at = None;
             Ok(())
@@ -244,11 +246,12 @@ pub(crate) fn handle_response(
             };
             match code {
                 NakCode::PsnSeqError => {
-                    if q.req.rnr_until.is_some() && psn == q.comp.psn {
+                    if q.comp.rnr_psn == Some(psn) {
                         // The responder NAKs the rest of a burst whose head it RNR-NAKed:
-                        // the same event, already being waited out. Spending a retry on it
-                        // would end an RNR-only stall with RetryExcErr once retry_cnt is
-                        // finite (IBTA), though rnr_retry 7 means "for ever".
+                        // the same event, handled by the RNR backoff (before or after its
+                        // timer fired). Spending a retry on it would end an RNR-only stall
+                        // with RetryExcErr once retry_cnt is finite (IBTA), though
+                        // rnr_retry 7 means "for ever".
                         return Ok(());
                     }
                     if q.comp.retry_cnt == 0 {

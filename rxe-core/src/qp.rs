@@ -122,6 +122,9 @@ pub(crate) struct CompState {
     /// A READ response out of sequence already sent the requester back: later ones of the
     /// same burst must not restart it again (rxe's `started_retry`). Cleared on progress.
     pub started_retry: bool,
+    /// The PSN the responder last refused with an RNR NAK, until something is acknowledged:
+    /// a sequence NAK for the same PSN is that responder reporting the same gap.
+    pub rnr_psn: Option<Psn>,
 }
 
 /// A multi-packet message being received.
