@@ -53,6 +53,12 @@ static void *(*bpf_map_lookup_elem)(void *map, const void *key) = (void *)1;
 static __u64 (*bpf_ktime_get_ns)(void) = (void *)5;
 static long (*bpf_skb_load_bytes)(const void *skb, __u32 offset, void *to, __u32 len) = (void *)26;
 static long (*bpf_ringbuf_output)(void *ringbuf, void *data, __u64 size, __u64 flags) = (void *)130;
+static __u64 (*bpf_ringbuf_query)(void *ringbuf, __u64 flags) = (void *)134;
+
+// bpf_ringbuf_output flags and bpf_ringbuf_query's BPF_RB_AVAIL_DATA.
+#define BPF_RB_NO_WAKEUP 1
+#define BPF_RB_FORCE_WAKEUP 2
+#define BPF_RB_AVAIL_DATA 0
 
 #define ETH_P_IP 0x0800
 #define ETH_P_IPV6 0x86DD
@@ -74,7 +80,9 @@ struct tap_config {
 	__u32 flags;
 	__u32 qpn;
 	__u32 snaplen;
-	__u32 pad;
+	// Wake the reader only once this many bytes wait in the ring (it also polls on a short
+	// timer): one wakeup per frame would cost more than the copy.
+	__u32 wake_bytes;
 	__u32 ip[4]; // IPv6, or IPv4-mapped ::ffff:a.b.c.d, in network byte order
 	__u8 opcodes[32]; // bitmap over the 8-bit BTH opcode
 };
@@ -250,7 +258,11 @@ static __always_inline int tap(struct __sk_buff *skb, __u8 direction)
 	s->hdr.direction = direction;
 	if (bpf_skb_load_bytes(skb, 0, s->data, len))
 		return TC_ACT_UNSPEC;
-	if (bpf_ringbuf_output(&events, s, sizeof(s->hdr) + len, 0))
+	__u64 size = sizeof(s->hdr) + len;
+	__u64 wake = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) + size >= cfg->wake_bytes ?
+			     BPF_RB_FORCE_WAKEUP :
+			     BPF_RB_NO_WAKEUP;
+	if (bpf_ringbuf_output(&events, s, size, wake))
 		count(STAT_RING_FULL);
 	return TC_ACT_UNSPEC;
 }

@@ -31,7 +31,7 @@ pub struct KernelConfig {
     flags: u32,
     qpn: u32,
     snaplen: u32,
-    pad: u32,
+    wake_bytes: u32,
     ip: [u8; 16],
     opcodes: [u8; 32],
 }
@@ -51,10 +51,13 @@ pub struct Filter {
 }
 
 impl KernelConfig {
-    pub fn new(filter: &Filter, snaplen: u32) -> Self {
+    /// `wake_bytes`: the reader is woken once this much waits in the ring buffer (it polls
+    /// every [`POLL_INTERVAL`] anyway).
+    pub fn new(filter: &Filter, snaplen: u32, wake_bytes: u32) -> Self {
         let mut c = KernelConfig {
             flags: F_ENABLED,
             snaplen: snaplen.clamp(1, MAX_SNAPLEN),
+            wake_bytes,
             ..Default::default()
         };
         if let Some(q) = filter.qpn {
@@ -72,6 +75,9 @@ impl KernelConfig {
         c
     }
 }
+
+/// How often the reader looks at the ring buffer when the program did not wake it.
+pub const POLL_INTERVAL: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// Default ring buffer size (bytes).
 pub const DEFAULT_RING_BYTES: u32 = 4 << 20;
@@ -263,11 +269,12 @@ mod tests {
                 ..Default::default()
             },
             0,
+            4096,
         );
         assert_eq!(c.flags, F_ENABLED | F_QPN);
         assert_eq!(c.snaplen, 1);
         assert_eq!(
-            KernelConfig::new(&Filter::default(), u32::MAX).snaplen,
+            KernelConfig::new(&Filter::default(), u32::MAX, 0).snaplen,
             MAX_SNAPLEN
         );
     }

@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 use clap::{Parser, ValueEnum};
 use thiserror::Error;
 
-use crate::bpf::{Filter, KernelConfig, Record, Tap, DEFAULT_RING_BYTES, MAX_SNAPLEN};
+use crate::bpf::{
+    Filter, KernelConfig, Record, Tap, DEFAULT_RING_BYTES, MAX_SNAPLEN, POLL_INTERVAL,
+};
 use crate::pcap::{Format, Frame, Writer};
 use crate::roce::{parse_number, parse_opcode_classes, Summary};
 
@@ -323,7 +325,8 @@ pub fn run(cfg: &TapConfig) -> Result<(), RunError> {
     install_signal_handlers();
     let mut tap = Tap::attach(
         &names,
-        &KernelConfig::new(&cfg.filter, cfg.snaplen),
+        // Wake at an eighth full; small bursts wait at most POLL_INTERVAL.
+        &KernelConfig::new(&cfg.filter, cfg.snaplen, cfg.ring_bytes / 8),
         cfg.ring_bytes,
     )?;
     let offset = realtime_offset_ns();
@@ -342,7 +345,9 @@ pub fn run(cfg: &TapConfig) -> Result<(), RunError> {
     let fd = tap.ring_fd();
     while !done {
         let now = Instant::now();
-        let mut wait = Duration::from_secs(1).saturating_sub(now - last_line);
+        let mut wait = Duration::from_secs(1)
+            .saturating_sub(now - last_line)
+            .min(POLL_INTERVAL);
         if let Some(d) = cfg.duration {
             wait = wait.min(d.saturating_sub(now - start));
         }

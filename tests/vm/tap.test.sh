@@ -5,7 +5,8 @@
 #      local peer sent, ingress frames = what the remote peer sent, the expected opcodes appear,
 #      every ICRC is right (tests/vm/icrc-check.py, full snap length), and both peers exit 0
 #      with every buffer verified (the tap does not disturb traffic).
-#   2. UD, pcap, plus a live tap (--write - | tshark -r -) with --opcode ud --count.
+#   2. UD, pcap, plus a live tap (--write - | tshark -r -) with --opcode ud --count; UC with
+#      --opcode uc.
 #   3. In-kernel filters, four taps on the same interface at once (tcx multi-program): --qpn of
 #      the RC QP, --qpn and --ip of crafted RoCE frames to an address nobody listens on, and
 #      --opcode ack; each capture holds exactly the frames it should.
@@ -207,6 +208,18 @@ log "  ud.pcap: $total frames (sent $sent_a + $sent_b); live: $(wc -l <"$work/li
 check_roce "$work/ud.pcap"
 [[ $(fields "$work/ud.pcap" infiniband.bth.opcode | sort -u) == 100 ]] || fail "UD: opcodes other than UD SEND_ONLY (100)"
 [[ $(wc -l <"$work/live.txt") -eq 50 && $(sort -u "$work/live.txt") == 100 ]] || fail "live: want 50 UD SEND_ONLY frames"
+
+log "2b. UC: 100 messages of 4096 B at path MTU 1024, tap --opcode uc -> pcapng"
+start_tap uc --write "$work/uc.pcapng" --opcode uc
+uc_tap=$tap_pid
+run_pair uc uc -n 100 -s 4096 -m 1024
+stop_tap "$uc_tap" uc
+total=$(count "$work/uc.pcapng")
+ops=$(fields "$work/uc.pcapng" infiniband.bth.opcode | sort -n | uniq -c | awk '{printf "%s:%s ", $2, $1}')
+log "  uc.pcapng: $total frames (sent $sent_a + $sent_b), opcodes (opcode:frames) $ops"
+((total == sent_a + sent_b)) || fail "UC: frame count differs from rxe-peer's"
+[[ $ops == "32:200 33:400 34:200 " ]] || fail "UC: want UC SEND_FIRST, MIDDLE x2, LAST (32, 33, 34) per message"
+check_roce "$work/uc.pcapng"
 
 # --- 3. in-kernel filters, four taps at once -----------------------------------------------
 crafted=20
