@@ -19,13 +19,20 @@ fn main() {
         ])
         .arg(&out)
         .status();
+    // A plain message and exit 1, not a panic: cargo shows this stderr as the build error.
     match status {
         Ok(s) if s.success() => {}
-        Ok(s) => panic!("vur-tap: `{clang} -target bpf` failed on {SRC} ({s})"),
-        Err(e) => panic!(
-            "vur-tap: cannot run `{clang}` ({e}): the eBPF tap is compiled with clang for the BPF \
-             target; install the Debian package `clang` (images/host-setup.sh does), or set CLANG \
-             to a clang that has the BPF target"
-        ),
+        Ok(s) => {
+            eprintln!("error: vur-tap: `{clang} -target bpf` failed on {SRC} ({s})");
+            std::process::exit(1);
+        }
+        Err(e) => {
+            eprintln!(
+                "error: vur-tap: cannot run `{clang}` ({e}): the eBPF tap is compiled with clang for \
+                 the BPF target; install the Debian package `clang` (images/host-setup.sh does), or \
+                 set CLANG to a clang that has the BPF target"
+            );
+            std::process::exit(1);
+        }
     }
 }
