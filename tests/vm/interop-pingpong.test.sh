@@ -278,8 +278,14 @@ for run in "${runs[@]}"; do
     # Faults must show in our counters: retransmissions or NAKs for loss and reordering,
     # duplicates for duplication.
     counters=$(grep '^counters:' "$shared/host-run-$idx.log" || true)
+    get() { sed -n "s/.* $1=\([0-9]*\).*/\1/p" <<<" $counters"; }
+    # Every datagram from rxe had its ICRC checked (IPv4: solved for the unseen IP ID) and
+    # none failed: nothing on this wire corrupts.
+    if ((rc == 0)) && [[ $(get rx_icrc_bad) != 0 || $(get rx_icrc_ok) == 0 ]]; then
+        log "run $idx (case $n): ICRC check: rx_icrc_ok=$(get rx_icrc_ok) rx_icrc_bad=$(get rx_icrc_bad)"
+        rc=95
+    fi
     if ((rc == 0)) && [[ $faults != - ]]; then
-        get() { sed -n "s/.*$1=\([0-9]*\).*/\1/p" <<<"$counters"; }
         recovered=$(($(get retransmits) + $(get naks_sent) + $(get naks_received) + $(get duplicates)))
         if [[ $faults == *duplicate* ]] && (($(get duplicates) == 0)); then
             log "run $idx (case $n): duplication left no trace in the counters"
@@ -328,7 +334,7 @@ printf '%-4s %-4s %-4s %-7s %-5s %-4s %-20s %-34s %-7s %-7s %s\n' run case rep t
 for run in "${runs[@]}"; do
     read -r idx r seed n role kind fam faults args <<<"$run"
     grc=$(cat "$shared/run-$idx.guest-rc" 2>/dev/null || echo '?')
-    cnt=$(sed -n 's/^counters: //p' "$shared/host-run-$idx.log" 2>/dev/null | sed 's/rnr_naks_[a-z]*=0 //g; s/ dropped=[0-9]*//')
+    cnt=$(sed -n 's/^counters: //p' "$shared/host-run-$idx.log" 2>/dev/null | sed 's/rnr_naks_[a-z]*=0 //g; s/ dropped=[0-9]*//; s/ rx_icrc_bad=0//')
     endl=$(sed -n 's/^end: \([a-z]*\).*/\1/p' "$shared/host-run-$idx.log" 2>/dev/null)
     [[ $endl != last ]] || endl='last-SEND-after-tool-left'
     [[ -z ${known[$idx]:-} ]] || endl='rxe-completer-bug'

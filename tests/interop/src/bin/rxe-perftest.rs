@@ -162,9 +162,10 @@ fn main() -> ExitCode {
             );
             println!("packets: sent={} received={}", p.sent, p.received);
             let c = r.counters;
+            let u = p.udp.stats();
             println!(
-                "counters: retransmits={} timeouts={} naks_sent={} naks_received={} rnr_naks_sent={} rnr_naks_received={} duplicates={} dropped={}",
-                c.retransmits, c.timeouts, c.naks_sent, c.naks_received, c.rnr_naks_sent, c.rnr_naks_received, c.duplicates, c.dropped
+                "counters: retransmits={} timeouts={} naks_sent={} naks_received={} rnr_naks_sent={} rnr_naks_received={} duplicates={} dropped={} rx_icrc_ok={} rx_icrc_bad={}",
+                c.retransmits, c.timeouts, c.naks_sent, c.naks_received, c.rnr_naks_sent, c.rnr_naks_received, c.duplicates, c.dropped, u.rx_icrc_ok, u.rx_icrc_bad
             );
             ExitCode::SUCCESS
         }
