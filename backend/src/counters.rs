@@ -51,7 +51,7 @@ pub fn render(shared: &Shared) -> String {
             rx_packets,
             rx_bytes,
             rx_icrc_ok,
-            rx_icrc_unverified,
+            rx_icrc_id_solved,
             rx_icrc_bad,
             rx_short
         ]

@@ -9,10 +9,12 @@
 //! ([`rxe_core::wire::frame::icrc_for_udp_socket`]). IPv6 has no ID.
 //!
 //! ICRC on receive: IPv6 is verified in full. For IPv4 a UDP socket cannot see the IP ID the
-//! sender chose. The receiver tries ID 0 (what this daemon and any sender following the rule
-//! above uses); on a match the packet is verified. Otherwise (Linux rxe picks a hashed ID) the
-//! packet is accepted unverified and counted in `rx_icrc_unverified`, or dropped when
-//! `strict_icrc` is set.
+//! sender chose. The receiver tries ID 0 first (what this daemon and any sender following the
+//! rule above uses: `rx_icrc_ok`). Otherwise (Linux rxe picks a hashed ID) it solves for the ID
+//! ([`rxe_core::icrc::Ipv4IdSolver`]: the CRC is affine in the ID's 16 bits, so the mismatch
+//! must lie in their span): a packet some ID explains is verified (`rx_icrc_id_solved`; a
+//! random corruption passes with probability 2^-16, a flip in any other covered field never),
+//! anything else is dropped (`rx_icrc_bad`). `strict_icrc` accepts ID 0 only.
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
@@ -43,7 +45,8 @@ pub struct TransportStats {
     pub rx_packets: u64,
     pub rx_bytes: u64,
     pub rx_icrc_ok: u64,
-    pub rx_icrc_unverified: u64,
+    /// IPv4 packets verified by solving for the IP ID (a sender other than ID 0, e.g. rxe).
+    pub rx_icrc_id_solved: u64,
     pub rx_icrc_bad: u64,
     pub rx_short: u64,
 }
@@ -53,6 +56,7 @@ pub struct UdpTransport {
     local: SocketAddr,
     peer_port: u16,
     strict_icrc: bool,
+    solver: rxe_core::icrc::Ipv4IdSolver,
     pub stats: TransportStats,
     /// Packets waiting for `sendmmsg`: `TX_BATCH` slots of `TX_SLOT` bytes.
     tx_buf: Vec<u8>,
@@ -131,6 +135,7 @@ impl UdpTransport {
             local,
             peer_port,
             strict_icrc,
+            solver: rxe_core::icrc::Ipv4IdSolver::new(),
             stats: TransportStats::default(),
             tx_buf: vec![0; TX_BATCH * TX_SLOT],
             tx_pending: Vec::with_capacity(TX_BATCH),
@@ -304,13 +309,15 @@ impl UdpTransport {
             return None;
         }
         let bytes = &self.rx.buf[i * RX_SLOT..i * RX_SLOT + n];
-        match check_icrc(self.local, src, n, bytes) {
-            IcrcCheck::Ok => self.stats.rx_icrc_ok += 1,
-            IcrcCheck::Unverifiable if !self.strict_icrc => self.stats.rx_icrc_unverified += 1,
-            _ => {
-                self.stats.rx_icrc_bad += 1;
-                return None;
-            }
+        if !verify_icrc(
+            &mut self.solver,
+            &mut self.stats,
+            self.strict_icrc,
+            self.local,
+            src,
+            bytes,
+        ) {
+            return None;
         }
         let meta = self.meta(src);
         Some((meta, &self.rx.buf[i * RX_SLOT..i * RX_SLOT + n]))
@@ -344,13 +351,15 @@ impl UdpTransport {
                 self.stats.rx_short += 1;
                 continue;
             }
-            match check_icrc(self.local, src, n, &buf[..n]) {
-                IcrcCheck::Ok => self.stats.rx_icrc_ok += 1,
-                IcrcCheck::Unverifiable if !self.strict_icrc => self.stats.rx_icrc_unverified += 1,
-                _ => {
-                    self.stats.rx_icrc_bad += 1;
-                    continue;
-                }
+            if !verify_icrc(
+                &mut self.solver,
+                &mut self.stats,
+                self.strict_icrc,
+                self.local,
+                src,
+                &buf[..n],
+            ) {
+                continue;
             }
             return Some((self.meta(src), n));
         }
@@ -442,6 +451,35 @@ fn sockaddr_to(s: &libc::sockaddr_storage, len: libc::socklen_t) -> Option<Socke
     }
 }
 
+/// Checks a received datagram's ICRC and counts the verdict; false when it must be dropped.
+fn verify_icrc(
+    solver: &mut rxe_core::icrc::Ipv4IdSolver,
+    stats: &mut TransportStats,
+    strict: bool,
+    local: SocketAddr,
+    src: SocketAddr,
+    roce: &[u8],
+) -> bool {
+    match check_icrc(local, src, roce.len(), roce) {
+        IcrcCheck::Ok => {
+            stats.rx_icrc_ok += 1;
+            true
+        }
+        IcrcCheck::Unverifiable
+            if !strict
+                && rxe_core::wire::frame::verify_icrc_from_udp_socket(src, local, roce, solver)
+                    .is_ok() =>
+        {
+            stats.rx_icrc_id_solved += 1;
+            true
+        }
+        _ => {
+            stats.rx_icrc_bad += 1;
+            false
+        }
+    }
+}
+
 fn check_icrc(local: SocketAddr, src: SocketAddr, n: usize, roce: &[u8]) -> IcrcCheck {
     let mut h = [0u8; 48];
     let udp_len = (8 + n) as u16;
@@ -501,6 +539,81 @@ mod tests {
         let (n, pr) = emit(buf, &bth, &ExtRepr::default(), 4).unwrap();
         buf[pr.start..pr.end].copy_from_slice(b"ping");
         n
+    }
+
+    /// An IPv4 packet whose sender picked an IP ID other than 0 (as Linux rxe does) verifies
+    /// by solving for the ID; strict mode refuses it; a corrupted one is dropped either way.
+    #[test]
+    fn ipv4_icrc_with_a_nonzero_id_is_solved_not_waved_through() {
+        let src: SocketAddr = "10.1.2.3:49152".parse().unwrap();
+        let local: SocketAddr = "10.1.2.4:4791".parse().unwrap();
+        let mut roce = [0u8; 256];
+        let n = packet(&mut roce);
+        let udp_len = (8 + n) as u16;
+        let mut h = [0u8; 28];
+        h[0] = 0x45;
+        h[2..4].copy_from_slice(&(20 + udp_len).to_be_bytes());
+        h[4..6].copy_from_slice(&0xbeefu16.to_be_bytes());
+        h[6] = 0x40;
+        h[8] = 64;
+        h[9] = 17;
+        h[12..16].copy_from_slice(&[10, 1, 2, 3]);
+        h[16..20].copy_from_slice(&[10, 1, 2, 4]);
+        h[20..22].copy_from_slice(&49152u16.to_be_bytes());
+        h[22..24].copy_from_slice(&4791u16.to_be_bytes());
+        h[24..26].copy_from_slice(&udp_len.to_be_bytes());
+        rxe_core::icrc::fill(&h, &mut roce[..n]).unwrap();
+        let mut solver = rxe_core::icrc::Ipv4IdSolver::new();
+        let mut st = TransportStats::default();
+        assert!(verify_icrc(
+            &mut solver,
+            &mut st,
+            false,
+            local,
+            src,
+            &roce[..n]
+        ));
+        assert_eq!(
+            (st.rx_icrc_ok, st.rx_icrc_id_solved, st.rx_icrc_bad),
+            (0, 1, 0)
+        );
+        assert!(!verify_icrc(
+            &mut solver,
+            &mut st,
+            true,
+            local,
+            src,
+            &roce[..n]
+        ));
+        assert_eq!(st.rx_icrc_bad, 1, "strict: ID 0 only");
+        for bit in [0usize, 8 * 6 + 3, 8 * (n - 6)] {
+            let mut bad = roce;
+            bad[bit / 8] ^= 1 << (bit % 8);
+            let before = st.rx_icrc_bad;
+            assert!(!verify_icrc(
+                &mut solver,
+                &mut st,
+                false,
+                local,
+                src,
+                &bad[..n]
+            ));
+            assert_eq!(
+                st.rx_icrc_bad,
+                before + 1,
+                "bit {bit} flipped must be dropped"
+            );
+        }
+        // The source port is covered too.
+        let other: SocketAddr = "10.1.2.3:49153".parse().unwrap();
+        assert!(!verify_icrc(
+            &mut solver,
+            &mut st,
+            false,
+            local,
+            other,
+            &roce[..n]
+        ));
     }
 
     /// Two sockets on loopback: what one sends the other verifies (ID 0 over IPv4), and a
