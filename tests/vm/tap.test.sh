@@ -6,7 +6,7 @@
 #      every ICRC is right (tests/vm/icrc-check.py, full snap length), and both peers exit 0
 #      with every buffer verified (the tap does not disturb traffic).
 #   2. UD, pcap, plus a live tap (--write - | tshark -r -) with --opcode ud --count; UC with
-#      --opcode uc.
+#      --opcode uc; RC over IPv6 with --ip.
 #   3. In-kernel filters, four taps on the same interface at once (tcx multi-program): --qpn of
 #      the RC QP, --qpn and --ip of crafted RoCE frames to an address nobody listens on, and
 #      --opcode ack; each capture holds exactly the frames it should.
@@ -63,13 +63,15 @@ cleanup() {
 }
 trap cleanup EXIT
 
-log "namespace $VUR_NETNS: veth vtapA 10.77.9.1/24 <-> vtapB 10.77.9.2/24 (+ .3) in $far"
+log "namespace $VUR_NETNS: veth vtapA 10.77.9.1/24 fd77:9::1/64 <-> vtapB 10.77.9.2/24 (+ .3) fd77:9::2/64 in $far"
 ip netns add "$far"
 ip -n "$far" link set lo up
 ip link add vtapA type veth peer name vtapB netns "$far"
 ip addr add 10.77.9.1/24 dev vtapA
 ip -n "$far" addr add 10.77.9.2/24 dev vtapB
 ip -n "$far" addr add 10.77.9.3/24 dev vtapB
+ip addr add fd77:9::1/64 dev vtapA nodad
+ip -n "$far" addr add fd77:9::2/64 dev vtapB nodad
 ip link set vtapA up
 ip -n "$far" link set vtapB up
 
@@ -107,15 +109,16 @@ stop_tap() {
         fail "tap $name lost frames to a full ring"
 }
 
-# run_pair NAME KIND ARGS...: rxe-peer server in $far, client here, both must exit 0 with every
+# run_pair NAME KIND ARGS...: rxe-peer server in $far ($ip_b, default 10.77.9.2), client here
+# ($ip_a, default 10.77.9.1), both must exit 0 with every
 # buffer verified and the run complete. Sets $sent_a / $sent_b (packets each side sent).
 run_pair() {
-    local name=$1 kind=$2 spid rc=0 f
+    local name=$1 kind=$2 spid rc=0 f a=${ip_a:-10.77.9.1} b=${ip_b:-10.77.9.2}
     shift 2
-    ip netns exec "$far" timeout 120 "$peer" --local-ip 10.77.9.2 "$kind" --peer-is-rxe-peer "$@" \
+    ip netns exec "$far" timeout 120 "$peer" --local-ip "$b" "$kind" --peer-is-rxe-peer "$@" \
         >"$work/$name.server" 2>&1 &
     spid=$!
-    timeout 120 "$peer" --local-ip 10.77.9.1 "$kind" --server 10.77.9.2 --peer-is-rxe-peer "$@" \
+    timeout 120 "$peer" --local-ip "$a" "$kind" --server "$b" --peer-is-rxe-peer "$@" \
         >"$work/$name.client" 2>&1 || rc=$?
     wait "$spid" || rc=$((rc ? rc : $?))
     for f in client server; do
@@ -142,9 +145,10 @@ fields() {
 }
 count() { fields "$@" frame.number | wc -l; }
 
-# check_roce FILE: every frame decodes as RoCE, none malformed, every ICRC right.
+# check_roce FILE [SRC_A SRC_B]: every frame decodes as RoCE, none malformed, every ICRC right,
+# and both sources (default 10.77.9.1 and 10.77.9.2) sent frames.
 check_roce() {
-    local f=$1 total roce bad pcap
+    local f=$1 a=${2:-10.77.9.1} b=${3:-10.77.9.2} total roce bad pcap
     total=$(count "$f")
     roce=$(count "$f" -Y infiniband)
     bad=$(count "$f" -Y '_ws.malformed')
@@ -155,7 +159,7 @@ check_roce() {
         pcap=${f%.pcapng}.pcap
         tshark -r "$f" -w "$pcap" -F pcap 2>/dev/null || fail "tshark could not convert $f to pcap"
     fi
-    if ! /usr/bin/python3 "$here/icrc-check.py" "$pcap" --expect-src 10.77.9.1 --expect-src 10.77.9.2 \
+    if ! /usr/bin/python3 "$here/icrc-check.py" "$pcap" --expect-src "$a" --expect-src "$b" \
         >"$pcap.icrc" 2>&1; then
         sed 's/^/  [icrc] /' "$pcap.icrc"
         fail "$f: ICRC check failed"
@@ -227,6 +231,17 @@ log "  uc.pcapng: $total frames (sent $sent_a + $sent_b), opcodes (opcode:frames
 ((total == sent_a + sent_b)) || fail "UC: frame count differs from rxe-peer's"
 [[ $ops == "32:200 33:400 34:200 " ]] || fail "UC: want UC SEND_FIRST, MIDDLE x2, LAST (32, 33, 34) per message"
 check_roce "$work/uc.pcapng"
+
+log "2c. RC over IPv6: 100 messages of 4096 B, tap --ip fd77:9::2 -> pcapng"
+start_tap v6 --write "$work/v6.pcapng" --ip fd77:9::2
+v6_tap=$tap_pid
+ip_a=fd77:9::1 ip_b=fd77:9::2 run_pair v6 rc -n 100 -s 4096 -m 1024
+stop_tap "$v6_tap" v6
+total=$(count "$work/v6.pcapng")
+v6=$(count "$work/v6.pcapng" -Y 'ipv6 && infiniband')
+log "  v6.pcapng: $total frames, $v6 RoCE over IPv6 (sent $sent_a + $sent_b)"
+((total == sent_a + sent_b && v6 == total)) || fail "IPv6: frame count differs from rxe-peer's"
+check_roce "$work/v6.pcapng" fd77:9::1 fd77:9::2
 
 # --- 3. in-kernel filters, four taps at once -----------------------------------------------
 crafted=20
