@@ -252,6 +252,14 @@ do_stage() {
         --exclude=./usr/lib/x86_64-linux-gnu/systemd --exclude='./usr/bin/systemd*' \
         --exclude=./usr/bin/systemctl --exclude=./usr/bin/journalctl --exclude=./usr/bin/sqv \
         --exclude='*/__pycache__' . | tar -C "$stage" -x
+    # rdma-core's own test suite (pyverbs; run_tests.py) ships under usr/share/doc: keep it.
+    if [[ -d $rootfs/usr/share/doc/rdma-core/tests ]]; then
+        mkdir -p "$stage/usr/share/doc/rdma-core"
+        cp -a "$rootfs/usr/share/doc/rdma-core/tests" "$stage/usr/share/doc/rdma-core/"
+        find "$stage/usr/share/doc/rdma-core/tests" -name __pycache__ -prune -exec rm -rf {} +
+        # Debian compresses the larger modules; Python imports only plain .py files.
+        find "$stage/usr/share/doc/rdma-core/tests" -name '*.py.gz' -exec gunzip -f {} +
+    fi
     mkdir -p "$stage/var/log" "$stage/vur" "$stage/vur-scenario"
     # Kernel modules: the trees a RoCE/netkit/netem test needs plus everything they depend
     # on (closure over the full tree's modules.dep), the rest is deleted.

@@ -190,7 +190,7 @@ pub fn decode_send_wqe(
     let wr_id = u64_at(slot, swqe::WR_ID);
     let bad = |e| (wr_id, e);
     let opcode = u32_at(slot, swqe::OPCODE);
-    let flags = u32_at(slot, swqe::SEND_FLAGS)
+    let mut flags = u32_at(slot, swqe::SEND_FLAGS)
         & (SEND_FENCE | SEND_SIGNALED | SEND_SOLICITED | SEND_INLINE);
     let ex = u32_at(slot, swqe::EX);
     let imm = u32::from_be_bytes(ex.to_le_bytes());
@@ -273,7 +273,16 @@ pub fn decode_send_wqe(
     let num_sge = u32_at(slot, swqe::DMA_NUM_SGE);
     let length = u32_at(slot, swqe::DMA_LENGTH);
     let room = slot.len().saturating_sub(swqe::DMA_DATA);
-    let (sg_list, inline_data) = if flags & SEND_INLINE != 0 && !op.is_local() {
+    // librxe's ibv_wr_atomic_write puts the 8 bytes in dma.atomic_wr (where inline data
+    // goes) with no SGE and no INLINE flag; rxe sends them from there.
+    let atomic_wr = (opcode == wr_op::ATOMIC_WRITE && num_sge == 0 && length == 8)
+        .then(|| slot.get(swqe::DMA_DATA..swqe::DMA_DATA + 8))
+        .flatten();
+    let (sg_list, inline_data) = if let Some(d) = atomic_wr {
+        // to the engine these 8 bytes are inline data
+        flags |= SEND_INLINE;
+        (Vec::new(), d.to_vec())
+    } else if flags & SEND_INLINE != 0 && !op.is_local() {
         if length > caps.max_inline || length as usize > room {
             return Err(bad(BadWqe::Length));
         }

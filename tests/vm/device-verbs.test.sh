@@ -10,7 +10,8 @@
 # Tools: devinfo rc rc_events uc ud srq (libibverbs examples, with --chk data checks; rc_events
 # sleeps on completion events), send_lat send_bw write_lat write_bw read_bw atomic_bw (perftest),
 # rping (rdma_cm: the CM runs over the driver's kernel QP1), resize_cq (pyverbs: ibv_resize_cq
-# with completions in flight); compare (not in the default
+# with completions in flight); pyverbs (not in the default set: rdma-core's test suite);
+# compare (not in the default
 # set): ib_send_lat and ib_write_bw over vrdma0 and over Linux rxe on the same guest's eth0.
 # Prints "SKIP: <reason>" and exits 0 when not root, or the patched QEMU, the image with
 # virtio_rdma.ko or the daemon binary is missing; under CI=true that is a failure.
@@ -224,6 +225,24 @@ PY
         cat /tmp/resize_cq.log
         report resize_cq $rc
         ;;
+    pyverbs)
+        # rdma-core's own test suite against vrdma0, one module at a time (not in the default
+        # set: minutes under TCG). Tests needing features the device lacks skip themselves.
+        t=/usr/share/doc/rdma-core/tests
+        if [[ ! -f $t/run_tests.py ]]; then
+            echo "DV-FAIL pyverbs: the image has no rdma-core tests"; fail=1; continue
+        fi
+        for m in ${VUR_PYVERBS_MODULES:-test_device test_pd test_mr test_cq test_cq_events \
+            test_cqex test_qp test_qpex test_srq test_addr test_atomic test_relaxed_ordering \
+            test_shared_pd test_parent_domain test_fork test_rdmacm}; do
+            timeout 600 python3 -u "$t/run_tests.py" --dev "$dev" --port 1 --gid "$gid" -v \
+                "tests.$m" >"/tmp/pyverbs.$m.log" 2>&1
+            rc=$?
+            grep -E ' \.\.\. (FAIL|ERROR)' "/tmp/pyverbs.$m.log" | head -20
+            echo "DV-PYVERBS $m rc=$rc $(grep -E '^(Ran|OK|FAILED)' "/tmp/pyverbs.$m.log" | tr '\n' ' ')"
+            ((rc == 0)) || { sed -n '/^=====/,/^Ran /p' "/tmp/pyverbs.$m.log" | head -n 80; fail=1; }
+        done
+        ;;
     compare)
         # The same perftest runs over vrdma0 and over Linux rxe (rxe0 on this guest's eth0),
         # same sizes, same guest: the ratio is the figure (TCG makes absolute values moot).
@@ -256,6 +275,8 @@ fi
 exit $fail
 EOF
 
+vm_timeout=900
+[[ " ${tools[*]} " != *" pyverbs "* ]] || vm_timeout=2400
 rxe_opt=(--no-rxe)
 [[ " ${tools[*]} " != *" compare "* ]] || rxe_opt=()
 log "booting guest (qemu $qemu, image $images)"
@@ -274,10 +295,10 @@ print(b"".join(iter(lambda: s.recv(65536), b"")).decode())' "$work/counters.sock
 watcher=$!
 "$here/run-vm.sh" --name dv --qemu "$qemu" --images "$images" --rdma-sock "$work/rdma.sock" \
     --nic-no-peer --mac "$mac" --ip "$addr/24" "${rxe_opt[@]}" --shared "$work" --smp "${VUR_DEVICE_SMP:-2}" \
-    --scenario "$work/device-guest.sh" --timeout 900 ${VUR_DRIVER_PARAMS:+--env "VUR_DRIVER_PARAMS=$VUR_DRIVER_PARAMS"} || vm_rc=$?
+    --scenario "$work/device-guest.sh" --timeout "$vm_timeout" ${VUR_DRIVER_PARAMS:+--env "VUR_DRIVER_PARAMS=$VUR_DRIVER_PARAMS"} || vm_rc=$?
 
 tr -d '\r' <"$work/dv.console.log" |
-    grep -a -E '^DV|^\[vur-init|usec/iter|t_avg|BW average|^ *[0-9]+ +[0-9]+ +[0-9.]+' || true
+    grep -a -E '^DV|^\[vur-init|usec/iter|t_avg|BW average|^ *[0-9]+ +[0-9]+ +[0-9.]+| \.\.\. (FAIL|ERROR)' || true
 grep -a '^DV-CMP' "$work/dv.console.log" | tr -d '\r' >"$work/compare.txt" || true
 kill "$watcher" 2>/dev/null || true
 wait "$watcher" 2>/dev/null || true

@@ -122,6 +122,7 @@ struct vrdma_qp {
 	bool is_user;
 	struct ib_qp_cap cap;
 	enum ib_sig_type sq_sig_type;
+	enum ib_qp_state state;	/* as last set by modify_qp (the device may move it to ERR) */
 	spinlock_t sq_lock;
 	spinlock_t rq_lock;
 	struct vrdma_queue sq;

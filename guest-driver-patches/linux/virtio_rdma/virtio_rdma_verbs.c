@@ -801,6 +801,8 @@ static int vrdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask
 	if (mask & IB_QP_AV)
 		ah_attr_to_dev(&attr->ah_attr, &c.ah);
 	err = vrdma_cmd(to_vdev(ibqp->device), VRDMA_CMD_MODIFY_QP, &c, sizeof(c), NULL, 0);
+	if (!err && (mask & IB_QP_STATE))
+		WRITE_ONCE(qp->state, attr->qp_state);
 	if (trace_verbs)
 		pr_info("virtio_rdma: qp %u modify mask %#x state %u: %d; sq log2 %u mask %u prod %u cons %u\n",
 			qp->qpn, mask, attr->qp_state, err, qp->sq.buf->log2_elem_size,
@@ -980,6 +982,11 @@ static int vrdma_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr,
 	u32 prod;
 	int err = 0;
 
+	/* as rxe: sending needs RTS (or a later state, where the device flushes) */
+	if (READ_ONCE(qp->state) < IB_QPS_RTS) {
+		*bad_wr = wr;
+		return -EINVAL;
+	}
 	if (qp->is_user) {
 		if (trace_verbs)
 			pr_info("virtio_rdma: qp %u sq doorbell prod %u cons %u\n", qp->qpn,

@@ -492,3 +492,32 @@ fn stream_of_10000_messages_byte_checked() {
     let c = b.daemon.counters().unwrap();
     assert!(json_u64(&c, "device", "cqes").unwrap() >= N);
 }
+
+/// ATOMIC_WRITE as librxe's `ibv_wr_atomic_write` lays it out: the 8 bytes in
+/// `dma.atomic_wr` (the inline area) with no SGE and no INLINE flag, where rxe reads them.
+#[test]
+fn atomic_write_in_librxe_layout() {
+    use vur_testguest::abi::swqe as o;
+    let (mut a, mut b) = pair();
+    let (ea, eb) = connect_qps(&mut a, &mut b, &ConnOpts::default()).unwrap();
+    let rb = b.guest.reg_mr(eb.pd, 4096, ALL).unwrap();
+    let mut wr = SendWr::new(
+        5,
+        SendOp::AtomicWrite {
+            remote_addr: rb.addr(64),
+            rkey: rb.rkey,
+        },
+        vec![],
+    );
+    wr.flags = SEND_SIGNALED;
+    let elem = ea.qp.sq.as_ref().unwrap().elem_size();
+    let mut slot = encode_send_wqe(&wr, 0, elem);
+    let v = 0x1122_3344_5566_7788u64;
+    slot[o::DMA_NUM_SGE..o::DMA_NUM_SGE + 4].copy_from_slice(&0u32.to_le_bytes());
+    slot[o::DMA_LENGTH..o::DMA_LENGTH + 4].copy_from_slice(&8u32.to_le_bytes());
+    slot[o::DMA_DATA..o::DMA_DATA + 8].copy_from_slice(&v.to_le_bytes());
+    a.guest.post_raw_send_slot(&ea.qp, &slot).unwrap();
+    let w = one(&mut a.guest, &ea.cq);
+    assert_eq!((w.status, w.opcode), (0, WcOpcode::AtomicWrite as u32));
+    assert_eq!(rb.buf.to_vec(64, 8), v.to_le_bytes());
+}
