@@ -94,7 +94,12 @@ struct tap_record {
 	__u32 orig_len; // skb->len
 	__u32 cap_len;
 	__u8 direction; // 0 ingress, 1 egress
-	__u8 pad[3];
+	// A VLAN tag the device keeps out of band (VLAN offload): it is not in the frame bytes,
+	// user space puts it back.
+	__u8 vlan_present;
+	__u16 vlan_tci;
+	__u16 vlan_proto; // network byte order
+	__u8 pad[6];
 };
 
 struct scratch {
@@ -256,6 +261,9 @@ static __always_inline int tap(struct __sk_buff *skb, __u8 direction)
 	s->hdr.orig_len = skb->len;
 	s->hdr.cap_len = len;
 	s->hdr.direction = direction;
+	s->hdr.vlan_present = skb->vlan_present != 0;
+	s->hdr.vlan_tci = skb->vlan_tci;
+	s->hdr.vlan_proto = skb->vlan_proto;
 	if (bpf_skb_load_bytes(skb, 0, s->data, len))
 		return TC_ACT_UNSPEC;
 	__u64 size = sizeof(s->hdr) + len;

@@ -83,7 +83,7 @@ pub const POLL_INTERVAL: std::time::Duration = std::time::Duration::from_millis(
 pub const DEFAULT_RING_BYTES: u32 = 4 << 20;
 
 /// Size of `struct tap_record`, which precedes the frame bytes in every ring buffer record.
-pub const RECORD_HEADER: usize = 24;
+pub const RECORD_HEADER: usize = 32;
 
 /// Which way a frame went through the interface.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -109,6 +109,8 @@ pub struct Record<'a> {
     pub ifindex: u32,
     pub orig_len: u32,
     pub direction: Direction,
+    /// A VLAN tag kept out of the frame bytes by VLAN offload: (TPID, TCI).
+    pub vlan: Option<(u16, u16)>,
     pub data: &'a [u8],
 }
 
@@ -127,6 +129,12 @@ impl<'a> Record<'a> {
             } else {
                 Direction::Egress
             },
+            vlan: (h[21] != 0).then(|| {
+                (
+                    u16::from_be_bytes([h[24], h[25]]),
+                    u16::from_ne_bytes([h[22], h[23]]),
+                )
+            }),
             data: b.get(RECORD_HEADER..RECORD_HEADER + cap_len)?,
         })
     }
@@ -287,12 +295,18 @@ mod tests {
         b[12..16].copy_from_slice(&100u32.to_ne_bytes());
         b[16..20].copy_from_slice(&3u32.to_ne_bytes());
         b[20] = 1;
-        b[24..].copy_from_slice(&[1, 2, 3]);
+        b[RECORD_HEADER..].copy_from_slice(&[1, 2, 3]);
         let r = Record::parse(&b).unwrap();
         assert_eq!((r.ts_ns, r.ifindex, r.orig_len), (7, 3, 100));
         assert_eq!(r.direction, Direction::Egress);
+        assert_eq!(r.vlan, None);
         assert_eq!(r.data, &[1, 2, 3]);
         b[16..20].copy_from_slice(&4u32.to_ne_bytes());
         assert!(Record::parse(&b).is_none());
+        b[16..20].copy_from_slice(&3u32.to_ne_bytes());
+        b[21] = 1;
+        b[22..24].copy_from_slice(&77u16.to_ne_bytes());
+        b[24..26].copy_from_slice(&[0x81, 0x00]);
+        assert_eq!(Record::parse(&b).unwrap().vlan, Some((0x8100, 77)));
     }
 }

@@ -235,6 +235,16 @@ fn realtime_offset_ns() -> i128 {
     r - (m0 + m1) / 2
 }
 
+/// The frame with an 802.1Q/802.1ad tag after the MAC addresses, where the wire has it.
+fn with_vlan_tag(frame: &[u8], tpid: u16, tci: u16) -> Vec<u8> {
+    let mut v = Vec::with_capacity(frame.len() + 4);
+    v.extend_from_slice(&frame[..12]);
+    v.extend_from_slice(&tpid.to_be_bytes());
+    v.extend_from_slice(&tci.to_be_bytes());
+    v.extend_from_slice(&frame[12..]);
+    v
+}
+
 fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
@@ -365,7 +375,15 @@ pub fn run(cfg: &TapConfig) -> Result<(), RunError> {
             }
             let Some(r) = Record::parse(b) else { return };
             total += 1;
-            summary.observe(r.data);
+            let tagged;
+            let (data, orig_len) = match r.vlan {
+                Some((tpid, tci)) if r.data.len() >= 12 => {
+                    tagged = with_vlan_tag(r.data, tpid, tci);
+                    (&tagged[..], r.orig_len + 4)
+                }
+                _ => (r.data, r.orig_len),
+            };
+            summary.observe(data);
             if let Some(w) = writer.as_mut() {
                 let iface = cfg
                     .ifaces
@@ -376,8 +394,8 @@ pub fn run(cfg: &TapConfig) -> Result<(), RunError> {
                     ts_ns: (r.ts_ns as i128 + offset).max(0) as u64,
                     iface,
                     direction: r.direction,
-                    orig_len: r.orig_len,
-                    data: r.data,
+                    orig_len,
+                    data,
                 };
                 if let Err(e) = w.write(&frame) {
                     write_err = Some(RunError::Io(out_name.clone(), e));

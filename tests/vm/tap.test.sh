@@ -6,7 +6,8 @@
 #      every ICRC is right (tests/vm/icrc-check.py, full snap length), and both peers exit 0
 #      with every buffer verified (the tap does not disturb traffic).
 #   2. UD, pcap, plus a live tap (--write - | tshark -r -) with --opcode ud --count; UC with
-#      --opcode uc; RC over IPv6 with --ip.
+#      --opcode uc; RC over IPv6 with --ip; raw frames with one and two VLAN tags, seen on
+#      egress (tags in the frame) and on the far ingress (outer tag offloaded, put back).
 #   3. In-kernel filters, four taps on the same interface at once (tcx multi-program): --qpn of
 #      the RC QP, --qpn and --ip of crafted RoCE frames to an address nobody listens on, and
 #      --opcode ack; each capture holds exactly the frames it should.
@@ -75,12 +76,17 @@ ip -n "$far" addr add fd77:9::2/64 dev vtapB nodad
 ip link set vtapA up
 ip -n "$far" link set vtapB up
 
-# start_tap NAME ARGS...: the tap on vtapA in the background, its stderr in $work/NAME.err;
+# start_tap NAME ARGS...: the tap on $tap_if (default vtapA; in namespace $tap_netns if set) in
+# the background, its stderr in $work/NAME.err;
 # returns once it says it is attached (at most 20 s). Sets $tap_pid.
 start_tap() {
     local name=$1 i
     shift
-    "$bin" tap --iface vtapA "$@" 2>"$work/$name.err" &
+    if [[ -n ${tap_netns:-} ]]; then
+        ip netns exec "$tap_netns" "$bin" tap --iface "${tap_if:-vtapA}" "$@" 2>"$work/$name.err" &
+    else
+        "$bin" tap --iface "${tap_if:-vtapA}" "$@" 2>"$work/$name.err" &
+    fi
     tap_pid=$!
     pids+=("$tap_pid")
     for i in $(seq 200); do
@@ -242,6 +248,45 @@ v6=$(count "$work/v6.pcapng" -Y 'ipv6 && infiniband')
 log "  v6.pcapng: $total frames, $v6 RoCE over IPv6 (sent $sent_a + $sent_b)"
 ((total == sent_a + sent_b && v6 == total)) || fail "IPv6: frame count differs from rxe-peer's"
 check_roce "$work/v6.pcapng" fd77:9::1 fd77:9::2
+
+log "2d. VLAN: 10 frames tagged 77 and 10 tagged 100 (802.1ad) + 77 to QP 0xcd, taps --qpn 0xcd on vtapA (egress) and on vtapB (ingress)"
+start_tap vlana --write "$work/vlana.pcap" --qpn 0xcd
+vlana=$tap_pid
+tap_netns=$far tap_if=vtapB start_tap vlanb --write "$work/vlanb.pcap" --qpn 0xcd
+vlanb=$tap_pid
+# Raw Ethernet frames (AF_PACKET) to the broadcast MAC: IPv4 10.77.9.1 -> 10.77.9.3, UDP 4791,
+# BTH RC SEND_ONLY to QP 0xcd. The receiving veth moves the outer tag out of band (VLAN
+# offload) before tcx ingress, so the tap on vtapB sees it there and must put it back.
+/usr/bin/python3 - <<'EOF'
+import socket, struct
+def csum(b):
+    s = sum(struct.unpack("!%dH" % (len(b) // 2), b))
+    s = (s >> 16) + (s & 0xFFFF)
+    return ~(s + (s >> 16)) & 0xFFFF
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+s.bind(("vtapA", 0))
+for tags in ([(0x8100, 77)], [(0x88A8, 100), (0x8100, 77)]):
+    for i in range(10):
+        roce = struct.pack("!BBHII", 0x04, 0x40, 0xFFFF, 0xCD, i) + bytes(16) + bytes(4)
+        udp = struct.pack("!HHHH", 0xC000, 4791, 8 + len(roce), 0) + roce
+        ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 0, 0x4000, 64, 17, 0,
+                         socket.inet_aton("10.77.9.1"), socket.inet_aton("10.77.9.3"))
+        ip = ip[:10] + struct.pack("!H", csum(ip)) + ip[12:]
+        eth = b"\xff" * 6 + b"\x02\x00\x00\x00\x00\x01"
+        for tpid, vid in tags:
+            eth += struct.pack("!HH", tpid, vid)
+        s.send(eth + b"\x08\x00" + ip + udp)
+EOF
+sleep 0.5
+stop_tap "$vlana" vlana
+stop_tap "$vlanb" vlanb
+for f in vlana vlanb; do
+    n=$(count "$work/$f.pcap")
+    single=$(count "$work/$f.pcap" -Y 'vlan.id == 77 && !ieee8021ad && infiniband.bth.destqp == 0xcd')
+    double=$(count "$work/$f.pcap" -Y 'ieee8021ad.id == 100 && vlan.id == 77 && infiniband.bth.destqp == 0xcd')
+    log "  $f: $n frames: $single tagged 77, $double tagged 100 + 77"
+    ((n == 20 && single == 10 && double == 10)) || fail "$f: VLAN frames missing or without their tags"
+done
 
 # --- 3. in-kernel filters, four taps at once -----------------------------------------------
 crafted=20
