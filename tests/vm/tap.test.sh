@@ -7,7 +7,8 @@
 #      with every buffer verified (the tap does not disturb traffic).
 #   2. UD, pcap, plus a live tap (--write - | tshark -r -) with --opcode ud --count; UC with
 #      --opcode uc; RC over IPv6 with --ip; raw frames with one and two VLAN tags, seen on
-#      egress (tags in the frame) and on the far ingress (outer tag offloaded, put back).
+#      egress (tags in the frame) and on the far ingress (outer tag offloaded, put back); RC on
+#      lo (the udp transport's interface), every frame seen once each way.
 #   3. In-kernel filters, four taps on the same interface at once (tcx multi-program): --qpn of
 #      the RC QP, --qpn and --ip of crafted RoCE frames to an address nobody listens on, and
 #      --opcode ack; each capture holds exactly the frames it should.
@@ -115,13 +116,15 @@ stop_tap() {
         fail "tap $name lost frames to a full ring"
 }
 
-# run_pair NAME KIND ARGS...: rxe-peer server in $far ($ip_b, default 10.77.9.2), client here
-# ($ip_a, default 10.77.9.1), both must exit 0 with every
+# run_pair NAME KIND ARGS...: rxe-peer server in $far (here with same_ns=1) ($ip_b, default
+# 10.77.9.2), client here ($ip_a, default 10.77.9.1), both must exit 0 with every
 # buffer verified and the run complete. Sets $sent_a / $sent_b (packets each side sent).
 run_pair() {
     local name=$1 kind=$2 spid rc=0 f a=${ip_a:-10.77.9.1} b=${ip_b:-10.77.9.2}
     shift 2
-    ip netns exec "$far" timeout 120 "$peer" --local-ip "$b" "$kind" --peer-is-rxe-peer "$@" \
+    local where=(ip netns exec "$far")
+    [[ ${same_ns:-} == 1 ]] && where=()
+    "${where[@]}" timeout 120 "$peer" --local-ip "$b" "$kind" --peer-is-rxe-peer "$@" \
         >"$work/$name.server" 2>&1 &
     spid=$!
     timeout 120 "$peer" --local-ip "$a" "$kind" --server "$b" --peer-is-rxe-peer "$@" \
@@ -287,6 +290,17 @@ for f in vlana vlanb; do
     log "  $f: $n frames: $single tagged 77, $double tagged 100 + 77"
     ((n == 20 && single == 10 && double == 10)) || fail "$f: VLAN frames missing or without their tags"
 done
+
+log "2e. lo: RC between 127.0.0.1 and 127.0.0.2 in this namespace, tap on lo (each frame seen on egress and on ingress)"
+tap_if=lo start_tap lo --write "$work/lo.pcapng"
+lo_tap=$tap_pid
+same_ns=1 ip_a=127.0.0.1 ip_b=127.0.0.2 run_pair lo rc -n 50 -s 4096 -m 1024
+stop_tap "$lo_tap" lo
+egress=$(count "$work/lo.pcapng" -Y 'frame.interface_id == 1 && infiniband')
+ingress=$(count "$work/lo.pcapng" -Y 'frame.interface_id == 0 && infiniband')
+log "  lo.pcapng: egress $egress, ingress $ingress (peers sent $sent_a + $sent_b)"
+((egress == sent_a + sent_b && ingress == sent_a + sent_b)) || fail "lo: frame counts differ from rxe-peer's"
+check_roce "$work/lo.pcapng" 127.0.0.1 127.0.0.2
 
 # --- 3. in-kernel filters, four taps at once -----------------------------------------------
 crafted=20
