@@ -244,7 +244,11 @@ pub fn decode_send_wqe(
             mr_lkey: u32_at(slot, swqe::MW_MR_LKEY),
             addr: u64_at(slot, swqe::MW_ADDR),
             length: u64_at(slot, swqe::MW_LENGTH),
-            access: Access(u32_at(slot, swqe::MW_ACCESS)),
+            // Only remote rights (and zero-based) mean something for a window; rxe ignores
+            // the rest, and librxe users pass LOCAL_WRITE along (pyverbs' MW tests do).
+            access: Access(
+                u32_at(slot, swqe::MW_ACCESS) & (Access::REMOTE.0 | Access::ZERO_BASED.0),
+            ),
         },
         wr_op::REG_MR => {
             let page_shift = slot[swqe::REG_PAGE_SHIFT];

@@ -18,7 +18,8 @@
 # Everything runs in a network namespace of its own (tests/vm/net.sh exec): the daemon's
 # UDP socket is bound to an address on that namespace's loopback, which is also the guest's
 # eth0 address (a NIC attached to nothing), so the guest's RoCEv2 GID is the daemon's.
-# Env: VUR_DEVICE_ITERS (default 200), VUR_COMPARE_ITERS (default 1000), VUR_DAEMON (daemon binary), VUR_IMAGES, VUR_QEMU,
+# Env: VUR_DEVICE_ITERS (default 200), VUR_COMPARE_ITERS (default 1000), VUR_PYVERBS_MODULES
+# (comma-separated rdma-core test modules for 'pyverbs'), VUR_DAEMON (daemon binary), VUR_IMAGES, VUR_QEMU,
 # VUR_DRIVER_KO (a virtio_rdma.ko to load instead of the image's: driver development
 # without repacking the image).
 set -euo pipefail
@@ -232,14 +233,15 @@ PY
         if [[ ! -f $t/run_tests.py ]]; then
             echo "DV-FAIL pyverbs: the image has no rdma-core tests"; fail=1; continue
         fi
-        for m in ${VUR_PYVERBS_MODULES:-test_device test_pd test_mr test_cq test_cq_events \
-            test_cqex test_qp test_qpex test_srq test_addr test_atomic test_relaxed_ordering \
-            test_shared_pd test_parent_domain test_fork test_rdmacm}; do
+        mods=${VUR_PYVERBS_MODULES:-test_device,test_pd,test_mr,test_cq,test_cq_events,test_cqex,test_qp,test_qpex,test_srq,test_addr,test_atomic,test_relaxed_ordering,test_shared_pd,test_parent_domain,test_fork,test_rdmacm}
+        for m in ${mods//,/ }; do
             timeout 600 python3 -u "$t/run_tests.py" --dev "$dev" --port 1 --gid "$gid" -v \
                 "tests.$m" >"/tmp/pyverbs.$m.log" 2>&1
             rc=$?
             grep -E ' \.\.\. (FAIL|ERROR)' "/tmp/pyverbs.$m.log" | head -20
             echo "DV-PYVERBS $m rc=$rc $(grep -E '^(Ran|OK|FAILED)' "/tmp/pyverbs.$m.log" | tr '\n' ' ')"
+            grep -oE "skipped '.*'" "/tmp/pyverbs.$m.log" | sort | uniq -c | sort -rn | head -5 |
+                sed "s/^/DV-PYVERBS $m /"
             ((rc == 0)) || { sed -n '/^=====/,/^Ran /p' "/tmp/pyverbs.$m.log" | head -n 80; fail=1; }
         done
         ;;
@@ -295,7 +297,8 @@ print(b"".join(iter(lambda: s.recv(65536), b"")).decode())' "$work/counters.sock
 watcher=$!
 "$here/run-vm.sh" --name dv --qemu "$qemu" --images "$images" --rdma-sock "$work/rdma.sock" \
     --nic-no-peer --mac "$mac" --ip "$addr/24" "${rxe_opt[@]}" --shared "$work" --smp "${VUR_DEVICE_SMP:-2}" \
-    --scenario "$work/device-guest.sh" --timeout "$vm_timeout" ${VUR_DRIVER_PARAMS:+--env "VUR_DRIVER_PARAMS=$VUR_DRIVER_PARAMS"} || vm_rc=$?
+    --scenario "$work/device-guest.sh" --timeout "$vm_timeout" ${VUR_DRIVER_PARAMS:+--env "VUR_DRIVER_PARAMS=$VUR_DRIVER_PARAMS"} \
+    ${VUR_PYVERBS_MODULES:+--env "VUR_PYVERBS_MODULES=$VUR_PYVERBS_MODULES"} || vm_rc=$?
 
 tr -d '\r' <"$work/dv.console.log" |
     grep -a -E '^DV|^\[vur-init|usec/iter|t_avg|BW average|^ *[0-9]+ +[0-9]+ +[0-9.]+| \.\.\. (FAIL|ERROR)' || true

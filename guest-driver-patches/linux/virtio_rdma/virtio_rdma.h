@@ -145,6 +145,10 @@ struct vrdma_mr {
 	struct ib_umem *umem;
 };
 
+struct vrdma_mw {
+	struct ib_mw ibmw;
+};
+
 /* virtio_rdma_main.c */
 int vrdma_cmd(struct vrdma_dev *dev, u32 opcode, const void *cmd, size_t cmd_len,
 	      void *resp, size_t resp_len);

@@ -222,6 +222,9 @@ void vrdma_init_attrs(struct vrdma_dev *dev)
 	a->max_qp_wr = rounddown_pow_of_two(le32_to_cpu(c->max_qp_wr) + 1) - 1;
 	a->device_cap_flags = IB_DEVICE_RC_RNR_NAK_GEN | IB_DEVICE_SYS_IMAGE_GUID |
 			      IB_DEVICE_PORT_ACTIVE_EVENT;
+	if (le32_to_cpu(c->caps) & VRDMA_CAP_MEM_WINDOW)
+		a->device_cap_flags |= IB_DEVICE_MEM_WINDOW | IB_DEVICE_MEM_WINDOW_TYPE_2B;
+	a->max_mw = le32_to_cpu(c->max_mw);
 	a->max_send_sge = le32_to_cpu(c->max_sge);
 	a->max_recv_sge = le32_to_cpu(c->max_sge);
 	a->max_sge_rd = le32_to_cpu(c->max_sge);
@@ -1355,6 +1358,32 @@ static int vrdma_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata)
 	return 0;
 }
 
+/* --- MW: user windows (librxe binds them with BIND_MW work requests) ------------------- */
+
+static int vrdma_alloc_mw(struct ib_mw *ibmw, struct ib_udata *udata)
+{
+	struct vrdma_cmd_alloc_mw cmd = {
+		.pdn = cpu_to_le32(pdn_of(ibmw->pd)),
+		.mw_type = cpu_to_le32(ibmw->type == IB_MW_TYPE_2 ? 2 : 1),
+	};
+	struct vrdma_resp_mr r;
+	int err;
+
+	err = vrdma_cmd(to_vdev(ibmw->device), VRDMA_CMD_ALLOC_MW, &cmd, sizeof(cmd), &r,
+			sizeof(r));
+	if (err)
+		return err;
+	ibmw->rkey = le32_to_cpu(r.rkey);
+	return 0;
+}
+
+static int vrdma_dealloc_mw(struct ib_mw *ibmw)
+{
+	int err = vrdma_cmd_handle(to_vdev(ibmw->device), VRDMA_CMD_DEALLOC_MW, ibmw->rkey);
+
+	return err == -ENOENT || err == -EIO || err == -ETIMEDOUT ? 0 : err;
+}
+
 /* --- AH ------------------------------------------------------------------------------- */
 
 /*
@@ -1408,6 +1437,7 @@ const struct ib_device_ops vrdma_dev_ops = {
 	.uverbs_abi_ver = VRDMA_UVERBS_ABI_VERSION,
 
 	.add_gid = vrdma_add_gid,
+	.alloc_mw = vrdma_alloc_mw,
 	.alloc_pd = vrdma_alloc_pd,
 	.alloc_ucontext = vrdma_alloc_ucontext,
 	.create_ah = vrdma_create_ah,
@@ -1415,6 +1445,7 @@ const struct ib_device_ops vrdma_dev_ops = {
 	.create_qp = vrdma_create_qp,
 	.create_srq = vrdma_create_srq,
 	.create_user_ah = vrdma_create_ah,
+	.dealloc_mw = vrdma_dealloc_mw,
 	.dealloc_pd = vrdma_dealloc_pd,
 	.dealloc_ucontext = vrdma_dealloc_ucontext,
 	.del_gid = vrdma_del_gid,
@@ -1445,6 +1476,7 @@ const struct ib_device_ops vrdma_dev_ops = {
 
 	INIT_RDMA_OBJ_SIZE(ib_ah, vrdma_ah, ibah),
 	INIT_RDMA_OBJ_SIZE(ib_cq, vrdma_cq, ibcq),
+	INIT_RDMA_OBJ_SIZE(ib_mw, vrdma_mw, ibmw),
 	INIT_RDMA_OBJ_SIZE(ib_pd, vrdma_pd, ibpd),
 	INIT_RDMA_OBJ_SIZE(ib_qp, vrdma_qp, ibqp),
 	INIT_RDMA_OBJ_SIZE(ib_srq, vrdma_srq, ibsrq),
