@@ -72,6 +72,8 @@ pub struct TapArgs {
 pub enum TapConfigError {
     #[error("no network interface {0:?}")]
     Iface(String),
+    #[error("--iface {0:?} given twice")]
+    DuplicateIface(String),
     #[error("--qpn {0:?}: want a QPN 0..=0xffffff (decimal or 0x..)")]
     Qpn(String),
     #[error("--opcode: {0}")]
@@ -127,6 +129,11 @@ impl TryFrom<TapArgs> for TapConfig {
                     .ok_or_else(|| TapConfigError::Iface(n.clone()))
             })
             .collect::<Result<Vec<_>, _>>()?;
+        for (i, (name, index)) in ifaces.iter().enumerate() {
+            if ifaces[..i].iter().any(|(_, j)| j == index) {
+                return Err(TapConfigError::DuplicateIface(name.clone()));
+            }
+        }
         let qpn = a
             .qpn
             .as_deref()
@@ -502,6 +509,10 @@ mod tests {
             TapConfigError::Duration(-1.0)
         );
         assert_eq!(cfg(&["--count", "0"]).unwrap_err(), TapConfigError::Count);
+        assert_eq!(
+            cfg(&["--iface", "lo"]).unwrap_err(),
+            TapConfigError::DuplicateIface("lo".into())
+        );
         assert_eq!(
             cfg(&["--ring-kib", "100"]).unwrap_err(),
             TapConfigError::RingKib(100)

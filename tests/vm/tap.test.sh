@@ -291,8 +291,8 @@ for f in vlana vlanb; do
     ((n == 20 && single == 10 && double == 10)) || fail "$f: VLAN frames missing or without their tags"
 done
 
-log "2e. lo: RC between 127.0.0.1 and 127.0.0.2 in this namespace, tap on lo (each frame seen on egress and on ingress)"
-tap_if=lo start_tap lo --write "$work/lo.pcapng"
+log "2e. lo: RC between 127.0.0.1 and 127.0.0.2 in this namespace, tap on lo and vtapA (each frame seen on lo egress and on lo ingress)"
+tap_if=lo start_tap lo --iface vtapA --write "$work/lo.pcapng" # two interfaces: 4 IDBs
 lo_tap=$tap_pid
 same_ns=1 ip_a=127.0.0.1 ip_b=127.0.0.2 run_pair lo rc -n 50 -s 4096 -m 1024
 stop_tap "$lo_tap" lo
@@ -300,6 +300,9 @@ egress=$(count "$work/lo.pcapng" -Y 'frame.interface_id == 1 && infiniband')
 ingress=$(count "$work/lo.pcapng" -Y 'frame.interface_id == 0 && infiniband')
 log "  lo.pcapng: egress $egress, ingress $ingress (peers sent $sent_a + $sent_b)"
 ((egress == sent_a + sent_b && ingress == sent_a + sent_b)) || fail "lo: frame counts differ from rxe-peer's"
+names=$(fields "$work/lo.pcapng" frame.interface_name frame.interface_description | sort -u | tr '\t\n' ' ')
+log "  interfaces of the frames: $names"
+[[ $names == "lo lo tcx egress lo lo tcx ingress " ]] || fail "lo: frames on other interfaces than lo"
 check_roce "$work/lo.pcapng" 127.0.0.1 127.0.0.2
 
 # --- 3. in-kernel filters, four taps at once -----------------------------------------------
@@ -362,7 +365,7 @@ grep -q "ring_drops=$lost" "$work/full.err" || fail "no summary line reports rin
 # --- 5. bad input --------------------------------------------------------------------------
 log "5. bad input exits 2 with a message"
 for args in "--iface no-such-if0" "--iface vtapA --qpn 0x1000000" "--iface vtapA --opcode bogus" \
-    "--iface vtapA --snaplen 0" "--iface vtapA --ring-kib 3" "--iface"; do
+    "--iface vtapA --snaplen 0" "--iface vtapA --ring-kib 3" "--iface vtapA --iface vtapA" "--iface"; do
     rc=0
     # shellcheck disable=SC2086 # word-split on purpose
     "$bin" tap $args >/dev/null 2>"$work/bad.err" || rc=$?
