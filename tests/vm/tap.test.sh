@@ -8,7 +8,9 @@
 #   2. UD, pcap, plus a live tap (--write - | tshark -r -) with --opcode ud --count; UC with
 #      --opcode uc; RC over IPv6 with --ip; raw frames with one and two VLAN tags, seen on
 #      egress (tags in the frame) and on the far ingress (outer tag offloaded, put back); RC on
-#      lo (the udp transport's interface), every frame seen once each way.
+#      lo (the udp transport's interface), every frame seen once each way; RC with random loss
+#      both ways (a tc-BPF dropper on the far veth: the host has no netem): frame counts, NAKs
+#      against the client's counters, PSN repeats seen when the peers retransmitted.
 #   3. In-kernel filters, four taps on the same interface at once (tcx multi-program): --qpn of
 #      the RC QP, --qpn and --ip of crafted RoCE frames to an address nobody listens on, and
 #      --opcode ack; each capture holds exactly the frames it should.
@@ -21,7 +23,8 @@
 # Runs in a network namespace of its own (tests/vm/net.sh exec) and makes a second one for the
 # far end of the veth; the 10.77.9.0/24 addresses exist only there. Prints "SKIP: <reason>"
 # and exits 77 without root, clang, tshark or python3 (a failure under CI=true).
-# Env: VUR_TAP_ITERS (RC messages, default 300), VUR_TAP_KEEP=1 keeps the captures,
+# Env: VUR_TAP_ITERS (RC messages, default 300), VUR_TAP_LOSS (percent, default 3),
+# VUR_TAP_KEEP=1 keeps the captures,
 # VUR_TAP_PROFILE=debug uses the debug binaries (default release, as tests/run.sh builds).
 set -euo pipefail
 
@@ -91,7 +94,7 @@ start_tap() {
     tap_pid=$!
     pids+=("$tap_pid")
     for i in $(seq 200); do
-        grep -q '^tap: attached' "$work/$name.err" && return 0
+        grep -qs '^tap: attached' "$work/$name.err" && return 0
         kill -0 "$tap_pid" 2>/dev/null || break
         sleep 0.1
     done
@@ -215,8 +218,8 @@ ud_tap=$tap_pid
     tshark -n -r - -T fields -e infiniband.bth.opcode >"$work/live.txt" 2>/dev/null &
 live_pid=$!
 pids+=("$live_pid")
-for _ in $(seq 200); do grep -q '^tap: attached' "$work/live.err" && break; sleep 0.1; done
-grep -q '^tap: attached' "$work/live.err" || fail "live tap did not attach within 20 s"
+for _ in $(seq 200); do grep -qs '^tap: attached' "$work/live.err" && break; sleep 0.1; done
+grep -qs '^tap: attached' "$work/live.err" || fail "live tap did not attach within 20 s"
 run_pair ud ud -n 200 -s 1024 -m 1024
 stop_tap "$ud_tap" ud
 for _ in $(seq 100); do kill -0 "$live_pid" 2>/dev/null || break; sleep 0.1; done
@@ -304,6 +307,52 @@ names=$(fields "$work/lo.pcapng" frame.interface_name frame.interface_descriptio
 log "  interfaces of the frames: $names"
 [[ $names == "lo lo tcx egress lo lo tcx ingress " ]] || fail "lo: frames on other interfaces than lo"
 check_roce "$work/lo.pcapng" 127.0.0.1 127.0.0.2
+
+loss=${VUR_TAP_LOSS:-3}
+log "2f. RC with loss: ${loss}% of RoCE frames dropped at random on the far veth both ways (tc-BPF); $iters messages"
+# A tc-BPF dropper on vtapB (the host kernel has no netem): client -> server frames are dropped
+# after the tap saw them on vtapA egress, server -> client frames before it sees them.
+cat >"$work/drop.c" <<'EOF'
+typedef unsigned int __u32;
+typedef unsigned char __u8;
+struct __sk_buff { __u32 len; };
+static long (*bpf_skb_load_bytes)(const void *skb, __u32 offset, void *to, __u32 len) = (void *)26;
+static __u32 (*bpf_get_prandom_u32)(void) = (void *)7;
+__attribute__((section("classifier"), used)) int drop_roce(struct __sk_buff *skb)
+{
+	__u8 h[2];
+	/* Ethernet + IPv4 without options: the UDP destination port is at 36. */
+	if (bpf_skb_load_bytes(skb, 36, h, 2) || h[0] != 0x12 || h[1] != 0xb7)
+		return -1; /* TC_ACT_UNSPEC */
+	return bpf_get_prandom_u32() % 100 < PERCENT ? 2 /* TC_ACT_SHOT */ : -1;
+}
+char _license[] __attribute__((section("license"), used)) = "BSD";
+EOF
+clang -O2 -target bpf -DPERCENT="$loss" -c "$work/drop.c" -o "$work/drop.o"
+ip netns exec "$far" tc qdisc add dev vtapB clsact
+for dir in ingress egress; do
+    ip netns exec "$far" tc filter add dev vtapB "$dir" bpf da obj "$work/drop.o" sec classifier
+done
+start_tap loss --write "$work/loss.pcapng"
+loss_tap=$tap_pid
+run_pair loss rc -n "$iters" -s 4096 -m 1024
+stop_tap "$loss_tap" loss
+ip netns exec "$far" tc qdisc del dev vtapB clsact
+recv_a=$(sed -n 's/.* packets sent, \([0-9]*\) received.*/\1/p' "$work/loss.client")
+egress=$(count "$work/loss.pcapng" -Y 'frame.interface_id == 1')
+ingress=$(count "$work/loss.pcapng" -Y 'frame.interface_id == 0')
+log "  egress frames $egress (client sent $sent_a), ingress frames $ingress (client received $recv_a, server sent $sent_b)"
+((egress == sent_a && ingress == recv_a)) || fail "loss: frame counts differ from rxe-peer's"
+tap_retx=$(sed -n 's/.* retransmits=\([0-9]*\) .*/\1/p' "$work/loss.err" | awk '{n += $1} END {print n + 0}')
+tap_naks=$(sed -n 's/.* naks=\([0-9]*\) .*/\1/p' "$work/loss.err" | awk '{n += $1} END {print n + 0}')
+counter() { sed -n "s/^counters: .*\\b$2=\\([0-9]*\\).*/\\1/p" "$work/loss.$1"; }
+c_retx=$(counter client retransmits) s_retx=$(counter server retransmits)
+c_nsent=$(counter client naks_sent) c_nrecv=$(counter client naks_received)
+log "  tap: $tap_retx PSN repeats, $tap_naks NAKs; client: retransmits $c_retx naks_sent $c_nsent naks_received $c_nrecv; server: retransmits $s_retx"
+# Every NAK the client sent passed the tap, and so did every NAK the client received.
+((tap_naks == c_nsent + c_nrecv)) || fail "loss: the tap saw $tap_naks NAKs, the client sent $c_nsent and received $c_nrecv"
+((c_retx + s_retx == 0 || tap_retx > 0)) || fail "loss: the peers retransmitted but the tap saw no PSN repeat"
+check_roce "$work/loss.pcapng"
 
 # --- 3. in-kernel filters, four taps at once -----------------------------------------------
 crafted=20
