@@ -28,8 +28,10 @@ if [[ -z ${VUR_CACHE_ROOT:-} ]]; then
     fi
 fi
 cache=${VUR_CACHE_DIR:-$VUR_CACHE_ROOT/images}
-# Out-of-tree kernel module sources (guest-driver-patches/linux/virtio_rdma).
+# Out-of-tree kernel module sources (guest-driver-patches/linux/virtio_rdma), and the
+# kernel-verbs self test that goes with it (guest-driver-patches/linux/selftest).
 driver_src=$repo/guest-driver-patches/linux/virtio_rdma
+selftest_src=$repo/guest-driver-patches/linux/selftest
 # Packages of the module build chroot (the kernel headers are added by version).
 kbuild_pkgs=(gcc-14 make libc6-dev)
 suite=trixie
@@ -64,9 +66,11 @@ step() { # step NAME CMD... : run CMD, print its duration
 
 hash_files() { sha256sum "$@" | sha256sum | cut -c1-16; }
 key1=$(hash_files "$here/build.sh" "$here/packages.txt")
-driver_hash() { # contents and names of the driver sources
+driver_hash() { # contents and names of the driver (and self test) sources
     [[ -d $driver_src ]] || { echo none && return; }
-    (cd "$driver_src" && find . -type f ! -name '*.o' ! -name '*.ko' ! -name '*.cmd' \
+    local dirs=("${driver_src##*/}")
+    [[ ! -d $selftest_src ]] || dirs+=("${selftest_src##*/}")
+    (cd "$driver_src/.." && find "${dirs[@]}" -type f ! -name '*.o' ! -name '*.ko' ! -name '*.cmd' \
         ! -name '*.mod*' ! -name 'Module.symvers' ! -name 'modules.order' -print0 |
         LC_ALL=C sort -z | xargs -0 sha256sum) | sha256sum | cut -c1-16
 }
@@ -229,6 +233,12 @@ do_driver() {
         make -C "/usr/src/linux-headers-$kver" M=/src/virtio_rdma CONFIG_INFINIBAND_VIRTIO_RDMA=m modules >"$cache/driver-build.log" 2>&1 ||
         { tail -40 "$cache/driver-build.log"; die "virtio_rdma build failed (log: $cache/driver-build.log)"; }
     grep -E 'warning|error' "$cache/driver-build.log" || true
+    if [[ -d $selftest_src ]]; then
+        cp -r "$selftest_src" "$kbuild/src/selftest"
+        chroot "$kbuild" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 \
+            make -C "/usr/src/linux-headers-$kver" M=/src/selftest modules >>"$cache/driver-build.log" 2>&1 ||
+            { tail -40 "$cache/driver-build.log"; die "vrdma_selftest build failed (log: $cache/driver-build.log)"; }
+    fi
 }
 if [[ -d $driver_src ]]; then
     step "build virtio_rdma.ko for $kver" do_driver
@@ -290,6 +300,8 @@ do_stage() {
     rm -f "$keep_list"
     if [[ -d $driver_src ]]; then
         install -D -m 644 "$kbuild/src/virtio_rdma/virtio_rdma.ko" "$m/updates/virtio_rdma.ko"
+        [[ ! -f $kbuild/src/selftest/vrdma_selftest.ko ]] ||
+            install -m 644 "$kbuild/src/selftest/vrdma_selftest.ko" "$m/updates/vrdma_selftest.ko"
     fi
     chroot "$stage" depmod -a "$kver"
     kept=$(find "$m/kernel" -name '*.ko*' | wc -l)

@@ -10,7 +10,8 @@
 # Tools: devinfo rc rc_events uc ud srq (libibverbs examples, with --chk data checks; rc_events
 # sleeps on completion events), send_lat send_bw write_lat write_bw read_bw atomic_bw (perftest),
 # rping (rdma_cm: the CM runs over the driver's kernel QP1), resize_cq (pyverbs: ibv_resize_cq
-# with completions in flight); pyverbs (not in the default set: rdma-core's test suite);
+# with completions in flight), kverbs (kernel fast registration: the vrdma_selftest module);
+# pyverbs (not in the default set: rdma-core's test suite);
 # compare (not in the default
 # set): ib_send_lat and ib_write_bw over vrdma0 and over Linux rxe on the same guest's eth0.
 # Prints "SKIP: <reason>" and exits 0 when not root, or the patched QEMU, the image with
@@ -21,7 +22,7 @@
 # Env: VUR_DEVICE_ITERS (default 200), VUR_COMPARE_ITERS (default 1000), VUR_PYVERBS_MODULES
 # (comma-separated rdma-core test modules for 'pyverbs'), VUR_DAEMON (daemon binary), VUR_IMAGES, VUR_QEMU,
 # VUR_DRIVER_KO (a virtio_rdma.ko to load instead of the image's: driver development
-# without repacking the image).
+# without repacking the image), VUR_SELFTEST_KO (likewise for vrdma_selftest.ko).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -82,8 +83,9 @@ done
 [[ -S $work/rdma.sock ]] || { cat "$work/daemon.log"; log "FAIL: the daemon's socket did not appear within 10 s"; exit 1; }
 
 tools=("$@")
-((${#tools[@]})) || tools=(devinfo rc rc_events uc ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw rping resize_cq)
+((${#tools[@]})) || tools=(devinfo rc rc_events uc ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw rping resize_cq kverbs)
 reload=0
+[[ -z ${VUR_SELFTEST_KO:-} ]] || cp "$VUR_SELFTEST_KO" "$work/vrdma_selftest.ko"
 if [[ -n ${VUR_DRIVER_KO:-} ]]; then
     cp "$VUR_DRIVER_KO" "$work/virtio_rdma.ko"
     reload=1
@@ -244,6 +246,19 @@ PY
                 sed "s/^/DV-PYVERBS $m /"
             ((rc == 0)) || { sed -n '/^=====/,/^Ran /p' "/tmp/pyverbs.$m.log" | head -n 80; fail=1; }
         done
+        ;;
+    kverbs)
+        # Kernel verbs no user tool reaches (fast registration): the vrdma_selftest module
+        # from guest-driver-patches/linux/selftest runs its test at load and prints the verdict.
+        ko=/vur/vrdma_selftest.ko
+        [[ -f $ko ]] || ko=$(modinfo -n vrdma_selftest 2>/dev/null)
+        if [[ -z $ko || ! -f $ko ]]; then
+            echo "DV-FAIL kverbs: no vrdma_selftest.ko"; fail=1; continue
+        fi
+        insmod "$ko" devname="$dev" 2>/dev/null
+        v=$(dmesg | grep -a 'vrdma_selftest: \(PASS\|FAIL\)' | tail -1 | sed 's/^\[[^]]*\] //')
+        echo "DV $v"
+        [[ $v == *PASS* ]] && report kverbs 0 || report kverbs 1
         ;;
     compare)
         # The same perftest runs over vrdma0 and over Linux rxe (rxe0 on this guest's eth0),

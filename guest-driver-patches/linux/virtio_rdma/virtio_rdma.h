@@ -143,6 +143,12 @@ struct vrdma_ah {
 struct vrdma_mr {
 	struct ib_mr ibmr;
 	struct ib_umem *umem;
+	/* the key the device knows the MR by (fast-reg MRs change it with each REG_MR) */
+	u32 dev_key;
+	/* fast-reg MRs: one page of page GPAs (levels 0), read when a REG_MR WQE is taken */
+	__le64 *pages;
+	u32 max_pages;
+	u32 npages;
 };
 
 struct vrdma_mw {

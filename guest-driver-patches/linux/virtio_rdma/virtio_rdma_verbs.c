@@ -8,6 +8,7 @@
  */
 
 #include <linux/vmalloc.h>
+#include <linux/unaligned.h>
 #include <linux/mm.h>
 #include <rdma/ib_addr.h>
 #include <rdma/ib_cache.h>
@@ -222,6 +223,8 @@ void vrdma_init_attrs(struct vrdma_dev *dev)
 	a->max_qp_wr = rounddown_pow_of_two(le32_to_cpu(c->max_qp_wr) + 1) - 1;
 	a->device_cap_flags = IB_DEVICE_RC_RNR_NAK_GEN | IB_DEVICE_SYS_IMAGE_GUID |
 			      IB_DEVICE_PORT_ACTIVE_EVENT;
+	if (le32_to_cpu(c->caps) & VRDMA_CAP_FAST_REG)
+		a->device_cap_flags |= IB_DEVICE_MEM_MGT_EXTENSIONS;
 	if (le32_to_cpu(c->caps) & VRDMA_CAP_MEM_WINDOW)
 		a->device_cap_flags |= IB_DEVICE_MEM_WINDOW | IB_DEVICE_MEM_WINDOW_TYPE_2B;
 	a->max_mw = le32_to_cpu(c->max_mw);
@@ -949,8 +952,29 @@ static int build_send_wqe(struct vrdma_qp *qp, const struct ib_send_wr *wr,
 	case IB_WR_LOCAL_INV:
 		w->ex.invalidate_rkey = wr->ex.invalidate_rkey;
 		break;
+	case IB_WR_REG_MR: {
+		/* the contract's REG_MR layout (§6.2) inside the rxe_send_wr union */
+		const struct ib_reg_wr *rw = reg_wr(wr);
+		struct vrdma_mr *mr = container_of(rw->mr, struct vrdma_mr, ibmr);
+		u8 *p = (u8 *)wqe;
+
+		if (!mr->pages || !mr->npages)
+			return -EINVAL;
+		put_unaligned_le64(mr->ibmr.iova, p + 24);
+		put_unaligned_le64(mr->ibmr.length, p + 32);
+		put_unaligned_le32(mr->dev_key, p + 40);
+		put_unaligned_le32(rw->key, p + 44);
+		put_unaligned_le32(access_to_dev(rw->access), p + 48);
+		p[52] = ilog2(mr->ibmr.page_size);
+		p[53] = 0;
+		put_unaligned_le64(virt_to_phys(mr->pages), p + 56);
+		put_unaligned_le32(mr->npages, p + 64);
+		mr->dev_key = rw->key;
+		wqe->dma.num_sge = 0;
+		return 0;
+	}
 	default:
-		return -EOPNOTSUPP;	/* REG_MR, BIND_MW from kernel users: not yet */
+		return -EOPNOTSUPP;	/* BIND_MW from kernel users: not yet */
 	}
 	for (i = 0; i < wr->num_sge; i++)
 		len += wr->sg_list[i].length;
@@ -1308,6 +1332,7 @@ static struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length
 		goto err_umem;
 	mr->ibmr.lkey = le32_to_cpu(r.lkey);
 	mr->ibmr.rkey = le32_to_cpu(r.rkey);
+	mr->dev_key = mr->ibmr.lkey;
 	mr->ibmr.iova = iova;
 	mr->ibmr.length = length;
 	return &mr->ibmr;
@@ -1340,7 +1365,66 @@ static struct ib_mr *vrdma_get_dma_mr(struct ib_pd *ibpd, int access)
 	}
 	mr->ibmr.lkey = le32_to_cpu(r.lkey);
 	mr->ibmr.rkey = le32_to_cpu(r.rkey);
+	mr->dev_key = mr->ibmr.lkey;
 	return &mr->ibmr;
+}
+
+/*
+ * Fast registration for kernel users (ib_alloc_mr + ib_map_mr_sg + IB_WR_REG_MR): up to 512
+ * pages, whose GPAs live in one page the REG_MR WQE points to (§6.2).
+ */
+static struct ib_mr *vrdma_alloc_mr(struct ib_pd *ibpd, enum ib_mr_type type, u32 max_num_sg)
+{
+	struct vrdma_cmd_alloc_mr cmd = {
+		.pdn = cpu_to_le32(pdn_of(ibpd)),
+		.max_num_sg = cpu_to_le32(max_num_sg),
+	};
+	struct vrdma_resp_mr r;
+	struct vrdma_mr *mr;
+	int err;
+
+	if (type != IB_MR_TYPE_MEM_REG || !max_num_sg || max_num_sg > PL_PER_PAGE)
+		return ERR_PTR(-EINVAL);
+	mr = kzalloc(sizeof(*mr), GFP_KERNEL);
+	if (!mr)
+		return ERR_PTR(-ENOMEM);
+	mr->pages = (__le64 *)get_zeroed_page(GFP_KERNEL);
+	if (!mr->pages) {
+		kfree(mr);
+		return ERR_PTR(-ENOMEM);
+	}
+	err = vrdma_cmd(to_vdev(ibpd->device), VRDMA_CMD_ALLOC_MR, &cmd, sizeof(cmd), &r,
+			sizeof(r));
+	if (err) {
+		free_page((unsigned long)mr->pages);
+		kfree(mr);
+		return ERR_PTR(err);
+	}
+	mr->max_pages = max_num_sg;
+	mr->ibmr.lkey = le32_to_cpu(r.lkey);
+	mr->ibmr.rkey = le32_to_cpu(r.rkey);
+	mr->dev_key = mr->ibmr.lkey;
+	return &mr->ibmr;
+}
+
+static int vrdma_set_page(struct ib_mr *ibmr, u64 addr)
+{
+	struct vrdma_mr *mr = container_of(ibmr, struct vrdma_mr, ibmr);
+
+	if (mr->npages == mr->max_pages)
+		return -ENOMEM;
+	/* virtual DMA: the "DMA address" is a kernel virtual address */
+	mr->pages[mr->npages++] = cpu_to_le64(virt_to_phys((void *)(uintptr_t)addr));
+	return 0;
+}
+
+static int vrdma_map_mr_sg(struct ib_mr *ibmr, struct scatterlist *sg, int sg_nents,
+			   unsigned int *sg_offset)
+{
+	struct vrdma_mr *mr = container_of(ibmr, struct vrdma_mr, ibmr);
+
+	mr->npages = 0;
+	return ib_sg_to_pages(ibmr, sg, sg_nents, sg_offset, vrdma_set_page);
 }
 
 static int vrdma_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata)
@@ -1348,12 +1432,14 @@ static int vrdma_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata)
 	struct vrdma_mr *mr = container_of(ibmr, struct vrdma_mr, ibmr);
 	int err;
 
-	err = vrdma_cmd_handle(to_vdev(ibmr->device), VRDMA_CMD_DEREG_MR, ibmr->lkey);
+	err = vrdma_cmd_handle(to_vdev(ibmr->device), VRDMA_CMD_DEREG_MR, mr->dev_key);
 	if (err && err != -ENOENT && err != -EIO && err != -ETIMEDOUT)
 		return err;
 	/* after DEREG_MR the device no longer touches the pages: unpin */
 	if (mr->umem)
 		ib_umem_release(mr->umem);
+	if (mr->pages)
+		free_page((unsigned long)mr->pages);
 	kfree(mr);
 	return 0;
 }
@@ -1437,6 +1523,7 @@ const struct ib_device_ops vrdma_dev_ops = {
 	.uverbs_abi_ver = VRDMA_UVERBS_ABI_VERSION,
 
 	.add_gid = vrdma_add_gid,
+	.alloc_mr = vrdma_alloc_mr,
 	.alloc_mw = vrdma_alloc_mw,
 	.alloc_pd = vrdma_alloc_pd,
 	.alloc_ucontext = vrdma_alloc_ucontext,
@@ -1457,6 +1544,7 @@ const struct ib_device_ops vrdma_dev_ops = {
 	.get_dma_mr = vrdma_get_dma_mr,
 	.get_link_layer = vrdma_get_link_layer,
 	.get_port_immutable = vrdma_get_port_immutable,
+	.map_mr_sg = vrdma_map_mr_sg,
 	.mmap = vrdma_mmap,
 	.mmap_free = vrdma_mmap_free,
 	.modify_qp = vrdma_modify_qp,
