@@ -352,6 +352,10 @@ step "pack initrd.img (cpio | zstd)" do_cpio
 step "write manifest.txt" do_manifest
 rm -rf "$out" "$stage"
 mv "$out.tmp" "$out"
+# Images of other keys (~45 MB each) pile up while the driver or init is being worked on:
+# drop those nobody has built for two days.
+find "$cache" -maxdepth 1 -type d -regex '.*/[0-9a-f]\{16\}' -mtime +2 ! -path "$out" \
+    -exec rm -rf {} + 2>/dev/null || true
 dt=$(($(now_ms) - t_start))
 log "kernel $kver, initrd.img $(du -h "$out/initrd.img" | cut -f1), total $((dt / 1000)) s"
 echo "$out"
