@@ -1,4 +1,4 @@
-//! Ghost responses (issue 14, review M1): a response whose PSN is not before the next PSN the
+//! Ghost responses: a response whose PSN is not before the next PSN the
 //! requester would send acknowledges something never sent. It must be dropped and counted —
 //! never complete a pending WQE or move the completer — so that the peer's real responses
 //! afterwards complete the work normally.

@@ -1,4 +1,4 @@
-//! A malformed SEND at an RC responder (issue 17, item 2): a payload above the path MTU, a
+//! A malformed SEND at an RC responder: a payload above the path MTU, a
 //! short FIRST, a FIRST with a pad count. Like Linux rxe (`check_resource()` takes the receive
 //! WQE before `check_length()` fails, then `do_complete()` completes it with the error), the
 //! responder NAKs with "invalid request", moves the QP to ERR, and completes the consumed

@@ -1,4 +1,4 @@
-//! A duplicate READ request replayed from the responder's resources (issue 17, item 3). Like
+//! A duplicate READ request replayed from the responder's resources. Like
 //! Linux rxe (`duplicate_request()` marks the resource `rdatm_res_state_replay` unless the PSN
 //! is the READ's first, and `read_reply()` then sends MIDDLE or LAST): a duplicate that
 //! restarts inside the message is answered MIDDLE … LAST (LAST alone for its last packet); one

@@ -1,4 +1,4 @@
-//! eBPF tcx tap for RoCEv2 (issue 12): a BPF C program on tcx ingress and egress parses
+//! eBPF tcx tap for RoCEv2: a BPF C program on tcx ingress and egress parses
 //! Ethernet/VLAN → IPv4/IPv6 → UDP 4791 → BTH, filters in the kernel (QPN, opcode class, IP)
 //! and copies each frame, up to the snap length, into a ring buffer; user space writes pcap or
 //! pcapng and prints a one-line summary per second. `vhost-user-rdma tap` calls

@@ -1,4 +1,4 @@
-//! Every ICRC is checked on the interop transport (issue 17, item 1), over real loopback
+//! Every ICRC is checked on the interop transport, over real loopback
 //! sockets, for IPv4 and IPv6.
 //!
 //! A bit flipped in a covered field after the sender computed the ICRC is modelled the way a
@@ -306,7 +306,7 @@ fn masked_fields_and_any_ipv4_id_are_accepted() {
     }
 }
 
-/// The case rxe and the engine disagreed on (issue 17): a SEND with a corrupted ICRC reached
+/// The case rxe and the engine disagreed on: a SEND with a corrupted ICRC reached
 /// the engine behind the interop transport, was ACKed and completed successfully. Now it is
 /// dropped before the engine sees it, and the same SEND with a good ICRC is delivered.
 #[test]
