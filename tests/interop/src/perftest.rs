@@ -257,16 +257,7 @@ impl BwReport {
 /// The payload both ends put in their buffers (period `min(PATTERN_LEN, size)`): bytes of a
 /// position-keyed PRNG (splitmix64 of the 8-byte block index).
 pub fn pattern() -> Vec<u8> {
-    (0..PATTERN_LEN)
-        .map(|i| (splitmix64(0x5eed_0002 ^ (i as u64 >> 3)) >> (8 * (i & 7))) as u8)
-        .collect()
-}
-
-fn splitmix64(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
+    crate::prng_pattern(0x5eed_0002, PATTERN_LEN)
 }
 
 /// The period of the fill of a `size`-byte test (perftest stops reading the payload file at

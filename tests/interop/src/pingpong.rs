@@ -68,16 +68,7 @@ pub enum End {
 /// index), so no two segments of a message are alike: a segment placed at the wrong offset,
 /// duplicated or swapped shows in the byte check whatever the path MTU.
 pub fn pattern(size: usize) -> Vec<u8> {
-    (0..size)
-        .map(|i| (splitmix64(0x5eed_0001 ^ (i as u64 >> 3)) >> (8 * (i & 7))) as u8)
-        .collect()
-}
-
-fn splitmix64(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
+    crate::prng_pattern(0x5eed_0001, size)
 }
 
 #[derive(Clone, Debug)]
