@@ -332,6 +332,15 @@ fn abort_message(q: &mut Qp, res: &mut Resources, status: WcStatus) {
     }
 }
 
+/// The responder's "invalid request" outcome: NAK 0x61, the claimed receive WQE (if any)
+/// completing with REM_INV_REQ_ERR.
+fn invalid_request() -> Exec {
+    Exec::Err {
+        nak: NakCode::InvalidRequest,
+        status: WcStatus::RemInvReqErr,
+    }
+}
+
 fn execute(
     q: &mut Qp,
     res: &mut Resources,
@@ -341,12 +350,8 @@ fn execute(
 ) -> Exec {
     let op = pkt.opcode();
     let f = pkt.flags();
-    let inv = |status| Exec::Err {
-        nak: NakCode::InvalidRequest,
-        status,
-    };
     if !op_sequence_ok(q.resp.last_op, op) {
-        return inv(WcStatus::RemInvReqErr);
+        return invalid_request();
     }
     // Operation permitted on this QP?
     let qa = q.attr.qp_access_flags;
@@ -360,7 +365,7 @@ fn execute(
         true
     };
     if !allowed {
-        return inv(WcStatus::RemInvReqErr);
+        return invalid_request();
     }
     // The receive WQE of a SEND is taken before its length is checked, as rxe does
     // (`check_resource()` before `check_length()`): no WQE is an RNR NAK whatever the packet
@@ -379,7 +384,7 @@ fn execute(
             .union(OpFlags::FLUSH),
     );
     if rd_atomic && q.attr.max_dest_rd_atomic == 0 {
-        return inv(WcStatus::RemInvReqErr);
+        return invalid_request();
     }
     // WRITE with immediate needs a receive WQE: check before any data moves, so an RNR NAK
     // leaves nothing half done. rxe claims that WQE at this point too, so on RC an error
@@ -411,10 +416,6 @@ fn execute_checked(
 ) -> Exec {
     let op = pkt.opcode();
     let f = pkt.flags();
-    let inv = |status| Exec::Err {
-        nak: NakCode::InvalidRequest,
-        status,
-    };
     let acc_err = Exec::Err {
         nak: NakCode::RemoteAccessError,
         status: WcStatus::RemAccessErr,
@@ -428,7 +429,7 @@ fn execute_checked(
         plen == mtu
     };
     if f.contains(OpFlags::PAYLOAD) && !ok_len {
-        return inv(WcStatus::RemInvReqErr);
+        return invalid_request();
     }
     let rd_atomic = f.intersects(
         OpFlags::READ
@@ -442,7 +443,7 @@ fn execute_checked(
 
     if f.contains(OpFlags::SEND) {
         let Some(InMsg::Send { wqe, offset }) = q.resp.in_msg.as_mut() else {
-            return inv(WcStatus::RemInvReqErr);
+            return invalid_request();
         };
         if *offset + plen as u64 > wqe.len {
             return Exec::Err {
@@ -477,7 +478,7 @@ fn execute_checked(
                 if crate::req::invalidate(&mut res.keys, pd, rkey, None).is_err() {
                     let cqe = recv_cqe(q, wqe.wr_id, WcStatus::RemInvReqErr, WcOpcode::Recv, 0);
                     post_recv_cqe(q, res, cqe, false);
-                    return inv(WcStatus::RemInvReqErr);
+                    return invalid_request();
                 }
                 cqe.wc_flags |= WC_WITH_INV;
                 cqe.imm_or_inv = rkey;
@@ -512,10 +513,10 @@ fn execute_checked(
             ..
         }) = q.resp.in_msg.as_mut()
         else {
-            return inv(WcStatus::RemInvReqErr);
+            return invalid_request();
         };
         if plen as u64 > *resid || (last && plen as u64 != *resid) {
-            return inv(WcStatus::RemInvReqErr);
+            return invalid_request();
         }
         let (cva, crkey, total) = (*va, *rkey, *total);
         if plen > 0 {
@@ -598,7 +599,7 @@ fn execute_checked(
         let a = pkt.atomic_eth().expect("atomic has AtomicETH");
         let (va, rkey) = (a.va(), a.rkey());
         if va & 7 != 0 {
-            return inv(WcStatus::RemInvReqErr);
+            return invalid_request();
         }
         let region = match res
             .keys
@@ -637,7 +638,7 @@ fn execute_checked(
         let reth = pkt.reth().expect("atomic write has RETH");
         let (va, rkey) = (reth.va(), reth.rkey());
         if va & 7 != 0 {
-            return inv(WcStatus::RemInvReqErr);
+            return invalid_request();
         }
         match res
             .keys
@@ -667,7 +668,7 @@ fn execute_checked(
             need = need.union(Access::FLUSH_PERSISTENT);
         }
         if feth.placement_type() & !3 != 0 || feth.selectivity() > 1 {
-            return inv(WcStatus::RemInvReqErr);
+            return invalid_request();
         }
         // Selectivity 1 (memory region): the range is the whole MR; 0: the RETH range.
         let len = if feth.selectivity() == 0 {
@@ -687,7 +688,7 @@ fn execute_checked(
         q.resp.msn = (q.resp.msn + 1) & 0xff_ffff;
         push_out(q, RespOut::EmptyReadResp { psn });
     } else {
-        return inv(WcStatus::RemInvReqErr);
+        return invalid_request();
     }
     q.resp.psn = psn.next();
     if pkt.bth().ack_req() && !rd_atomic && q.qp_type == QpType::Rc {
