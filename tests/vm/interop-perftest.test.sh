@@ -31,12 +31,6 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 iters=${VUR_INTEROP_ITERS:-100}
-repeat=1
-case ${1:-} in
---repeat) repeat=${2:-}; [[ $repeat =~ ^[1-9][0-9]*$ ]] || { echo "usage: $0 [--repeat N]" >&2; exit 2; } ;;
-"") ;;
-*) echo "usage: $0 [--repeat N]" >&2; exit 2 ;;
-esac
 export VUR_BRIDGE=${VUR_BRIDGE:-vurbr0}
 export VUR_MTU=9000
 tap=vurtapP
@@ -44,6 +38,7 @@ tap=vurtapP
 log() { printf '[perftest %s] %s\n' "$(date +%T)" "$*"; }
 # shellcheck source=tests/vm/lib.sh
 . "$here/lib.sh"
+vm_repeat_arg "$@"
 vm_require interop-perftest dumpcap tshark
 
 t_start=$SECONDS
@@ -86,14 +81,7 @@ cases=(
 )
 # VUR_PERFTEST_CASES="3 6" runs only those cases (the capture checks then only want the
 # opcodes of a full run when every case ran).
-if [[ -n ${VUR_PERFTEST_CASES:-} ]]; then
-    sel=()
-    for c in "${cases[@]}"; do
-        [[ " $VUR_PERFTEST_CASES " == *" ${c%% *} "* ]] && sel+=("$c")
-    done
-    ((${#sel[@]})) || { echo "FAIL: VUR_PERFTEST_CASES='$VUR_PERFTEST_CASES' selects no case"; exit 1; }
-    cases=("${sel[@]}")
-fi
+vm_select_cases cases VUR_PERFTEST_CASES
 # --repeat: every case N times (numbered N.r, each with its own port).
 if ((repeat > 1)); then
     rep=()

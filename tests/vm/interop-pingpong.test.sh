@@ -34,12 +34,6 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 iters=${VUR_INTEROP_ITERS:-100}
-repeat=1
-case ${1:-} in
---repeat) repeat=${2:-}; [[ $repeat =~ ^[1-9][0-9]*$ ]] || { echo "usage: $0 [--repeat N]" >&2; exit 2; } ;;
-"") ;;
-*) echo "usage: $0 [--repeat N]" >&2; exit 2 ;;
-esac
 export VUR_BRIDGE=${VUR_BRIDGE:-vurbr0}
 export VUR_MTU=9000
 tap=vurtapI
@@ -48,6 +42,7 @@ stall=10
 log() { printf '[interop %s] %s\n' "$(date +%T)" "$*"; }
 # shellcheck source=tests/vm/lib.sh
 . "$here/lib.sh"
+vm_repeat_arg "$@"
 vm_require interop-pingpong dumpcap tshark
 if ! vm_in_netns; then
     log "building rxe-peer"
@@ -81,14 +76,7 @@ cases=(
     "16 client rc 4 delay,1ms,reorder,30%,50%|delay,1ms,reorder,30%,50% -s 4096 -m 1024"
     "17 server rc 4 duplicate,10%|duplicate,10% -s 4096 -m 1024"
 )
-if [[ -n ${VUR_INTEROP_CASES:-} ]]; then
-    sel=()
-    for c in "${cases[@]}"; do
-        [[ " $VUR_INTEROP_CASES " == *" ${c%% *} "* ]] && sel+=("$c")
-    done
-    ((${#sel[@]})) || { echo "FAIL: VUR_INTEROP_CASES='$VUR_INTEROP_CASES' selects no case"; exit 1; }
-    cases=("${sel[@]}")
-fi
+vm_select_cases cases VUR_INTEROP_CASES
 # Runs: every case once, fault cases --repeat times. A run is "IDX N R SEED ..." with its own
 # port and netem seed.
 runs=()

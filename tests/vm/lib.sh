@@ -51,3 +51,27 @@ vm_netns() {
     vm_in_netns && return 0
     exec "$repo/tests/vm/net.sh" exec --name "$name" -- "$BASH" "$0" "$@"
 }
+
+# vm_repeat_arg "$@": the test's only option, [--repeat N]; sets $repeat (default 1).
+vm_repeat_arg() {
+    repeat=1
+    case ${1:-} in
+    --repeat) repeat=${2:-}; [[ $repeat =~ ^[1-9][0-9]*$ ]] || { echo "usage: $0 [--repeat N]" >&2; exit 2; } ;;
+    "") ;;
+    *) echo "usage: $0 [--repeat N]" >&2; exit 2 ;;
+    esac
+}
+
+# vm_select_cases ARRAY VAR: when environment variable VAR lists case numbers ("3 6"), keep only
+# those entries of ARRAY (each starts with its number); a list that selects nothing fails.
+vm_select_cases() {
+    local -n _cases=$1
+    local sel=${!2:-} c
+    local keep=()
+    [[ -n $sel ]] || return 0
+    for c in "${_cases[@]}"; do
+        [[ " $sel " == *" ${c%% *} "* ]] && keep+=("$c")
+    done
+    ((${#keep[@]})) || { echo "FAIL: $2='$sel' selects no case"; exit 1; }
+    _cases=("${keep[@]}")
+}
