@@ -399,6 +399,34 @@ impl Sim {
     pub fn poll_all(&mut self, node: usize, cqn: u32) -> Vec<Cqe> {
         std::iter::from_fn(|| self.nodes[node].dev.poll_cq(cqn)).collect()
     }
+
+    /// Takes up to `max` packets node `from` has ready, past the link: for tests that move,
+    /// hold back or lose packets one by one. Each comes with what its transport would see.
+    pub fn take(&mut self, from: usize, max: usize) -> Vec<(Transmit, Vec<u8>)> {
+        let mut out = Vec::new();
+        while out.len() < max {
+            let n = &mut self.nodes[from];
+            let Some(tx) = n.dev.poll_transmit(self.now, &mut n.mem, &mut self.buf) else {
+                break;
+            };
+            out.push((tx, self.buf[..tx.len].to_vec()));
+        }
+        out
+    }
+
+    /// Hands `bytes` (BTH through ICRC slot) to node `to` as if the other node had sent them
+    /// now; the engine's verdict comes back.
+    pub fn inject(&mut self, to: usize, bytes: &[u8]) -> Result<(), Drop> {
+        let meta = RecvMeta {
+            src: self.nodes[1 - to].gid,
+            dst: self.nodes[to].gid,
+            sport: 0xc000,
+            hop_limit: 64,
+            ..Default::default()
+        };
+        let n = &mut self.nodes[to];
+        n.dev.handle_packet(self.now, &meta, bytes, &mut n.mem)
+    }
 }
 
 /// What [`Sim::connect`] sets up on each side.

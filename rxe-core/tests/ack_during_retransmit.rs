@@ -6,42 +6,14 @@
 //! completer moves past the WQE without completing it and never retries; ours must complete
 //! the SEND exactly once, successfully, and leave nothing outstanding.
 
-use rxe_core::device::RecvMeta;
 use rxe_core::sim::*;
 use rxe_core::verbs::*;
 use rxe_core::Transmit;
 
-fn meta(tx: &Transmit) -> RecvMeta {
-    RecvMeta {
-        src: tx.src,
-        dst: tx.dst,
-        sport: tx.sport,
-        traffic_class: tx.traffic_class,
-        hop_limit: tx.hop_limit,
-        flow_label: tx.flow_label,
-    }
-}
-
-/// Takes at most `max` packets node `from` has ready.
-fn take(sim: &mut Sim, from: usize, max: usize) -> Vec<(Transmit, Vec<u8>)> {
-    let mut out = Vec::new();
-    let mut buf = vec![0u8; 8192];
-    while out.len() < max {
-        let now = sim.now;
-        let n = &mut sim.nodes[from];
-        let Some(tx) = n.dev.poll_transmit(now, &mut n.mem, &mut buf) else {
-            break;
-        };
-        out.push((tx, buf[..tx.len].to_vec()));
-    }
-    out
-}
-
+/// Hands `pkts` to node `to`, as the link would.
 fn deliver(sim: &mut Sim, to: usize, pkts: &[(Transmit, Vec<u8>)]) {
-    for (tx, bytes) in pkts {
-        let now = sim.now;
-        let n = &mut sim.nodes[to];
-        let _ = n.dev.handle_packet(now, &meta(tx), bytes, &mut n.mem);
+    for (_, bytes) in pkts {
+        let _ = sim.inject(to, bytes);
     }
 }
 
@@ -84,10 +56,10 @@ fn an_ack_that_arrives_mid_retransmission_completes_the_send() {
         .unwrap();
 
     // First transmission: all four packets arrive; the ACK of the LAST is lost.
-    let first = take(&mut sim, 0, 16);
+    let first = sim.take(0, 16);
     assert_eq!(first.iter().map(opcode).collect::<Vec<_>>(), [0, 1, 1, 2]);
     deliver(&mut sim, 1, &first);
-    let acks = take(&mut sim, 1, 16);
+    let acks = sim.take(1, 16);
     assert_eq!(acks.iter().map(opcode).collect::<Vec<_>>(), [17], "one ACK");
     assert_eq!(
         sim.poll_all(1, ep[1].cq).len(),
@@ -99,18 +71,18 @@ fn an_ack_that_arrives_mid_retransmission_completes_the_send() {
     let t = sim.dev(0).poll_timeout().expect("retransmit timer armed");
     sim.now = t;
     sim.dev(0).handle_timeout(t);
-    let retx_first = take(&mut sim, 0, 1);
+    let retx_first = sim.take(0, 1);
     assert_eq!(retx_first.iter().map(opcode).collect::<Vec<_>>(), [0]);
     // The responder answers the duplicate FIRST with an ACK of the message's last PSN, and it
     // reaches the requester before the rest of the retransmission has left.
     deliver(&mut sim, 1, &retx_first);
-    let dup_ack = take(&mut sim, 1, 16);
+    let dup_ack = sim.take(1, 16);
     assert_eq!(dup_ack.iter().map(opcode).collect::<Vec<_>>(), [17]);
     deliver(&mut sim, 0, &dup_ack);
     // Whatever is left of the retransmission reaches the responder; its ACKs are lost.
-    let rest = take(&mut sim, 0, 16);
+    let rest = sim.take(0, 16);
     deliver(&mut sim, 1, &rest);
-    let _lost = take(&mut sim, 1, 16);
+    let _lost = sim.take(1, 16);
 
     // From here on the link is perfect: the SEND completes once, successfully.
     sim.settle(10_000);

@@ -3,7 +3,7 @@
 //! never complete a pending WQE or move the completer — so that the peer's real responses
 //! afterwards complete the work normally.
 
-use rxe_core::device::{Drop, RecvMeta};
+use rxe_core::device::Drop;
 use rxe_core::sim::*;
 use rxe_core::verbs::*;
 use rxe_core::wire::{emit, BthRepr, ExtRepr, NakCode, Opcode, Syndrome};
@@ -56,20 +56,7 @@ fn write(sim: &mut Sim, ep: &[Endpoint; 2], id: u64, src: (u64, u32), dst: (u64,
 
 /// Sends everything node 0 has ready into the void (the link loses it).
 fn lose_all(sim: &mut Sim) -> usize {
-    let mut buf = vec![0u8; 8192];
-    let mut n = 0;
-    loop {
-        let now = sim.now;
-        let node = &mut sim.nodes[0];
-        if node
-            .dev
-            .poll_transmit(now, &mut node.mem, &mut buf)
-            .is_none()
-        {
-            return n;
-        }
-        n += 1;
-    }
+    sim.take(0, usize::MAX).len()
 }
 
 /// A response from node 1 to node 0's QP, as a forger (or a confused peer) would send it.
@@ -92,16 +79,7 @@ fn response(ep: &[Endpoint; 2], op: Opcode, psn: u32, syndrome: u8) -> Vec<u8> {
 }
 
 fn deliver_to_requester(sim: &mut Sim, bytes: &[u8]) -> Result<(), Drop> {
-    let meta = RecvMeta {
-        src: sim.nodes[1].gid,
-        dst: sim.nodes[0].gid,
-        sport: 0xc000,
-        hop_limit: 64,
-        ..Default::default()
-    };
-    let now = sim.now;
-    let n = &mut sim.nodes[0];
-    n.dev.handle_packet(now, &meta, bytes, &mut n.mem)
+    sim.inject(0, bytes)
 }
 
 /// Every kind of response, with `psn`.

@@ -5,7 +5,7 @@
 //! receive WQE with REM_INV_REQ_ERR; the receives behind it are flushed. The same holds for
 //! the receive WQE a WRITE with immediate claims.
 
-use rxe_core::device::{Drop, RecvMeta};
+use rxe_core::device::Drop;
 use rxe_core::sim::*;
 use rxe_core::verbs::*;
 use rxe_core::wire::{emit, BthRepr, ExtRepr, NakCode, Opcode, Packet, Syndrome};
@@ -48,32 +48,19 @@ fn send(ep: &[Endpoint; 2], op: Opcode, plen: usize) -> Vec<u8> {
 }
 
 fn deliver(sim: &mut Sim, bytes: &[u8]) -> Result<(), Drop> {
-    let meta = RecvMeta {
-        src: sim.nodes[0].gid,
-        dst: sim.nodes[1].gid,
-        sport: 0xc000,
-        hop_limit: 64,
-        ..Default::default()
-    };
-    let now = sim.now;
-    let n = &mut sim.nodes[1];
-    n.dev.handle_packet(now, &meta, bytes, &mut n.mem)
+    sim.inject(1, bytes)
 }
 
 /// What node 1 sends back: (opcode, PSN, AETH syndrome).
 fn responses(sim: &mut Sim) -> Vec<(Opcode, u32, u8)> {
-    let mut out = Vec::new();
-    let mut buf = vec![0u8; 8192];
-    loop {
-        let now = sim.now;
-        let n = &mut sim.nodes[1];
-        let Some(tx) = n.dev.poll_transmit(now, &mut n.mem, &mut buf) else {
-            return out;
-        };
-        let p = Packet::new_checked(&buf[..tx.len]).unwrap();
-        let syn = p.aeth().map(|a| a.syndrome().to_byte()).unwrap_or(0xff);
-        out.push((p.opcode(), p.bth().psn(), syn));
-    }
+    sim.take(1, usize::MAX)
+        .iter()
+        .map(|(_, b)| {
+            let p = Packet::new_checked(&b[..]).unwrap();
+            let syn = p.aeth().map(|a| a.syndrome().to_byte()).unwrap_or(0xff);
+            (p.opcode(), p.bth().psn(), syn)
+        })
+        .collect()
 }
 
 fn check_malformed(op: Opcode, plen: usize) {

@@ -5,7 +5,6 @@
 //! from the READ's first PSN is answered FIRST … LAST (ONLY when it fits one packet). Same
 //! PSNs and data either way.
 
-use rxe_core::device::RecvMeta;
 use rxe_core::sim::*;
 use rxe_core::verbs::*;
 use rxe_core::wire::{emit, BthRepr, ExtRepr, Opcode, Packet};
@@ -49,31 +48,19 @@ fn read_req(s: &mut Setup, psn: u32, va: u64, len: u32) {
         ..Default::default()
     };
     let (n, _) = emit(&mut buf, &bth, &ext, 0).unwrap();
-    let meta = RecvMeta {
-        src: s.sim.nodes[0].gid,
-        dst: s.sim.nodes[1].gid,
-        sport: 0xc000,
-        hop_limit: 64,
-        ..Default::default()
-    };
-    let now = s.sim.now;
-    let node = &mut s.sim.nodes[1];
-    let _ = node.dev.handle_packet(now, &meta, &buf[..n], &mut node.mem);
+    let _ = s.sim.inject(1, &buf[..n]);
 }
 
 /// What node 1 sends: (opcode, PSN, payload).
 fn responses(s: &mut Setup) -> Vec<(Opcode, u32, Vec<u8>)> {
-    let mut out = Vec::new();
-    let mut buf = vec![0u8; 8192];
-    loop {
-        let now = s.sim.now;
-        let n = &mut s.sim.nodes[1];
-        let Some(tx) = n.dev.poll_transmit(now, &mut n.mem, &mut buf) else {
-            return out;
-        };
-        let p = Packet::new_checked(&buf[..tx.len]).unwrap();
-        out.push((p.opcode(), p.bth().psn(), p.payload().to_vec()));
-    }
+    s.sim
+        .take(1, usize::MAX)
+        .iter()
+        .map(|(_, b)| {
+            let p = Packet::new_checked(&b[..]).unwrap();
+            (p.opcode(), p.bth().psn(), p.payload().to_vec())
+        })
+        .collect()
 }
 
 fn ops(r: &[(Opcode, u32, Vec<u8>)]) -> Vec<(Opcode, u32)> {
