@@ -506,6 +506,13 @@ impl Sim {
                 .expect("qp");
             *e = Endpoint { pd, cq, qpn };
         }
+        self.bring_up(&ep, &o);
+        ep
+    }
+
+    /// INIT → RTR → RTS for both QPs of a pair (in RESET), each aimed at the other: what
+    /// [`Sim::connect`] does after creating them, and what a test that reset a pair repeats.
+    pub fn bring_up(&mut self, ep: &[Endpoint; 2], o: &ConnOpts) {
         for i in 0..2 {
             let peer = ep[1 - i].qpn;
             let dgid = self.nodes[1 - i].gid;
@@ -554,6 +561,5 @@ impl Sim {
             }
             d.modify_qp(ep[i].qpn, &a, AttrMask(m)).expect("rts");
         }
-        ep
     }
 }

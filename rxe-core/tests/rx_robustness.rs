@@ -286,7 +286,6 @@ fn mutated_packets_never_panic_and_the_qp_keeps_working() {
 
 /// RESET, then INIT → RTR → RTS with fresh PSNs, as `Sim::connect` brings a pair up.
 fn reconnect(sim: &mut Sim, ep: &[Endpoint; 2]) {
-    let o = ConnOpts::default();
     for (i, e) in ep.iter().enumerate() {
         let reset = QpAttr {
             qp_state: QpState::Reset,
@@ -296,50 +295,12 @@ fn reconnect(sim: &mut Sim, ep: &[Endpoint; 2]) {
             .modify_qp(e.qpn, &reset, AttrMask(AttrMask::STATE))
             .expect("reset");
     }
-    for i in 0..2 {
-        let dgid = sim.nodes[1 - i].gid;
-        let mut a = QpAttr {
-            qp_state: QpState::Init,
-            qp_access_flags: o.access,
-            ..Default::default()
-        };
-        let d = sim.dev(i);
-        let m = AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS;
-        d.modify_qp(ep[i].qpn, &a, AttrMask(m)).expect("init");
-        a.qp_state = QpState::Rtr;
-        a.path_mtu = Mtu::M256;
-        a.dest_qp_num = ep[1 - i].qpn.0;
-        a.rq_psn = 0x7000 + 0x100 * (1 - i) as u32;
-        a.max_dest_rd_atomic = o.max_rd_atomic;
-        a.min_rnr_timer = o.min_rnr_timer;
-        a.av = Av {
-            dgid,
-            sgid_index: 0,
-            hop_limit: 64,
-            ..Default::default()
-        };
-        let m = AttrMask::STATE
-            | AttrMask::AV
-            | AttrMask::PATH_MTU
-            | AttrMask::DEST_QPN
-            | AttrMask::RQ_PSN
-            | AttrMask::MAX_DEST_RD_ATOMIC
-            | AttrMask::MIN_RNR_TIMER;
-        d.modify_qp(ep[i].qpn, &a, AttrMask(m)).expect("rtr");
-        a.qp_state = QpState::Rts;
-        a.sq_psn = 0x7000 + 0x100 * i as u32;
-        a.timeout = o.timeout;
-        a.retry_cnt = o.retry_cnt;
-        a.rnr_retry = o.rnr_retry;
-        a.max_rd_atomic = o.max_rd_atomic;
-        let m = AttrMask::STATE
-            | AttrMask::SQ_PSN
-            | AttrMask::TIMEOUT
-            | AttrMask::RETRY_CNT
-            | AttrMask::RNR_RETRY
-            | AttrMask::MAX_QP_RD_ATOMIC;
-        d.modify_qp(ep[i].qpn, &a, AttrMask(m)).expect("rts");
-    }
+    let o = ConnOpts {
+        mtu: Mtu::M256,
+        sq_psn: [0x7000, 0x7100],
+        ..Default::default()
+    };
+    sim.bring_up(ep, &o);
 }
 
 #[test]
