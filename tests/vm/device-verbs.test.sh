@@ -36,20 +36,7 @@ log() { printf '[device-verbs %s] %s\n' "$(date +%T)" "$*"; }
 # shellcheck source=tests/vm/lib.sh
 . "$here/lib.sh"
 vm_require device-verbs
-[[ -f $images/virtio_rdma.ko ]] ||
-    vm_missing "device-verbs: the image in $images has no virtio_rdma.ko (sudo images/build.sh)"
-qemu=${VUR_QEMU:-}
-[[ -n $qemu ]] || qemu=$(bash "$repo/guest-driver-patches/qemu/build.sh" --print-bin 2>/dev/null) ||
-    vm_missing "device-verbs: no QEMU with vhost-user-rdma-pci (guest-driver-patches/qemu/build.sh)"
-[[ -x $qemu ]] || vm_missing "device-verbs: $qemu is not executable"
-daemon=${VUR_DAEMON:-}
-if [[ -z $daemon ]]; then
-    for d in "$repo/target/release/vhost-user-rdma" "$repo/target/debug/vhost-user-rdma"; do
-        [[ -x $d ]] && daemon=$d && break
-    done
-fi
-[[ -n $daemon ]] ||
-    vm_missing "device-verbs: no vhost-user-rdma binary (cargo build --release -p vhost-user-rdma)"
+vm_device_prereqs device-verbs
 
 vm_netns device-verbs "$@"
 
@@ -69,18 +56,9 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 # The namespace's own loopback carries the daemon's address (nothing else sees it).
-ip addr add "$addr/32" dev lo
-
 log "daemon: $daemon --udp-addr $addr:4791 --mac $mac"
-"$daemon" --socket-path "$work/rdma.sock" --udp-addr "$addr:4791" --mac "$mac" \
-    --counters-socket "$work/counters.sock" >"$work/daemon.log" 2>&1 &
-dpid=$!
-for _ in $(seq 100); do
-    [[ -S $work/rdma.sock ]] && break
-    kill -0 "$dpid" 2>/dev/null || break
-    sleep 0.1
-done
-[[ -S $work/rdma.sock ]] || { cat "$work/daemon.log"; log "FAIL: the daemon's socket did not appear within 10 s"; exit 1; }
+vm_start_daemon "$work" "$addr" "$mac" || exit 1
+dpid=$REPLY
 
 tools=("$@")
 ((${#tools[@]})) || tools=(devinfo rc rc_events uc ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw rping resize_cq kverbs)
@@ -298,15 +276,9 @@ rxe_opt=(--no-rxe)
 [[ " ${tools[*]} " != *" compare "* ]] || rxe_opt=()
 log "booting guest (qemu $qemu, image $images)"
 vm_rc=0
-counters() { # one JSON object from the daemon's counters socket
-    python3 -c 'import socket,sys
-s = socket.socket(socket.AF_UNIX)
-s.connect(sys.argv[1])
-print(b"".join(iter(lambda: s.recv(65536), b"")).decode())' "$work/counters.sock"
-}
 (
     for _ in $(seq 9000); do [[ -f $work/tools-done ]] && break; sleep 0.1; done
-    [[ -f $work/tools-done ]] && counters >"$work/counters.json" 2>&1
+    [[ -f $work/tools-done ]] && vm_daemon_counters "$work/counters.sock" >"$work/counters.json" 2>&1
     touch "$work/counters-read"
 ) &
 watcher=$!
@@ -322,14 +294,9 @@ kill "$watcher" 2>/dev/null || true
 wait "$watcher" 2>/dev/null || true
 leak=0
 if [[ -s $work/counters.json ]]; then
-    objs=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); o=d.get("objects",{}); print(o.get("qps",-1), o.get("cqs",-1), o.get("srqs",-1)); print(json.dumps(d.get("device",{})), file=sys.stderr)' "$work/counters.json" 2>"$work/device-counters.txt") || objs=''
-    log "daemon objects after the tools (qps cqs srqs): ${objs:-unreadable}; device: $(cat "$work/device-counters.txt")"
-    # What may stay: the kernel's QP1 and its CQ (ib_mad).
-    read -r nqp ncq nsrq <<<"${objs:-9 9 9}"
-    if ((nqp > 1 || ncq > 1 || nsrq > 0)); then
-        log "FAIL: objects left in the device after every tool exited"
-        leak=1
-    fi
+    msg=$(vm_daemon_leaks device-verbs "$work/counters.json") || leak=1
+    log "$msg"
+    log "device counters: $(python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1])).get("device",{})))' "$work/counters.json" 2>&1)"
 else
     log "note: no counters read (the guest did not reach the end of its tools)"
 fi

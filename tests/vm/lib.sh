@@ -75,3 +75,84 @@ vm_select_cases() {
     ((${#keep[@]})) || { echo "FAIL: $2='$sel' selects no case"; exit 1; }
     _cases=("${keep[@]}")
 }
+
+# vm_device_prereqs NAME: what a guest with the virtio-rdma device needs besides vm_require —
+# the image's virtio_rdma.ko, QEMU with vhost-user-rdma-pci ($qemu; env VUR_QEMU) and the
+# daemon binary ($daemon; env VUR_DAEMON, else target/release, else target/debug).
+vm_device_prereqs() {
+    local name=$1 d
+    [[ -f $images/virtio_rdma.ko ]] ||
+        vm_missing "$name: the image in $images has no virtio_rdma.ko (sudo images/build.sh)"
+    qemu=${VUR_QEMU:-}
+    [[ -n $qemu ]] || qemu=$(bash "$repo/guest-driver-patches/qemu/build.sh" --print-bin 2>/dev/null) ||
+        vm_missing "$name: no QEMU with vhost-user-rdma-pci (guest-driver-patches/qemu/build.sh)"
+    [[ -x $qemu ]] || vm_missing "$name: $qemu is not executable"
+    daemon=${VUR_DAEMON:-}
+    if [[ -z $daemon ]]; then
+        for d in "$repo/target/release/vhost-user-rdma" "$repo/target/debug/vhost-user-rdma"; do
+            [[ -x $d ]] && daemon=$d && break
+        done
+    fi
+    [[ -n $daemon ]] ||
+        vm_missing "$name: no vhost-user-rdma binary (cargo build --release -p vhost-user-rdma)"
+}
+
+# vm_start_daemon DIR ADDR MAC [ARG...]: start $daemon with its vhost-user socket DIR/rdma.sock,
+# counters socket DIR/counters.sock, log DIR/daemon.log and its udp transport on ADDR:4791
+# (ADDR is added to this namespace's loopback); wait (10 s at most) for the socket. Sets
+# $REPLY to the daemon's pid; fails saying why.
+vm_start_daemon() {
+    local dir=$1 addr=$2 mac=$3 pid
+    shift 3
+    mkdir -p "$dir"
+    ip addr replace "$addr/32" dev lo
+    "$daemon" --socket-path "$dir/rdma.sock" --udp-addr "$addr:4791" --mac "$mac" \
+        --counters-socket "$dir/counters.sock" "$@" >"$dir/daemon.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 100); do
+        [[ -S $dir/rdma.sock ]] && break
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    if [[ ! -S $dir/rdma.sock ]]; then
+        cat "$dir/daemon.log"
+        echo "FAIL: the daemon's socket $dir/rdma.sock did not appear within 10 s"
+        return 1
+    fi
+    REPLY=$pid
+}
+
+# vm_daemon_counters SOCKET: one JSON object from a daemon's counters socket on stdout.
+vm_daemon_counters() {
+    python3 -c 'import socket,sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+print(b"".join(iter(lambda: s.recv(65536), b"")).decode())' "$1"
+}
+
+# vm_daemon_leaks NAME COUNTERS.json: fail (return 1, one line saying what) when the daemon
+# still holds objects beyond what the guest's kernel keeps (QP1 and its CQ, from ib_mad).
+vm_daemon_leaks() {
+    local objs nqp ncq nsrq
+    objs=$(python3 -c 'import json,sys; o=json.load(open(sys.argv[1])).get("objects",{}); print(o.get("qps",-1), o.get("cqs",-1), o.get("srqs",-1))' "$2" 2>/dev/null) ||
+        { echo "$1: counters unreadable"; return 1; }
+    read -r nqp ncq nsrq <<<"$objs"
+    echo "$1: daemon objects after the tools (qps cqs srqs): $objs"
+    ((nqp >= 0 && nqp <= 1 && ncq >= 0 && ncq <= 1 && nsrq == 0)) ||
+        { echo "$1: FAIL: objects left in the device after every tool exited"; return 1; }
+}
+
+# vm_daemon_traffic NAME COUNTERS.json: one line with the daemon's transport counters; fail
+# (return 1) when it sent or received nothing or received a packet whose ICRC was wrong.
+vm_daemon_traffic() {
+    python3 - "$1" "$2" <<'PY'
+import json, sys
+t = json.load(open(sys.argv[2])).get("transport", {})
+keys = ("tx_packets", "rx_packets", "rx_icrc_ok", "rx_icrc_id_solved", "rx_icrc_bad", "tx_dropped")
+print(sys.argv[1] + ": transport " + " ".join(f"{k}={t.get(k, '?')}" for k in keys))
+bad = [k for k in ("tx_packets", "rx_packets") if not t.get(k)] + [k for k in ("rx_icrc_bad",) if t.get(k)]
+if bad:
+    print(sys.argv[1] + ": FAIL: " + ", ".join(bad))
+    sys.exit(1)
+PY
+}

@@ -26,6 +26,8 @@
 #                      listening on PATH); guest RAM becomes a shared memfd, as vhost-user needs
 #   --nic-no-peer      without --tap: an eth0 (virtio-net, --mac) attached to nothing, so a
 #                      virtio-rdma port has a netdev to pair with and carry its addresses
+#   --tap2 TAP --mac2 MAC  a second NIC (eth1) on TAP, e.g. next to --nic-no-peer: the guest's
+#                      link to other guests while eth0 carries the virtio-rdma addresses
 #
 # Exit code: the scenario's (from the "VUR-END name=NAME rc=N" line the guest prints),
 # 124 on timeout, 125 when QEMU ended without an end marker. On failure the tail of the
@@ -37,7 +39,7 @@ repo=$(cd "$here/../.." && pwd)
 
 name='' tap='' mac='' ip='' ip6='' mtu='' scenario='' shared='' timeout=300 logf=''
 mem=1024 smp=1 rxe=1 interactive=0 images=${VUR_IMAGES:-} qemu=${VUR_QEMU:-qemu-system-x86_64}
-rdma_sock='' nic_no_peer=0
+rdma_sock='' nic_no_peer=0 tap2='' mac2=''
 envs=() files=()
 die() { printf '[run-vm] error: %s\n' "$*" >&2; exit 2; }
 while (($#)); do
@@ -62,6 +64,8 @@ while (($#)); do
     --qemu) qemu=$2; shift ;;
     --rdma-sock) rdma_sock=$2; shift ;;
     --nic-no-peer) nic_no_peer=1 ;;
+    --tap2) tap2=$2; shift ;;
+    --mac2) mac2=$2; shift ;;
     -h | --help) sed -n '2,/^set -euo/{/^set/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
     *) die "unknown option $1 (see --help)" ;;
     esac
@@ -133,6 +137,12 @@ fi
 if [[ -z $tap ]] && ((nic_no_peer)); then
     args+=(-device "virtio-net-pci,mac=$mac,romfile=")
 fi
+if [[ -n $tap2 ]]; then
+    [[ -e /sys/class/net/$tap2 ]] || die "tap $tap2 does not exist (sudo tests/vm/net.sh up $tap2)"
+    [[ -n $mac2 ]] || die "--tap2 needs --mac2"
+    args+=(-netdev "tap,id=n1,ifname=$tap2,script=no,downscript=no"
+        -device "virtio-net-pci,netdev=n1,mac=$mac2,romfile=")
+fi
 if [[ -n $rdma_sock ]]; then
     [[ -S $rdma_sock ]] || die "no vhost-user socket at $rdma_sock (start vhost-user-rdma first)"
     args+=(-object "memory-backend-memfd,id=mem,size=${mem}M,share=on" -numa node,memdev=mem
@@ -146,7 +156,7 @@ if ((interactive)); then
 fi
 
 : >"$logf"
-log "boot: tap=${tap:-none}${rdma_sock:+ rdma=$rdma_sock} mac=$mac ip=${ip:-none} ip6=${ip6:-none} timeout=${timeout}s log=$logf"
+log "boot: tap=${tap:-none}${tap2:+ tap2=$tap2}${rdma_sock:+ rdma=$rdma_sock} mac=$mac ip=${ip:-none} ip6=${ip6:-none} timeout=${timeout}s log=$logf"
 t0=${EPOCHREALTIME/./}
 "$qemu" "${args[@]}" -serial "file:$logf" 2>"$work/qemu.stderr" &
 qpid=$!

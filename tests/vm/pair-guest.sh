@@ -1,0 +1,169 @@
+#!/bin/bash
+# Guest side of tests/vm/guest-pair.test.sh: two guests step through the same list of tools in
+# lock step, synchronised through files in the shared 9p directory (/vur/sync). Each step names
+# the guest that runs the tool's server; the other runs its client against the server's eth1
+# (out-of-band) address. RDMA traffic goes through each guest's own RDMA device.
+# Env (run-vm.sh --env):
+#   PAIR_DEV        this guest's RDMA device (vrdma0 or rxe0)
+#   PAIR_OOB        this guest's out-of-band address A/N, put on the NIC with MAC PAIR_OOB_MAC
+#   PAIR_PEER_OOB   the other guest's out-of-band address (clients connect to it)
+#   PAIR_PEER_ROCE  the other guest's RoCE address (rping)
+#   PAIR_PEER_MAC   when set, a permanent neighbour entry PAIR_PEER_ROCE → this MAC on eth0:
+#                   a virtio-rdma guest's eth0 is attached to nothing, and rdma_cm resolves
+#                   the peer's address through it (the udp transport ignores the MAC)
+#   PAIR_STEPS      comma-separated TOOL@GUEST (GUEST: the VUR_NAME running the server)
+#   PAIR_ITERS      iterations per tool (default 200)
+#   PAIR_MTU        path MTU for perftest and the pingpongs (default 1024)
+set -uo pipefail
+
+me=$VUR_NAME
+dev=${PAIR_DEV:?}
+iters=${PAIR_ITERS:-200}
+mtu=${PAIR_MTU:-1024}
+sync=/vur/sync
+mkdir -p "$sync"
+say() { echo "PAIR $me $*"; }
+
+# The out-of-band NIC: found by MAC (it may be eth0 or eth1). It must not answer ARP for the
+# RoCE address on eth0: that address lives on the host, with the daemon (arp_ignore=1).
+oob_if=''
+for n in /sys/class/net/*; do
+    [[ $(cat "$n/address") == "${PAIR_OOB_MAC,,}" ]] && oob_if=${n##*/}
+done
+[[ -n $oob_if ]] || { say "FAIL no NIC with MAC $PAIR_OOB_MAC"; exit 1; }
+ip link set "$oob_if" up
+ip addr add "$PAIR_OOB" dev "$oob_if" 2>/dev/null || true
+sysctl -q -w "net.ipv4.conf.$oob_if.arp_ignore=1"
+if [[ -n ${PAIR_PEER_MAC:-} ]]; then
+    ip neigh replace "$PAIR_PEER_ROCE" lladdr "$PAIR_PEER_MAC" dev eth0 nud permanent
+fi
+
+# The GID index of this guest's RoCE address (eth0's; not the out-of-band one, which rxe0
+# may list too when both are on one NIC).
+IFS=. read -r a b c d <<<"$VUR_ADDR"
+want=$(printf '0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x' "$a" "$b" "$c" "$d")
+gid=''
+for _ in $(seq 100); do
+    gid=$(cd "/sys/class/infiniband/$dev/ports/1/gids" && grep -lx "$want" -- * 2>/dev/null |
+        while read -r g; do
+            [[ $(cat "../gid_attrs/types/$g" 2>/dev/null) == "RoCE v2" ]] && echo "$g" && break
+        done)
+    [[ -n $gid ]] && break
+    sleep 0.1
+done
+[[ -n $gid ]] || { say "FAIL no RoCE v2 GID for $VUR_ADDR on $dev within 10 s"; exit 1; }
+say "dev=$dev gid-index=$gid gid=$(cat "/sys/class/infiniband/$dev/ports/1/gids/$gid") oob=$oob_if:$PAIR_OOB"
+
+wait_file() { # wait_file PATH SECONDS WHAT
+    local i
+    for ((i = 0; i < $2 * 10; i++)); do
+        [[ -e $1 ]] && return 0
+        sleep 0.1
+    done
+    say "timeout after $2 s waiting for $3"
+    return 1
+}
+
+listening() { # a TCP listener (pingpongs, perftest) or an RDMA CM listener (rping)
+    { ss -ltn; rdma resource show cm_id 2>/dev/null; } | grep -qE ":$1( |$)"
+}
+
+chk() { "$1" --help 2>&1 | grep -q -- '--chk' && echo -c; }
+
+# server_cmd TOOL PORT: the tool's server command line (the client adds the server's address)
+server_cmd() {
+    local p=$2
+    case $1 in
+    rc | uc | srq) echo "ibv_$1_pingpong -d $dev -g $gid -n $iters -m $mtu -p $p $(chk "ibv_$1_pingpong")" ;;
+    ud) echo "ibv_ud_pingpong -d $dev -g $gid -n $iters -s $((mtu < 2048 ? mtu : 2048)) -p $p $(chk ibv_ud_pingpong)" ;;
+    send_lat | write_lat) echo "ib_$1 -d $dev -x $gid -F -m $mtu -n $iters -s 64 -p $p" ;;
+    send_bw | write_bw | read_bw) echo "ib_$1 -d $dev -x $gid -F -m $mtu -n $iters -s 65536 -p $p" ;;
+    atomic_bw) echo "ib_atomic_bw -d $dev -x $gid -F -m $mtu -n $iters -p $p" ;;
+    rping) echo "rping -s -a @SELF@ -p $p -C 20 -S 1000 -v" ;;
+    *) return 1 ;;
+    esac
+}
+
+IFS=, read -ra steps <<<"${PAIR_STEPS:?}"
+failed=0
+for i in "${!steps[@]}"; do
+    tool=${steps[i]%@*} srv=${steps[i]#*@}
+    port=$((18515 + i))
+    cmd=$(server_cmd "$tool" "$port") || { say "FAIL unknown tool $tool"; exit 1; }
+    rc=0
+    t0=${EPOCHREALTIME/./}
+    if [[ $srv == "$me" ]]; then
+        role=server
+        cmd=${cmd//@SELF@/$VUR_ADDR}
+        read -ra argv <<<"$cmd"
+        timeout 150 "${argv[@]}" >"/tmp/$i.log" 2>&1 &
+        pid=$!
+        for _ in $(seq 200); do listening "$port" && break; sleep 0.05; done
+        touch "$sync/$i.ready"
+        # The server ends when its client does; if the client is gone and the server is still
+        # waiting 20 s later, it waits for something that will not come.
+        while kill -0 "$pid" 2>/dev/null; do
+            if [[ -e $sync/$i.client.done ]]; then
+                for _ in $(seq 200); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+                kill -0 "$pid" 2>/dev/null && { say "step $i: the server still ran 20 s after the client ended"; kill "$pid"; }
+                break
+            fi
+            sleep 0.1
+        done
+        wait "$pid" || rc=$?
+        touch "$sync/$i.server.done"
+        wait_file "$sync/$i.client.done" 160 "the client of step $i" || rc=99
+    else
+        role=client
+        if wait_file "$sync/$i.ready" 180 "the server of step $i ($tool on $srv)"; then
+            if [[ $tool == rping ]]; then
+                cmd="rping -c -a $PAIR_PEER_ROCE -p $port -C 20 -S 1000 -v -V"
+            else
+                cmd+=" $PAIR_PEER_OOB"
+            fi
+            read -ra argv <<<"$cmd"
+            timeout 150 "${argv[@]}" >"/tmp/$i.log" 2>&1 || rc=$?
+        else
+            rc=99
+        fi
+        touch "$sync/$i.client.done"
+        wait_file "$sync/$i.server.done" 180 "the server of step $i to end" || rc=99
+    fi
+    ms=$(((${EPOCHREALTIME/./} - t0) / 1000))
+    echo "== step $i $tool $role: $cmd"
+    tail -n 12 "/tmp/$i.log"
+    # the client's figure: perftest's t_avg (usec) or BW average (MB/s)
+    res=''
+    if [[ $role == client ]]; then
+        case $tool in
+        *_lat) res=$(awk '/^ *64 +[0-9]+ /{print "t_avg_us=" $6; exit}' "/tmp/$i.log") ;;
+        *_bw) res=$(awk '/^ *[0-9]+ +[0-9]+ +[0-9.]+ +[0-9.]+ /{print "bw_avg_MBps=" $4; exit}' "/tmp/$i.log") ;;
+        esac
+    fi
+    say "STEP $i $tool server=$srv role=$role rc=$rc wall=${ms}ms${res:+ $res}"
+    ((rc == 0)) || failed=$((failed + 1))
+done
+# Stay up until the other guest has finished too: powering off drops this guest's device, and
+# the other side may still wait for the last ACK.
+touch "$sync/end.$me"
+for _ in $(seq 600); do
+    [[ $(find "$sync" -maxdepth 1 -name 'end.*' | wc -l) -ge 2 ]] && break
+    sleep 0.1
+done
+# Traffic really went through this guest's device: Linux rxe counts its packets (the daemon's
+# counters are read on the host).
+if [[ -d /sys/class/infiniband/$dev/ports/1/hw_counters ]]; then
+    hc=/sys/class/infiniband/$dev/ports/1/hw_counters
+    say "hw_counters $(cd "$hc" && for f in sent_pkts rcvd_pkts duplicate_request out_of_seq_request rcvd_seq_err ack_deferred retry_exceeded_err send_err; do [[ -f $f ]] && printf '%s=%s ' "$f" "$(cat "$f")"; done)"
+    if (($(cat "$hc/sent_pkts") == 0 || $(cat "$hc/rcvd_pkts") == 0)); then
+        say "FAIL $dev sent or received no packet"
+        failed=$((failed + 1))
+    fi
+fi
+touch "$sync/tools-done.$me"
+for _ in $(seq 300); do [[ -f $sync/counters-read ]] && break; sleep 0.1; done
+say "failed=$failed"
+if ((failed)); then
+    dmesg | grep -iE 'virtio_rdma|vrdma|rdma_rxe|infiniband' | tail -20
+fi
+exit "$failed"
