@@ -19,7 +19,7 @@
 #                 nothing. The rxe guest (10.77.0.4) is on the bridge (vurbr0, 10.77.0.1/24),
 #                 and the host answers its ARP for 10.77.0.2: that is where the daemon is.
 #   10.78.0.0/24  out of band (the tools' TCP exchange): every guest's NIC on the bridge.
-# Env: VUR_PAIR_ITERS (default 200), VUR_DAEMON, VUR_IMAGES, VUR_QEMU.
+# Env: VUR_PAIR_ITERS (default 200), VUR_PAIR_KEEP=1 (keep the logs), VUR_DAEMON, VUR_IMAGES, VUR_QEMU.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -38,7 +38,7 @@ devices | rxe) modes=("$1"); shift ;;
 all) shift || true ;;
 -*) echo "usage: $0 [devices|rxe|all] [TOOL...]" >&2; exit 2 ;;
 esac
-all_tools=(rc uc ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw rping)
+all_tools=(rc uc ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw rping ucmatose udaddy rdma_server send_lat_cm)
 tools=("$@")
 ((${#tools[@]})) || tools=("${all_tools[@]}")
 for t in "${tools[@]}"; do
@@ -54,7 +54,7 @@ cleanup() {
         kill "$p" 2>/dev/null || true
         wait "$p" 2>/dev/null || true
     done
-    if ((rc == 0)); then rm -rf "$work"; else log "artifacts kept in $work"; fi
+    if ((rc == 0)) && [[ -z ${VUR_PAIR_KEEP:-} ]]; then rm -rf "$work"; else log "artifacts kept in $work"; fi
 }
 trap cleanup EXIT
 trap 'exit 130' INT

@@ -70,16 +70,23 @@ listening() { # a TCP listener (pingpongs, perftest) or an RDMA CM listener (rpi
 
 chk() { "$1" --help 2>&1 | grep -q -- '--chk' && echo -c; }
 
-# server_cmd TOOL PORT: the tool's server command line (the client adds the server's address)
-server_cmd() {
+# tool_cmds TOOL PORT: "LISTEN-PORT|SERVER-COMMAND|CLIENT-COMMAND". The client command is the
+# server's plus the server's out-of-band address when empty; @SELF@ is this guest's RoCE
+# address, @PEER@ the other guest's (the rdma_cm tools connect to it).
+tool_cmds() {
     local p=$2
     case $1 in
-    rc | uc | srq) echo "ibv_$1_pingpong -d $dev -g $gid -n $iters -m $mtu -p $p $(chk "ibv_$1_pingpong")" ;;
-    ud) echo "ibv_ud_pingpong -d $dev -g $gid -n $iters -s $((mtu < 2048 ? mtu : 2048)) -p $p $(chk ibv_ud_pingpong)" ;;
-    send_lat | write_lat) echo "ib_$1 -d $dev -x $gid -F -m $mtu -n $iters -s 64 -p $p" ;;
-    send_bw | write_bw | read_bw) echo "ib_$1 -d $dev -x $gid -F -m $mtu -n $iters -s 65536 -p $p" ;;
-    atomic_bw) echo "ib_atomic_bw -d $dev -x $gid -F -m $mtu -n $iters -p $p" ;;
-    rping) echo "rping -s -a @SELF@ -p $p -C 20 -S 1000 -v" ;;
+    rc | uc | srq) echo "$p|ibv_$1_pingpong -d $dev -g $gid -n $iters -m $mtu -p $p $(chk "ibv_$1_pingpong")|" ;;
+    ud) echo "$p|ibv_ud_pingpong -d $dev -g $gid -n $iters -s $((mtu < 2048 ? mtu : 2048)) -p $p $(chk ibv_ud_pingpong)|" ;;
+    send_lat | write_lat) echo "$p|ib_$1 -d $dev -x $gid -F -m $mtu -n $iters -s 64 -p $p|" ;;
+    send_bw | write_bw | read_bw) echo "$p|ib_$1 -d $dev -x $gid -F -m $mtu -n $iters -s 65536 -p $p|" ;;
+    atomic_bw) echo "$p|ib_atomic_bw -d $dev -x $gid -F -m $mtu -n $iters -p $p|" ;;
+    # rdma_cm: addresses resolved through eth0, connections set up by the CM over QP1
+    rping) echo "$p|rping -s -a @SELF@ -p $p -C 20 -S 1000 -v|rping -c -a @PEER@ -p $p -C 20 -S 1000 -v -V" ;;
+    ucmatose) echo "7471|ucmatose -b @SELF@ -c 2 -C 20|ucmatose -s @PEER@ -c 2 -C 20" ;;
+    udaddy) echo "7471|udaddy -b @SELF@ -C 20|udaddy -s @PEER@ -C 20" ;;
+    rdma_server) echo "$p|rdma_server -s @SELF@ -p $p|rdma_client -s @PEER@ -p $p" ;;
+    send_lat_cm) echo "$p|ib_send_lat -d $dev -R -F -n $iters -s 64 -p $p|ib_send_lat -d $dev -R -F -n $iters -s 64 -p $p @PEER@" ;;
     *) return 1 ;;
     esac
 }
@@ -89,16 +96,19 @@ failed=0
 for i in "${!steps[@]}"; do
     tool=${steps[i]%@*} srv=${steps[i]#*@}
     port=$((18515 + i))
-    cmd=$(server_cmd "$tool" "$port") || { say "FAIL unknown tool $tool"; exit 1; }
+    cmds=$(tool_cmds "$tool" "$port") || { say "FAIL unknown tool $tool"; exit 1; }
+    IFS='|' read -r lport scmd ccmd <<<"$cmds"
+    scmd=${scmd//@SELF@/$VUR_ADDR}
+    [[ -n $ccmd ]] || ccmd="$scmd $PAIR_PEER_OOB"
+    ccmd=${ccmd//@PEER@/$PAIR_PEER_ROCE}
     rc=0
     t0=${EPOCHREALTIME/./}
     if [[ $srv == "$me" ]]; then
-        role=server
-        cmd=${cmd//@SELF@/$VUR_ADDR}
+        role=server cmd=$scmd
         read -ra argv <<<"$cmd"
         timeout 150 "${argv[@]}" >"/tmp/$i.log" 2>&1 &
         pid=$!
-        for _ in $(seq 200); do listening "$port" && break; sleep 0.05; done
+        for _ in $(seq 200); do listening "$lport" && break; sleep 0.05; done
         touch "$sync/$i.ready"
         # The server ends when its client does; if the client is gone and the server is still
         # waiting 20 s later, it waits for something that will not come.
@@ -114,13 +124,8 @@ for i in "${!steps[@]}"; do
         touch "$sync/$i.server.done"
         wait_file "$sync/$i.client.done" 160 "the client of step $i" || rc=99
     else
-        role=client
+        role=client cmd=$ccmd
         if wait_file "$sync/$i.ready" 180 "the server of step $i ($tool on $srv)"; then
-            if [[ $tool == rping ]]; then
-                cmd="rping -c -a $PAIR_PEER_ROCE -p $port -C 20 -S 1000 -v -V"
-            else
-                cmd+=" $PAIR_PEER_OOB"
-            fi
             read -ra argv <<<"$cmd"
             timeout 150 "${argv[@]}" >"/tmp/$i.log" 2>&1 || rc=$?
         else
@@ -136,7 +141,7 @@ for i in "${!steps[@]}"; do
     res=''
     if [[ $role == client ]]; then
         case $tool in
-        *_lat) res=$(awk '/^ *64 +[0-9]+ /{print "t_avg_us=" $6; exit}' "/tmp/$i.log") ;;
+        send_lat | write_lat | send_lat_cm) res=$(awk '/^ *64 +[0-9]+ /{print "t_avg_us=" $6; exit}' "/tmp/$i.log") ;;
         *_bw) res=$(awk '/^ *[0-9]+ +[0-9]+ +[0-9.]+ +[0-9.]+ /{print "bw_avg_MBps=" $4; exit}' "/tmp/$i.log") ;;
         esac
     fi
