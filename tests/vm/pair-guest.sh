@@ -84,7 +84,7 @@ tool_cmds() {
     # rdma_cm: addresses resolved through eth0, connections set up by the CM over QP1
     rping) echo "$p|rping -s -a @SELF@ -p $p -C 20 -S 1000 -v|rping -c -a @PEER@ -p $p -C 20 -S 1000 -v -V" ;;
     ucmatose) echo "7471|ucmatose -b @SELF@ -c 2 -C 20|ucmatose -s @PEER@ -c 2 -C 20" ;;
-    udaddy) echo "7471|udaddy -b @SELF@ -C 20|udaddy -s @PEER@ -C 20" ;;
+    udaddy) echo "7174|udaddy -b @SELF@ -C 20|udaddy -s @PEER@ -C 20" ;;
     rdma_server) echo "$p|rdma_server -s @SELF@ -p $p|rdma_client -s @PEER@ -p $p" ;;
     send_lat_cm) echo "$p|ib_send_lat -d $dev -R -F -n $iters -s 64 -p $p|ib_send_lat -d $dev -R -F -n $iters -s 64 -p $p @PEER@" ;;
     *) return 1 ;;
@@ -108,7 +108,11 @@ for i in "${!steps[@]}"; do
         read -ra argv <<<"$cmd"
         timeout 150 "${argv[@]}" >"/tmp/$i.log" 2>&1 &
         pid=$!
-        for _ in $(seq 200); do listening "$lport" && break; sleep 0.05; done
+        # bounded by time: one look at the sockets and CM IDs takes a while under TCG
+        until listening "$lport"; do
+            (((${EPOCHREALTIME/./} - t0) / 1000000 < 10)) || { say "step $i: nothing listened on $lport within 10 s"; break; }
+            sleep 0.05
+        done
         touch "$sync/$i.ready"
         # The server ends when its client does; if the client is gone and the server is still
         # waiting 20 s later, it waits for something that will not come.
