@@ -37,6 +37,10 @@ pub mod caps {
     /// QUERY_GID_SOURCES lists the GIDs the transport can send from; ADD_GID refuses others
     /// with ADDRESS_NOT_AVAILABLE.
     pub const GID_SOURCES: u32 = 1 << 5;
+    /// MRs carry the offset of their first byte in the first page apart from the IOVA:
+    /// RegUserMr's `page_offset` (the 48-byte command) and the REG_MR work request's
+    /// PAGE_OFFSET flag are honoured, so any IOVA can map any buffer.
+    pub const MR_PAGE_OFFSET: u32 = 1 << 6;
 }
 
 macro_rules! byte_valued {
@@ -436,6 +440,28 @@ pub struct CmdRegUserMr {
     pub iova: u64,
     pub length: u64,
     pub pages: PageListDesc,
+    /// Where the MR's first byte lies in the first page of `pages` (< the page size); the
+    /// IOVA may be anything. Absent from the 40-byte form of the command: then it is
+    /// `iova mod page`.
+    pub page_offset: u32,
+    pub reserved: u32,
+}
+
+/// Size of RegUserMr before `page_offset` (drivers written before it send this many bytes).
+pub const REG_USER_MR_SHORT: usize = 40;
+
+impl CmdRegUserMr {
+    /// Reads the command in its 48-byte form, or its 40-byte form (then `None` for the page
+    /// offset: the device takes `iova mod page`). Shorter: `None`.
+    pub fn read(bytes: &[u8]) -> Option<(CmdRegUserMr, Option<u32>)> {
+        if let Some(c) = read_struct::<CmdRegUserMr>(bytes) {
+            return Some((c, Some(c.page_offset)));
+        }
+        let head = bytes.get(..REG_USER_MR_SHORT)?;
+        let mut c = CmdRegUserMr::default();
+        c.as_mut_slice()[..REG_USER_MR_SHORT].copy_from_slice(head);
+        Some((c, None))
+    }
 }
 
 #[repr(C)]
@@ -627,8 +653,13 @@ pub mod swqe {
     pub const REG_ACCESS: usize = 48;
     pub const REG_PAGE_SHIFT: usize = 52;
     pub const REG_LEVELS: usize = 53;
+    /// `u8`: [`super::reg_flags`]; byte 55 is reserved.
+    pub const REG_FLAGS: usize = 54;
     pub const REG_PAGE_LIST: usize = 56;
     pub const REG_NUM_PAGES: usize = 64;
+    /// `u32`: where the MR's first byte lies in the first page, with
+    /// [`super::reg_flags::PAGE_OFFSET`].
+    pub const REG_PAGE_OFFSET: usize = 68;
     pub const STATUS: usize = 144;
     pub const STATE: usize = 148;
     pub const IOVA: usize = 152;
@@ -665,6 +696,13 @@ pub mod rwqe {
 
 /// `struct rxe_sge` / `ib_sge` (16 bytes): addr u64, length u32, lkey u32.
 pub const SGE_SIZE: usize = 16;
+
+/// Flags of the REG_MR work request (byte `swqe::REG_FLAGS`).
+pub mod reg_flags {
+    /// `swqe::REG_PAGE_OFFSET` holds the offset of the MR's first byte in the first page;
+    /// without it the offset is `iova mod page`.
+    pub const PAGE_OFFSET: u8 = 1 << 0;
+}
 
 /// `ibv_wr_opcode` values (plus the kernel-only REG_MR).
 pub mod wr_op {
@@ -730,7 +768,7 @@ byte_valued! {
     RespCreateSrq = 16,
     CmdModifySrq = 16,
     RespQuerySrq = 16,
-    CmdRegUserMr = 40,
+    CmdRegUserMr = 48,
     RespMr = 8,
     CmdRegDmaMr = 8,
     CmdAllocMr = 8,
@@ -776,6 +814,7 @@ mod tests {
         assert_eq!(offset_of!(UverbsWc, ex), 24);
         assert_eq!(offset_of!(UverbsWc, port_num), 46);
         assert_eq!(offset_of!(CmdRegUserMr, pages), 24);
+        assert_eq!(offset_of!(CmdRegUserMr, page_offset), REG_USER_MR_SHORT);
         assert_eq!(offset_of!(CmdCreateCq, queue), 8);
     }
 }

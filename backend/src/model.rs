@@ -310,6 +310,7 @@ impl Model {
                 | abi::caps::FAST_REG
                 | abi::caps::MEM_WINDOW
                 | abi::caps::SRQ
+                | abi::caps::MR_PAGE_OFFSET
                 | if self.source_gids.is_empty() {
                     0
                 } else {
@@ -534,7 +535,10 @@ impl Model {
                 self.srqs.remove(&c.handle);
                 Ok(Vec::new())
             }
-            op::REG_USER_MR => self.reg_user_mr(mem, cmd(b)?),
+            op::REG_USER_MR => {
+                let (c, page_offset) = abi::CmdRegUserMr::read(b).ok_or(Status::BadRequest)?;
+                self.reg_user_mr(mem, c, page_offset)
+            }
             op::REG_DMA_MR => {
                 let mut c: abi::CmdRegDmaMr = cmd(b)?;
                 c.access &= !abi::ACCESS_IGNORED;
@@ -886,7 +890,14 @@ impl Model {
         })
     }
 
-    fn reg_user_mr(&mut self, mem: &GuestMemoryMmap, mut c: abi::CmdRegUserMr) -> CmdResult {
+    /// REG_USER_MR. `page_offset`: where the first byte lies in the first page (the 48-byte
+    /// command); `None` (the 40-byte command): `iova mod page`, the rule before the field.
+    fn reg_user_mr(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        mut c: abi::CmdRegUserMr,
+        page_offset: Option<u32>,
+    ) -> CmdResult {
         c.access &= !abi::ACCESS_IGNORED;
         if c.access & !Access::ALL.0 != 0
             || c.length > self.cfg.dev.max_mr_size
@@ -898,7 +909,15 @@ impl Model {
         }
         let shift = c.pages.page_shift as u32;
         let mask = (1u64 << shift) - 1;
-        let need = ((c.iova & mask) + c.length).div_ceil(1 << shift).max(1);
+        let offset = page_offset.map_or(c.iova & mask, u64::from);
+        if offset > mask {
+            return Err(Status::Invalid);
+        }
+        let need = offset
+            .checked_add(c.length)
+            .ok_or(Status::Invalid)?
+            .div_ceil(1 << shift)
+            .max(1);
         if need > crate::guest_mem::MAX_PAGES as u64 || c.pages.num_pages as u64 != need {
             return Err(Status::Invalid);
         }
@@ -910,7 +929,7 @@ impl Model {
                 c.iova,
                 c.length,
                 Access(c.access),
-                ring::pages_backing(c.pages.page_shift, pages),
+                ring::pages_backing(c.pages.page_shift, offset, pages),
             )
             .map_err(verr)?;
         body(abi::RespMr { lkey: k, rkey: k })

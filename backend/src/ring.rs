@@ -261,7 +261,19 @@ pub fn decode_send_wqe(
                 levels: slot[swqe::REG_LEVELS],
                 reserved: 0,
             };
+            let flags = slot[swqe::REG_FLAGS];
+            if flags & !abi::reg_flags::PAGE_OFFSET != 0 {
+                return Err(bad(BadWqe::PageList));
+            }
             let pages = resolve_page_list(mem, &d, 1 << 20).map_err(|_| bad(BadWqe::PageList))?;
+            // page_shift is 12 ..= 30 here (resolve_page_list checked it). Without the flag,
+            // the first byte is where the IOVA falls in a page (the rule before the flag); the
+            // engine refuses an offset beyond the first page.
+            let page_offset = if flags & abi::reg_flags::PAGE_OFFSET != 0 {
+                u32_at(slot, swqe::REG_PAGE_OFFSET) as u64
+            } else {
+                iova & ((1u64 << page_shift) - 1)
+            };
             SendOp::RegMr {
                 lkey: u32_at(slot, swqe::REG_MR_LKEY),
                 key: u32_at(slot, swqe::REG_KEY),
@@ -269,6 +281,7 @@ pub fn decode_send_wqe(
                 iova,
                 length,
                 page_shift,
+                page_offset,
                 pages,
             }
         }
@@ -385,7 +398,12 @@ pub fn cqe_bytes(wc: &UverbsWc) -> &[u8] {
     wc.as_slice()
 }
 
-/// Memory-region backing from resolved pages.
-pub fn pages_backing(page_shift: u8, pages: Vec<u64>) -> Backing {
-    Backing::Pages { page_shift, pages }
+/// Memory-region backing from resolved pages, the MR's first byte `page_offset` bytes into
+/// the first.
+pub fn pages_backing(page_shift: u8, page_offset: u64, pages: Vec<u64>) -> Backing {
+    Backing::Pages {
+        page_shift,
+        page_offset,
+        pages,
+    }
 }

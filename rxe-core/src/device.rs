@@ -374,8 +374,14 @@ impl Device {
         {
             return Err(VerbError::Invalid);
         }
-        if let Backing::Pages { page_shift, pages } = &backing {
-            check_page_list(iova, length, *page_shift, pages).map_err(|_| VerbError::Invalid)?;
+        if let Backing::Pages {
+            page_shift,
+            page_offset,
+            pages,
+        } = &backing
+        {
+            check_page_list(*page_offset, length, *page_shift, pages)
+                .map_err(|_| VerbError::Invalid)?;
         }
         self.charge(length)?;
         let mr = Mr {

@@ -79,11 +79,12 @@ impl Memory for VecMemory {
     }
 }
 
-/// Validates a page list for `[iova, iova+length)`: a page size from 512 B to 1 GiB, no
-/// overflow anywhere, every page aligned to the page size and ending below 2^64, and enough
-/// pages to cover the range.
+/// Validates a page list for an MR of `length` bytes whose first byte is `page_offset`
+/// bytes into the first page: a page size from 512 B to 1 GiB, an offset inside the first
+/// page, no overflow anywhere, every page aligned to the page size and ending below 2^64,
+/// and enough pages to cover the range.
 pub fn check_page_list(
-    iova: u64,
+    page_offset: u64,
     length: u64,
     page_shift: u8,
     pages: &[u64],
@@ -93,8 +94,10 @@ pub fn check_page_list(
     }
     let size = 1u64 << page_shift;
     let mask = size - 1;
-    iova.checked_add(length).ok_or(MemError::Length)?;
-    let need = (iova & mask)
+    if page_offset > mask {
+        return Err(MemError::Alignment);
+    }
+    let need = page_offset
         .checked_add(length)
         .ok_or(MemError::Length)?
         .div_ceil(size);
@@ -115,9 +118,15 @@ pub fn check_page_list(
 pub enum Backing {
     /// IOVA `iova + x` lives at `base + x` (DMA MRs, physically contiguous buffers).
     Contiguous { base: u64 },
-    /// A page list: byte `x` of the MR lives at `pages[(off0 + x) >> shift] + ((off0 + x) & mask)`
-    /// where `off0 = iova & mask`.
-    Pages { page_shift: u8, pages: Vec<u64> },
+    /// A page list: byte `x` of the MR (IOVA `iova + x`) lives at
+    /// `pages[(page_offset + x) >> shift] + ((page_offset + x) & mask)`. `page_offset` is where
+    /// the MR's first byte sits in the first page; it need not equal `iova & mask` (an IOVA
+    /// chosen apart from the buffer's address, `ibv_reg_mr_iova`).
+    Pages {
+        page_shift: u8,
+        page_offset: u64,
+        pages: Vec<u64>,
+    },
     /// A fast-reg MR not yet registered.
     Empty,
 }
@@ -382,12 +391,14 @@ impl Region<'_> {
             Backing::Contiguous { base } => {
                 f(base.checked_add(x).ok_or(MemError::OutOfRange)?, 0..len)
             }
-            Backing::Pages { page_shift, pages } => {
+            Backing::Pages {
+                page_shift,
+                page_offset,
+                pages,
+            } => {
                 let shift = *page_shift as u32;
                 let mask = (1u64 << shift) - 1;
-                let mut pos = (self.mr_iova & mask)
-                    .checked_add(x)
-                    .ok_or(MemError::OutOfRange)?;
+                let mut pos = page_offset.checked_add(x).ok_or(MemError::OutOfRange)?;
                 let mut done = 0usize;
                 while done < len {
                     let page = usize::try_from(pos >> shift).map_err(|_| MemError::OutOfRange)?;
@@ -517,6 +528,7 @@ mod tests {
                 0x1000,
                 Backing::Pages {
                     page_shift: 12,
+                    page_offset: 0x800,
                     pages: vec![0x5000, 0x2000],
                 },
             ))
@@ -565,6 +577,7 @@ mod tests {
                 0x2000,
                 Backing::Pages {
                     page_shift: 12,
+                    page_offset: 0,
                     pages: vec![0, u64::MAX - 0xfff],
                 },
             ))
@@ -576,5 +589,68 @@ mod tests {
             r.write(&mut mem, 0x800, &[1u8; 0x1000]).unwrap_err(),
             MemError::OutOfRange
         );
+    }
+
+    /// An IOVA not congruent to the buffer (`ibv_reg_mr_iova`): IOVA 0x1000_0123 names the
+    /// byte 0x456 into the first page, whatever `iova mod page` says.
+    #[test]
+    fn page_offset_apart_from_the_iova() {
+        let mut mem = VecMemory::new(0, 0x10000);
+        let mut t = KeyTable::new(16);
+        let iova = 0x1000_0123u64;
+        let len = 0x2000u64;
+        // 0x456 + 0x2000 bytes: three pages, out of order.
+        let pages = vec![0x9000, 0x3000, 0x6000];
+        assert_eq!(check_page_list(0x456, len, 12, &pages), Ok(()));
+        assert_eq!(
+            check_page_list(0x456, len, 12, &pages[..2]),
+            Err(MemError::Length),
+            "0x456 + 0x2000 bytes need three pages"
+        );
+        assert_eq!(
+            check_page_list(0x1000, 1, 12, &pages),
+            Err(MemError::Alignment),
+            "an offset beyond the first page"
+        );
+        let k = t
+            .insert(mr(
+                iova,
+                len,
+                Backing::Pages {
+                    page_shift: 12,
+                    page_offset: 0x456,
+                    pages,
+                },
+            ))
+            .unwrap();
+        let data: Vec<u8> = (0..len as u32).map(|i| (i * 7 + 1) as u8).collect();
+        let r = t
+            .lookup_remote(1, 0, k, iova, len, Access::REMOTE_WRITE)
+            .unwrap();
+        r.write(&mut mem, iova, &data).unwrap();
+        // 0x1000 - 0x456 = 0xbaa bytes in the first page, a full page, the rest.
+        assert_eq!(mem.slice(0x9456, 0xbaa), &data[..0xbaa]);
+        assert_eq!(mem.slice(0x3000, 0x1000), &data[0xbaa..0x1baa]);
+        assert_eq!(mem.slice(0x6000, 0x456), &data[0x1baa..]);
+        assert_eq!(mem.slice(0x9455, 1), &[0], "the byte before the MR");
+        assert_eq!(mem.slice(0x6456, 1), &[0], "the byte after the MR");
+        // Reads at both ends.
+        let mut b = [0u8; 2];
+        r.read(&mem, iova, &mut b).unwrap();
+        assert_eq!(b, [data[0], data[1]]);
+        r.read(&mem, iova + len - 2, &mut b).unwrap();
+        assert_eq!(&b, &data[data.len() - 2..]);
+        // Bounds: one byte before, one byte past the end.
+        for (addr, n) in [(iova - 1, 1), (iova + len - 1, 2), (iova + len, 1)] {
+            assert_eq!(
+                t.lookup_remote(1, 0, k, addr, n, Access::REMOTE_WRITE)
+                    .unwrap_err(),
+                MemError::Length,
+                "{addr:#x}+{n}"
+            );
+        }
+        assert!(t
+            .lookup_remote(1, 0, k, iova + len - 1, 1, Access::REMOTE_WRITE)
+            .is_ok());
     }
 }

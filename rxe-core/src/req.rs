@@ -236,10 +236,10 @@ pub(crate) fn invalidate(
     Ok(())
 }
 
-fn local_op(q: &Qp, res: &mut Resources, op: &SendOp) -> WcStatus {
+fn local_op(q: &Qp, res: &mut Resources, op: SendOp) -> WcStatus {
     let r = match op {
         SendOp::LocalInv { rkey } => {
-            invalidate(&mut res.keys, q.pd, *rkey, Some(q.qpn.0)).map_err(|_| WcStatus::LocQpOpErr)
+            invalidate(&mut res.keys, q.pd, rkey, Some(q.qpn.0)).map_err(|_| WcStatus::LocQpOpErr)
         }
         SendOp::RegMr {
             lkey,
@@ -248,24 +248,28 @@ fn local_op(q: &Qp, res: &mut Resources, op: &SendOp) -> WcStatus {
             iova,
             length,
             page_shift,
+            page_offset,
             pages,
         } => {
             let pd = q.pd;
-            match res.keys.get_by_index(*lkey) {
+            match res.keys.get_by_index(lkey) {
                 Some((KeyObj::Mr(mr), k)) if mr.pd == pd && mr.state == KeyState::Free => {
                     match mr.kind {
                         MrKind::FastReg { max_pages }
                             if pages.len() as u32 <= max_pages
-                                && check_page_list(*iova, *length, *page_shift, pages).is_ok()
+                                && iova.checked_add(length).is_some()
+                                && check_page_list(page_offset, length, page_shift, &pages)
+                                    .is_ok()
                                 && access.0 & !Access::ALL.0 == 0 =>
                         {
-                            *k = *key as u8;
-                            mr.iova = *iova;
-                            mr.length = *length;
-                            mr.access = *access;
+                            *k = key as u8;
+                            mr.iova = iova;
+                            mr.length = length;
+                            mr.access = access;
                             mr.backing = Backing::Pages {
-                                page_shift: *page_shift,
-                                pages: pages.clone(),
+                                page_shift,
+                                page_offset,
+                                pages,
                             };
                             mr.state = KeyState::Valid;
                             Ok(())
@@ -287,12 +291,12 @@ fn local_op(q: &Qp, res: &mut Resources, op: &SendOp) -> WcStatus {
             &mut res.keys,
             q.pd,
             q.qpn.0,
-            *mw_rkey,
-            *new_rkey,
-            *mr_lkey,
-            *addr,
-            *length,
-            *access,
+            mw_rkey,
+            new_rkey,
+            mr_lkey,
+            addr,
+            length,
+            access,
             // librxe binds both types with a BIND_MW work request.
             None,
         ),
@@ -334,8 +338,18 @@ pub(crate) fn next_request(
             return None;
         }
         if wqe.wr.op.is_local() {
-            let op = wqe.wr.op.clone();
-            let status = local_op(q, res, &op);
+            // A REG_MR's page list moves from the WQE to the MR (no copy); what stays in the
+            // WQE is only looked at for its kind.
+            let w = q.wqe_mut(cur).expect("wqe present");
+            let pages = match &mut w.wr.op {
+                SendOp::RegMr { pages, .. } => core::mem::take(pages),
+                _ => Vec::new(),
+            };
+            let mut op = w.wr.op.clone();
+            if let SendOp::RegMr { pages: p, .. } = &mut op {
+                *p = pages;
+            }
+            let status = local_op(q, res, op);
             let w = q.wqe_mut(cur).expect("wqe present");
             w.state = WqeState::Done(status);
             q.req.cur += 1;

@@ -201,7 +201,9 @@ pub enum SendOp {
     LocalInv {
         rkey: u32,
     },
-    /// Fast registration of an MR allocated with `alloc_mr`.
+    /// Fast registration of an MR allocated with `alloc_mr`: `iova … iova+length` mapped
+    /// through `pages`, the first byte `page_offset` bytes into the first page (see
+    /// [`crate::mem::Backing::Pages`]).
     RegMr {
         lkey: u32,
         key: u32,
@@ -209,6 +211,7 @@ pub enum SendOp {
         iova: u64,
         length: u64,
         page_shift: u8,
+        page_offset: u64,
         pages: Vec<u64>,
     },
     /// Bind a memory window to an MR range.

@@ -52,6 +52,8 @@ fn reg_mr(lkey: u32, iova: u64, length: u64, pages: Vec<u64>) -> SendOp {
         iova,
         length,
         page_shift: 12,
+        // Where `iova` falls in a page, as when the WQE carries no explicit offset.
+        page_offset: iova & 0xfff,
         pages,
     }
 }

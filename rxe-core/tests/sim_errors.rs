@@ -505,6 +505,7 @@ fn fast_reg_then_local_invalidate() {
         iova: 0x5000_0000,
         length: 4096,
         page_shift: 12,
+        page_offset: 0,
         pages: vec![page],
     };
     sim.dev(1)

@@ -290,6 +290,7 @@ fn rc_v4(sim: &mut Sim, roles: &mut HashMap<(usize, Qpn), Role>) {
             iova: 0x7000_0000,
             length: 4096,
             page_shift: 12,
+            page_offset: 0,
             pages: vec![page + 4096 * k],
         };
         sim.dev(1)

@@ -10,7 +10,8 @@
 # Tools: devinfo rc rc_events uc ud srq (libibverbs examples, with --chk data checks; rc_events
 # sleeps on completion events), send_lat send_bw write_lat write_bw read_bw atomic_bw (perftest),
 # rping (rdma_cm: the CM runs over the driver's kernel QP1), resize_cq (pyverbs: ibv_resize_cq
-# with completions in flight), kverbs (kernel fast registration: the vrdma_selftest module);
+# with completions in flight), mr_iova (ibv_reg_mr_iova: an MR whose IOVA is not its address,
+# pyverbs and ctypes), kverbs (kernel fast registration: the vrdma_selftest module);
 # pyverbs (not in the default set: rdma-core's test suite);
 # compare (not in the default
 # set): ib_send_lat and ib_write_bw over vrdma0 and over Linux rxe on the same guest's eth0.
@@ -61,7 +62,7 @@ vm_start_daemon "$work" "$addr" "$mac" || exit 1
 dpid=$REPLY
 
 tools=("$@")
-((${#tools[@]})) || tools=(devinfo rc rc_events uc ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw rping resize_cq kverbs)
+((${#tools[@]})) || tools=(devinfo rc rc_events uc ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw rping resize_cq mr_iova kverbs)
 reload=0
 [[ -z ${VUR_SELFTEST_KO:-} ]] || cp "$VUR_SELFTEST_KO" "$work/vrdma_selftest.ko"
 if [[ -n ${VUR_DRIVER_KO:-} ]]; then
@@ -205,6 +206,178 @@ PY
         rc=$?
         cat /tmp/resize_cq.log
         report resize_cq $rc
+        ;;
+    mr_iova)
+        # ibv_reg_mr_iova with an IOVA that is not the buffer's address: a buffer 0x456 bytes
+        # into its page registered as IOVA 0x1000_0456; RDMA WRITE and READ through it (a
+        # pyverbs QP against a QP, PD and MR made with ctypes: pyverbs' MR takes no IOVA) hit
+        # exactly the buffer's bytes, and one byte before or past the MR is a remote access
+        # error. Then IOVA 0x1000_0123, not congruent to the buffer: the device takes it
+        # (RegUserMr's page_offset), but ib_uverbs_reg_mr refuses such IOVAs with EINVAL
+        # before any driver sees them (Linux rxe alike), so EINVAL passes; if a kernel lets
+        # it through, it gets the same checks.
+        python3 - "$dev" "$gid" >/tmp/mr_iova.log 2>&1 <<'PY'
+import ctypes as C, mmap, sys, time
+import pyverbs.device as d
+import pyverbs.enums as e
+from pyverbs.addr import AHAttr, GlobalRoute
+from pyverbs.cq import CQ
+from pyverbs.mr import MR
+from pyverbs.pd import PD
+from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
+from pyverbs.wr import SGE, SendWR
+dev, gidx = sys.argv[1], int(sys.argv[2])
+OFF, LEN = 0x456, 0x2000
+ACC = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
+v = C.CDLL("libibverbs.so.1", use_errno=True)
+class Gid(C.Union): _fields_ = [("raw", C.c_uint8 * 16), ("g", C.c_uint64 * 2)]
+class Cap(C.Structure): _fields_ = [(n, C.c_uint32) for n in (
+    "max_send_wr", "max_recv_wr", "max_send_sge", "max_recv_sge", "max_inline_data")]
+class InitAttr(C.Structure): _fields_ = [("qp_context", C.c_void_p), ("send_cq", C.c_void_p),
+    ("recv_cq", C.c_void_p), ("srq", C.c_void_p), ("cap", Cap), ("qp_type", C.c_int),
+    ("sq_sig_all", C.c_int)]
+class Grh(C.Structure): _fields_ = [("dgid", Gid), ("flow_label", C.c_uint32),
+    ("sgid_index", C.c_uint8), ("hop_limit", C.c_uint8), ("traffic_class", C.c_uint8)]
+class Ah(C.Structure): _fields_ = [("grh", Grh), ("dlid", C.c_uint16)] + [(n, C.c_uint8) for n in (
+    "sl", "src_path_bits", "static_rate", "is_global", "port_num")]
+class Attr(C.Structure): _fields_ = [(n, C.c_uint32) for n in (
+    "qp_state", "cur_qp_state", "path_mtu", "path_mig_state", "qkey", "rq_psn", "sq_psn",
+    "dest_qp_num", "qp_access_flags")] + [("cap", Cap), ("ah_attr", Ah), ("alt_ah_attr", Ah),
+    ("pkey_index", C.c_uint16), ("alt_pkey_index", C.c_uint16)] + [(n, C.c_uint8) for n in (
+    "en_sqd_async_notify", "sq_draining", "max_rd_atomic", "max_dest_rd_atomic", "min_rnr_timer",
+    "port_num", "timeout", "retry_cnt", "rnr_retry", "alt_port_num", "alt_timeout")] + [
+    ("rate_limit", C.c_uint32)]
+class Mr(C.Structure): _fields_ = [("context", C.c_void_p), ("pd", C.c_void_p), ("addr", C.c_void_p),
+    ("length", C.c_size_t), ("handle", C.c_uint32), ("lkey", C.c_uint32), ("rkey", C.c_uint32)]
+class Qp(C.Structure): _fields_ = [("context", C.c_void_p), ("qp_context", C.c_void_p),
+    ("pd", C.c_void_p), ("send_cq", C.c_void_p), ("recv_cq", C.c_void_p), ("srq", C.c_void_p),
+    ("handle", C.c_uint32), ("qp_num", C.c_uint32)]
+assert C.sizeof(Attr) == 144 and C.sizeof(InitAttr) == 64
+v.ibv_get_device_list.restype = C.POINTER(C.c_void_p)
+v.ibv_get_device_list.argtypes = [C.POINTER(C.c_int)]
+v.ibv_get_device_name.restype, v.ibv_get_device_name.argtypes = C.c_char_p, [C.c_void_p]
+v.ibv_open_device.restype, v.ibv_open_device.argtypes = C.c_void_p, [C.c_void_p]
+v.ibv_alloc_pd.restype, v.ibv_alloc_pd.argtypes = C.c_void_p, [C.c_void_p]
+v.ibv_reg_mr_iova.restype = C.POINTER(Mr)
+v.ibv_reg_mr_iova.argtypes = [C.c_void_p, C.c_void_p, C.c_size_t, C.c_uint64, C.c_int]
+v.ibv_create_cq.restype = C.c_void_p
+v.ibv_create_cq.argtypes = [C.c_void_p, C.c_int, C.c_void_p, C.c_void_p, C.c_int]
+v.ibv_create_qp.restype, v.ibv_create_qp.argtypes = C.POINTER(Qp), [C.c_void_p, C.POINTER(InitAttr)]
+v.ibv_modify_qp.argtypes = [C.c_void_p, C.POINTER(Attr), C.c_int]
+v.ibv_query_gid.argtypes = [C.c_void_p, C.c_uint8, C.c_int, C.POINTER(Gid)]
+
+n = C.c_int()
+lst = v.ibv_get_device_list(C.byref(n))
+raw = next(lst[i] for i in range(n.value) if v.ibv_get_device_name(lst[i]).decode() == dev)
+pctx = v.ibv_open_device(raw)
+ppd = v.ibv_alloc_pd(pctx)
+pcq = v.ibv_create_cq(pctx, 16, None, None, 0)
+gid = Gid()
+assert v.ibv_query_gid(pctx, 1, gidx, C.byref(gid)) == 0
+buf = mmap.mmap(-1, 4 * 4096)
+base = C.addressof(C.c_char.from_buffer(buf))
+
+ctx = d.Context(name=dev)
+pd, cq = PD(ctx), CQ(ctx, 16)
+local = MR(pd, LEN, ACC)
+
+def passive_qp():
+    ia = InitAttr(send_cq=pcq, recv_cq=pcq, qp_type=e.IBV_QPT_RC, sq_sig_all=1,
+                  cap=Cap(4, 4, 1, 1, 0))
+    q = v.ibv_create_qp(ppd, C.byref(ia))
+    assert q, "ibv_create_qp"
+    return q
+
+def modify(q, a, mask):
+    rc = v.ibv_modify_qp(q, C.byref(a), mask)
+    assert rc == 0, f"ibv_modify_qp {mask:#x}: {rc}"
+
+def connect():
+    q = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, sq_sig_all=1,
+                          cap=QPCap(max_send_wr=4, max_recv_wr=4, max_send_sge=1, max_recv_sge=1)))
+    p = passive_qp()
+    a = Attr(qp_state=e.IBV_QPS_INIT, port_num=1, qp_access_flags=ACC)
+    modify(p, a, e.IBV_QP_STATE | e.IBV_QP_PKEY_INDEX | e.IBV_QP_PORT | e.IBV_QP_ACCESS_FLAGS)
+    a = Attr(qp_state=e.IBV_QPS_RTR, path_mtu=e.IBV_MTU_1024, dest_qp_num=q.qp_num,
+             max_dest_rd_atomic=1, min_rnr_timer=12)
+    a.ah_attr.is_global, a.ah_attr.port_num = 1, 1
+    a.ah_attr.grh.dgid, a.ah_attr.grh.sgid_index, a.ah_attr.grh.hop_limit = gid, gidx, 64
+    modify(p, a, e.IBV_QP_STATE | e.IBV_QP_AV | e.IBV_QP_PATH_MTU | e.IBV_QP_DEST_QPN |
+           e.IBV_QP_RQ_PSN | e.IBV_QP_MAX_DEST_RD_ATOMIC | e.IBV_QP_MIN_RNR_TIMER)
+    a = Attr(qp_state=e.IBV_QPS_RTS, timeout=14, retry_cnt=7, rnr_retry=7, max_rd_atomic=1)
+    modify(p, a, e.IBV_QP_STATE | e.IBV_QP_TIMEOUT | e.IBV_QP_RETRY_CNT | e.IBV_QP_RNR_RETRY |
+           e.IBV_QP_SQ_PSN | e.IBV_QP_MAX_QP_RD_ATOMIC)
+    qa = QPAttr(qp_state=e.IBV_QPS_INIT, port_num=1)
+    qa.qp_access_flags = ACC
+    q.to_init(qa)
+    qa = QPAttr(qp_state=e.IBV_QPS_RTR, path_mtu=e.IBV_MTU_1024)
+    qa.dest_qp_num, qa.rq_psn, qa.max_dest_rd_atomic, qa.min_rnr_timer = p.contents.qp_num, 0, 1, 12
+    qa.ah_attr = AHAttr(gr=GlobalRoute(dgid=ctx.query_gid(1, gidx), sgid_index=gidx),
+                        is_global=1, port_num=1)
+    q.to_rtr(qa)
+    qa = QPAttr(qp_state=e.IBV_QPS_RTS)
+    qa.timeout, qa.retry_cnt, qa.rnr_retry, qa.sq_psn, qa.max_rd_atomic = 14, 7, 7, 0, 1
+    q.to_rts(qa)
+    return q
+
+def rdma(q, opcode, rkey, addr, length):
+    wr = SendWR(wr_id=1, opcode=opcode, num_sge=1, sg=[SGE(local.buf, length, local.lkey)])
+    wr.set_wr_rdma(rkey, addr)
+    q.post_send(wr)
+    end = time.time() + 20
+    while time.time() < end:
+        n, wcs = cq.poll(1)
+        if n:
+            return wcs[0].status
+        time.sleep(0.01)
+    return None
+
+fails = []
+def check(what, ok):
+    print("mr_iova:", what, "ok" if ok else "FAIL")
+    ok or fails.append(what)
+
+def through(iova, rkey):
+    data = bytes((i * 13 + iova) & 0xff for i in range(LEN))
+    buf[:] = bytes(len(buf))
+    buf[OFF - 1:OFF] = buf[OFF + LEN:OFF + LEN + 1] = b"\x5a"
+    local.write(data, LEN)
+    q = connect()
+    check(f"{iova:#x}: write the whole MR", rdma(q, e.IBV_WR_RDMA_WRITE, rkey, iova, LEN) == 0
+          and bytes(buf[OFF:OFF + LEN]) == data)
+    check(f"{iova:#x}: bytes around the MR untouched",
+          buf[OFF - 1:OFF] == b"\x5a" and buf[OFF + LEN:OFF + LEN + 1] == b"\x5a")
+    local.write(bytes(LEN), LEN)
+    check(f"{iova:#x}: read across both page boundaries",
+          rdma(q, e.IBV_WR_RDMA_READ, rkey, iova + 0x100, LEN - 0x100) == 0
+          and local.read(LEN - 0x100, 0) == data[0x100:])
+    for what, addr, length, want in [
+            ("write one byte before", iova - 1, 1, e.IBV_WC_REM_ACCESS_ERR),
+            ("write past the end", iova + LEN - 1, 2, e.IBV_WC_REM_ACCESS_ERR),
+            ("write the last byte", iova + LEN - 1, 1, 0)]:
+        before = bytes(buf[:])
+        local.write(b"\xee" * 4, 4)
+        st = rdma(connect(), e.IBV_WR_RDMA_WRITE, rkey, addr, length)
+        changed = [i for i in range(len(before)) if before[i] != buf[i]]
+        check(f"{iova:#x}: {what}: status {st}",
+              st == want and changed == ([] if want else [OFF + LEN - 1]))
+
+for iova in (0x1000_0456, 0x1000_0123):
+    pmr = v.ibv_reg_mr_iova(ppd, base + OFF, LEN, iova, ACC)
+    if not pmr:
+        err = C.get_errno()
+        incongruent = (iova ^ (base + OFF)) & 0xfff
+        check(f"IOVA {iova:#x}: ibv_reg_mr_iova errno {err}"
+              + (" (ib_uverbs_reg_mr refuses an IOVA not congruent to the address)"
+                 if incongruent else ""), incongruent and err == 22)
+        continue
+    print(f"mr_iova: {LEN:#x} bytes at page offset {OFF:#x} registered as IOVA {iova:#x}")
+    through(iova, pmr.contents.rkey)
+sys.exit(1 if fails else 0)
+PY
+        rc=$?
+        sed 's/^/DV /' /tmp/mr_iova.log
+        report mr_iova $rc
         ;;
     pyverbs)
         # rdma-core's own test suite against vrdma0, one module at a time (not in the default

@@ -4,6 +4,10 @@
  * tool reaches — fast registration: an RC QP connected to itself, ib_alloc_mr +
  * ib_map_mr_sg + IB_WR_REG_MR over a kmalloc buffer, an RDMA WRITE through the new rkey
  * from a buffer under the PD's local DMA lkey, a byte check, then IB_WR_LOCAL_INV.
+ * Then the same MR again, zero-based (what ib_map_mr_sg_zbva does: the IOVA set to 0 after
+ * mapping) over a buffer 0x456 bytes into its page: the device must take the first page's
+ * offset from the REG_MR work request, not from the IOVA (caps bit MR_PAGE_OFFSET: against
+ * a device without it this part fails).
  * Loading it runs the test and prints "vrdma_selftest: PASS" or "FAIL: ..."; it unloads
  * itself (init returns -EAGAIN after the run so nothing stays behind).
  */
@@ -48,7 +52,7 @@ static int run(struct ib_device *dev)
 	struct ib_cq *cq;
 	struct ib_qp *qp = NULL;
 	struct ib_mr *mr = NULL;
-	struct scatterlist sg;
+	struct scatterlist sg, sg2;
 	struct ib_reg_wr reg = {};
 	struct ib_rdma_wr wr = {};
 	struct ib_send_wr inv = {};
@@ -181,8 +185,46 @@ static int run(struct ib_device *dev)
 	err = ib_post_send(qp, &inv, &bad);
 	if (!err)
 		err = poll_one(cq, IB_WC_LOCAL_INV);
+	if (err)
+		goto out;
+
+	/* zero-based: IOVA 0 names dst + 0x456 (kmalloc(8192) is 8 KiB aligned) */
+	memset(dst, 0, 8192);
+	sg_init_one(&sg2, dst + 0x456, 4096);
+	if (ib_dma_map_sg(dev, &sg2, 1, DMA_BIDIRECTIONAL) != 1) {
+		err = -EIO;
+		goto out;
+	}
+	ib_update_fast_reg_key(mr, ib_inc_rkey(mr->rkey));
+	err = ib_map_mr_sg(mr, &sg2, 1, NULL, PAGE_SIZE);
+	if (err != 1) {
+		pr_err("vrdma_selftest: FAIL: map_mr_sg (offset 0x456) %d\n", err);
+		err = -EIO;
+		goto out;
+	}
+	mr->iova = 0;
+	reg.key = mr->rkey;
+	sge.length = 3000;
+	wr.remote_addr = 100;
+	wr.rkey = mr->rkey;
+	err = ib_post_send(qp, &reg.wr, &bad);
 	if (!err)
-		pr_info("vrdma_selftest: PASS (%s: REG_MR of an 8 KiB kmalloc buffer, 6000-byte RDMA WRITE through rkey %#x, LOCAL_INV)\n",
+		err = poll_one(cq, IB_WC_REG_MR);
+	if (!err)
+		err = poll_one(cq, IB_WC_RDMA_WRITE);
+	if (err)
+		goto out;
+	if (memcmp(dst + 0x456 + 100, src, 3000) || dst[0x456 + 99] || dst[0x456 + 3100]) {
+		pr_err("vrdma_selftest: FAIL: a zero-based fast-reg MR at page offset 0x456 maps the wrong bytes\n");
+		err = -EIO;
+		goto out;
+	}
+	inv.ex.invalidate_rkey = mr->rkey;
+	err = ib_post_send(qp, &inv, &bad);
+	if (!err)
+		err = poll_one(cq, IB_WC_LOCAL_INV);
+	if (!err)
+		pr_info("vrdma_selftest: PASS (%s: REG_MR of an 8 KiB kmalloc buffer, 6000-byte RDMA WRITE through rkey %#x, LOCAL_INV; zero-based REG_MR at page offset 0x456)\n",
 			devname, mr->rkey);
 	goto out;
 

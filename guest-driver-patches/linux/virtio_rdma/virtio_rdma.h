@@ -149,6 +149,9 @@ struct vrdma_mr {
 	__le64 *pages;
 	u32 max_pages;
 	u32 npages;
+	/* where the first mapped byte lies in pages[0], kept apart from ibmr.iova (a ULP may
+	 * change the IOVA after ib_map_mr_sg, e.g. ib_map_mr_sg_zbva sets it to 0) */
+	u32 page_offset;
 };
 
 struct vrdma_mw {

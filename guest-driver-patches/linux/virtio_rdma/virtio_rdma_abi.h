@@ -32,6 +32,7 @@ enum {
 #define VRDMA_CAP_MEM_WINDOW		(1U << 3)
 #define VRDMA_CAP_SRQ			(1U << 4)
 #define VRDMA_CAP_GID_SOURCES		(1U << 5)
+#define VRDMA_CAP_MR_PAGE_OFFSET	(1U << 6)
 
 struct vrdma_config {
 	__le32 version;
@@ -299,7 +300,28 @@ struct vrdma_cmd_reg_user_mr {
 	__le64 iova;
 	__le64 length;
 	struct vrdma_page_list pages;
+	/* where the MR's first byte lies in the first page (VRDMA_CAP_MR_PAGE_OFFSET) */
+	__le32 page_offset;
+	__le32 reserved;
 };
+
+/*
+ * The REG_MR work request (kernel-only fast registration) inside the rxe_send_wr union:
+ * byte offsets in the rxe_send_wqe (docs/virtio-rdma.md §6.2).
+ */
+#define VRDMA_REG_MR_IOVA		24
+#define VRDMA_REG_MR_LENGTH		32
+#define VRDMA_REG_MR_MR_LKEY		40
+#define VRDMA_REG_MR_KEY		44
+#define VRDMA_REG_MR_ACCESS		48
+#define VRDMA_REG_MR_PAGE_SHIFT		52
+#define VRDMA_REG_MR_LEVELS		53
+#define VRDMA_REG_MR_FLAGS		54
+#define VRDMA_REG_MR_PAGE_LIST		56
+#define VRDMA_REG_MR_NUM_PAGES		64
+#define VRDMA_REG_MR_PAGE_OFFSET	68
+/* VRDMA_REG_MR_FLAGS: the u32 at VRDMA_REG_MR_PAGE_OFFSET is the first page's offset */
+#define VRDMA_REG_MR_F_PAGE_OFFSET	(1U << 0)
 
 struct vrdma_resp_mr {
 	__le32 lkey;
@@ -416,7 +438,7 @@ static inline void vrdma_abi_check(void)
 	BUILD_BUG_ON(sizeof(struct vrdma_ah_attr) != 48);
 	BUILD_BUG_ON(sizeof(struct vrdma_qp_attrs) != 128);
 	BUILD_BUG_ON(sizeof(struct vrdma_cmd_create_srq) != 48);
-	BUILD_BUG_ON(sizeof(struct vrdma_cmd_reg_user_mr) != 40);
+	BUILD_BUG_ON(sizeof(struct vrdma_cmd_reg_user_mr) != 48);
 	BUILD_BUG_ON(sizeof(struct vrdma_cmd_create_ah) != 56);
 	BUILD_BUG_ON(sizeof(struct vrdma_cmd_add_gid) != 24);
 	BUILD_BUG_ON(sizeof(struct vrdma_doorbell) != 16);

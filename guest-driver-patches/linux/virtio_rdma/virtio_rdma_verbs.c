@@ -960,15 +960,24 @@ static int build_send_wqe(struct vrdma_qp *qp, const struct ib_send_wr *wr,
 
 		if (!mr->pages || !mr->npages)
 			return -EINVAL;
-		put_unaligned_le64(mr->ibmr.iova, p + 24);
-		put_unaligned_le64(mr->ibmr.length, p + 32);
-		put_unaligned_le32(mr->dev_key, p + 40);
-		put_unaligned_le32(rw->key, p + 44);
-		put_unaligned_le32(access_to_dev(rw->access), p + 48);
-		p[52] = ilog2(mr->ibmr.page_size);
-		p[53] = 0;
-		put_unaligned_le64(virt_to_phys(mr->pages), p + 56);
-		put_unaligned_le32(mr->npages, p + 64);
+		put_unaligned_le64(mr->ibmr.iova, p + VRDMA_REG_MR_IOVA);
+		put_unaligned_le64(mr->ibmr.length, p + VRDMA_REG_MR_LENGTH);
+		put_unaligned_le32(mr->dev_key, p + VRDMA_REG_MR_MR_LKEY);
+		put_unaligned_le32(rw->key, p + VRDMA_REG_MR_KEY);
+		put_unaligned_le32(access_to_dev(rw->access), p + VRDMA_REG_MR_ACCESS);
+		p[VRDMA_REG_MR_PAGE_SHIFT] = ilog2(mr->ibmr.page_size);
+		p[VRDMA_REG_MR_LEVELS] = 0;
+		put_unaligned_le64(virt_to_phys(mr->pages), p + VRDMA_REG_MR_PAGE_LIST);
+		put_unaligned_le32(mr->npages, p + VRDMA_REG_MR_NUM_PAGES);
+		/*
+		 * The first byte's offset in the first page, as mapped: a device without
+		 * MR_PAGE_OFFSET takes iova mod page, which is the same unless a ULP moved the
+		 * IOVA after mapping.
+		 */
+		if (le32_to_cpu(to_vdev(qp->ibqp.device)->cfg.caps) & VRDMA_CAP_MR_PAGE_OFFSET) {
+			p[VRDMA_REG_MR_FLAGS] = VRDMA_REG_MR_F_PAGE_OFFSET;
+			put_unaligned_le32(mr->page_offset, p + VRDMA_REG_MR_PAGE_OFFSET);
+		}
 		mr->dev_key = rw->key;
 		wqe->dma.num_sge = 0;
 		return 0;
@@ -1300,8 +1309,13 @@ static struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length
 	size_t npages;
 	int err;
 
-	/* byte x of the MR is at (iova mod page) + x of the page list (§5.8) */
-	if ((start ^ iova) & ~PAGE_MASK)
+	/*
+	 * Byte x of the MR is at page_offset + x of the page list (§5.8), page_offset being
+	 * where start lies in its page: any IOVA works (ibv_reg_mr_iova). A device without
+	 * MR_PAGE_OFFSET takes iova mod page instead, so there the IOVA must be congruent.
+	 */
+	if (!(le32_to_cpu(dev->cfg.caps) & VRDMA_CAP_MR_PAGE_OFFSET) &&
+	    ((start ^ iova) & ~PAGE_MASK))
 		return ERR_PTR(-EINVAL);
 	mr = kzalloc(sizeof(*mr), GFP_KERNEL);
 	if (!mr)
@@ -1326,6 +1340,7 @@ static struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length
 	cmd.iova = cpu_to_le64(iova);
 	cmd.length = cpu_to_le64(length);
 	cmd.pages = pl.desc;
+	cmd.page_offset = cpu_to_le32(ib_umem_offset(mr->umem));
 	err = vrdma_cmd(dev, VRDMA_CMD_REG_USER_MR, &cmd, sizeof(cmd), &r, sizeof(r));
 	pl_free(&pl);
 	if (err)
@@ -1422,9 +1437,17 @@ static int vrdma_map_mr_sg(struct ib_mr *ibmr, struct scatterlist *sg, int sg_ne
 			   unsigned int *sg_offset)
 {
 	struct vrdma_mr *mr = container_of(ibmr, struct vrdma_mr, ibmr);
+	int n;
 
 	mr->npages = 0;
-	return ib_sg_to_pages(ibmr, sg, sg_nents, sg_offset, vrdma_set_page);
+	n = ib_sg_to_pages(ibmr, sg, sg_nents, sg_offset, vrdma_set_page);
+	/*
+	 * ib_sg_to_pages sets the IOVA to the first byte's (virtual DMA) address, sg_offset
+	 * included, and the first page to that address rounded down: the offset is the IOVA's
+	 * offset in a page now, and stays so even if the ULP changes the IOVA before posting.
+	 */
+	mr->page_offset = ibmr->iova & (ibmr->page_size - 1);
+	return n;
 }
 
 static int vrdma_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata)

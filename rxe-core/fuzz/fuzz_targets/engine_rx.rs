@@ -352,6 +352,7 @@ impl World {
                 iova: 0x5000_0000,
                 length: 4096,
                 page_shift: 12,
+                page_offset: 0,
                 pages: vec![r.page],
             };
             for op in [bind, reg] {
@@ -626,6 +627,7 @@ impl World {
                     u64::MAX
                 },
                 page_shift: 12,
+                page_offset: off & 0xff8,
                 pages: vec![if flags & 8 == 0 {
                     me.page
                 } else {

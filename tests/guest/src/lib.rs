@@ -578,18 +578,31 @@ pub struct Srq {
     pub max_sge: u32,
 }
 
-/// A registered user buffer.
+/// A registered user buffer: bytes `offset .. offset+len` of `buf`, at IOVA `iova`.
 pub struct Mr {
     pub lkey: u32,
     pub rkey: u32,
     pub buf: VaMap,
     pub len: usize,
+    /// IOVA of the MR's first byte (this process's virtual address of it, unless registered
+    /// with [`Guest::reg_mr_iova`]).
+    pub iova: u64,
+    /// Where the MR starts in `buf`.
+    pub offset: usize,
 }
 
 impl Mr {
-    /// The IOVA (= this process's virtual address) of byte `off`.
+    /// The IOVA of byte `off` of the MR.
     pub fn addr(&self, off: usize) -> u64 {
-        self.buf.addr() + off as u64
+        self.iova + off as u64
+    }
+    /// Writes `data` at byte `off` of the MR.
+    pub fn write(&self, off: usize, data: &[u8]) {
+        self.buf.write(self.offset + off, data)
+    }
+    /// Bytes `off .. off+len` of the MR.
+    pub fn to_vec(&self, off: usize, len: usize) -> Vec<u8> {
+        self.buf.to_vec(self.offset + off, len)
     }
     pub fn sge(&self, off: usize, len: u32) -> Sge {
         Sge {
@@ -891,26 +904,60 @@ impl Guest {
     /// Registers a fresh buffer of `len` bytes (page list with indirection when it is large).
     pub fn reg_mr(&mut self, pd: u32, len: usize, access: Access) -> Result<Mr> {
         let buf = self.alloc_buf(len)?;
-        let pages = buf.pages.clone();
-        let (gpa, levels) = if pages.len() <= 512 {
-            (self.page_list(&pages)?, 0)
-        } else {
-            // One level of 4 KiB list pages.
-            let mut tops = Vec::new();
-            for chunk in pages.chunks(512) {
-                let lp = self.ram.alloc_contig(PAGE, PAGE)?;
-                let b: Vec<u8> = chunk.iter().flat_map(|p| p.to_le_bytes()).collect();
-                self.ram.write(lp, &b);
-                tops.push(lp);
-            }
-            (self.page_list(&tops)?, 1)
-        };
+        let iova = buf.addr();
+        self.reg_mr_at(pd, buf, 0, len, access, iova)
+    }
+
+    /// `ibv_reg_mr_iova`: registers `len` bytes starting `offset` bytes into a fresh buffer
+    /// under an IOVA of the caller's choosing, congruent to the buffer or not.
+    pub fn reg_mr_iova(
+        &mut self,
+        pd: u32,
+        offset: usize,
+        len: usize,
+        access: Access,
+        iova: u64,
+    ) -> Result<Mr> {
+        let buf = self.alloc_buf(offset + len)?;
+        self.reg_mr_at(pd, buf, offset, len, access, iova)
+    }
+
+    /// The page-list array of `pages` (levels 0 up to 512 pages, else one level of 4 KiB list
+    /// pages): (GPA, levels).
+    pub fn page_list_levels(&self, pages: &[u64]) -> Result<(u64, u8)> {
+        if pages.len() <= 512 {
+            return Ok((self.page_list(pages)?, 0));
+        }
+        let mut tops = Vec::new();
+        for chunk in pages.chunks(512) {
+            let lp = self.ram.alloc_contig(PAGE, PAGE)?;
+            let b: Vec<u8> = chunk.iter().flat_map(|p| p.to_le_bytes()).collect();
+            self.ram.write(lp, &b);
+            tops.push(lp);
+        }
+        Ok((self.page_list(&tops)?, 1))
+    }
+
+    fn reg_mr_at(
+        &mut self,
+        pd: u32,
+        buf: VaMap,
+        offset: usize,
+        len: usize,
+        access: Access,
+        iova: u64,
+    ) -> Result<Mr> {
+        // The pages that hold bytes offset .. offset+len (at least one), as ib_umem pins them.
+        let first = offset / PAGE as usize;
+        let end = (offset + len).div_ceil(PAGE as usize).max(first + 1);
+        let pages = buf.pages[first..end].to_vec();
+        let (gpa, levels) = self.page_list_levels(&pages)?;
         let r: abi::RespMr = self.cmd_t(
             op::REG_USER_MR,
             &abi::CmdRegUserMr {
                 pdn: pd,
                 access: access.0,
-                iova: buf.addr(),
+                iova,
                 length: len as u64,
                 pages: abi::PageListDesc {
                     gpa,
@@ -919,6 +966,8 @@ impl Guest {
                     levels,
                     reserved: 0,
                 },
+                page_offset: (offset % PAGE as usize) as u32,
+                reserved: 0,
             },
         )?;
         Ok(Mr {
@@ -926,6 +975,8 @@ impl Guest {
             rkey: r.rkey,
             buf,
             len,
+            iova,
+            offset,
         })
     }
 
@@ -1029,7 +1080,9 @@ impl Guest {
     }
 
     /// Posts a REG_MR work request (the contract's kernel-only fast registration): maps
-    /// `iova … iova+length` of MR `lkey` under the new `key` onto the guest pages `pages`.
+    /// `iova … iova+length` of MR `lkey` under the new `key` onto the guest pages `pages`,
+    /// the first byte `page_offset` bytes into the first page (the PAGE_OFFSET flag), or
+    /// where `iova` falls in a page (`None`: no flag).
     #[allow(clippy::too_many_arguments)]
     pub fn post_reg_mr(
         &mut self,
@@ -1041,6 +1094,7 @@ impl Guest {
         iova: u64,
         length: u64,
         pages: &[u64],
+        page_offset: Option<u32>,
     ) -> Result<()> {
         use abi::swqe as o;
         let sq = qp.sq.as_ref().ok_or(Error::Status(Status::Invalid))?;
@@ -1060,6 +1114,10 @@ impl Guest {
         slot[o::REG_PAGE_LIST..o::REG_PAGE_LIST + 8].copy_from_slice(&list.to_le_bytes());
         slot[o::REG_NUM_PAGES..o::REG_NUM_PAGES + 4]
             .copy_from_slice(&(pages.len() as u32).to_le_bytes());
+        if let Some(off) = page_offset {
+            slot[o::REG_FLAGS] = abi::reg_flags::PAGE_OFFSET;
+            slot[o::REG_PAGE_OFFSET..o::REG_PAGE_OFFSET + 4].copy_from_slice(&off.to_le_bytes());
+        }
         self.post_raw_send_slot(qp, &slot)
     }
 

@@ -372,6 +372,8 @@ fn malicious_guest_gets_errors_and_the_daemon_survives() {
             levels: 0,
             reserved: 0,
         },
+        page_offset: 0,
+        reserved: 0,
     };
     assert_eq!(
         status(&mut g, op::REG_USER_MR, m.as_slice()),

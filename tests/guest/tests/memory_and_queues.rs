@@ -101,6 +101,7 @@ fn reg_mr_only_from_kernel_qps_and_checked_before_the_page_list() {
                 0x1000,
                 npages as u64 * 4096,
                 &target.pages[..npages],
+                None,
             )
             .unwrap();
         let w = one(&mut b.guest, &eb.cq);
@@ -125,7 +126,7 @@ fn fast_registration_remote_write_then_local_invalidate() {
     let iova = 0x7000_0000_1000u64;
     let key = (lkey & !0xff) | 0x5c;
     b.guest
-        .post_reg_mr(&eb.qp, 7, lkey, key, ALL, iova, 8192, &target.pages)
+        .post_reg_mr(&eb.qp, 7, lkey, key, ALL, iova, 8192, &target.pages, None)
         .unwrap();
     let w = one(&mut b.guest, &eb.cq);
     assert_eq!(
