@@ -62,7 +62,11 @@ pub struct ConfigSpace {
     pub version: u32,
     pub caps: u32,
     pub mac: [u8; 6],
-    pub reserved0: u16,
+    /// The device's cap on the page lists it keeps, all objects together: 2^n bytes (0: not
+    /// stated, a device before the cap).
+    pub log2_max_page_list_bytes: u8,
+    /// The cap on REG_MR page lists one QP holds for WQEs not yet executed: 2^n bytes.
+    pub log2_max_qp_reg_mr_list_bytes: u8,
     pub netdev_mtu: u32,
     /// `ibv_port_state`: 4 = ACTIVE.
     pub port_state: u8,
@@ -798,6 +802,8 @@ mod tests {
     /// Offsets the doc tables name, checked here so the doc and the code cannot drift.
     #[test]
     fn offsets_match_the_doc() {
+        assert_eq!(offset_of!(ConfigSpace, log2_max_page_list_bytes), 14);
+        assert_eq!(offset_of!(ConfigSpace, log2_max_qp_reg_mr_list_bytes), 15);
         assert_eq!(offset_of!(ConfigSpace, netdev_mtu), 16);
         assert_eq!(offset_of!(ConfigSpace, gid_tbl_len), 24);
         assert_eq!(offset_of!(ConfigSpace, max_mr_size), 56);

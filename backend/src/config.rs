@@ -56,6 +56,11 @@ pub struct Args {
     /// Total bytes the guest may register (MRs), e.g. 8G, 512M.
     #[arg(long, default_value = "8G")]
     pub max_registered_bytes: String,
+    /// Cap on the page lists the device keeps for all objects together (rings, MRs,
+    /// fast-registration reservations, REG_MR work requests in flight): a power of two
+    /// from 64K to 1T.
+    #[arg(long, default_value = "64M")]
+    pub max_page_list_bytes: String,
     /// Unix socket that prints the counters as JSON to whoever connects.
     #[arg(long)]
     pub counters_socket: Option<PathBuf>,
@@ -73,6 +78,8 @@ pub enum ConfigError {
     Limit(&'static str, u32),
     #[error("invalid size {0:?} (want a number with an optional K, M or G suffix)")]
     Size(String),
+    #[error("--max-page-list-bytes {0:?} must be a power of two from 64K to 1T")]
+    PageListBytes(String),
 }
 
 /// The validated configuration.
@@ -149,6 +156,9 @@ impl TryFrom<Args> for Config {
             model: ModelConfig {
                 dev,
                 netdev_mtu: a.mtu,
+                max_page_list_bytes: parse_size(&a.max_page_list_bytes)
+                    .filter(|v| v.is_power_of_two() && (1 << 16..=1 << 40).contains(v))
+                    .ok_or_else(|| ConfigError::PageListBytes(a.max_page_list_bytes.clone()))?,
             },
         })
     }
@@ -191,6 +201,20 @@ mod tests {
             Mtu::M4096
         );
         assert_eq!(parse_size("512M"), Some(512 << 20));
+        assert_eq!(c.model.max_page_list_bytes, 64 << 20);
+        for bad in ["3M", "32K", "2048G", "x"] {
+            assert!(matches!(
+                Config::try_from(args(&["--max-page-list-bytes", bad])),
+                Err(ConfigError::PageListBytes(_))
+            ));
+        }
+        assert_eq!(
+            Config::try_from(args(&["--max-page-list-bytes", "1M"]))
+                .unwrap()
+                .model
+                .max_page_list_bytes,
+            1 << 20
+        );
         assert_eq!(parse_size("x"), None);
     }
 }

@@ -94,9 +94,15 @@ pub fn render(shared: &Shared) -> String {
                 events_dropped,
                 sq_wqes,
                 rq_wqes,
-                cqes
+                cqes,
+                reg_mr_waits
             ]
         );
+        let l = m.page_lists();
+        o.push_str(&format!(
+            ",\"page_list_bytes\":{},\"page_list_cap\":{}",
+            l.used, l.cap
+        ));
         o.push('}');
         let (q, c, r) = m.object_counts();
         o.push_str(&format!(

@@ -19,7 +19,8 @@ pub type GuestMemoryMmap = vm_memory::GuestMemoryMmap<()>;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Fault;
 
-/// Largest page list the device resolves (2^26 4 KiB pages = 256 GiB).
+/// Largest page list the device resolves (2^26 4 KiB pages = 256 GiB). What it may keep is
+/// bounded by the page-list budget (`model::PageListBudget`), charged before a list is read.
 pub const MAX_PAGES: u32 = 1 << 26;
 /// Size of an indirect list page.
 const LIST_PAGE: u64 = 4096;
@@ -54,13 +55,21 @@ fn read_u64s(mem: &GuestMemoryMmap, gpa: u64, n: u64, out: &mut Vec<u64>) -> Res
     if !in_guest(mem, gpa, bytes) {
         return Err(Status::BadAddress);
     }
-    let mut buf = vec![0u8; bytes as usize];
-    mem.read_slice(&mut buf, GuestAddress(gpa))
-        .map_err(|_| Status::BadAddress)?;
-    out.extend(
-        buf.chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))),
-    );
+    out.reserve(n as usize);
+    // Through a small buffer: the list is held once (in `out`), not twice.
+    let mut buf = [0u8; 4096];
+    let mut done = 0u64;
+    while done < bytes {
+        let k = (bytes - done).min(buf.len() as u64) as usize;
+        mem.read_slice(&mut buf[..k], GuestAddress(gpa + done))
+            .map_err(|_| Status::BadAddress)?;
+        out.extend(
+            buf[..k]
+                .chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))),
+        );
+        done += k as u64;
+    }
     Ok(())
 }
 

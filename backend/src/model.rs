@@ -59,6 +59,60 @@ impl<F: FnMut(&Transmit, &mut [u8])> PacketSink for FnSink<F> {
 /// Events the device holds while the driver has no event buffer posted.
 pub const MAX_PENDING_EVENTS: usize = 4096;
 
+/// Bytes of REG_MR page lists one QP may hold for WQEs taken from its ring and not yet
+/// executed: one largest list (2^20 pages of 8 bytes). A REG_MR that would take the QP beyond
+/// it waits in the ring until the QP's earlier REG_MRs have executed.
+pub const MAX_QP_REG_MR_LIST_BYTES: u64 = (1 << 20) * 8;
+
+/// Default cap on the page lists the device keeps, all objects together.
+pub const DEFAULT_MAX_PAGE_LIST_BYTES: u64 = 64 << 20;
+
+/// Bytes of `n` page-list entries.
+fn list_bytes(n: usize) -> u64 {
+    n as u64 * 8
+}
+
+/// The page lists the device keeps, in bytes (8 a page), against its cap: ring lists (CQs,
+/// QPs, SRQs), REG_USER_MR lists, ALLOC_MR's `max_num_sg` (reserved at allocation, so a fast
+/// registration never needs more) and the lists of REG_MR WQEs taken and not yet executed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PageListBudget {
+    pub cap: u64,
+    pub used: u64,
+}
+
+impl PageListBudget {
+    pub fn new(cap: u64) -> Self {
+        PageListBudget { cap, used: 0 }
+    }
+    /// Whether `bytes` more fit under the cap.
+    pub fn fits(&self, bytes: u64) -> bool {
+        self.used.checked_add(bytes).is_some_and(|t| t <= self.cap)
+    }
+    /// Takes `bytes`; NO_MEMORY beyond the cap.
+    pub fn charge(&mut self, bytes: u64) -> Result<(), Status> {
+        if !self.fits(bytes) {
+            return Err(Status::NoMemory);
+        }
+        self.used += bytes;
+        Ok(())
+    }
+    pub fn release(&mut self, bytes: u64) {
+        self.used = self.used.saturating_sub(bytes);
+    }
+}
+
+/// What an MR holds of the page-list budget: a user MR its list, a fast-registration MR
+/// its `max_num_sg` (whatever it maps now).
+fn mr_list_bytes(mr: &rxe_core::mem::Mr) -> u64 {
+    use rxe_core::mem::{Backing, MrKind};
+    match (&mr.kind, &mr.backing) {
+        (MrKind::FastReg { max_pages }, _) => list_bytes(*max_pages as usize),
+        (MrKind::User, Backing::Pages { pages, .. }) => list_bytes(pages.len()),
+        _ => 0,
+    }
+}
+
 /// Device-side counters beyond the engine's.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ModelStats {
@@ -74,6 +128,8 @@ pub struct ModelStats {
     pub sq_wqes: u64,
     pub rq_wqes: u64,
     pub cqes: u64,
+    /// Times a REG_MR WQE was left in its ring because its QP held its cap of page lists.
+    pub reg_mr_waits: u64,
 }
 
 #[derive(Debug)]
@@ -94,6 +150,10 @@ struct QpShadow {
     kernel: bool,
     /// A ring of this QP faulted: it went to ERR with QP_FATAL (once).
     faulted: bool,
+    /// Page-list bytes of the rings.
+    list_bytes: u64,
+    /// REG_MR page-list bytes the engine holds for this QP, as last charged to the budget.
+    reg_mr_held: u64,
 }
 
 #[derive(Debug)]
@@ -101,6 +161,10 @@ struct CqShadow {
     ring: Ring,
     prod: u32,
     overflowed: bool,
+}
+
+fn ring_list_bytes(r: &Ring) -> u64 {
+    list_bytes(r.buf.pages.len())
 }
 
 #[derive(Debug)]
@@ -115,6 +179,9 @@ struct SrqShadow {
 pub struct ModelConfig {
     pub dev: DeviceConfig,
     pub netdev_mtu: u32,
+    /// Cap on the page lists the device keeps ([`PageListBudget`]); a power of two (the
+    /// config space states it as log2).
+    pub max_page_list_bytes: u64,
 }
 
 pub struct Model {
@@ -134,6 +201,7 @@ pub struct Model {
     slot: Vec<u8>,
     /// Scratch list of object numbers (no allocation per pass).
     scratch: Vec<u32>,
+    lists: PageListBudget,
 }
 
 fn verr(e: VerbError) -> Status {
@@ -258,7 +326,6 @@ impl Model {
     pub fn new(cfg: ModelConfig) -> Self {
         Model {
             dev: Device::new(cfg.dev.clone()),
-            cfg,
             qps: HashMap::new(),
             cqs: BTreeMap::new(),
             srqs: HashMap::new(),
@@ -269,6 +336,8 @@ impl Model {
             source_gids: Vec::new(),
             slot: Vec::new(),
             scratch: Vec::new(),
+            lists: PageListBudget::new(cfg.max_page_list_bytes),
+            cfg,
         }
     }
 
@@ -281,6 +350,12 @@ impl Model {
         self.events.clear();
         self.sq_backlog.clear();
         self.sq_active.clear();
+        self.lists.used = 0;
+    }
+
+    /// The page lists the device keeps against its cap.
+    pub fn page_lists(&self) -> PageListBudget {
+        self.lists
     }
 
     /// Number of live objects (QPs, CQs, SRQs): for leak checks.
@@ -317,7 +392,8 @@ impl Model {
                     abi::caps::GID_SOURCES
                 },
             mac: c.mac,
-            reserved0: 0,
+            log2_max_page_list_bytes: self.cfg.max_page_list_bytes.ilog2() as u8,
+            log2_max_qp_reg_mr_list_bytes: MAX_QP_REG_MR_LIST_BYTES.ilog2() as u8,
             netdev_mtu: self.cfg.netdev_mtu,
             port_state: 4,
             active_mtu: c.port_mtu as u8,
@@ -457,7 +533,9 @@ impl Model {
             op::DESTROY_CQ => {
                 let c: abi::Handle = cmd(b)?;
                 self.dev.destroy_cq(c.handle).map_err(verr)?;
-                self.cqs.remove(&c.handle);
+                if let Some(cq) = self.cqs.remove(&c.handle) {
+                    self.lists.release(ring_list_bytes(&cq.ring));
+                }
                 Ok(Vec::new())
             }
             op::CREATE_QP => self.create_qp(mem, cmd(b)?),
@@ -498,7 +576,9 @@ impl Model {
             op::DESTROY_QP => {
                 let c: abi::Handle = cmd(b)?;
                 self.dev.destroy_qp(Qpn(c.handle)).map_err(verr)?;
-                self.qps.remove(&c.handle);
+                if let Some(q) = self.qps.remove(&c.handle) {
+                    self.lists.release(q.list_bytes + q.reg_mr_held);
+                }
                 self.sq_backlog.remove(&c.handle);
                 self.sq_active.remove(&c.handle);
                 Ok(Vec::new())
@@ -532,7 +612,9 @@ impl Model {
             op::DESTROY_SRQ => {
                 let c: abi::Handle = cmd(b)?;
                 self.dev.destroy_srq(c.handle).map_err(verr)?;
-                self.srqs.remove(&c.handle);
+                if let Some(s) = self.srqs.remove(&c.handle) {
+                    self.lists.release(ring_list_bytes(&s.ring));
+                }
                 Ok(Vec::new())
             }
             op::REG_USER_MR => {
@@ -550,12 +632,25 @@ impl Model {
             }
             op::ALLOC_MR => {
                 let c: abi::CmdAllocMr = cmd(b)?;
-                let k = self.dev.alloc_mr(c.pdn, c.max_num_sg).map_err(verr)?;
-                body(abi::RespMr { lkey: k, rkey: k })
+                if c.max_num_sg == 0 || c.max_num_sg > 1 << 20 {
+                    return Err(Status::Invalid);
+                }
+                // The MR's page list is reserved now: a REG_MR never needs more.
+                let lb = list_bytes(c.max_num_sg as usize);
+                self.lists.charge(lb)?;
+                match self.dev.alloc_mr(c.pdn, c.max_num_sg) {
+                    Ok(k) => body(abi::RespMr { lkey: k, rkey: k }),
+                    Err(e) => {
+                        self.lists.release(lb);
+                        Err(verr(e))
+                    }
+                }
             }
             op::DEREG_MR => {
                 let c: abi::Handle = cmd(b)?;
+                let lb = self.dev.mr(c.handle).map_or(0, mr_list_bytes);
                 self.dev.dereg_mr(c.handle).map_err(verr)?;
+                self.lists.release(lb);
                 Ok(Vec::new())
             }
             op::ALLOC_MW => {
@@ -675,9 +770,17 @@ impl Model {
         }
         let ring = Ring::new(mem, &c.queue, abi::CQE_SIZE, c.cqe)?;
         let cap = ring.mask();
+        let lb = ring_list_bytes(&ring);
+        self.lists.charge(lb)?;
         // The engine's queue is only a staging area drained into the ring after every step;
         // overflow is decided by the guest ring, as in rxe.
-        let cqn = self.dev.create_staging_cq().map_err(verr)?;
+        let cqn = match self.dev.create_staging_cq() {
+            Ok(n) => n,
+            Err(e) => {
+                self.lists.release(lb);
+                return Err(verr(e));
+            }
+        };
         self.cqs.insert(
             cqn,
             CqShadow {
@@ -701,8 +804,36 @@ impl Model {
         {
             return Err(Status::Invalid);
         }
-        let old = self.cqs.get(&c.cqn).ok_or(Status::NotFound)?;
+        if !self.cqs.contains_key(&c.cqn) {
+            return Err(Status::NotFound);
+        }
         let new = Ring::new(mem, &c.queue, abi::CQE_SIZE, c.cqe)?;
+        let lb = ring_list_bytes(&new);
+        self.lists.charge(lb)?;
+        match self.move_cq(mem, c.cqn, new) {
+            Ok((cap, old_lb)) => {
+                self.lists.release(old_lb);
+                body(abi::RespCreateCq {
+                    cqn: c.cqn,
+                    cqe: cap,
+                })
+            }
+            Err(e) => {
+                self.lists.release(lb);
+                Err(e)
+            }
+        }
+    }
+
+    /// RESIZE_CQ's move into the new ring; returns its capacity and the page-list bytes of
+    /// the old one. On error the old ring stays in use.
+    fn move_cq(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        cqn: u32,
+        new: Ring,
+    ) -> Result<(u32, u64), Status> {
+        let old = self.cqs.get(&cqn).ok_or(Status::NotFound)?;
         // Move the entries the driver has not consumed yet to the start of the new ring.
         let cons = old
             .ring
@@ -732,13 +863,11 @@ impl Model {
         new.store_index(mem, hdr::PRODUCER_INDEX, n)
             .map_err(|_| Status::BadAddress)?;
         let cap = new.mask();
-        let cq = self.cqs.get_mut(&c.cqn).expect("checked");
+        let cq = self.cqs.get_mut(&cqn).expect("checked");
+        let old_lb = ring_list_bytes(&cq.ring);
         cq.ring = new;
         cq.prod = n;
-        body(abi::RespCreateCq {
-            cqn: c.cqn,
-            cqe: cap,
-        })
+        Ok((cap, old_lb))
     }
 
     fn create_qp(&mut self, mem: &GuestMemoryMmap, c: abi::CmdCreateQp) -> CmdResult {
@@ -790,18 +919,23 @@ impl Model {
             max_inline_data: c.max_inline_data,
         };
         let srq = has_srq.then_some(c.srqn);
-        let qpn = self
-            .dev
-            .create_qp(QpInit {
-                qp_type,
-                pd: c.pdn,
-                send_cq: c.send_cqn,
-                recv_cq: c.recv_cqn,
-                srq,
-                cap,
-                sq_sig_all: c.flags & abi::CREATE_QP_SQ_SIG_ALL != 0,
-            })
-            .map_err(verr)?;
+        let lb = sq.as_ref().map_or(0, ring_list_bytes) + rq.as_ref().map_or(0, ring_list_bytes);
+        self.lists.charge(lb)?;
+        let qpn = match self.dev.create_qp(QpInit {
+            qp_type,
+            pd: c.pdn,
+            send_cq: c.send_cqn,
+            recv_cq: c.recv_cqn,
+            srq,
+            cap,
+            sq_sig_all: c.flags & abi::CREATE_QP_SQ_SIG_ALL != 0,
+        }) {
+            Ok(n) => n,
+            Err(e) => {
+                self.lists.release(lb);
+                return Err(verr(e));
+            }
+        };
         let sq_cons = sq
             .as_ref()
             .and_then(|r| r.load_index(mem, hdr::CONSUMER_INDEX).ok())
@@ -825,6 +959,8 @@ impl Model {
                 pd: c.pdn,
                 kernel: c.flags & abi::CREATE_QP_KERNEL != 0,
                 faulted: false,
+                list_bytes: lb,
+                reg_mr_held: 0,
             },
         );
         body(abi::RespCreateQp {
@@ -869,10 +1005,15 @@ impl Model {
             return Err(Status::Invalid);
         }
         let ring = Ring::new(mem, &c.queue, ring::recv_wqe_size(c.max_sge), c.max_wr)?;
-        let srqn = self
-            .dev
-            .create_srq(c.pdn, c.max_wr, c.max_sge, c.srq_limit)
-            .map_err(verr)?;
+        let lb = ring_list_bytes(&ring);
+        self.lists.charge(lb)?;
+        let srqn = match self.dev.create_srq(c.pdn, c.max_wr, c.max_sge, c.srq_limit) {
+            Ok(n) => n,
+            Err(e) => {
+                self.lists.release(lb);
+                return Err(verr(e));
+            }
+        };
         let cons = ring.load_index(mem, hdr::CONSUMER_INDEX).unwrap_or(0);
         self.srqs.insert(
             srqn,
@@ -921,18 +1062,27 @@ impl Model {
         if need > crate::guest_mem::MAX_PAGES as u64 || c.pages.num_pages as u64 != need {
             return Err(Status::Invalid);
         }
-        let pages = resolve_page_list(mem, &c.pages, need as u32)?;
-        let k = self
-            .dev
-            .reg_mr(
-                c.pdn,
-                c.iova,
-                c.length,
-                Access(c.access),
-                ring::pages_backing(c.pages.page_shift, offset, pages),
-            )
-            .map_err(verr)?;
-        body(abi::RespMr { lkey: k, rkey: k })
+        // Charged before the list is read: its copy is what the cap bounds.
+        let lb = list_bytes(need as usize);
+        self.lists.charge(lb)?;
+        let r = resolve_page_list(mem, &c.pages, need as u32).and_then(|pages| {
+            self.dev
+                .reg_mr(
+                    c.pdn,
+                    c.iova,
+                    c.length,
+                    Access(c.access),
+                    ring::pages_backing(c.pages.page_shift, offset, pages),
+                )
+                .map_err(verr)
+        });
+        match r {
+            Ok(k) => body(abi::RespMr { lkey: k, rkey: k }),
+            Err(e) => {
+                self.lists.release(lb);
+                Err(e)
+            }
+        }
     }
 
     // ------------------------------------------------------------------ doorbells and rings
@@ -987,7 +1137,24 @@ impl Model {
                 self.qp_ring_fault(mem, qpn);
                 break;
             }
-            if !self.reg_mr_allowed(qpn) {
+            let reg_list = self.reg_mr_list_in_slot();
+            let mut refuse = !self.reg_mr_allowed(qpn);
+            if let (Some(s), false) = (reg_list, refuse) {
+                // The caps, checked before the page list is read: a QP holds at most
+                // MAX_QP_REG_MR_LIST_BYTES of REG_MR lists (more waits here until its earlier
+                // REG_MRs have executed); the device's budget takes the list or the WQE fails.
+                let held = self.sync_reg_mr_held(qpn);
+                if held > 0 && held.saturating_add(s) > MAX_QP_REG_MR_LIST_BYTES {
+                    self.stats.reg_mr_waits += 1;
+                    backlog = true;
+                    break;
+                }
+                if !self.lists.fits(s) {
+                    log::debug!("qp {qpn}: REG_MR page list of {s} bytes beyond the device cap");
+                    refuse = true;
+                }
+            }
+            if refuse {
                 // Checked before the page list is read: a user ring cannot make the device
                 // walk (and hold) page lists.
                 let r = self.post_failed(qpn);
@@ -1020,6 +1187,10 @@ impl Model {
                 backlog = true;
                 break;
             }
+            if reg_list.is_some() {
+                // The engine holds the list now: it counts against the budget.
+                self.sync_reg_mr_held(qpn);
+            }
             room -= 1;
             taken = (taken + 1) & sq.mask();
         }
@@ -1033,6 +1204,26 @@ impl Model {
         }
         self.sq_active.insert(qpn);
         self.sync_sq_cons(mem, qpn);
+    }
+
+    /// For a REG_MR WQE in `self.slot`: the bytes of its page list (`num_pages` × 8; the
+    /// list is not read). Other opcodes: `None`.
+    fn reg_mr_list_in_slot(&self) -> Option<u64> {
+        let at = |o: usize| u32::from_le_bytes(self.slot[o..o + 4].try_into().expect("4"));
+        (at(abi::swqe::OPCODE) == abi::wr_op::REG_MR)
+            .then(|| list_bytes(at(abi::swqe::REG_NUM_PAGES) as usize))
+    }
+
+    /// Brings the budget's share of `qpn`'s REG_MR lists up to what the engine holds now
+    /// (lists leave it as their WQEs execute or are flushed); returns that.
+    fn sync_reg_mr_held(&mut self, qpn: u32) -> u64 {
+        let now = self.dev.sq_reg_mr_bytes(Qpn(qpn)).unwrap_or(0);
+        if let Some(q) = self.qps.get_mut(&qpn) {
+            self.lists.release(q.reg_mr_held);
+            self.lists.used = self.lists.used.saturating_add(now);
+            q.reg_mr_held = now;
+        }
+        now
     }
 
     /// For a REG_MR WQE in `self.slot`: the QP is a kernel QP (CREATE_QP_KERNEL) and the MR
@@ -1083,6 +1274,7 @@ impl Model {
 
     /// Publishes the SQ consumer index: the oldest WQE the engine has not completed.
     fn sync_sq_cons(&mut self, mem: &GuestMemoryMmap, qpn: u32) {
+        self.sync_reg_mr_held(qpn);
         let outstanding = self.dev.sq_outstanding(Qpn(qpn)).unwrap_or(0) as u32;
         let Some(q) = self.qps.get_mut(&qpn) else {
             self.sq_active.remove(&qpn);
@@ -1425,15 +1617,7 @@ impl Model {
         for _ in 0..64 {
             // Completions made room in the engine's send queues: take what waits in rings.
             let before = self.stats.sq_wqes;
-            if !self.sq_backlog.is_empty() {
-                let mut v = std::mem::take(&mut self.scratch);
-                v.clear();
-                v.extend(self.sq_backlog.iter().copied());
-                for &qpn in &v {
-                    self.pull_sq(mem, qpn);
-                }
-                self.scratch = v;
-            }
+            self.pull_backlog(mem);
             let mut sent = (self.stats.sq_wqes - before) as usize;
             loop {
                 let mut ram = crate::guest_mem::GuestRam(mem);
@@ -1454,9 +1638,29 @@ impl Model {
                 self.engine_event(e);
             }
             if sent == 0 {
-                break;
+                // Local work requests (REG_MR, LOCAL_INV, BIND_MW) complete without a packet
+                // and may have made room for what waits in a ring: go on only if it moved.
+                let before = self.stats.sq_wqes + self.stats.bad_wqes;
+                self.pull_backlog(mem);
+                if self.stats.sq_wqes + self.stats.bad_wqes == before {
+                    break;
+                }
             }
         }
+    }
+
+    /// Pulls the SQs that left WQEs in their rings (no room, not ready, a REG_MR cap).
+    fn pull_backlog(&mut self, mem: &GuestMemoryMmap) {
+        if self.sq_backlog.is_empty() {
+            return;
+        }
+        let mut v = std::mem::take(&mut self.scratch);
+        v.clear();
+        v.extend(self.sq_backlog.iter().copied());
+        for &qpn in &v {
+            self.pull_sq(mem, qpn);
+        }
+        self.scratch = v;
     }
 
     fn flush_all_cqs(&mut self, mem: &GuestMemoryMmap) {
@@ -1520,10 +1724,43 @@ mod tests {
     use super::*;
 
     #[test]
+    fn page_list_budget_charges_up_to_the_cap_and_never_overflows() {
+        let mut b = PageListBudget::new(1 << 20);
+        assert!(b.fits(1 << 20));
+        b.charge(1 << 19).unwrap();
+        b.charge(1 << 19).unwrap();
+        assert_eq!(b.charge(8), Err(Status::NoMemory));
+        assert_eq!(b.charge(u64::MAX), Err(Status::NoMemory));
+        assert_eq!(b.used, 1 << 20, "a refused charge keeps nothing");
+        b.release(1 << 19);
+        assert!(b.fits(1 << 19) && !b.fits((1 << 19) + 1));
+        b.release(u64::MAX);
+        assert_eq!(b.used, 0);
+    }
+
+    #[test]
+    fn the_config_space_states_the_caps_as_log2() {
+        let m = Model::new(ModelConfig {
+            dev: DeviceConfig::default(),
+            netdev_mtu: 1500,
+            max_page_list_bytes: 1 << 26,
+        });
+        let c = m.config_space();
+        assert_eq!(c.log2_max_page_list_bytes, 26);
+        assert_eq!(
+            1u64 << c.log2_max_qp_reg_mr_list_bytes,
+            MAX_QP_REG_MR_LIST_BYTES
+        );
+        assert_ne!(c.caps & abi::caps::MR_PAGE_OFFSET, 0);
+        assert_eq!(m.page_lists(), PageListBudget::new(1 << 26));
+    }
+
+    #[test]
     fn events_beyond_the_pending_limit_end_in_one_events_lost() {
         let mut m = Model::new(ModelConfig {
             dev: DeviceConfig::default(),
             netdev_mtu: 1500,
+            max_page_list_bytes: DEFAULT_MAX_PAGE_LIST_BYTES,
         });
         for qpn in 0..MAX_PENDING_EVENTS as u32 + 10 {
             m.push_event(abi::event::KIND_ASYNC, abi::event::QP_FATAL, qpn);

@@ -357,7 +357,11 @@ pub(crate) fn drain(q: &mut Qp, res: &mut Resources) {
                 overflow = true;
             }
         }
-        q.sq.pop_front();
+        if let Some(w) = q.sq.pop_front() {
+            q.reg_mr_list_bytes = q
+                .reg_mr_list_bytes
+                .saturating_sub(w.wr.op.page_list_bytes());
+        }
         q.sq_head += 1;
     }
     if q.state() == QpState::Sqd && q.en_sqd_notify_due() {

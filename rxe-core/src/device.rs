@@ -905,6 +905,12 @@ impl Device {
         crate::req::post_failed(q, &mut self.res, wr_id, opcode, status)
     }
 
+    /// Bytes of REG_MR page lists the QP's send WQEs hold: posted REG_MRs not yet executed
+    /// (executing one moves its list into the MR).
+    pub fn sq_reg_mr_bytes(&self, qpn: Qpn) -> Option<u64> {
+        self.qp(qpn).map(|q| q.reg_mr_list_bytes)
+    }
+
     /// Send WQEs posted and not yet completed (they count against `max_send_wr`).
     pub fn sq_outstanding(&self, qpn: Qpn) -> Option<usize> {
         self.qp(qpn).map(|q| q.sq.len())

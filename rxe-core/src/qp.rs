@@ -196,6 +196,8 @@ pub struct Qp {
     pub(crate) sq: VecDeque<SendWqe>,
     /// Sequence number of `sq[0]`.
     pub(crate) sq_head: u64,
+    /// Bytes of REG_MR page lists held by WQEs in `sq` (not yet moved into their MR).
+    pub(crate) reg_mr_list_bytes: u64,
     pub(crate) rq: VecDeque<RecvWqe>,
     pub(crate) req: ReqState,
     pub(crate) comp: CompState,
@@ -350,6 +352,7 @@ impl Qp {
             attr: QpAttr::default(),
             sq: VecDeque::with_capacity(cap.max_send_wr as usize),
             sq_head: 0,
+            reg_mr_list_bytes: 0,
             rq: VecDeque::with_capacity(cap.max_recv_wr as usize),
             req: ReqState::default(),
             comp: CompState::default(),
@@ -500,6 +503,7 @@ impl Qp {
     pub(crate) fn reset(&mut self) {
         self.sq.clear();
         self.sq_head = 0;
+        self.reg_mr_list_bytes = 0;
         self.rq.clear();
         self.req = ReqState::default();
         self.comp = CompState::default();

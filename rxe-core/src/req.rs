@@ -97,6 +97,7 @@ pub(crate) fn post_send(q: &mut Qp, res: &mut Resources, wr: SendWr) -> Result<(
     }
     let signaled = q.sq_sig_all || wr.flags & SEND_SIGNALED != 0;
     let flushed = q.state() == QpState::Err;
+    q.reg_mr_list_bytes += wr.op.page_list_bytes();
     let wc_opcode = wr.op.wc_opcode();
     q.sq.push_back(SendWqe {
         wc_opcode,
@@ -346,6 +347,7 @@ pub(crate) fn next_request(
                 _ => Vec::new(),
             };
             let mut op = w.wr.op.clone();
+            q.reg_mr_list_bytes = q.reg_mr_list_bytes.saturating_sub(pages.len() as u64 * 8);
             if let SendOp::RegMr { pages: p, .. } = &mut op {
                 *p = pages;
             }

@@ -251,6 +251,13 @@ impl SendOp {
                 | SendOp::Flush { .. }
         )
     }
+    /// Bytes of page list the operation carries (a REG_MR's list, 8 bytes a page).
+    pub fn page_list_bytes(&self) -> u64 {
+        match self {
+            SendOp::RegMr { pages, .. } => pages.len() as u64 * 8,
+            _ => 0,
+        }
+    }
     pub fn is_local(&self) -> bool {
         matches!(
             self,

@@ -1214,3 +1214,63 @@ fn sequence_naks_behind_an_rnr_nak_spend_no_retries() {
         (1..=4).map(|i| (i, WcStatus::Success)).collect::<Vec<_>>()
     );
 }
+
+/// A REG_MR's page list counts against its QP (`Device::sq_reg_mr_bytes`) from the post until
+/// the WQE executes (the list moves into the MR) or leaves the send queue unexecuted (flush).
+#[test]
+fn reg_mr_page_lists_are_held_until_executed_or_flushed() {
+    let mut sim = Sim::new(17);
+    let ep = sim.connect(ConnOpts::default());
+    let page = (sim.alloc(1, 3 * 4096) + 4095) & !4095;
+    let mr = sim.dev(1).alloc_mr(ep[1].pd, 4).unwrap();
+    let reg = |key: u32, lkey: u32| SendOp::RegMr {
+        lkey,
+        key,
+        access: LW,
+        iova: 0x5000_0000,
+        length: 8192,
+        page_shift: 12,
+        page_offset: 0,
+        pages: vec![page, page + 4096],
+    };
+    let qpn = ep[1].qpn;
+    assert_eq!(sim.dev(1).sq_reg_mr_bytes(qpn), Some(0));
+    let key = (mr & !0xff) | 0x21;
+    sim.dev(1)
+        .post_send(qpn, SendWr::new(1, reg(key, mr), vec![]))
+        .unwrap();
+    assert_eq!(sim.dev(1).sq_reg_mr_bytes(qpn), Some(16));
+    sim.settle(100);
+    assert_eq!(
+        statuses(&sim.poll_all(1, ep[1].cq)),
+        vec![(1, WcStatus::Success)]
+    );
+    assert_eq!(
+        sim.dev(1).sq_reg_mr_bytes(qpn),
+        Some(0),
+        "moved into the MR"
+    );
+    // Posted, then the QP goes to ERR before it runs: flushed, and the list is dropped.
+    sim.dev(1)
+        .post_send(qpn, SendWr::new(2, reg(key + 1, key), vec![]))
+        .unwrap();
+    assert_eq!(sim.dev(1).sq_reg_mr_bytes(qpn), Some(16));
+    let err = QpAttr {
+        qp_state: QpState::Err,
+        ..Default::default()
+    };
+    sim.dev(1)
+        .modify_qp(qpn, &err, AttrMask(AttrMask::STATE))
+        .unwrap();
+    sim.settle(100);
+    assert_eq!(
+        statuses(&sim.poll_all(1, ep[1].cq)),
+        vec![(2, WcStatus::WrFlushErr)]
+    );
+    assert_eq!(sim.dev(1).sq_reg_mr_bytes(qpn), Some(0), "flushed");
+    // Posted to a QP in ERR: flushed at once.
+    sim.dev(1)
+        .post_send(qpn, SendWr::new(3, reg(key + 2, key), vec![]))
+        .unwrap();
+    assert_eq!(sim.dev(1).sq_reg_mr_bytes(qpn), Some(0));
+}

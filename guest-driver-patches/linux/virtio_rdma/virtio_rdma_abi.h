@@ -38,7 +38,9 @@ struct vrdma_config {
 	__le32 version;
 	__le32 caps;
 	u8 mac[6];
-	__le16 reserved0;
+	/* the device's caps on the page lists it keeps (2^n bytes; 0: not stated) */
+	u8 log2_max_page_list_bytes;
+	u8 log2_max_qp_reg_mr_list_bytes;
 	__le32 netdev_mtu;
 	u8 port_state;
 	u8 active_mtu;

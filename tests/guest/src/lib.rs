@@ -1096,29 +1096,37 @@ impl Guest {
         pages: &[u64],
         page_offset: Option<u32>,
     ) -> Result<()> {
-        use abi::swqe as o;
-        let sq = qp.sq.as_ref().ok_or(Error::Status(Status::Invalid))?;
-        let list = self.page_list(pages)?;
-        let mut wr = SendWr::new(wr_id, SendOp::LocalInv { rkey: 0 }, vec![]);
-        wr.flags = SEND_SIGNALED;
-        let mut slot = encode_send_wqe(&wr, 0, sq.elem_size());
-        slot[o::OPCODE..o::OPCODE + 4].copy_from_slice(&abi::wr_op::REG_MR.to_le_bytes());
-        slot[o::EX..o::EX + 4].copy_from_slice(&[0; 4]);
-        slot[o::REG_IOVA..o::REG_IOVA + 8].copy_from_slice(&iova.to_le_bytes());
-        slot[o::REG_LENGTH..o::REG_LENGTH + 8].copy_from_slice(&length.to_le_bytes());
-        slot[o::REG_MR_LKEY..o::REG_MR_LKEY + 4].copy_from_slice(&lkey.to_le_bytes());
-        slot[o::REG_KEY..o::REG_KEY + 4].copy_from_slice(&key.to_le_bytes());
-        slot[o::REG_ACCESS..o::REG_ACCESS + 4].copy_from_slice(&access.0.to_le_bytes());
-        slot[o::REG_PAGE_SHIFT] = 12;
-        slot[o::REG_LEVELS] = 0;
-        slot[o::REG_PAGE_LIST..o::REG_PAGE_LIST + 8].copy_from_slice(&list.to_le_bytes());
-        slot[o::REG_NUM_PAGES..o::REG_NUM_PAGES + 4]
-            .copy_from_slice(&(pages.len() as u32).to_le_bytes());
-        if let Some(off) = page_offset {
-            slot[o::REG_FLAGS] = abi::reg_flags::PAGE_OFFSET;
-            slot[o::REG_PAGE_OFFSET..o::REG_PAGE_OFFSET + 4].copy_from_slice(&off.to_le_bytes());
-        }
+        let list = abi::PageListDesc {
+            gpa: self.page_list(pages)?,
+            num_pages: pages.len() as u32,
+            page_shift: 12,
+            levels: 0,
+            reserved: 0,
+        };
+        let slot = reg_mr_slot(
+            qp,
+            wr_id,
+            lkey,
+            key,
+            access,
+            iova,
+            length,
+            &list,
+            page_offset,
+        )?;
         self.post_raw_send_slot(qp, &slot)
+    }
+
+    /// Writes a send WQE slot into the SQ ring without a doorbell; returns the new producer
+    /// index (for [`Guest::doorbell`]).
+    pub fn write_send_slot(&mut self, qp: &Qp, slot: &[u8]) -> Result<u32> {
+        let sq = qp.sq.as_ref().ok_or(Error::Status(Status::Invalid))?;
+        let prod = sq.producer().load(Ordering::Relaxed);
+        sq.map
+            .write(sq.slot_off(prod), &slot[..slot.len().min(sq.elem_size())]);
+        let next = (prod + 1) & sq.mask();
+        sq.producer().store(next, Ordering::Release);
+        Ok(next)
     }
 
     pub fn destroy_cq(&mut self, cq: Cq) -> Result<()> {
@@ -1503,6 +1511,45 @@ fn post_recv_ring(rq: &QueueBuf, wr: &RecvWr) -> Result<()> {
     rq.producer()
         .store((prod + 1) & rq.mask(), Ordering::Release);
     Ok(())
+}
+
+/// A REG_MR work request slot (the contract's kernel-only fast registration, §6.2): maps
+/// `iova … iova+length` of MR `lkey` under the new `key` through the page list `list`, the
+/// first byte `page_offset` bytes into the first page (the PAGE_OFFSET flag) or where `iova`
+/// falls in a page (`None`).
+#[allow(clippy::too_many_arguments)]
+pub fn reg_mr_slot(
+    qp: &Qp,
+    wr_id: u64,
+    lkey: u32,
+    key: u32,
+    access: Access,
+    iova: u64,
+    length: u64,
+    list: &abi::PageListDesc,
+    page_offset: Option<u32>,
+) -> Result<Vec<u8>> {
+    use abi::swqe as o;
+    let sq = qp.sq.as_ref().ok_or(Error::Status(Status::Invalid))?;
+    let mut wr = SendWr::new(wr_id, SendOp::LocalInv { rkey: 0 }, vec![]);
+    wr.flags = SEND_SIGNALED;
+    let mut slot = encode_send_wqe(&wr, 0, sq.elem_size());
+    slot[o::OPCODE..o::OPCODE + 4].copy_from_slice(&abi::wr_op::REG_MR.to_le_bytes());
+    slot[o::EX..o::EX + 4].copy_from_slice(&[0; 4]);
+    slot[o::REG_IOVA..o::REG_IOVA + 8].copy_from_slice(&iova.to_le_bytes());
+    slot[o::REG_LENGTH..o::REG_LENGTH + 8].copy_from_slice(&length.to_le_bytes());
+    slot[o::REG_MR_LKEY..o::REG_MR_LKEY + 4].copy_from_slice(&lkey.to_le_bytes());
+    slot[o::REG_KEY..o::REG_KEY + 4].copy_from_slice(&key.to_le_bytes());
+    slot[o::REG_ACCESS..o::REG_ACCESS + 4].copy_from_slice(&access.0.to_le_bytes());
+    slot[o::REG_PAGE_SHIFT] = list.page_shift;
+    slot[o::REG_LEVELS] = list.levels;
+    slot[o::REG_PAGE_LIST..o::REG_PAGE_LIST + 8].copy_from_slice(&list.gpa.to_le_bytes());
+    slot[o::REG_NUM_PAGES..o::REG_NUM_PAGES + 4].copy_from_slice(&list.num_pages.to_le_bytes());
+    if let Some(off) = page_offset {
+        slot[o::REG_FLAGS] = abi::reg_flags::PAGE_OFFSET;
+        slot[o::REG_PAGE_OFFSET..o::REG_PAGE_OFFSET + 4].copy_from_slice(&off.to_le_bytes());
+    }
+    Ok(slot)
 }
 
 /// Encodes a send work request as librxe does (`struct rxe_send_wqe`).
