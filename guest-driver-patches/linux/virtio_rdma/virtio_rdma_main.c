@@ -386,14 +386,30 @@ static int vrdma_netdev_event(struct notifier_block *nb, unsigned long event, vo
 	struct net_device *ndev = netdev_notifier_info_to_dev(ptr);
 
 	switch (event) {
-	case NETDEV_REGISTER:
+	case NETDEV_REGISTER: {
+		struct ib_device *other;
+
 		if (dev->netdev || !ether_addr_equal(ndev->dev_addr, dev->mac))
 			break;
+		/*
+		 * Linux rxe takes every RDMA_DRIVER_RXE device on a netdev for one of its own
+		 * (rxe_get_dev_from_net on each received packet), so sharing the netdev with an
+		 * rxe device would hand it this device's private data: refuse to pair.
+		 */
+		other = ib_device_get_by_netdev(ndev, RDMA_DRIVER_RXE);
+		if (other) {
+			dev_warn(&dev->vdev->dev,
+				 "%s already carries %s (Linux rxe): port 1 not paired; create rxe on another netdev\n",
+				 ndev->name, dev_name(&other->dev));
+			ib_device_put(other);
+			break;
+		}
 		if (!ib_device_set_netdev(&dev->ib, ndev, 1)) {
 			dev->netdev = ndev;
 			dev_info(&dev->vdev->dev, "port 1 paired with %s\n", ndev->name);
 		}
 		break;
+	}
 	case NETDEV_UNREGISTER:
 		if (ndev != dev->netdev)
 			break;
