@@ -11,9 +11,11 @@
 # sleeps on completion events), send_lat send_bw write_lat write_bw read_bw atomic_bw (perftest),
 # rping (rdma_cm: the CM runs over the driver's kernel QP1), resize_cq (pyverbs: ibv_resize_cq
 # with completions in flight), mr_iova (ibv_reg_mr_iova: an MR whose IOVA is not its address,
-# pyverbs and ctypes), kverbs (kernel fast registration: the vrdma_selftest module);
+# pyverbs and ctypes), kverbs (kernel fast registration: the vrdma_selftest module),
+# rxe_shared (Linux rxe on the same eth0 as vrdma0, both busy: rxe must never take vrdma0 for
+# one of its devices);
 # compare (not in the default set): ib_send_lat and ib_write_bw over vrdma0 and over Linux rxe
-# in the same guest (rxe0 on a second NIC: rxe and the device never share a netdev).
+# in the same guest (rxe0 on a second NIC with an address of its own).
 # rdma-core's own test suite, side by side with rxe: tests/vm/pyverbs.test.sh.
 # Prints "SKIP: <reason>" and exits 0 when not root, or the patched QEMU, the image with
 # virtio_rdma.ko or the daemon binary is missing; under CI=true that is a failure.
@@ -62,7 +64,7 @@ vm_start_daemon "$work" "$addr" "$mac" || exit 1
 dpid=$REPLY
 
 tools=("$@")
-((${#tools[@]})) || tools=(devinfo rc rc_events uc ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw rping resize_cq mr_iova kverbs)
+((${#tools[@]})) || tools=(devinfo rc rc_events uc ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw rping resize_cq mr_iova kverbs rxe_shared)
 reload=0
 [[ -z ${VUR_SELFTEST_KO:-} ]] || cp "$VUR_SELFTEST_KO" "$work/vrdma_selftest.ko"
 if [[ -n ${VUR_DRIVER_KO:-} ]]; then
@@ -391,6 +393,25 @@ PY
         v=$(dmesg | grep -a 'vrdma_selftest: \(PASS\|FAIL\)' | tail -1 | sed 's/^\[[^]]*\] //')
         echo "DV $v"
         [[ $v == *PASS* ]] && report kverbs 0 || report kverbs 1
+        ;;
+    rxe_shared)
+        # Linux rxe on the very netdev vrdma0 is paired with (eth0), both devices busy at once:
+        # rxe resolves its device by netdev on every packet and netdev event, and must never
+        # find this one (the kernel is booted with oops=panic: any oops ends the run).
+        modprobe rdma_rxe && rdma link add rxe0 type rxe netdev eth0 ||
+            { echo "DV-FAIL rxe_shared: rdma link add rxe0 on eth0 failed"; fail=1; continue; }
+        rgid=''
+        for _ in $(seq 100); do rgid=$(vur-gid v4 rxe0) && break; sleep 0.1; done
+        ip link set eth0 mtu 1400 && ip link set eth0 mtu 1500 # netdev events with both present
+        timeout 120 ibv_rc_pingpong -d rxe0 -g "$rgid" -n "$iters" -p 18600 -c >/tmp/rxe_shared.rs 2>&1 &
+        p1=$!
+        pair rxe_shared_vrdma0 120 ibv_rc_pingpong -d "$dev" -g "$gid" -n "$iters" -c --
+        sleep 1
+        timeout 120 ibv_rc_pingpong -d rxe0 -g "$rgid" -n "$iters" -p 18600 -c 127.0.0.1 >/tmp/rxe_shared.rc 2>&1
+        c=$?
+        wait "$p1"; s=$?
+        rdma link delete rxe0
+        report rxe_shared $((s | c)) "rxe0 server=$s client=$c"
         ;;
     compare)
         # The same perftest runs over vrdma0 and over Linux rxe, same sizes, same guest: the

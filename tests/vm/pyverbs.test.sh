@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # rdma-core's own test suite (pyverbs, tests/ of the rdma-core version in the guest image)
 # against the virtio-rdma device (vrdma0, paired with eth0) and, in the same guest, against
-# Linux rxe (rxe0 on a second NIC, eth1: rxe takes any RDMA_DRIVER_RXE device on its netdev for
-# one of its own, so the two never share a netdev): test by test, side by side.
+# Linux rxe (rxe0 on a second NIC, eth1, so that its tests' traffic stays apart from the
+# device's GID): test by test, side by side.
 #
 #   sudo tests/vm/pyverbs.test.sh [MODULE...]     default: the modules below
 #

@@ -114,7 +114,7 @@ if [[ -n $scenario || ${#files[@]} -gt 0 ]]; then
     initrd=$work/initrd.img
 fi
 
-append="console=ttyS0 panic=-1 quiet loglevel=4 mitigations=off vur.name=$name"
+append="console=ttyS0 panic=-1 oops=panic softlockup_panic=1 quiet loglevel=4 mitigations=off vur.name=$name"
 [[ -z $ip ]] || append+=" vur.ip=$ip"
 [[ -z $ip6 ]] || append+=" vur.ip6=$ip6"
 [[ -z $mtu ]] || append+=" vur.mtu=$mtu"

@@ -62,9 +62,11 @@ struct vrdma_dev {
 	struct xarray qps;
 	struct xarray srqs;
 
-	/* netdev pairing by MAC */
+	/* netdev pairing by MAC: ib_core reads it through the get_netdev op */
 	struct notifier_block nb;
-	struct net_device *netdev; /* under rtnl */
+	struct net_device __rcu *netdev; /* written under rtnl */
+	struct work_struct rescan_work;   /* GIDs of a netdev paired after registration */
+	bool registered;
 	bool nb_registered;
 };
 
@@ -159,6 +161,7 @@ struct vrdma_mw {
 };
 
 /* virtio_rdma_main.c */
+struct net_device *vrdma_get_netdev(struct ib_device *ibdev, u32 port);
 int vrdma_cmd(struct vrdma_dev *dev, u32 opcode, const void *cmd, size_t cmd_len,
 	      void *resp, size_t resp_len);
 int vrdma_cmd_handle(struct vrdma_dev *dev, u32 opcode, u32 handle);

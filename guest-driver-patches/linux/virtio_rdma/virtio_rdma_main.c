@@ -379,44 +379,58 @@ static void vrdma_ev_cb(struct virtqueue *vq)
  * The port is paired with the guest netdev whose MAC is the config-space MAC (normally
  * the virtio-net of the same VM): ib_core then builds the RoCEv2 GID table from that
  * netdev's addresses and resolves routes and neighbours through it.
+ *
+ * ib_core learns the netdev through the get_netdev op, not ib_device_set_netdev(): the latter
+ * also files the device in ib_core's netdev hash, where Linux rxe looks up "its" device by
+ * netdev and RDMA_DRIVER_RXE (on every received packet and netdev event) and casts whatever
+ * it finds to struct rxe_dev. With rdma_rxe loaded in the same guest that wrote rxe's port
+ * state into this driver's private data. Out of the hash, rxe never sees this device, and
+ * rxe0 and vrdma0 can even share a netdev.
  */
+struct net_device *vrdma_get_netdev(struct ib_device *ibdev, u32 port)
+{
+	struct vrdma_dev *dev = container_of(ibdev, struct vrdma_dev, ib);
+	struct net_device *ndev;
+
+	if (port != 1)
+		return NULL;
+	rcu_read_lock();
+	ndev = rcu_dereference(dev->netdev);
+	dev_hold(ndev);
+	rcu_read_unlock();
+	return ndev;
+}
+
+static void vrdma_rescan_work(struct work_struct *w)
+{
+	struct vrdma_dev *dev = container_of(w, struct vrdma_dev, rescan_work);
+
+	rdma_roce_rescan_device(&dev->ib);
+}
+
 static int vrdma_netdev_event(struct notifier_block *nb, unsigned long event, void *ptr)
 {
 	struct vrdma_dev *dev = container_of(nb, struct vrdma_dev, nb);
 	struct net_device *ndev = netdev_notifier_info_to_dev(ptr);
+	struct net_device *cur = rtnl_dereference(dev->netdev);
 
 	switch (event) {
-	case NETDEV_REGISTER: {
-		struct ib_device *other;
-
-		if (dev->netdev || !ether_addr_equal(ndev->dev_addr, dev->mac))
+	case NETDEV_REGISTER:
+		if (cur || !ether_addr_equal(ndev->dev_addr, dev->mac))
 			break;
-		/*
-		 * Linux rxe takes every RDMA_DRIVER_RXE device on a netdev for one of its own
-		 * (rxe_get_dev_from_net on each received packet), so sharing the netdev with an
-		 * rxe device would hand it this device's private data: refuse to pair.
-		 */
-		other = ib_device_get_by_netdev(ndev, RDMA_DRIVER_RXE);
-		if (other) {
-			dev_warn(&dev->vdev->dev,
-				 "%s already carries %s (Linux rxe): port 1 not paired; create rxe on another netdev\n",
-				 ndev->name, dev_name(&other->dev));
-			ib_device_put(other);
-			break;
-		}
-		if (!ib_device_set_netdev(&dev->ib, ndev, 1)) {
-			dev->netdev = ndev;
-			dev_info(&dev->vdev->dev, "port 1 paired with %s\n", ndev->name);
-		}
+		rcu_assign_pointer(dev->netdev, ndev);
+		dev_info(&dev->vdev->dev, "port 1 paired with %s\n", ndev->name);
+		/* before registration ib_core scans the netdev itself */
+		if (READ_ONCE(dev->registered))
+			schedule_work(&dev->rescan_work);
 		break;
-	}
 	case NETDEV_UNREGISTER:
-		if (ndev != dev->netdev)
+		if (ndev != cur)
 			break;
-		ib_device_set_netdev(&dev->ib, NULL, 1);
-		dev->netdev = NULL;
-		break;
-	default:
+		/* ib_core's own notifier removes the GIDs of an unregistered netdev */
+		RCU_INIT_POINTER(dev->netdev, NULL);
+		synchronize_net();
+		dev_info(&dev->vdev->dev, "port 1 unpaired from %s\n", ndev->name);
 		break;
 	}
 	return NOTIFY_DONE;
@@ -561,6 +575,7 @@ static int vrdma_probe(struct virtio_device *vdev)
 	addrconf_addr_eui48((unsigned char *)&dev->ib.node_guid, dev->mac);
 	strscpy(dev->ib.node_desc, "virtio-rdma", sizeof(dev->ib.node_desc));
 
+	INIT_WORK(&dev->rescan_work, vrdma_rescan_work);
 	/* Replays NETDEV_REGISTER for every netdev that exists already. */
 	dev->nb.notifier_call = vrdma_netdev_event;
 	err = register_netdevice_notifier(&dev->nb);
@@ -572,8 +587,9 @@ static int vrdma_probe(struct virtio_device *vdev)
 	err = ib_register_device(&dev->ib, "vrdma%d", NULL);
 	if (err)
 		goto err_nb;
+	WRITE_ONCE(dev->registered, true);
 	dev_info(&vdev->dev, "%s: mac %pM, %s\n", dev_name(&dev->ib.dev), dev->mac,
-		 dev->netdev ? "paired" : "no netdev with that MAC yet");
+		 rcu_access_pointer(dev->netdev) ? "paired" : "no netdev with that MAC yet");
 	return 0;
 
 err_nb:
@@ -592,6 +608,7 @@ static void vrdma_remove(struct virtio_device *vdev)
 	struct vrdma_dev *dev = vdev->priv;
 
 	unregister_netdevice_notifier(&dev->nb);
+	cancel_work_sync(&dev->rescan_work);
 	/* destroys every object through the verbs, which still need the control queue */
 	ib_unregister_device(&dev->ib);
 	cancel_work_sync(&dev->port_work);

@@ -1566,6 +1566,7 @@ const struct ib_device_ops vrdma_dev_ops = {
 	.destroy_srq = vrdma_destroy_srq,
 	.get_dma_mr = vrdma_get_dma_mr,
 	.get_link_layer = vrdma_get_link_layer,
+	.get_netdev = vrdma_get_netdev,
 	.get_port_immutable = vrdma_get_port_immutable,
 	.map_mr_sg = vrdma_map_mr_sg,
 	.mmap = vrdma_mmap,
