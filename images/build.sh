@@ -64,7 +64,8 @@ step() { # step NAME CMD... : run CMD, print its duration
     log "step: $name done in $((dt / 1000)).$(printf '%03d' $((dt % 1000))) s"
 }
 
-hash_files() { sha256sum "$@" | sha256sum | cut -c1-16; }
+# Contents only: the key must not depend on where the checkout lives (CI clones elsewhere).
+hash_files() { (cd "$here" && sha256sum -- "${@##*/}") | sha256sum | cut -c1-16; }
 key1=$(hash_files "$here/build.sh" "$here/packages.txt")
 driver_hash() { # contents and names of the driver (and self test) sources
     [[ -d $driver_src ]] || { echo none && return; }
