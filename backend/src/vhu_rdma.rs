@@ -48,6 +48,10 @@ pub fn now() -> rxe_core::Instant {
     rxe_core::Instant(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
 }
 
+/// How soon after a frontend's memory table the device checks, unkicked, whether the frontend
+/// is a reconnecting guest whose device state was lost.
+const STATE_CHECK_NS: u64 = 50_000_000;
+
 /// A non-blocking CLOCK_MONOTONIC timerfd armed with absolute deadlines.
 pub struct Timer {
     fd: OwnedFd,
@@ -329,6 +333,11 @@ impl VhostUserBackend for VhuRdma {
 
     fn update_memory(&self, mem: GM) -> io::Result<()> {
         *lock(&self.mem) = Some(mem);
+        // A reconnecting guest may not kick for a long time (its applications wait for
+        // completions the lost device will never write): look at the rings soon on our own.
+        if !self.state_checked.load(Ordering::Relaxed) {
+            self.timer.arm(Some(now().plus_ns(STATE_CHECK_NS)));
+        }
         Ok(())
     }
 
@@ -370,11 +379,15 @@ impl VhostUserBackend for VhuRdma {
             return Ok(());
         };
         let mut model = lock(&self.model);
-        if device_event <= VQ_EVENT && !self.state_checked.swap(true, Ordering::Relaxed) {
-            // The first kick of this connection. A control queue that does not start at 0 is
-            // a running guest reconnecting (the VMM restores the ring positions): everything
-            // it created lives in a device instance that is gone. Say so (DEVICE_FATAL) rather
-            // than let its QPs stop without a word.
+        let ctrl_ready = vrings[VQ_CTRL as usize].get_ref().get_queue().ready();
+        if (device_event <= VQ_EVENT || (device_event == TIMER_EVENT && ctrl_ready))
+            && !self.state_checked.swap(true, Ordering::Relaxed)
+        {
+            // The first kick of this connection, or the timer armed when its memory table
+            // came. A control queue that does not start at 0 is a running guest reconnecting
+            // (the VMM restores the ring positions): everything it created lives in a device
+            // instance that is gone. Say so (DEVICE_FATAL) rather than let its QPs stop
+            // without a word.
             let base = vrings[VQ_CTRL as usize].get_mut().get_queue().next_avail();
             if base != 0 {
                 log::warn!(
@@ -437,7 +450,13 @@ impl VhostUserBackend for VhuRdma {
             model.pump(&g, now(), &mut *t);
         }
         self.deliver_events(&vrings[VQ_EVENT as usize], &mem, &mut model)?;
-        self.timer.arm(model.poll_timeout());
+        let mut next = model.poll_timeout();
+        if !self.state_checked.load(Ordering::Relaxed) {
+            // the rings are not set up yet: look again
+            let check = now().plus_ns(STATE_CHECK_NS);
+            next = Some(next.map_or(check, |t| t.min(check)));
+        }
+        self.timer.arm(next);
         Ok(())
     }
 }

@@ -24,6 +24,8 @@
 #   --qemu BIN         QEMU binary (default: $VUR_QEMU, else qemu-system-x86_64)
 #   --rdma-sock PATH   add a vhost-user-rdma-pci device (virtio-rdma, served by the daemon
 #                      listening on PATH); guest RAM becomes a shared memfd, as vhost-user needs
+#   --rdma-reconnect MS  QEMU reconnects to the daemon's socket MS ms after losing it
+#                      (chardev reconnect-ms): a guest that outlives a daemon restart
 #   --nic-no-peer      without --tap: an eth0 (virtio-net, --mac) attached to nothing, so a
 #                      virtio-rdma port has a netdev to pair with and carry its addresses
 #   --tap2 TAP --mac2 MAC  a second NIC (eth1) on TAP, e.g. next to --nic-no-peer: the guest's
@@ -39,7 +41,7 @@ repo=$(cd "$here/../.." && pwd)
 
 name='' tap='' mac='' ip='' ip6='' mtu='' scenario='' shared='' timeout=300 logf=''
 mem=1024 smp=1 rxe=1 interactive=0 images=${VUR_IMAGES:-} qemu=${VUR_QEMU:-qemu-system-x86_64}
-rdma_sock='' nic_no_peer=0 tap2='' mac2=''
+rdma_sock='' rdma_reconnect='' nic_no_peer=0 tap2='' mac2=''
 envs=() files=()
 die() { printf '[run-vm] error: %s\n' "$*" >&2; exit 2; }
 while (($#)); do
@@ -63,6 +65,7 @@ while (($#)); do
     --images) images=$2; shift ;;
     --qemu) qemu=$2; shift ;;
     --rdma-sock) rdma_sock=$2; shift ;;
+    --rdma-reconnect) rdma_reconnect=$2; shift ;;
     --nic-no-peer) nic_no_peer=1 ;;
     --tap2) tap2=$2; shift ;;
     --mac2) mac2=$2; shift ;;
@@ -146,7 +149,8 @@ fi
 if [[ -n $rdma_sock ]]; then
     [[ -S $rdma_sock ]] || die "no vhost-user socket at $rdma_sock (start vhost-user-rdma first)"
     args+=(-object "memory-backend-memfd,id=mem,size=${mem}M,share=on" -numa node,memdev=mem
-        -chardev "socket,id=rdma0,path=$rdma_sock" -device vhost-user-rdma-pci,chardev=rdma0)
+        -chardev "socket,id=rdma0,path=$rdma_sock${rdma_reconnect:+,reconnect-ms=$rdma_reconnect}"
+        -device vhost-user-rdma-pci,chardev=rdma0)
 fi
 [[ -z $shared ]] || args+=(-virtfs "local,path=$shared,mount_tag=vur,security_model=none,id=vur")
 

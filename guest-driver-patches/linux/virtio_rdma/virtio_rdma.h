@@ -56,6 +56,7 @@ struct vrdma_dev {
 	struct vrdma_event *ev_bufs;
 	unsigned int ev_num;
 	struct work_struct port_work;
+	bool reprobing; /* a re-probe after DEVICE_FATAL is scheduled */
 	unsigned long port_events; /* bit n: ib_event_type n pending for the port */
 
 	struct xarray cqs;

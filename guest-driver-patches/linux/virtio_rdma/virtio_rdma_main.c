@@ -21,6 +21,10 @@ static unsigned int cmd_timeout_ms = 30000;
 module_param(cmd_timeout_ms, uint, 0644);
 MODULE_PARM_DESC(cmd_timeout_ms, "control command timeout in milliseconds");
 
+static bool reprobe = true;
+module_param(reprobe, bool, 0644);
+MODULE_PARM_DESC(reprobe, "after DEVICE_FATAL (device state lost), remove and probe the device again");
+
 static int status_to_errno(u32 status)
 {
 	switch (status) {
@@ -326,6 +330,45 @@ static void vrdma_handle_event(struct vrdma_dev *dev, const struct vrdma_event *
 	}
 }
 
+/*
+ * DEVICE_FATAL: the device lost every object (a restarted daemon, §9). Recover as a new
+ * device: remove (ib_unregister_device disassociates user contexts, whose verbs then fail
+ * with EIO and whose event channels report it; kernel clients close their objects, which
+ * the device answers NOT_FOUND) and probe again, which resets the device. Applications
+ * open the new vrdma device; the guest need not reboot.
+ */
+struct vrdma_reprobe {
+	struct work_struct work;
+	struct device *dev;
+};
+
+static void vrdma_reprobe_work(struct work_struct *w)
+{
+	struct vrdma_reprobe *r = container_of(w, struct vrdma_reprobe, work);
+
+	dev_warn(r->dev, "device state lost: removing and probing the device again\n");
+	if (device_reprobe(r->dev))
+		dev_err(r->dev, "re-probe failed\n");
+	put_device(r->dev);
+	kfree(r);
+}
+
+static void vrdma_schedule_reprobe(struct vrdma_dev *dev)
+{
+	struct vrdma_reprobe *r;
+
+	if (dev->reprobing)
+		return;
+	r = kzalloc(sizeof(*r), GFP_KERNEL);
+	if (!r)
+		return;
+	dev->reprobing = true;
+	INIT_WORK(&r->work, vrdma_reprobe_work);
+	r->dev = get_device(&dev->vdev->dev);
+	/* not on this device's work items: remove() cancels those */
+	schedule_work(&r->work);
+}
+
 static void vrdma_port_work(struct work_struct *w)
 {
 	struct vrdma_dev *dev = container_of(w, struct vrdma_dev, port_work);
@@ -343,6 +386,8 @@ static void vrdma_port_work(struct work_struct *w)
 		else
 			ev.element.port_num = 1;
 		ib_dispatch_event(&ev);
+		if (types[i] == VRDMA_AE_DEVICE_FATAL && reprobe)
+			vrdma_schedule_reprobe(dev);
 	}
 }
 

@@ -374,8 +374,10 @@ static int vrdma_alloc_pd(struct ib_pd *ibpd, struct ib_udata *udata)
 static int vrdma_dealloc_pd(struct ib_pd *ibpd, struct ib_udata *udata)
 {
 	struct vrdma_pd *pd = container_of(ibpd, struct vrdma_pd, ibpd);
+	int err = vrdma_cmd_handle(to_vdev(ibpd->device), VRDMA_CMD_DESTROY_PD, pd->pdn);
 
-	return vrdma_cmd_handle(to_vdev(ibpd->device), VRDMA_CMD_DESTROY_PD, pd->pdn);
+	/* a device that lost its state (§9) no longer knows the PD: it is gone either way */
+	return err == -ENOENT || err == -EIO || err == -ETIMEDOUT ? 0 : err;
 }
 
 static u32 pdn_of(struct ib_pd *ibpd)
@@ -1540,9 +1542,19 @@ static int vrdma_destroy_ah(struct ib_ah *ibah, u32 flags)
 	return 0;
 }
 
+/*
+ * Device removal with user contexts open (module unload, or the re-probe after a device that
+ * lost its state): ib_uverbs destroys their objects and zaps their mmaps itself; this op only
+ * tells it not to wait for the processes to close their files.
+ */
+static void vrdma_disassociate_ucontext(struct ib_ucontext *ibuc)
+{
+}
+
 const struct ib_device_ops vrdma_dev_ops = {
 	.owner = THIS_MODULE,
 	.driver_id = RDMA_DRIVER_RXE,
+	.disassociate_ucontext = vrdma_disassociate_ucontext,
 	.uverbs_abi_ver = VRDMA_UVERBS_ABI_VERSION,
 
 	.add_gid = vrdma_add_gid,

@@ -1,0 +1,201 @@
+#!/usr/bin/env bash
+# The daemon killed (SIGKILL) under a running guest with traffic in flight, then started again
+# on the same socket: QEMU reconnects (reconnect-ms), the new daemon finds a guest whose device
+# state it does not have and raises DEVICE_FATAL, the driver removes and probes the device
+# again, the applications that were running end with an error instead of hanging, and new
+# ones run on the new vrdma device without a guest reboot. Then the driver is unloaded and
+# loaded again with user contexts open. Afterwards the daemon holds only the kernel's QP1 and
+# its CQ, and the guest's kernel log has no oops, BUG or warning.
+#
+#   sudo tests/vm/device-restart.test.sh
+#
+# Env: VUR_DAEMON, VUR_IMAGES, VUR_QEMU, VUR_DRIVER_KO (a virtio_rdma.ko to load instead of
+# the image's), VUR_RESTART_KEEP=1 (keep the logs).
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+t_start=$SECONDS
+log() { printf '[device-restart %s] %s\n' "$(date +%T)" "$*"; }
+# shellcheck source=tests/vm/lib.sh
+. "$here/lib.sh"
+vm_require device-restart
+vm_device_prereqs device-restart
+vm_netns device-restart "$@"
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/vur-device-restart.XXXXXX")
+dpid=''
+# shellcheck disable=SC2317 # invoked from the EXIT trap
+cleanup() {
+    local rc=$?
+    if [[ -n $dpid ]]; then kill "$dpid" 2>/dev/null || true; wait "$dpid" 2>/dev/null || true; fi
+    if ((rc == 0)) && [[ -z ${VUR_RESTART_KEEP:-} ]]; then rm -rf "$work"; else log "artifacts kept in $work"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+addr=10.77.0.2 mac=52:54:00:77:00:02
+log "daemon 1: $daemon"
+vm_start_daemon "$work" "$addr" "$mac" || exit 1
+dpid=$REPLY
+[[ -z ${VUR_DRIVER_KO:-} ]] || cp "$VUR_DRIVER_KO" "$work/virtio_rdma.ko"
+
+cat >"$work/guest.sh" <<'EOF'
+#!/bin/bash
+# Runs inside the guest (tests/vm/device-restart.test.sh). Host and guest meet through files
+# in /vur: traffic → (host kills and restarts the daemon) → restarted.
+fail=0
+say() { echo "DR $*"; }
+check() { say "$1 rc=$2${3:+ $3}"; [[ $2 == 0 ]] || fail=1; }
+if [[ -f /vur/virtio_rdma.ko ]]; then
+    rmmod virtio_rdma && insmod /vur/virtio_rdma.ko || { say "FAIL reloading virtio_rdma"; exit 1; }
+fi
+wait_file() { # PATH SECONDS WHAT
+    local i
+    for ((i = 0; i < $2 * 10; i++)); do [[ -e $1 ]] && return 0; sleep 0.1; done
+    say "timeout after $2 s waiting for $3"
+    return 1
+}
+# the vrdma device (name may change across a re-probe), its IPv4 GID index; bounded wait
+device_up() { # SECONDS
+    local i d g
+    for ((i = 0; i < $1 * 10; i++)); do
+        for d in /sys/class/infiniband/vrdma*; do
+            [[ -e $d ]] || continue
+            grep -q ACTIVE "$d/ports/1/state" 2>/dev/null || continue
+            g=$(vur-gid v4 "${d##*/}" 2>/dev/null) || continue
+            dev=${d##*/} gid=$g
+            return 0
+        done
+        sleep 0.1
+    done
+    return 1
+}
+pingpong() { # NAME PORT ARGS... : a server and a client on this guest, bounded by 60 s
+    local name=$1 port=$2 s=0 c=0
+    shift 2
+    timeout 60 ibv_rc_pingpong -d "$dev" -g "$gid" -p "$port" "$@" >"/tmp/$name.s" 2>&1 &
+    local sp=$!
+    sleep 1
+    timeout 60 ibv_rc_pingpong -d "$dev" -g "$gid" -p "$port" "$@" 127.0.0.1 >"/tmp/$name.c" 2>&1 || c=$?
+    wait "$sp" || s=$?
+    check "$name" $((s | c)) "server=$s client=$c"
+}
+
+device_up 10 || { say "FAIL no active vrdma device"; exit 1; }
+say "before: $dev gid-index=$gid"
+pingpong before 18515 -n 50 -c
+
+# Traffic in flight when the daemon dies: an event-driven pingpong pair (both sleep in
+# ibv_get_cq_event, which fails once the device is gone); neither may outlive the device by
+# more than 30 s. (An application that only polls its CQ in user memory never enters the
+# kernel and waits for ever, as on any device that disappears: docs/virtio-rdma.md §9.)
+timeout 600 ibv_rc_pingpong -d "$dev" -g "$gid" -p 18516 -n 100000000 -e >/tmp/long.s 2>&1 &
+p1=$!
+sleep 1
+timeout 600 ibv_rc_pingpong -d "$dev" -g "$gid" -p 18516 -n 100000000 -e 127.0.0.1 >/tmp/long.c 2>&1 &
+p2=$!
+sleep 3
+kill -0 $p1 $p2 2>/dev/null || { say "FAIL the long pingpong did not start: $(tail -3 /tmp/long.c)"; exit 1; }
+touch /vur/traffic
+wait_file /vur/restarted 60 "the host to restart the daemon" || exit 1
+t0=$SECONDS
+for p in $p1 $p2; do
+    while kill -0 "$p" 2>/dev/null && ((SECONDS - t0 < 30)); do sleep 0.2; done
+done
+if kill -0 $p1 2>/dev/null || kill -0 $p2 2>/dev/null; then
+    say "FAIL a pingpong still ran 30 s after the daemon restart (it should have got an error)"
+    kill $p1 $p2 2>/dev/null
+    fail=1
+fi
+wait $p1; r1=$?
+wait $p2; r2=$?
+say "in-flight pingpongs ended: server rc=$r1 ($(tail -1 /tmp/long.s)) client rc=$r2 ($(tail -1 /tmp/long.c)) after $((SECONDS - t0)) s"
+((r1 != 0 && r2 != 0 && r1 != 124 && r2 != 124)) || { say "FAIL the in-flight pingpongs should have failed with an error"; fail=1; }
+dmesg | grep -E 'virtio_rdma|vrdma' | tail -8 | sed 's/^/DR dmesg: /'
+
+device_up 30 || { say "FAIL no active vrdma device 30 s after the restart"; exit 1; }
+say "after restart: $dev gid-index=$gid"
+pingpong after_restart 18517 -n 200 -c
+# rdma_cm again: the kernel's QP1 of the new device
+timeout 60 rping -s -a "$VUR_ADDR" -C 10 -v >/tmp/rping.s 2>&1 &
+sp=$!
+sleep 2
+c=0; s=0
+timeout 60 rping -c -a "$VUR_ADDR" -C 10 -v -V >/tmp/rping.c 2>&1 || c=$?
+wait $sp || s=$?
+check rping_after_restart $((s | c)) "pings=$(grep -c 'ping data' /tmp/rping.c)"
+
+# Driver unload with a user context open (a pingpong server waiting for its client).
+timeout 60 ibv_rc_pingpong -d "$dev" -g "$gid" -p 18518 -n 10 >/tmp/unload.s 2>&1 &
+sp=$!
+sleep 2
+t0=$SECONDS
+rmmod virtio_rdma; rc=$?
+check unload_with_open_context $rc "in $((SECONDS - t0)) s"
+kill $sp 2>/dev/null
+wait $sp
+if [[ -f /vur/virtio_rdma.ko ]]; then insmod /vur/virtio_rdma.ko; else modprobe virtio_rdma; fi
+device_up 30 || { say "FAIL no active vrdma device after reloading the driver"; exit 1; }
+pingpong after_reload 18519 -n 200 -c
+
+if dmesg | grep -E 'BUG:|Oops:|WARNING:|Call Trace:|refcount_t:|general protection' >/tmp/bad; then
+    say "FAIL the kernel log has:"; sed 's/^/DR   /' /tmp/bad | head -20; fail=1
+fi
+touch /vur/tools-done
+for _ in $(seq 300); do [[ -f /vur/counters-read ]] && break; sleep 0.1; done
+exit $fail
+EOF
+
+vm_rc=0
+"$here/run-vm.sh" --name dr --qemu "$qemu" --images "$images" --rdma-sock "$work/rdma.sock" \
+    --rdma-reconnect 500 --nic-no-peer --mac "$mac" --ip "$addr/24" --no-rxe --shared "$work" \
+    --smp 2 --scenario "$work/guest.sh" --timeout 600 >"$work/run-vm.log" 2>&1 &
+vm=$!
+
+fail=0
+vm_wait_file() { # PATH SECONDS
+    local i
+    for ((i = 0; i < $2 * 10; i++)); do [[ -e $1 ]] && return 0; sleep 0.1; done
+    return 1
+}
+if vm_wait_file "$work/traffic" 120; then
+    log "traffic in flight: SIGKILL to the daemon (pid $dpid)"
+    kill -9 "$dpid"
+    wait "$dpid" 2>/dev/null || true
+    dpid=''
+    mv "$work/daemon.log" "$work/daemon1.log"
+    rm -f "$work/rdma.sock" "$work/counters.sock"
+    sleep 1
+    vm_start_daemon "$work" "$addr" "$mac" || exit 1
+    dpid=$REPLY
+    log "daemon 2 (pid $dpid) on the same socket"
+    touch "$work/restarted"
+    if vm_wait_file "$work/tools-done" 300; then
+        vm_daemon_counters "$work/counters.sock" >"$work/counters.json" 2>&1 || true
+    fi
+    touch "$work/counters-read"
+else
+    log "FAIL: the guest did not start its traffic within 120 s"
+    fail=1
+fi
+wait "$vm" || vm_rc=$?
+tr -d '\r' <"$work/dr.console.log" | grep -a -E '^DR|^\[vur-init' || true
+if ((vm_rc != 0)); then
+    tail -n 30 "$work/run-vm.log"
+    fail=1
+fi
+grep -E 'device state was lost|frontend' "$work/daemon.log" 2>/dev/null | sed 's/^/daemon 2: /' || true
+if [[ -s $work/counters.json ]]; then
+    msg=$(vm_daemon_leaks device-restart "$work/counters.json") || fail=1
+    log "$msg"
+else
+    log "FAIL: no counters from daemon 2"
+    fail=1
+fi
+if ((fail)); then
+    log "FAIL in $((SECONDS - t_start)) s"
+    exit 1
+fi
+log "PASS in $((SECONDS - t_start)) s"
