@@ -44,6 +44,7 @@ keep_modules=(
     drivers/net/virtio_net.ko.xz drivers/net/net_failover.ko.xz
     drivers/net/veth.ko.xz drivers/net/ifb.ko.xz drivers/net/tun.ko.xz drivers/net/dummy.ko.xz
     drivers/virtio fs/9p fs/netfs
+    drivers/nvme/host/nvme-rdma.ko.xz drivers/nvme/target/nvmet-rdma.ko.xz
 )
 # Subtrees of net/ that a wired RoCE test never loads.
 drop_modules=(net/bluetooth net/mac80211 net/wireless net/nfc net/ieee802154 net/mac802154

@@ -38,7 +38,7 @@ devices | rxe) modes=("$1"); shift ;;
 all) shift || true ;;
 -*) echo "usage: $0 [devices|rxe|all] [TOOL...]" >&2; exit 2 ;;
 esac
-all_tools=(rc uc ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw rping ucmatose udaddy rdma_server send_lat_cm)
+all_tools=(rc uc ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw rping ucmatose udaddy rdma_server send_lat_cm nvme)
 tools=("$@")
 ((${#tools[@]})) || tools=("${all_tools[@]}")
 for t in "${tools[@]}"; do
@@ -156,7 +156,7 @@ run_mode() {
             continue
         fi
         if [[ -s $dir/$g.counters.json ]]; then
-            msg=$(vm_daemon_leaks "$mode/$g" "$dir/$g.counters.json") || fail=1
+            msg=$(vm_daemon_leaks "$mode/$g" "$dir/$g.counters.json" "$(cat "$dir/share/sync/objects.$g" 2>/dev/null)") || fail=1
             log "$msg"
             msg=$(vm_daemon_traffic "$mode/$g" "$dir/$g.counters.json") || fail=1
             log "$msg"

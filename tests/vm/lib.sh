@@ -130,13 +130,20 @@ s.connect(sys.argv[1])
 print(b"".join(iter(lambda: s.recv(65536), b"")).decode())' "$1"
 }
 
-# vm_daemon_leaks NAME COUNTERS.json: fail (return 1, one line saying what) when the daemon
-# still holds objects beyond what the guest's kernel keeps (QP1 and its CQ, from ib_mad).
+# vm_daemon_leaks NAME COUNTERS.json [EXPECTED]: fail (return 1, one line saying what) when
+# the daemon holds other objects than the guest's kernel: EXPECTED ("QPS CQS SRQS", what the
+# guest's `rdma resource show` lists once its applications have exited) when given, else at most
+# QP1 and its CQ (ib_mad).
 vm_daemon_leaks() {
     local objs nqp ncq nsrq
     objs=$(python3 -c 'import json,sys; o=json.load(open(sys.argv[1])).get("objects",{}); print(o.get("qps",-1), o.get("cqs",-1), o.get("srqs",-1))' "$2" 2>/dev/null) ||
         { echo "$1: counters unreadable"; return 1; }
     read -r nqp ncq nsrq <<<"$objs"
+    if [[ -n ${3:-} ]]; then
+        echo "$1: daemon objects after the tools (qps cqs srqs): $objs; the guest's kernel holds $3"
+        [[ $objs == "$3" ]] || { echo "$1: FAIL: the device holds other objects than the guest"; return 1; }
+        return 0
+    fi
     echo "$1: daemon objects after the tools (qps cqs srqs): $objs"
     ((nqp >= 0 && nqp <= 1 && ncq >= 0 && ncq <= 1 && nsrq == 0)) ||
         { echo "$1: FAIL: objects left in the device after every tool exited"; return 1; }

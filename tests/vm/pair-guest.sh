@@ -87,9 +87,67 @@ tool_cmds() {
     udaddy) echo "7174|udaddy -b @SELF@ -C 20|udaddy -s @PEER@ -C 20" ;;
     rdma_server) echo "$p|rdma_server -s @SELF@ -p $p|rdma_client -s @PEER@ -p $p" ;;
     send_lat_cm) echo "$p|ib_send_lat -d $dev -R -F -n $iters -s 64 -p $p|ib_send_lat -d $dev -R -F -n $iters -s 64 -p $p @PEER@" ;;
+    # NVMe over RDMA: kernel verbs end to end (nvmet-rdma target, nvme-rdma host)
+    nvme) echo "4420|nvme_target|nvme_host @PEER@" ;;
     *) return 1 ;;
     esac
 }
+
+# nvme_target: a 64 MiB file-backed namespace exported over RDMA on this guest's RoCE address;
+# stays up until the client of step $STEP is done, then comes down cleanly.
+nvme_target() {
+    local c=/sys/kernel/config/nvmet s
+    modprobe nvmet-rdma || return 1
+    mountpoint -q /sys/kernel/config || mount -t configfs none /sys/kernel/config || return 1
+    s=$c/subsystems/vur-nvme
+    truncate -s 64M /tmp/nvme.img
+    mkdir "$s" && echo 1 >"$s/attr_allow_any_host" && mkdir "$s/namespaces/1" &&
+        echo /tmp/nvme.img >"$s/namespaces/1/device_path" &&
+        echo 1 >"$s/namespaces/1/buffered_io" && echo 1 >"$s/namespaces/1/enable" &&
+        mkdir "$c/ports/1" && echo rdma >"$c/ports/1/addr_trtype" &&
+        echo ipv4 >"$c/ports/1/addr_adrfam" && echo "$VUR_ADDR" >"$c/ports/1/addr_traddr" &&
+        echo 4420 >"$c/ports/1/addr_trsvcid" && ln -s "$s" "$c/ports/1/subsystems/vur-nvme" ||
+        { echo "nvmet configuration failed"; return 1; }
+    echo "nvmet: vur-nvme on rdma $VUR_ADDR:4420"
+    until [[ -e $sync/$STEP.client.done ]]; do sleep 0.2; done
+    rm "$c/ports/1/subsystems/vur-nvme" && rmdir "$c/ports/1" "$s/namespaces/1" "$s" ||
+        { echo "nvmet teardown failed"; return 1; }
+    echo "nvmet: torn down"
+}
+
+# nvme_host ADDR: connect over RDMA, write 16 MiB of random data with O_DIRECT, read it back,
+# compare, disconnect.
+nvme_host() {
+    local blk='' ctrl
+    modprobe nvme-rdma || return 1
+    echo "transport=rdma,traddr=$1,trsvcid=4420,nqn=vur-nvme" >/dev/nvme-fabrics ||
+        { echo "nvme connect failed"; return 1; }
+    # the controller this connect made (transport rdma), and its namespace's block device
+    # (the head node nvmeXnY, a block special file: never a path that dd would create)
+    for _ in $(seq 100); do
+        ctrl='' blk=''
+        for c in /sys/class/nvme/nvme[0-9]*; do
+            [[ $(cat "$c/transport" 2>/dev/null) == rdma ]] && ctrl=${c##*/}
+        done
+        for b in /sys/block/nvme*; do
+            [[ ${b##*/} =~ ^nvme[0-9]+n[0-9]+$ && -b /dev/${b##*/} ]] && blk=/dev/${b##*/}
+        done
+        [[ -n $ctrl && -n $blk ]] && break
+        sleep 0.1
+    done
+    [[ -n $ctrl && -n $blk ]] || { echo "no rdma controller with a namespace within 10 s"; return 1; }
+    echo "nvme: $blk via $ctrl ($(cat "/sys/class/nvme/$ctrl/transport") $(cat "/sys/class/nvme/$ctrl/address"))"
+    head -c 16M /dev/urandom >/tmp/pattern
+    dd if=/tmp/pattern of="$blk" bs=1M oflag=direct status=none &&
+        dd if="$blk" of=/tmp/back bs=1M count=16 iflag=direct status=none &&
+        cmp /tmp/pattern /tmp/back &&
+        read -r _ _ rd _ _ _ wr _ <"/sys/block/${blk##*/}/stat" && ((rd >= 32768 && wr >= 32768)) &&
+        echo "nvme: 16 MiB written and read back equal ($wr sectors written, $rd read)" ||
+        { echo "nvme: data check failed"; echo 1 >"/sys/class/nvme/$ctrl/delete_controller"; return 1; }
+    echo 1 >"/sys/class/nvme/$ctrl/delete_controller"
+}
+export -f nvme_target nvme_host
+export sync VUR_ADDR
 
 IFS=, read -ra steps <<<"${PAIR_STEPS:?}"
 failed=0
@@ -106,7 +164,8 @@ for i in "${!steps[@]}"; do
     if [[ $srv == "$me" ]]; then
         role=server cmd=$scmd
         read -ra argv <<<"$cmd"
-        timeout 150 "${argv[@]}" >"/tmp/$i.log" 2>&1 &
+        [[ $(type -t "${argv[0]}") != function ]] || argv=(bash -c "${argv[*]}")
+        STEP=$i timeout 150 "${argv[@]}" >"/tmp/$i.log" 2>&1 &
         pid=$!
         # bounded by time: one look at the sockets and CM IDs takes a while under TCG
         until listening "$lport"; do
@@ -131,7 +190,8 @@ for i in "${!steps[@]}"; do
         role=client cmd=$ccmd
         if wait_file "$sync/$i.ready" 180 "the server of step $i ($tool on $srv)"; then
             read -ra argv <<<"$cmd"
-            timeout 150 "${argv[@]}" >"/tmp/$i.log" 2>&1 || rc=$?
+            [[ $(type -t "${argv[0]}") != function ]] || argv=(bash -c "${argv[*]}")
+            STEP=$i timeout 150 "${argv[@]}" >"/tmp/$i.log" 2>&1 || rc=$?
         else
             rc=99
         fi
@@ -168,6 +228,14 @@ if [[ -d /sys/class/infiniband/$dev/ports/1/hw_counters ]]; then
         say "FAIL $dev sent or received no packet"
         failed=$((failed + 1))
     fi
+fi
+# What the kernel still holds on this device (ib_mad's QP1, and e.g. ib_core's CQ pool once a
+# kernel ULP used it): the host checks that the daemon holds exactly that, nothing more.
+if [[ $dev == vrdma* ]]; then
+    echo "$(rdma resource show qp link "$dev/1" 2>/dev/null | grep -c lqpn)" \
+        "$(rdma resource show cq dev "$dev" 2>/dev/null | grep -c cqn)" \
+        "$(rdma resource show srq dev "$dev" 2>/dev/null | grep -c srqn)" >"$sync/objects.$me"
+    say "kernel objects on $dev (qps cqs srqs): $(cat "$sync/objects.$me")"
 fi
 touch "$sync/tools-done.$me"
 for _ in $(seq 300); do [[ -f $sync/counters-read ]] && break; sleep 0.1; done
