@@ -114,6 +114,53 @@ impl Timer {
     }
 }
 
+/// The queues' names, by index.
+const QUEUE_NAMES: [&str; NUM_QUEUES] = ["control", "doorbell", "event"];
+
+/// The vhost-user protocol features the device offers. CONFIGURE_MEM_SLOTS lets a VMM add
+/// hotplugged memory with ADD_MEM_REG (cloud-hypervisor does, when it is offered) instead of
+/// a whole new table, which is limited to 8 regions. Not INFLIGHT_SHMFD: vhost-user-backend
+/// refuses its messages, and a device whose objects die with the daemon has nothing in flight
+/// worth replaying.
+pub fn protocol_features() -> VhostUserProtocolFeatures {
+    VhostUserProtocolFeatures::CONFIG
+        | VhostUserProtocolFeatures::MQ
+        | VhostUserProtocolFeatures::REPLY_ACK
+        | VhostUserProtocolFeatures::RESET_DEVICE
+        | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
+}
+
+/// Moves a started queue whose base (SET_VRING_BASE) is ahead of the used index guest memory
+/// holds back to that used index; returns (base, used index) when it did.
+///
+/// This device uses every queue's buffers in the order they were made available and uses each
+/// one as soon as it takes it, so the entries between the used index and the base are buffers
+/// the guest made available that no device instance used: a control request the guest still
+/// waits for, doorbells whose buffers it never got back, the event buffers it posted. QEMU
+/// reconnects at the used index (nothing to do); cloud-hypervisor without IN_ORDER or inflight
+/// tracking reconnects at the avail index, which would leave them unused for good — the event
+/// queue without a buffer for the DEVICE_FATAL the guest must get. Nothing is moved unless
+/// used ≤ base ≤ avail index within one ring's size.
+pub fn resume_at_used(vring: &VringRwLock, mem: &GuestMemoryMmap) -> Option<(u16, u16)> {
+    let mut st = vring.get_mut();
+    let q = st.get_queue_mut();
+    if !q.ready() {
+        return None;
+    }
+    let base = q.next_avail();
+    let used = q.used_idx(mem, Ordering::Acquire).ok()?.0;
+    let avail = q.avail_idx(mem, Ordering::Acquire).ok()?.0;
+    let pending = avail.wrapping_sub(used);
+    if base == used || q.next_used() != used || pending > q.size() {
+        return None;
+    }
+    if base.wrapping_sub(used) > pending {
+        return None;
+    }
+    q.set_next_avail(used);
+    Some((base, used))
+}
+
 pub struct VhuRdma {
     model: Arc<Mutex<Model>>,
     transport: Arc<Mutex<UdpTransport>>,
@@ -121,6 +168,9 @@ pub struct VhuRdma {
     event_idx: AtomicBool,
     /// Whether this connection was checked for a guest that used an earlier device instance.
     state_checked: AtomicBool,
+    /// Per queue: whether its position was checked against the used index
+    /// ([`resume_at_used`]) on this connection.
+    resumed: [AtomicBool; NUM_QUEUES],
     timer: Timer,
     /// Exit-event consumer fds handed to vhost-user-backend, which registers them in its
     /// epoll with `into_raw_fd()` and never closes them; closed in [`Self::close_exit_fds`]
@@ -141,6 +191,7 @@ impl VhuRdma {
             mem: Mutex::new(None),
             event_idx: AtomicBool::new(false),
             state_checked: AtomicBool::new(false),
+            resumed: Default::default(),
             timer: Timer::new()?,
             exit_fds: Mutex::new(Vec::new()),
         })
@@ -159,6 +210,46 @@ impl VhuRdma {
 
     pub fn timer_fd(&self) -> RawFd {
         self.timer.fd()
+    }
+
+    /// The first time this connection touches queue `index` once it is set up (started by
+    /// its kick fd): resume it at the used index ([`resume_at_used`]). The first time for the
+    /// control queue, also say which queues the frontend did not set up.
+    fn resume_once(&self, index: u16, vrings: &[VringRwLock], mem: &GM) {
+        let i = index as usize;
+        if self.resumed[i].load(Ordering::Relaxed) {
+            return;
+        }
+        {
+            let st = vrings[i].get_ref();
+            if !st.get_queue().ready() || !st.is_enabled() {
+                return;
+            }
+        }
+        self.resumed[i].store(true, Ordering::Relaxed);
+        if let Some((base, used)) = resume_at_used(&vrings[i], &mem.memory()) {
+            log::warn!(
+                "queue {index}: the frontend gave base {base}, the ring's used index is {used}: \
+                 resuming at {used}, {} buffers the guest made available were never used",
+                base.wrapping_sub(used)
+            );
+        }
+        if index == VQ_CTRL {
+            let missing: Vec<&str> = vrings
+                .iter()
+                .zip(QUEUE_NAMES)
+                .filter(|(v, _)| !v.get_ref().get_queue().ready())
+                .map(|(_, n)| n)
+                .collect();
+            if !missing.is_empty() {
+                log::warn!(
+                    "the guest uses the control queue but the frontend did not set up the {} \
+                     queue(s): the device needs {NUM_QUEUES} queues (control, doorbell, event); \
+                     give the VMM three queue sizes",
+                    missing.join(" and ")
+                );
+            }
+        }
     }
 
     /// Runs `f` over every available chain of `vring`, with EVENT_IDX's disable → process →
@@ -249,11 +340,18 @@ impl VhuRdma {
         done as u32
     }
 
-    fn deliver_events(&self, vring: &VringRwLock, mem: &GM, model: &mut Model) -> io::Result<()> {
+    fn deliver_events(
+        &self,
+        vrings: &[VringRwLock],
+        mem: &GM,
+        model: &mut Model,
+    ) -> io::Result<()> {
         if model.events.is_empty() {
             return Ok(());
         }
+        self.resume_once(VQ_EVENT, vrings, mem);
         let guard = mem.memory();
+        let vring = &vrings[VQ_EVENT as usize];
         let mut delivered = false;
         while !model.events.is_empty() {
             let chain = {
@@ -305,10 +403,7 @@ impl VhostUserBackend for VhuRdma {
     }
 
     fn protocol_features(&self) -> VhostUserProtocolFeatures {
-        VhostUserProtocolFeatures::CONFIG
-            | VhostUserProtocolFeatures::MQ
-            | VhostUserProtocolFeatures::REPLY_ACK
-            | VhostUserProtocolFeatures::RESET_DEVICE
+        protocol_features()
     }
 
     fn reset_device(&self) {
@@ -398,6 +493,7 @@ impl VhostUserBackend for VhuRdma {
         }
         match device_event {
             VQ_CTRL => {
+                self.resume_once(VQ_CTRL, vrings, &mem);
                 self.process_queue(&vrings[VQ_CTRL as usize], &mem, |g, req, wr| {
                     let cap: usize = wr.iter().map(|w| w.1 as usize).sum();
                     if cap < std::mem::size_of::<abi::RespHdr>() {
@@ -410,6 +506,7 @@ impl VhostUserBackend for VhuRdma {
                 })?;
             }
             VQ_DOORBELL => {
+                self.resume_once(VQ_DOORBELL, vrings, &mem);
                 self.process_queue(&vrings[VQ_DOORBELL as usize], &mem, |g, req, _| {
                     for c in req.chunks_exact(std::mem::size_of::<abi::Doorbell>()) {
                         if let Some(db) = abi::read_struct::<abi::Doorbell>(c) {
@@ -419,7 +516,7 @@ impl VhostUserBackend for VhuRdma {
                     0
                 })?;
             }
-            VQ_EVENT => {}
+            VQ_EVENT => self.resume_once(VQ_EVENT, vrings, &mem),
             UDP_EVENT => {
                 let g = mem.memory();
                 let mut t = lock(&self.transport);
@@ -449,7 +546,7 @@ impl VhostUserBackend for VhuRdma {
             let mut t = lock(&self.transport);
             model.pump(&g, now(), &mut *t);
         }
-        self.deliver_events(&vrings[VQ_EVENT as usize], &mem, &mut model)?;
+        self.deliver_events(vrings, &mem, &mut model)?;
         let mut next = model.poll_timeout();
         if !self.state_checked.load(Ordering::Relaxed) {
             // the rings are not set up yet: look again
@@ -458,5 +555,120 @@ impl VhostUserBackend for VhuRdma {
         }
         self.timer.arm(next);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vm_memory::GuestAddress;
+
+    const DESC: u64 = 0x1000;
+    const AVAIL: u64 = 0x2000;
+    const USED: u64 = 0x3000;
+    const SIZE: u16 = 16;
+
+    /// A started ring of 16 entries in fresh guest memory whose guest made `avail` buffers
+    /// (heads 0, 1, …) available, of which `used` were used; the frontend set `base`.
+    fn ring(avail: u16, used: u16, base: u16) -> (VringRwLock, GuestMemoryMmap) {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
+        for i in 0..SIZE {
+            let d = DESC + 16 * i as u64;
+            mem.write_obj(0x8000 + 0x100 * i as u64, GuestAddress(d))
+                .unwrap();
+            mem.write_obj(16u32, GuestAddress(d + 8)).unwrap();
+            mem.write_obj(2u16, GuestAddress(d + 12)).unwrap(); // device-writable
+        }
+        for n in 0..avail {
+            let slot = AVAIL + 4 + 2 * (n % SIZE) as u64;
+            mem.write_obj(n % SIZE, GuestAddress(slot)).unwrap();
+        }
+        mem.write_obj(avail, GuestAddress(AVAIL + 2)).unwrap();
+        mem.write_obj(used, GuestAddress(USED + 2)).unwrap();
+        let v = VringRwLock::new(GuestMemoryAtomic::new(mem.clone()), SIZE).unwrap();
+        v.set_queue_size(SIZE);
+        v.set_queue_info(DESC, AVAIL, USED).unwrap();
+        // SET_VRING_ADDR takes the used index from guest memory, SET_VRING_BASE the base.
+        v.set_queue_next_used(v.queue_used_idx().unwrap());
+        v.set_queue_next_avail(base);
+        v.set_queue_ready(true);
+        (v, mem)
+    }
+
+    fn heads(v: &VringRwLock, mem: &GuestMemoryMmap) -> Vec<u16> {
+        let mut st = v.get_mut();
+        st.get_queue_mut()
+            .iter(mem)
+            .unwrap()
+            .map(|c| c.head_index())
+            .collect()
+    }
+
+    /// cloud-hypervisor's reconnect: base at the avail index (5), two buffers used before.
+    /// The three the guest still waits on are taken again, in order.
+    #[test]
+    fn base_at_the_avail_index_resumes_at_the_used_index() {
+        let (v, mem) = ring(5, 2, 5);
+        assert_eq!(resume_at_used(&v, &mem), Some((5, 2)));
+        assert_eq!(v.queue_next_avail(), 2);
+        assert_eq!(heads(&v, &mem), [2, 3, 4]);
+    }
+
+    /// The same across the 16-bit wrap of the indices.
+    #[test]
+    fn resume_across_the_index_wrap() {
+        let (v, mem) = ring(3, 65534, 3);
+        assert_eq!(resume_at_used(&v, &mem), Some((3, 65534)));
+        assert_eq!(heads(&v, &mem).len(), 5);
+    }
+
+    /// QEMU's reconnect (base at the used index) and a fresh guest (all at 0): unchanged.
+    #[test]
+    fn base_at_the_used_index_is_left_alone() {
+        let (v, mem) = ring(5, 2, 2);
+        assert_eq!(resume_at_used(&v, &mem), None);
+        assert_eq!(heads(&v, &mem), [2, 3, 4]);
+        let (v, mem) = ring(0, 0, 0);
+        assert_eq!(resume_at_used(&v, &mem), None);
+        assert_eq!(v.queue_next_avail(), 0);
+    }
+
+    /// Bases and indices that cannot come from one ring are not acted on: a base past the
+    /// avail index, more outstanding than the ring holds, a queue not started.
+    #[test]
+    fn inconsistent_positions_are_left_alone() {
+        let (v, mem) = ring(5, 2, 9);
+        assert_eq!(resume_at_used(&v, &mem), None);
+        assert_eq!(v.queue_next_avail(), 9);
+        let (v, mem) = ring(40, 2, 40);
+        assert_eq!(resume_at_used(&v, &mem), None);
+        let (v, mem) = ring(5, 2, 5);
+        v.set_queue_ready(false);
+        assert_eq!(resume_at_used(&v, &mem), None);
+        assert_eq!(v.queue_next_avail(), 5);
+    }
+
+    /// ADD_MEM_REG for hotplugged memory (cloud-hypervisor uses it when offered); never
+    /// INFLIGHT_SHMFD, whose messages vhost-user-backend refuses.
+    #[test]
+    fn protocol_features_offered() {
+        let f = protocol_features();
+        for want in [
+            VhostUserProtocolFeatures::CONFIG,
+            VhostUserProtocolFeatures::MQ,
+            VhostUserProtocolFeatures::REPLY_ACK,
+            VhostUserProtocolFeatures::RESET_DEVICE,
+            VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS,
+        ] {
+            assert!(f.contains(want), "{want:?}");
+        }
+        for not in [
+            VhostUserProtocolFeatures::INFLIGHT_SHMFD,
+            VhostUserProtocolFeatures::LOG_SHMFD,
+            VhostUserProtocolFeatures::BACKEND_REQ,
+            VhostUserProtocolFeatures::DEVICE_STATE,
+        ] {
+            assert!(!f.contains(not), "{not:?}");
+        }
     }
 }
