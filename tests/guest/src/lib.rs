@@ -1,6 +1,6 @@
 //! A test guest for vhost-user-rdma. It plays two parts, following docs/virtio-rdma.md:
 //!
-//! - **the VMM**: a vhost-user frontend on the daemon's unix socket, guest RAM in a memfd the
+//! - **the VMM**: a vhost-user frontend on the daemon's unix socket, guest RAM in memfds the
 //!   daemon maps, and the three split virtqueues it drives ([`Guest::connect`]);
 //! - **the guest driver + librxe**: control commands on vq 0, rings in the Linux rxe user ABI
 //!   that it fills and reads itself (send WQEs, receive WQEs, `ib_uverbs_wc`), doorbells on
@@ -28,6 +28,8 @@ use vhost::vhost_user::message::{
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use vmm_sys_util::eventfd::EventFd;
+
+pub mod cloud_hypervisor;
 
 pub use vhost_user_rdma::abi;
 use vhost_user_rdma::abi::{op, ring as hdr, Status};
@@ -73,31 +75,16 @@ pub type Result<T> = std::result::Result<T, Error>;
 // ---------------------------------------------------------------------------------------------
 // Guest RAM
 
-/// Guest RAM: a memfd mapped once linearly (what the "hypervisor" sees), plus a page allocator.
-pub struct GuestRam {
+/// One region of guest RAM: a memfd of its own, mapped once in this process (the VMM's view).
+struct RamRegion {
+    gpa: u64,
+    size: u64,
     fd: OwnedFd,
     base: *mut u8,
-    size: u64,
-    contig_next: std::sync::Mutex<u64>,
-    pool: std::sync::Mutex<Vec<u64>>,
 }
 
-// SAFETY: the mapping is shared memory accessed only through raw pointers with explicit
-// atomics/volatile copies; the allocator state is behind mutexes.
-unsafe impl Send for GuestRam {}
-// SAFETY: as above.
-unsafe impl Sync for GuestRam {}
-
-impl Drop for GuestRam {
-    fn drop(&mut self) {
-        // SAFETY: `base` is the mapping of `size` bytes made in `new`, unmapped once here.
-        unsafe { libc::munmap(self.base.cast(), self.size as usize) };
-    }
-}
-
-impl GuestRam {
-    pub fn new(size: u64) -> Result<Arc<GuestRam>> {
-        let size = size.max(CONTIG + (1 << 20)) & !(PAGE - 1);
+impl RamRegion {
+    fn new(gpa: u64, size: u64) -> Result<RamRegion> {
         // SAFETY: valid NUL-terminated name; the result is checked.
         let fd = unsafe { libc::memfd_create(c"vur-guest-ram".as_ptr(), libc::MFD_CLOEXEC) };
         if fd < 0 {
@@ -123,38 +110,165 @@ impl GuestRam {
         if base == libc::MAP_FAILED {
             return Err(io::Error::last_os_error().into());
         }
-        // The page pool, shuffled so consecutive allocations are not physically contiguous.
-        let mut pool: Vec<u64> = (CONTIG / PAGE..size / PAGE)
-            .map(|p| GPA_BASE + p * PAGE)
-            .collect();
-        let mut x = 0x9E37_79B9_7F4A_7C15u64;
-        for i in (1..pool.len()).rev() {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            pool.swap(i, (x % (i as u64 + 1)) as usize);
-        }
-        Ok(Arc::new(GuestRam {
+        Ok(RamRegion {
+            gpa,
+            size,
             fd,
             base: base.cast(),
-            size,
-            contig_next: std::sync::Mutex::new(GPA_BASE),
+        })
+    }
+
+    fn contains(&self, gpa: u64) -> bool {
+        gpa >= self.gpa && gpa - self.gpa < self.size
+    }
+
+    /// The region as a vhost-user memory table entry (offset 0 of its own memfd).
+    fn info(&self) -> VhostUserMemoryRegionInfo {
+        VhostUserMemoryRegionInfo {
+            guest_phys_addr: self.gpa,
+            memory_size: self.size,
+            userspace_addr: self.base as u64,
+            mmap_offset: 0,
+            mmap_handle: self.fd.as_raw_fd(),
+        }
+    }
+}
+
+/// Guest RAM: memfd-backed regions, each mapped once linearly (what the "hypervisor" sees),
+/// plus a page allocator. [`GuestRam::new`] makes one region at [`GPA_BASE`];
+/// [`GuestRam::with_regions`] lays out several, some of them plugged later ([`GuestRam::plug`]),
+/// as a VMM with a hole below 4 GiB and hotplugged memory does.
+pub struct GuestRam {
+    regions: Vec<RamRegion>,
+    plugged: std::sync::Mutex<Vec<bool>>,
+    contig_next: std::sync::Mutex<u64>,
+    pool: std::sync::Mutex<Vec<u64>>,
+}
+
+// SAFETY: the mappings are shared memory accessed only through raw pointers with explicit
+// atomics/volatile copies; the allocator state is behind mutexes.
+unsafe impl Send for GuestRam {}
+// SAFETY: as above.
+unsafe impl Sync for GuestRam {}
+
+impl Drop for GuestRam {
+    fn drop(&mut self) {
+        for r in &self.regions {
+            // SAFETY: `base` is the mapping of `size` bytes made in `RamRegion::new`, unmapped
+            // once here.
+            unsafe { libc::munmap(r.base.cast(), r.size as usize) };
+        }
+    }
+}
+
+/// Shuffles `pages` (a fixed xorshift sequence) so consecutive allocations are not
+/// physically contiguous.
+fn shuffle(pages: &mut [u64]) {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    for i in (1..pages.len()).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        pages.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+}
+
+impl GuestRam {
+    /// One region of `size` bytes at [`GPA_BASE`].
+    pub fn new(size: u64) -> Result<Arc<GuestRam>> {
+        let size = size.max(CONTIG + (1 << 20)) & !(PAGE - 1);
+        Self::with_regions(&[(GPA_BASE, size)], 1)
+    }
+
+    /// Regions at `(gpa, size)` (page-aligned, ascending, not overlapping; the first holds
+    /// the physically contiguous allocations and must be larger than 8 MiB). The first
+    /// `plugged` regions are RAM from the start; the others exist (this process has them
+    /// mapped) but hold no pages until [`GuestRam::plug`]ged.
+    pub fn with_regions(layout: &[(u64, u64)], plugged: usize) -> Result<Arc<GuestRam>> {
+        assert!(!layout.is_empty() && (1..=layout.len()).contains(&plugged));
+        assert!(
+            layout[0].1 > CONTIG,
+            "the first region holds the contiguous area"
+        );
+        let mut end = 0;
+        for &(gpa, size) in layout {
+            assert!(gpa.is_multiple_of(PAGE) && size.is_multiple_of(PAGE) && size > 0);
+            assert!(gpa >= end, "regions ascending and apart");
+            end = gpa + size;
+        }
+        let regions = layout
+            .iter()
+            .map(|&(gpa, size)| RamRegion::new(gpa, size))
+            .collect::<Result<Vec<_>>>()?;
+        let mut pool: Vec<u64> = Vec::new();
+        for (i, r) in regions.iter().enumerate().take(plugged) {
+            let skip = if i == 0 { CONTIG / PAGE } else { 0 };
+            pool.extend((skip..r.size / PAGE).map(|p| r.gpa + p * PAGE));
+        }
+        shuffle(&mut pool);
+        let contig = regions[0].gpa;
+        let mut state = vec![false; regions.len()];
+        state[..plugged].fill(true);
+        Ok(Arc::new(GuestRam {
+            regions,
+            plugged: std::sync::Mutex::new(state),
+            contig_next: std::sync::Mutex::new(contig),
             pool: std::sync::Mutex::new(pool),
         }))
     }
 
+    /// Bytes of RAM in every region, plugged or not.
     pub fn size(&self) -> u64 {
-        self.size
+        self.regions.iter().map(|r| r.size).sum()
     }
 
-    /// Pointer to `len` bytes at `gpa` in the linear mapping.
+    /// The memory table a VMM gives the backend: one entry per plugged region.
+    pub fn memory_regions(&self) -> Vec<VhostUserMemoryRegionInfo> {
+        let plugged = self.plugged.lock().expect("lock");
+        self.regions
+            .iter()
+            .zip(plugged.iter())
+            .filter(|(_, &p)| p)
+            .map(|(r, _)| r.info())
+            .collect()
+    }
+
+    /// Plugs region `i` (memory hotplug): its pages join the pool, at the end, so the next
+    /// allocations come from it. Returns its memory table entry.
+    pub fn plug(&self, i: usize) -> VhostUserMemoryRegionInfo {
+        let r = &self.regions[i];
+        let mut plugged = self.plugged.lock().expect("lock");
+        if !plugged[i] {
+            plugged[i] = true;
+            let mut pages: Vec<u64> = (0..r.size / PAGE).map(|p| r.gpa + p * PAGE).collect();
+            shuffle(&mut pages);
+            self.pool.lock().expect("lock").extend(pages);
+        }
+        r.info()
+    }
+
+    /// The region `gpa` falls in: (its first GPA, its size).
+    pub fn region_of(&self, gpa: u64) -> Option<(u64, u64)> {
+        self.regions
+            .iter()
+            .find(|r| r.contains(gpa))
+            .map(|r| (r.gpa, r.size))
+    }
+
+    fn region(&self, gpa: u64) -> Option<&RamRegion> {
+        self.regions.iter().find(|r| r.contains(gpa))
+    }
+
+    /// Pointer to `len` bytes at `gpa` in the linear mapping of its region.
     pub fn ptr(&self, gpa: u64, len: u64) -> *mut u8 {
+        let r = self.region(gpa);
         assert!(
-            gpa >= GPA_BASE && gpa + len <= GPA_BASE + self.size,
+            r.is_some_and(|r| gpa + len <= r.gpa + r.size),
             "GPA {gpa:#x}+{len} outside guest RAM"
         );
-        // SAFETY: in bounds of the mapping, checked above.
-        unsafe { self.base.add((gpa - GPA_BASE) as usize) }
+        let r = r.expect("checked");
+        // SAFETY: in bounds of the region's mapping, checked above.
+        unsafe { r.base.add((gpa - r.gpa) as usize) }
     }
 
     pub fn write(&self, gpa: u64, data: &[u8]) {
@@ -187,7 +301,7 @@ impl GuestRam {
     pub fn alloc_contig(&self, len: u64, align: u64) -> Result<u64> {
         let mut n = self.contig_next.lock().expect("lock");
         let a = (*n + align - 1) & !(align - 1);
-        if a + len > GPA_BASE + CONTIG {
+        if a + len > self.regions[0].gpa + CONTIG {
             return Err(Error::NoMemory);
         }
         *n = a + len;
@@ -227,6 +341,7 @@ impl GuestRam {
             return Err(io::Error::last_os_error().into());
         }
         for (i, &g) in pages.iter().enumerate() {
+            let region = self.region(g).expect("a page of guest RAM");
             // SAFETY: MAP_FIXED over our own reservation, one page of the memfd per slot.
             let r = unsafe {
                 libc::mmap(
@@ -234,8 +349,8 @@ impl GuestRam {
                     PAGE as usize,
                     libc::PROT_READ | libc::PROT_WRITE,
                     libc::MAP_SHARED | libc::MAP_FIXED,
-                    self.fd.as_raw_fd(),
-                    (g - GPA_BASE) as i64,
+                    region.fd.as_raw_fd(),
+                    (g - region.gpa) as i64,
                 )
             };
             if r == libc::MAP_FAILED {
@@ -333,7 +448,8 @@ pub struct Virtq {
 }
 
 impl Virtq {
-    fn new(ram: &Arc<GuestRam>, size: u16, event_idx: bool) -> Result<Virtq> {
+    /// A split virtqueue of `size` entries in the contiguous area of `ram`.
+    pub fn new(ram: &Arc<GuestRam>, size: u16, event_idx: bool) -> Result<Virtq> {
         let n = size as u64;
         let desc = ram.alloc_contig(16 * n, 4096)?;
         let avail = ram.alloc_contig(6 + 2 * n, 4096)?;
@@ -653,6 +769,8 @@ pub struct Guest {
     ctrl_resp: u64,
     db_bufs: u64,
     ev_bufs: u64,
+    /// How many event buffers `ev_bufs` holds.
+    ev_n: u16,
     seq: u64,
     pending_events: VecDeque<abi::Event>,
     pub config: abi::ConfigSpace,
@@ -697,14 +815,7 @@ impl Guest {
         }
         fe.set_features(acked)?;
         let event_idx = acked & (1 << 29) != 0;
-        let region = VhostUserMemoryRegionInfo {
-            guest_phys_addr: GPA_BASE,
-            memory_size: ram.size(),
-            userspace_addr: ram.ptr(GPA_BASE, 1) as u64,
-            mmap_offset: 0,
-            mmap_handle: ram.fd.as_raw_fd(),
-        };
-        fe.set_mem_table(&[region])?;
+        fe.set_mem_table(&ram.memory_regions())?;
         let mut qs = Vec::new();
         for i in 0..abi::NUM_QUEUES {
             let mut q = Virtq::new(&ram, opts.queue_size, event_idx)?;
@@ -717,12 +828,6 @@ impl Guest {
             fe.set_vring_enable(i, true)?;
             qs.push(q);
         }
-        let ev = qs.pop().expect("3 queues");
-        let mut db = qs.pop().expect("3 queues");
-        // Doorbells are fire-and-forget: no used-buffer interrupts (EVENT_IDX used_event stays
-        // behind); finished buffers are reclaimed by polling.
-        db.interrupts = false;
-        let ctrl = qs.pop().expect("3 queues");
         let sz = std::mem::size_of::<abi::ConfigSpace>() as u32;
         let (_, payload) = fe.get_config(
             0,
@@ -732,10 +837,30 @@ impl Guest {
         )?;
         let config =
             abi::read_struct::<abi::ConfigSpace>(&payload).ok_or(Error::Timeout("config"))?;
+        Guest::assemble(fe, ram, qs, config, opts.event_bufs)
+    }
+
+    /// The guest driver's side of a device whose vrings `qs` (control, doorbell, event) a
+    /// frontend has set up: buffers for control requests and doorbells, and `event_bufs`
+    /// event buffers posted.
+    fn assemble(
+        fe: Frontend,
+        ram: Arc<GuestRam>,
+        mut qs: Vec<Virtq>,
+        config: abi::ConfigSpace,
+        event_bufs: u16,
+    ) -> Result<Guest> {
+        assert_eq!(qs.len(), abi::NUM_QUEUES);
+        let ev = qs.pop().expect("3 queues");
+        let mut db = qs.pop().expect("3 queues");
+        // Doorbells are fire-and-forget: no used-buffer interrupts (EVENT_IDX used_event stays
+        // behind); finished buffers are reclaimed by polling.
+        db.interrupts = false;
+        let ctrl = qs.pop().expect("3 queues");
         let ctrl_req = ram.alloc_contig(CTRL_BUF, 4096)?;
         let ctrl_resp = ram.alloc_contig(CTRL_BUF, 4096)?;
-        let db_bufs = ram.alloc_contig(16 * opts.queue_size as u64, 4096)?;
-        let ev_bufs = ram.alloc_contig(16 * opts.event_bufs as u64, 4096)?;
+        let db_bufs = ram.alloc_contig(16 * db.size as u64, 4096)?;
+        let ev_bufs = ram.alloc_contig(16 * event_bufs as u64, 4096)?;
         let mut g = Guest {
             ram,
             fe,
@@ -746,13 +871,14 @@ impl Guest {
             ctrl_resp,
             db_bufs,
             ev_bufs,
+            ev_n: event_bufs,
             seq: 0,
             pending_events: VecDeque::new(),
             config,
             timeout: Duration::from_secs(10),
             kernel_qps: true,
         };
-        for i in 0..opts.event_bufs as u64 {
+        for i in 0..event_bufs as u64 {
             g.ev.add(&[(g.ev_bufs + 16 * i, 16, true)]);
         }
         Ok(g)
@@ -1679,12 +1805,31 @@ pub struct Daemon {
     pub counters: PathBuf,
     pub addr: SocketAddr,
     dir: PathBuf,
+    launch: Launch,
+}
+
+/// How a [`Daemon`] process is started (kept for [`Daemon::restart`]).
+struct Launch {
+    bin: PathBuf,
+    socket: PathBuf,
+    counters: PathBuf,
+    addr: SocketAddr,
+    extra: Vec<String>,
+    cpus: Option<Vec<usize>>,
+    /// Where stderr goes ([`Daemon::spawn_logged`]), else inherited.
+    log: Option<PathBuf>,
 }
 
 impl Daemon {
     /// Starts `bin` bound to `addr`.
     pub fn spawn(bin: &Path, addr: SocketAddr, extra: &[&str]) -> io::Result<Daemon> {
         Self::spawn_on(bin, addr, extra, None)
+    }
+
+    /// As [`Daemon::spawn`], with the daemon's stderr (its log, at `RUST_LOG=info`) kept in a
+    /// file for [`Daemon::log`].
+    pub fn spawn_logged(bin: &Path, addr: SocketAddr, extra: &[&str]) -> io::Result<Daemon> {
+        Self::spawn_with(bin, addr, extra, None, true)
     }
 
     /// Starts `bin` bound to `addr`, restricted to the CPUs in `cpus` if given.
@@ -1694,6 +1839,16 @@ impl Daemon {
         extra: &[&str],
         cpus: Option<&[usize]>,
     ) -> io::Result<Daemon> {
+        Self::spawn_with(bin, addr, extra, cpus, false)
+    }
+
+    fn spawn_with(
+        bin: &Path,
+        addr: SocketAddr,
+        extra: &[&str],
+        cpus: Option<&[usize]>,
+        logged: bool,
+    ) -> io::Result<Daemon> {
         static N: AtomicU32 = AtomicU32::new(0);
         let dir = std::env::temp_dir().join(format!(
             "vur-{}-{}",
@@ -1701,44 +1856,45 @@ impl Daemon {
             N.fetch_add(1, Ordering::Relaxed)
         ));
         std::fs::create_dir_all(&dir)?;
-        let socket = dir.join("rdma.sock");
-        let counters = dir.join("counters.sock");
-        let mut cmd = Command::new(bin);
-        cmd.arg("--socket-path")
-            .arg(&socket)
-            .arg("--udp-addr")
-            .arg(addr.to_string())
-            .arg("--peer-port")
-            .arg(addr.port().to_string())
-            .arg("--counters-socket")
-            .arg(&counters)
-            .args(extra)
-            .env(
-                "RUST_LOG",
-                std::env::var("RUST_LOG").unwrap_or("warn".into()),
-            )
-            .stdin(Stdio::null());
-        if let Some(cpus) = cpus {
-            let set = cpu_set(cpus);
-            // SAFETY: the closure runs in the child between fork and exec and only calls
-            // sched_setaffinity (async-signal-safe) on a set built before the fork.
-            unsafe {
-                std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
-                    if libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) != 0 {
-                        return Err(io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
-        }
-        let child = cmd.spawn()?;
+        let launch = Launch {
+            bin: bin.to_path_buf(),
+            socket: dir.join("rdma.sock"),
+            counters: dir.join("counters.sock"),
+            addr,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            cpus: cpus.map(|c| c.to_vec()),
+            log: logged.then(|| dir.join("daemon.log")),
+        };
         Ok(Daemon {
-            child,
-            socket,
-            counters,
+            child: launch.start()?,
+            socket: launch.socket.clone(),
+            counters: launch.counters.clone(),
             addr,
             dir,
+            launch,
         })
+    }
+
+    /// Kills the daemon the way a crash does (SIGKILL) and reaps it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts the daemon again, same binary, arguments, socket and address (a restarted
+    /// daemon); the old process must be gone ([`Daemon::kill`], [`Daemon::terminate`]).
+    pub fn restart(&mut self) -> io::Result<()> {
+        self.child = self.launch.start()?;
+        Ok(())
+    }
+
+    /// What the daemon logged so far ([`Daemon::spawn_logged`] only; empty otherwise).
+    pub fn log(&self) -> String {
+        self.launch
+            .log
+            .as_ref()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .unwrap_or_default()
     }
 
     pub fn pid(&self) -> u32 {
@@ -1785,6 +1941,49 @@ impl Daemon {
         let _ = self.child.kill();
         let _ = self.child.wait();
         None
+    }
+}
+
+impl Launch {
+    /// Starts the process on this socket, address and arguments.
+    fn start(&self) -> io::Result<Child> {
+        let mut cmd = Command::new(&self.bin);
+        cmd.arg("--socket-path")
+            .arg(&self.socket)
+            .arg("--udp-addr")
+            .arg(self.addr.to_string())
+            .arg("--peer-port")
+            .arg(self.addr.port().to_string())
+            .arg("--counters-socket")
+            .arg(&self.counters)
+            .args(&self.extra)
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or("warn".into()),
+            )
+            .stdin(Stdio::null());
+        if let Some(log) = &self.log {
+            cmd.env("RUST_LOG", "info");
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(log)?;
+            cmd.stderr(f);
+        }
+        if let Some(cpus) = &self.cpus {
+            let set = cpu_set(cpus);
+            // SAFETY: the closure runs in the child between fork and exec and only calls
+            // sched_setaffinity (async-signal-safe) on a set built before the fork.
+            unsafe {
+                std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+                    if libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) != 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        cmd.spawn()
     }
 }
 
