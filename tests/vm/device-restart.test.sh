@@ -5,7 +5,8 @@
 # again, the applications that were running end with an error instead of hanging, and new
 # ones run on the new vrdma device without a guest reboot. Then the driver is unloaded and
 # loaded again with user contexts open. Afterwards the daemon holds only the kernel's QP1 and
-# its CQ, and the guest's kernel log has no oops, BUG or warning.
+# its CQ, the guest's kernel log has no oops, BUG or warning, and once the guest has powered
+# off the daemon holds no device state at all.
 #
 #   sudo tests/vm/device-restart.test.sh
 #
@@ -140,6 +141,13 @@ if [[ -f /vur/virtio_rdma.ko ]]; then insmod /vur/virtio_rdma.ko; else modprobe 
 device_up 30 || { say "FAIL no active vrdma device after reloading the driver"; exit 1; }
 pingpong after_reload 18519 -n 200 -c
 
+# Device reset: unbind the virtio device from its driver and bind it again.
+vdev=$(basename "$(readlink -f /sys/class/infiniband/$dev/device)")
+echo "$vdev" >/sys/bus/virtio/drivers/virtio_rdma/unbind && echo "$vdev" >/sys/bus/virtio/drivers/virtio_rdma/bind
+check rebind $? "$vdev"
+device_up 30 || { say "FAIL no active vrdma device after rebinding $vdev"; exit 1; }
+pingpong after_rebind 18520 -n 200 -c
+
 if dmesg | grep -E 'BUG:|Oops:|WARNING:|Call Trace:|refcount_t:|general protection' >/tmp/bad; then
     say "FAIL the kernel log has:"; sed 's/^/DR   /' /tmp/bad | head -20; fail=1
 fi
@@ -181,6 +189,20 @@ else
     fail=1
 fi
 wait "$vm" || vm_rc=$?
+# The guest is gone (powered off): its frontend with it, and every object.
+if [[ -n $dpid ]]; then
+    for _ in $(seq 50); do
+        vm_daemon_counters "$work/counters.sock" >"$work/after.json" 2>/dev/null || true
+        python3 -c 'import json,sys; sys.exit(0 if "objects" not in json.load(open(sys.argv[1])) else 1)' "$work/after.json" 2>/dev/null && break
+        sleep 0.1
+    done
+    if python3 -c 'import json,sys; sys.exit(0 if "objects" not in json.load(open(sys.argv[1])) else 1)' "$work/after.json" 2>/dev/null; then
+        log "after the guest powered off the daemon holds no device state"
+    else
+        log "FAIL: the daemon still holds a device after its guest powered off: $(cat "$work/after.json")"
+        fail=1
+    fi
+fi
 tr -d '\r' <"$work/dr.console.log" | grep -a -E '^DR|^\[vur-init' || true
 if ((vm_rc != 0)); then
     tail -n 30 "$work/run-vm.log"
