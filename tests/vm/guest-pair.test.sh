@@ -19,6 +19,8 @@
 #                 nothing. The rxe guest (10.77.0.4) is on the bridge (vurbr0, 10.77.0.1/24),
 #                 and the host answers its ARP for 10.77.0.2: that is where the daemon is.
 #   10.78.0.0/24  out of band (the tools' TCP exchange): every guest's NIC on the bridge.
+# In devices mode an eBPF tap (vhost-user-rdma tap) on the namespace's loopback captures the
+# daemons' traffic; the capture must hold every packet they sent (VUR_PAIR_TAP=0: no tap).
 # Env: VUR_PAIR_ITERS (default 200), VUR_PAIR_KEEP=1 (keep the logs), VUR_DAEMON, VUR_IMAGES, VUR_QEMU.
 set -euo pipefail
 
@@ -117,6 +119,21 @@ run_mode() {
             --env PAIR_PEER_OOB=10.78.0.2 --env PAIR_PEER_ROCE=10.77.0.2
         ;;
     esac
+    # devices: the daemons' RoCE crosses the namespace's loopback; tap it (docs/tap.md) and
+    # hold the capture against the daemons' own counters afterwards.
+    tap_pid=''
+    if [[ $mode == devices && ${VUR_PAIR_TAP:-1} == 1 ]]; then
+        "$daemon" tap --iface lo --write "$dir/lo.pcapng" --snaplen 96 2>"$dir/tap.err" &
+        tap_pid=$!
+        pids+=("$tap_pid")
+        for _ in $(seq 200); do
+            grep -qs '^tap: attached' "$dir/tap.err" && break
+            kill -0 "$tap_pid" 2>/dev/null || break
+            sleep 0.1
+        done
+        grep -qs '^tap: attached' "$dir/tap.err" ||
+            { cat "$dir/tap.err"; log "$mode: FAIL: the tap on lo did not attach within 20 s"; return 1; }
+    fi
     log "$mode: two guests booting; steps: $steps"
     # The daemons' counters once both guests have run every tool (they are still connected).
     (
@@ -137,6 +154,9 @@ run_mode() {
     for n in "$dir"/share/*.console.log; do
         tr -d '\r' <"$n" | grep -a -E '^PAIR |^\[vur-init' || true
     done
+    if [[ -n $tap_pid ]]; then
+        tap_check "$mode" "$tap_pid" || fail=1
+    fi
     for n in "$dir"/*.rc; do
         local g rc
         g=$(basename "$n" .rc)
@@ -169,6 +189,31 @@ run_mode() {
     done
     ip addr flush dev lo scope global 2>/dev/null || true
     return "$fail"
+}
+
+# tap_check MODE PID: stop the tap on lo; every packet the daemons sent must be in the capture
+# once as egress (written + lost to a full ring), and decode as RoCE. Reads the daemons'
+# counters again: they outlive the guests.
+tap_check() {
+    local mode=$1 pid=$2 tx=0 d n egress total roce lost
+    kill -INT "$pid"
+    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$pid" 2>/dev/null && { kill -9 "$pid"; log "$mode: FAIL: the tap still ran 10 s after SIGINT"; return 1; }
+    wait "$pid" || { cat "$dir/tap.err"; log "$mode: FAIL: the tap failed"; return 1; }
+    for d in "${daemons[@]}"; do
+        n=$(vm_daemon_counters "$dir/daemon-${d%%:*}/counters.sock" |
+            python3 -c 'import json,sys; print(json.load(sys.stdin)["transport"]["tx_packets"])') ||
+            { log "$mode: FAIL: no counters from daemon ${d%%:*} after the run"; return 1; }
+        tx=$((tx + n))
+    done
+    total=$(tshark -n -r "$dir/lo.pcapng" -T fields -e frame.number 2>/dev/null | wc -l)
+    egress=$(tshark -n -r "$dir/lo.pcapng" -Y 'frame.interface_id == 1' -T fields -e frame.number 2>/dev/null | wc -l)
+    roce=$(tshark -n -r "$dir/lo.pcapng" -Y infiniband -T fields -e frame.number 2>/dev/null | wc -l)
+    lost=$(sed -n 's/.* \([0-9][0-9]*\) lost to a full ring buffer.*/\1/p' "$dir/tap.err" | tail -1)
+    log "$mode: tap on lo: $total frames ($egress egress, $roce decode as RoCE), ${lost:-?} lost to a full ring; the daemons sent $tx"
+    grep '^tap: done' "$dir/tap.err" | sed "s/^/  /"
+    ((roce == total && egress + ${lost:-0} == tx && egress > 0)) ||
+        { log "$mode: FAIL: the capture does not hold what the daemons sent"; return 1; }
 }
 
 failed=()
