@@ -374,6 +374,11 @@ impl Device {
         {
             return Err(VerbError::Invalid);
         }
+        // No memory is persistent memory to the engine: a FLUSH could never make it
+        // persistent. rxe refuses this right for every page that is not pmem (EINVAL).
+        if access.contains(Access::FLUSH_PERSISTENT) {
+            return Err(VerbError::Invalid);
+        }
         if let Backing::Pages {
             page_shift,
             page_offset,

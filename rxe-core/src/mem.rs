@@ -333,30 +333,67 @@ impl KeyTable {
         match self.get(rkey) {
             Some(KeyObj::Mr(mr)) => Self::check_mr(mr, pd, addr, len, access),
             Some(KeyObj::Mw(mw)) => {
-                if mw.state != KeyState::Valid {
-                    return Err(MemError::State);
-                }
-                if mw.mw_type == MwType::Type2 && mw.qpn != qpn {
-                    return Err(MemError::Protection);
-                }
-                if mw.mw_type == MwType::Type1 && mw.pd != pd {
-                    return Err(MemError::Protection);
-                }
-                if !mw.access.contains(access) {
-                    return Err(MemError::Access);
-                }
+                let mr = self.check_mw(mw, pd, qpn, access)?;
                 check_range(mw.addr, mw.length, addr, len, false)?;
-                match self.get(mw.mr_key) {
-                    Some(KeyObj::Mr(mr)) if mr.state == KeyState::Valid => Ok(Region {
-                        iova: mw.addr,
-                        length: mw.length,
-                        backing: &mr.backing,
-                        mr_iova: mr.iova,
-                    }),
-                    _ => Err(MemError::State),
-                }
+                Ok(Region {
+                    iova: mw.addr,
+                    length: mw.length,
+                    backing: &mr.backing,
+                    mr_iova: mr.iova,
+                })
             }
             None => Err(MemError::BadKey),
+        }
+    }
+
+    /// Resolves an rkey as [`Self::lookup_remote`] does, without an address range: the key,
+    /// PD (or the window's QP), state and access checks only. Returns the IOVA range of the
+    /// memory region behind it (for a window, the MR it is bound to): what a FLUSH of
+    /// selectivity level "memory region" covers (rxe flushes `mw->mr` whole).
+    pub fn lookup_remote_mr(
+        &self,
+        pd: u32,
+        qpn: u32,
+        rkey: u32,
+        access: Access,
+    ) -> Result<(u64, u64), MemError> {
+        let mr = match self.get(rkey) {
+            Some(KeyObj::Mr(mr)) => {
+                if mr.pd != pd {
+                    return Err(MemError::Protection);
+                }
+                if mr.state != KeyState::Valid {
+                    return Err(MemError::State);
+                }
+                if !mr.access.contains(access) {
+                    return Err(MemError::Access);
+                }
+                mr
+            }
+            Some(KeyObj::Mw(mw)) => self.check_mw(mw, pd, qpn, access)?,
+            None => return Err(MemError::BadKey),
+        };
+        Ok((mr.iova, mr.length))
+    }
+
+    /// The checks a remote access through a window makes (bound, its QP or PD, its rights);
+    /// returns the MR it is bound to, which must be valid.
+    fn check_mw(&self, mw: &Mw, pd: u32, qpn: u32, access: Access) -> Result<&Mr, MemError> {
+        if mw.state != KeyState::Valid {
+            return Err(MemError::State);
+        }
+        if mw.mw_type == MwType::Type2 && mw.qpn != qpn {
+            return Err(MemError::Protection);
+        }
+        if mw.mw_type == MwType::Type1 && mw.pd != pd {
+            return Err(MemError::Protection);
+        }
+        if !mw.access.contains(access) {
+            return Err(MemError::Access);
+        }
+        match self.get(mw.mr_key) {
+            Some(KeyObj::Mr(mr)) if mr.state == KeyState::Valid => Ok(mr),
+            _ => Err(MemError::State),
         }
     }
 }

@@ -66,10 +66,12 @@ pub(crate) fn post_send(q: &mut Qp, res: &mut Resources, wr: SendWr) -> Result<(
     if !ok_for_type || (ud && wr.ud.is_none()) {
         return Err(VerbError::Invalid);
     }
-    let len = if inline {
-        wr.inline_data.len() as u64
-    } else {
-        sge_total(&wr.sg_list)
+    let len = match &wr.op {
+        // A FLUSH carries no data (IBTA oA19-2): its SGEs, if any, are not looked at, and its
+        // length is what the completion reports (rxe's `dma.length`).
+        SendOp::Flush { len, .. } => *len as u64,
+        _ if inline => wr.inline_data.len() as u64,
+        _ => sge_total(&wr.sg_list),
     };
     let mtu = if ud {
         res.cfg.port_mtu.bytes()
@@ -77,6 +79,8 @@ pub(crate) fn post_send(q: &mut Qp, res: &mut Resources, wr: SendWr) -> Result<(
         q.mtu()
     };
     match &wr.op {
+        // Its length goes into the RETH as it is: the responder judges it (C9-94), as rxe's.
+        SendOp::Flush { .. } => {}
         _ if len > 1 << 31 => return Err(VerbError::Invalid),
         SendOp::Send | SendOp::SendWithImm(_) if ud && len > mtu as u64 => {
             return Err(VerbError::Invalid)

@@ -353,7 +353,8 @@ fn execute(
     if !op_sequence_ok(q.resp.last_op, op) {
         return invalid_request();
     }
-    // Operation permitted on this QP?
+    // Operation permitted on this QP? (rxe's `check_qp_attr_access`: a FLUSH needs the QP
+    // rights of its placement type, else it is an invalid request, not an access error.)
     let qa = q.attr.qp_access_flags;
     let allowed = if f.contains(OpFlags::WRITE) || f.contains(OpFlags::ATOMIC_WRITE) {
         qa.contains(Access::REMOTE_WRITE)
@@ -361,6 +362,8 @@ fn execute(
         qa.contains(Access::REMOTE_READ)
     } else if f.contains(OpFlags::ATOMIC) {
         qa.contains(Access::REMOTE_ATOMIC)
+    } else if let Some(feth) = pkt.feth() {
+        qa.contains(Access::for_flush(feth.placement_type()))
     } else {
         true
     };
@@ -377,6 +380,8 @@ fn execute(
         };
         q.resp.in_msg = Some(InMsg::Send { wqe: w, offset: 0 });
     }
+    // Each of these keeps a responder resource for its replay, so none is taken without
+    // any. (rxe leaves FLUSH out of this check and then uses a resource it has not got.)
     let rd_atomic = f.intersects(
         OpFlags::READ
             .union(OpFlags::ATOMIC)
@@ -658,32 +663,40 @@ fn execute_checked(
         q.resp.msn = (q.resp.msn + 1) & 0xff_ffff;
         push_out(q, RespOut::EmptyReadResp { psn });
     } else if f.contains(OpFlags::FLUSH) {
+        // rxe's order: the DMA length (C9-94), then the R_Key with the memory rights of the
+        // placement type (`check_rkey`), then the placement itself (`process_flush`).
         let reth = pkt.reth().expect("flush has RETH");
         let feth = pkt.feth().expect("flush has FETH");
-        let mut need = Access(0);
-        if feth.placement_type() & 1 != 0 {
-            need = need.union(Access::FLUSH_GLOBAL);
-        }
-        if feth.placement_type() & 2 != 0 {
-            need = need.union(Access::FLUSH_PERSISTENT);
-        }
-        if feth.placement_type() & !3 != 0 || feth.selectivity() > 1 {
+        if reth.dma_len() > 1 << 31 {
             return invalid_request();
         }
-        // Selectivity 1 (memory region): the range is the whole MR; 0: the RETH range.
-        let len = if feth.selectivity() == 0 {
-            reth.dma_len() as u64
+        let placement = feth.placement_type();
+        let need = Access::for_flush(placement);
+        // Level "memory region" flushes the MR the key names, whatever the RETH's address and
+        // length; every other level (rxe reads the field so) the RETH's range.
+        let covered = if feth.selectivity() == flush::MR {
+            match res.keys.lookup_remote_mr(pd, qpn, reth.rkey(), need) {
+                Ok((_, len)) => len,
+                Err(_) => return acc_err,
+            }
         } else {
-            0
+            let len = reth.dma_len() as u64;
+            match res
+                .keys
+                .lookup_remote(pd, qpn, reth.rkey(), reth.va(), len, need)
+            {
+                Ok(_) => len,
+                Err(_) => return acc_err,
+            }
         };
-        if res
-            .keys
-            .lookup_remote(pd, qpn, reth.rkey(), reth.va(), len, need)
-            .is_err()
-        {
+        // Global visibility needs nothing more: the requests before this one were placed in
+        // memory, in order, before it was taken, and ordinary memory is coherent. Persistence
+        // cannot be given (no MR is persistent memory, `Device::reg_mr`), so a persistent
+        // flush of a non-empty range fails, as rxe's fails where it cannot flush to pmem (a
+        // DMA MR); an empty range succeeds there too.
+        if placement & flush::PERSISTENT != 0 && covered > 0 {
             return acc_err;
         }
-        // Memory here is ordinary host RAM: once written, the data is globally visible.
         add_resource(q, Resource::Empty { psn });
         q.resp.msn = (q.resp.msn + 1) & 0xff_ffff;
         push_out(q, RespOut::EmptyReadResp { psn });

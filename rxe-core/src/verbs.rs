@@ -16,7 +16,11 @@ impl Access {
     pub const MW_BIND: Access = Access(1 << 4);
     pub const ZERO_BASED: Access = Access(1 << 5);
     pub const ON_DEMAND: Access = Access(1 << 6);
+    /// The target of FLUSHes of placement type [`flush::GLOBAL`] (IBTA 1.5).
     pub const FLUSH_GLOBAL: Access = Access(1 << 8);
+    /// The target of FLUSHes of placement type [`flush::PERSISTENT`]. No memory behind an MR
+    /// is persistent memory to the engine, so `reg_mr` refuses it (rxe refuses it for pages
+    /// that are not pmem).
     pub const FLUSH_PERSISTENT: Access = Access(1 << 9);
     pub const REMOTE: Access =
         Access(Self::REMOTE_WRITE.0 | Self::REMOTE_READ.0 | Self::REMOTE_ATOMIC.0);
@@ -30,6 +34,33 @@ impl Access {
     pub const fn union(self, o: Access) -> Access {
         Access(self.0 | o.0)
     }
+    /// The rights a FLUSH of placement type `placement` (FETH bits 3:0) needs, on the QP and
+    /// on the memory: as rxe reads the field, bits other than GLOBAL and PERSISTENT ask for
+    /// nothing.
+    pub const fn for_flush(placement: u8) -> Access {
+        let mut a = 0;
+        if placement & flush::GLOBAL != 0 {
+            a |= Self::FLUSH_GLOBAL.0;
+        }
+        if placement & flush::PERSISTENT != 0 {
+            a |= Self::FLUSH_PERSISTENT.0;
+        }
+        Access(a)
+    }
+}
+
+/// The two fields of a FLUSH's FETH (IBTA 1.5 Memory Placement Extensions; the values of
+/// `ibv_placement_type` and `ibv_selectivity_level`).
+pub mod flush {
+    /// Placement type: make the data visible to every later reader.
+    pub const GLOBAL: u8 = 1 << 0;
+    /// Placement type: make the data persistent.
+    pub const PERSISTENT: u8 = 1 << 1;
+    /// Selectivity level: the RETH's range.
+    pub const RANGE: u8 = 0;
+    /// Selectivity level: the whole memory region the R_Key names (the RETH's address and
+    /// length are not looked at).
+    pub const MR: u8 = 1;
 }
 
 /// A scatter/gather element.
@@ -191,6 +222,8 @@ pub enum SendOp {
         remote_addr: u64,
         rkey: u32,
     },
+    /// RDMA FLUSH (RC only): `selectivity` is a [`flush`] level, `placement` the type bits.
+    /// Carries no data; the completion's `byte_len` is `len`, as rxe reports it.
     Flush {
         remote_addr: u64,
         rkey: u32,
@@ -240,7 +273,10 @@ impl SendOp {
             SendOp::BindMw { .. } => WcOpcode::BindMw,
         }
     }
-    /// Operations that wait for a response carrying data (READ and the atomics).
+    /// Operations that wait for a response of their own (READ, the atomics, ATOMIC_WRITE and
+    /// FLUSH): they take a slot of the `max_rd_atomic` window, and an ACK that skips one means
+    /// its response was lost, so it is sent again (rxe exempts FLUSH from both; here it is
+    /// treated as the READ it is acknowledged like).
     pub fn is_read_or_atomic(&self) -> bool {
         matches!(
             self,

@@ -767,7 +767,14 @@ fn ud_qkey_gsi_and_multicast() {
 fn atomic_write_and_flush() {
     let mut sim = Sim::new(16);
     let access = ALL.union(Access::FLUSH_GLOBAL);
-    let ep = sim.connect(ConnOpts::default());
+    // The QPs allow both placement types (as pyverbs' extended QPs do); the MR only global.
+    let ep = sim.connect(ConnOpts {
+        access: ConnOpts::default()
+            .access
+            .union(Access::FLUSH_GLOBAL)
+            .union(Access::FLUSH_PERSISTENT),
+        ..Default::default()
+    });
     let (dst, dkey) = sim.reg(1, ep[1].pd, 64, access);
     let (src, skey) = sim.reg(0, ep[0].pd, 8, LW);
     sim.nodes[0]

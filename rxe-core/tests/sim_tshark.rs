@@ -262,6 +262,7 @@ fn rc_v4(sim: &mut Sim, roles: &mut HashMap<(usize, Qpn), Role>) {
         mtu: MTU,
         min_rnr_timer: 1,
         timeout: 10,
+        access: LW.union(Access::REMOTE).union(Access::FLUSH_GLOBAL),
         ..Default::default()
     });
     roles.insert((0, ep[0].qpn), Role::Rc);
@@ -586,7 +587,12 @@ fn run() -> Run {
     rc_v6(&mut sim, &mut roles, v6);
     // A memory window is bound and used on the way, so MW keys show up too.
     let ep = sim.connect(ConnOpts::default());
-    let (mr, mrkey) = sim.reg(1, ep[1].pd, 4096, Access(Access::ALL.0 & !0x60));
+    let (mr, mrkey) = sim.reg(
+        1,
+        ep[1].pd,
+        4096,
+        Access(Access::ALL.0 & !(0x60 | Access::FLUSH_PERSISTENT.0)),
+    );
     let mw = sim.dev(1).alloc_mw(ep[1].pd, MwType::Type1).unwrap();
     let key = sim
         .dev(1)

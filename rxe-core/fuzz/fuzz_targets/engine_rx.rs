@@ -172,7 +172,11 @@ impl Input<'_> {
 fn conn_attr(w: &World, node: usize, role: usize) -> QpAttr {
     let peer = &w.res[1 - node];
     QpAttr {
-        qp_access_flags: Access::LOCAL_WRITE.union(Access::REMOTE),
+        // Both placement types, so that FLUSHes reach the R_Key checks.
+        qp_access_flags: Access::LOCAL_WRITE
+            .union(Access::REMOTE)
+            .union(Access::FLUSH_GLOBAL)
+            .union(Access::FLUSH_PERSISTENT),
         path_mtu: Mtu::M256,
         dest_qp_num: peer.qp[role].0,
         rq_psn: SQ_PSN[1 - node],
@@ -311,7 +315,11 @@ impl World {
             }
         }
         for n in 0..2 {
-            let all = Access(Access::ALL.0 & !(Access::ZERO_BASED.0 | Access::ON_DEMAND.0));
+            // Every right an MR can have (none can be made persistent).
+            let all = Access(
+                Access::ALL.0
+                    & !(Access::ZERO_BASED.0 | Access::ON_DEMAND.0 | Access::FLUSH_PERSISTENT.0),
+            );
             let pd = w.res[n].pd;
             let nd = &mut w.nodes[n];
             let buf = nd.alloc(BUF_LEN as usize);
