@@ -525,6 +525,21 @@ pub struct CmdCreateAh {
 /// which ib_uverbs passes through to the driver. They are hints for hardware.
 pub const ACCESS_IGNORED: u32 = (1 << 7) | (((1 << 29) - 1) & !((1 << 20) - 1));
 
+/// `ib_device_cap_flags` bits of the config space's `device_cap_flags` (§3).
+pub mod dev_cap {
+    pub const RC_RNR_NAK_GEN: u64 = 1 << 12;
+    pub const MEM_WINDOW: u64 = 1 << 17;
+    pub const MEM_MGT_EXTENSIONS: u64 = 1 << 21;
+    pub const MEM_WINDOW_TYPE_2B: u64 = 1 << 24;
+    /// RDMA FLUSH of placement type global, and MRs with `IBV_ACCESS_FLUSH_GLOBAL`
+    /// (`IB_UVERBS_DEVICE_FLUSH_GLOBAL`).
+    pub const FLUSH_GLOBAL: u64 = 1 << 38;
+    /// FLUSH of placement type persistent (`IB_UVERBS_DEVICE_FLUSH_PERSISTENT`), as rxe
+    /// states it: with no persistent memory an MR cannot get `IBV_ACCESS_FLUSH_PERSISTENT`
+    /// (INVALID, rxe's EINVAL) and such a FLUSH fails with a remote access error.
+    pub const FLUSH_PERSISTENT: u64 = 1 << 39;
+}
+
 /// Kernel `ib_gid_type`: only RoCEv2 is supported.
 pub const GID_TYPE_ROCE_UDP_ENCAP: u32 = 2;
 
@@ -649,6 +664,13 @@ pub mod swqe {
     pub const MW_MW_RKEY: usize = 44;
     pub const MW_RKEY: usize = 48;
     pub const MW_ACCESS: usize = 52;
+    /// RDMA FLUSH (`wr.flush`): `u64 remote_addr`, `u32 length`, `u32 rkey`, `u8 type`
+    /// (placement type bits), `u8 level` (selectivity).
+    pub const FLUSH_REMOTE_ADDR: usize = 24;
+    pub const FLUSH_LENGTH: usize = 32;
+    pub const FLUSH_RKEY: usize = 36;
+    pub const FLUSH_TYPE: usize = 40;
+    pub const FLUSH_LEVEL: usize = 41;
     /// Fast registration (our kernel-only `wr.reg` layout, see the doc).
     pub const REG_IOVA: usize = 24;
     pub const REG_LENGTH: usize = 32;

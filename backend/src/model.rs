@@ -421,10 +421,14 @@ impl Model {
             max_inline: c.max_inline,
             max_mw: c.max_mr,
             max_registered_bytes: c.max_registered_bytes,
-            // IB_DEVICE_BAD_PKEY_CNTR | BAD_QKEY_CNTR | AUTO_PATH_MIG? no: rxe's set minus
-            // the ones we do not implement: RC_RNR_NAK_GEN (1<<12), SRQ_RESIZE (1<<13),
-            // MEM_WINDOW (1<<17), MEM_MGT_EXTENSIONS (1<<21), MEM_WINDOW_TYPE_2B (1<<24).
-            device_cap_flags: (1 << 12) | (1 << 17) | (1 << 21) | (1 << 24),
+            // Of rxe's set, what the device implements: no SRQ_RESIZE (§5.7), none of the
+            // counters, path migration or port-change flags.
+            device_cap_flags: abi::dev_cap::RC_RNR_NAK_GEN
+                | abi::dev_cap::MEM_WINDOW
+                | abi::dev_cap::MEM_MGT_EXTENSIONS
+                | abi::dev_cap::MEM_WINDOW_TYPE_2B
+                | abi::dev_cap::FLUSH_GLOBAL
+                | abi::dev_cap::FLUSH_PERSISTENT,
         }
     }
 
@@ -1264,6 +1268,7 @@ impl Model {
             abi::wr_op::BIND_MW => WcOpcode::BindMw,
             abi::wr_op::REG_MR => WcOpcode::RegMr,
             abi::wr_op::ATOMIC_WRITE => WcOpcode::AtomicWrite,
+            abi::wr_op::FLUSH => WcOpcode::Flush,
             _ => WcOpcode::Send,
         };
         self.dev
@@ -1753,6 +1758,9 @@ mod tests {
         );
         assert_ne!(c.caps & abi::caps::MR_PAGE_OFFSET, 0);
         assert_eq!(m.page_lists(), PageListBudget::new(1 << 26));
+        let flush = abi::dev_cap::FLUSH_GLOBAL | abi::dev_cap::FLUSH_PERSISTENT;
+        assert_eq!(c.device_cap_flags & flush, flush, "as rxe states them");
+        assert_eq!(flush, (1 << 38) | (1 << 39));
     }
 
     #[test]

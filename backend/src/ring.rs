@@ -237,6 +237,15 @@ pub fn decode_send_wqe(
             let (remote_addr, rkey) = rdma();
             SendOp::AtomicWrite { remote_addr, rkey }
         }
+        // librxe's ibv_wr_flush: `wr.flush`, and the length again in dma.length (and the
+        // address in iova), which is what rxe reports in the completion; no SGEs.
+        wr_op::FLUSH => SendOp::Flush {
+            remote_addr: u64_at(slot, swqe::FLUSH_REMOTE_ADDR),
+            rkey: u32_at(slot, swqe::FLUSH_RKEY),
+            len: u32_at(slot, swqe::FLUSH_LENGTH),
+            selectivity: slot[swqe::FLUSH_LEVEL],
+            placement: slot[swqe::FLUSH_TYPE],
+        },
         wr_op::LOCAL_INV => SendOp::LocalInv { rkey: ex },
         wr_op::BIND_MW => SendOp::BindMw {
             mw_rkey: u32_at(slot, swqe::MW_MW_RKEY),
@@ -295,17 +304,22 @@ pub fn decode_send_wqe(
     let atomic_wr = (opcode == wr_op::ATOMIC_WRITE && num_sge == 0 && length == 8)
         .then(|| slot.get(swqe::DMA_DATA..swqe::DMA_DATA + 8))
         .flatten();
+    // A FLUSH carries no data (oA19-2): rxe never looks at its SGEs or inline flag.
+    let no_data = op.is_local() || matches!(op, SendOp::Flush { .. });
+    if matches!(op, SendOp::Flush { .. }) {
+        flags &= !SEND_INLINE;
+    }
     let (sg_list, inline_data) = if let Some(d) = atomic_wr {
         // to the engine these 8 bytes are inline data
         flags |= SEND_INLINE;
         (Vec::new(), d.to_vec())
-    } else if flags & SEND_INLINE != 0 && !op.is_local() {
+    } else if flags & SEND_INLINE != 0 && !no_data {
         if length > caps.max_inline || length as usize > room {
             return Err(bad(BadWqe::Length));
         }
         let d = &slot[swqe::DMA_DATA..swqe::DMA_DATA + length as usize];
         (Vec::new(), d.to_vec())
-    } else if op.is_local() {
+    } else if no_data {
         (Vec::new(), Vec::new())
     } else {
         if num_sge > caps.max_sge || num_sge as usize * abi::SGE_SIZE > room {
@@ -405,5 +419,69 @@ pub fn pages_backing(page_shift: u8, page_offset: u64, pages: Vec<u64>) -> Backi
         page_shift,
         page_offset,
         pages,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vm_memory::GuestAddress;
+
+    fn put(slot: &mut [u8], off: usize, v: &[u8]) {
+        slot[off..off + v.len()].copy_from_slice(v);
+    }
+
+    /// A FLUSH slot as librxe's `ibv_wr_flush` fills it: `wr.flush`, the length again in
+    /// `dma.length`/`dma.resid` and the address in `iova`; no SGEs.
+    fn flush_slot(flags: u32, num_sge: u32) -> Vec<u8> {
+        let mut s = vec![0u8; 256];
+        put(&mut s, swqe::WR_ID, &0x1234u64.to_le_bytes());
+        put(&mut s, swqe::OPCODE, &wr_op::FLUSH.to_le_bytes());
+        put(&mut s, swqe::SEND_FLAGS, &flags.to_le_bytes());
+        put(
+            &mut s,
+            swqe::FLUSH_REMOTE_ADDR,
+            &0x7f00_1000u64.to_le_bytes(),
+        );
+        put(&mut s, swqe::FLUSH_LENGTH, &12_345_678u32.to_le_bytes());
+        put(&mut s, swqe::FLUSH_RKEY, &0x1a2bu32.to_le_bytes());
+        s[swqe::FLUSH_TYPE] = flush::PERSISTENT;
+        s[swqe::FLUSH_LEVEL] = flush::MR;
+        put(&mut s, swqe::IOVA, &0x7f00_1000u64.to_le_bytes());
+        put(&mut s, swqe::DMA_LENGTH, &12_345_678u32.to_le_bytes());
+        put(&mut s, swqe::DMA_RESID, &12_345_678u32.to_le_bytes());
+        put(&mut s, swqe::DMA_NUM_SGE, &num_sge.to_le_bytes());
+        s
+    }
+
+    #[test]
+    fn flush_wqes_decode_as_librxe_writes_them() {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0x10_0000), 0x1000)]).unwrap();
+        let caps = SqCaps {
+            max_sge: 1,
+            max_inline: 16,
+            ud: false,
+        };
+        let want = SendOp::Flush {
+            remote_addr: 0x7f00_1000,
+            rkey: 0x1a2b,
+            len: 12_345_678,
+            selectivity: flush::MR,
+            placement: flush::PERSISTENT,
+        };
+        let w = decode_send_wqe(&flush_slot(SEND_SIGNALED, 0), caps, &|_| None, &mem).unwrap();
+        assert_eq!((w.wr_id, &w.op, w.flags), (0x1234, &want, SEND_SIGNALED));
+        assert!(w.sg_list.is_empty() && w.inline_data.is_empty());
+        // A FLUSH carries no data: SGE counts and the inline flag (with a length far beyond
+        // the inline limit) are not looked at.
+        let w = decode_send_wqe(
+            &flush_slot(SEND_SIGNALED | SEND_INLINE, 99),
+            caps,
+            &|_| None,
+            &mem,
+        )
+        .unwrap();
+        assert_eq!((&w.op, w.flags), (&want, SEND_SIGNALED));
+        assert!(w.sg_list.is_empty() && w.inline_data.is_empty());
     }
 }

@@ -203,6 +203,10 @@ static void vrdma_mmap_free(struct rdma_user_mmap_entry *re)
 /* --- device and port ------------------------------------------------------------------ */
 
 
+/* ib_device_cap_flags of the config space's device_cap_flags that are reported as the device
+ * states them: RDMA FLUSH (IB_UVERBS_DEVICE_FLUSH_GLOBAL/PERSISTENT). */
+#define VRDMA_DEVICE_CAP_FLAGS_PASSED	(IB_DEVICE_FLUSH_GLOBAL | IB_DEVICE_FLUSH_PERSISTENT)
+
 /* ib_device_attr from the config space; limits that rings round to a power of two are
  * reported as 2^n - 1 so that a request for the maximum fits. */
 void vrdma_init_attrs(struct vrdma_dev *dev)
@@ -227,6 +231,10 @@ void vrdma_init_attrs(struct vrdma_dev *dev)
 		a->device_cap_flags |= IB_DEVICE_MEM_MGT_EXTENSIONS;
 	if (le32_to_cpu(c->caps) & VRDMA_CAP_MEM_WINDOW)
 		a->device_cap_flags |= IB_DEVICE_MEM_WINDOW | IB_DEVICE_MEM_WINDOW_TYPE_2B;
+	/* Flags that need nothing of the driver, taken from the device as it states them:
+	 * ib_core lets MRs have IB_ACCESS_FLUSH_* only with these, and the FLUSH work
+	 * requests go from librxe's ring to the device unchanged. */
+	a->device_cap_flags |= le64_to_cpu(c->device_cap_flags) & VRDMA_DEVICE_CAP_FLAGS_PASSED;
 	a->max_mw = le32_to_cpu(c->max_mw);
 	a->max_send_sge = le32_to_cpu(c->max_sge);
 	a->max_recv_sge = le32_to_cpu(c->max_sge);
