@@ -665,7 +665,9 @@ pub mod swqe {
     pub const MW_RKEY: usize = 48;
     pub const MW_ACCESS: usize = 52;
     /// RDMA FLUSH (`wr.flush`): `u64 remote_addr`, `u32 length`, `u32 rkey`, `u8 type`
-    /// (placement type bits), `u8 level` (selectivity).
+    /// (placement type bits), `u8 level` (selectivity). librxe leaves `length` 0 and puts the
+    /// length in `dma.length` (and `dma.resid`), which is what rxe sends: the device reads
+    /// that one.
     pub const FLUSH_REMOTE_ADDR: usize = 24;
     pub const FLUSH_LENGTH: usize = 32;
     pub const FLUSH_RKEY: usize = 36;

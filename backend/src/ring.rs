@@ -237,12 +237,13 @@ pub fn decode_send_wqe(
             let (remote_addr, rkey) = rdma();
             SendOp::AtomicWrite { remote_addr, rkey }
         }
-        // librxe's ibv_wr_flush: `wr.flush`, and the length again in dma.length (and the
-        // address in iova), which is what rxe reports in the completion; no SGEs.
+        // librxe's ibv_wr_flush fills `wr.flush` but for its length, which it puts in
+        // dma.length (and dma.resid; the address also in iova): rxe sends dma.resid in the
+        // RETH and reports dma.length in the completion. No SGEs.
         wr_op::FLUSH => SendOp::Flush {
             remote_addr: u64_at(slot, swqe::FLUSH_REMOTE_ADDR),
             rkey: u32_at(slot, swqe::FLUSH_RKEY),
-            len: u32_at(slot, swqe::FLUSH_LENGTH),
+            len: u32_at(slot, swqe::DMA_LENGTH),
             selectivity: slot[swqe::FLUSH_LEVEL],
             placement: slot[swqe::FLUSH_TYPE],
         },
@@ -431,8 +432,9 @@ mod tests {
         slot[off..off + v.len()].copy_from_slice(v);
     }
 
-    /// A FLUSH slot as librxe's `ibv_wr_flush` fills it: `wr.flush`, the length again in
-    /// `dma.length`/`dma.resid` and the address in `iova`; no SGEs.
+    /// A FLUSH slot as librxe's `ibv_wr_flush` fills it: `wr.flush` without its length, which
+    /// goes into `dma.length`/`dma.resid`, and the address again in `iova`; no SGEs. Here
+    /// `wr.flush.length` holds a decoy: neither librxe nor rxe use it.
     fn flush_slot(flags: u32, num_sge: u32) -> Vec<u8> {
         let mut s = vec![0u8; 256];
         put(&mut s, swqe::WR_ID, &0x1234u64.to_le_bytes());
@@ -443,7 +445,7 @@ mod tests {
             swqe::FLUSH_REMOTE_ADDR,
             &0x7f00_1000u64.to_le_bytes(),
         );
-        put(&mut s, swqe::FLUSH_LENGTH, &12_345_678u32.to_le_bytes());
+        put(&mut s, swqe::FLUSH_LENGTH, &77u32.to_le_bytes());
         put(&mut s, swqe::FLUSH_RKEY, &0x1a2bu32.to_le_bytes());
         s[swqe::FLUSH_TYPE] = flush::PERSISTENT;
         s[swqe::FLUSH_LEVEL] = flush::MR;

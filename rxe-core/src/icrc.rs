@@ -5,9 +5,33 @@
 //! the variant fields masked to ones: IPv4 TOS, TTL and header checksum; IPv6 traffic class,
 //! flow label and hop limit; the UDP checksum; and the BTH byte holding FECN/BECN/resv6. The
 //! result is inverted and carried little-endian.
+//!
+//! One exception, rxe's own: for RC_FLUSH the CRC then goes on over the packet from the BTH to
+//! the ICRC a second time, unmasked. rxe 6.12 covers a packet's "payload" from its opcode's
+//! payload offset, and its opcode table gives RC_FLUSH none (0, the BTH), so its FLUSH
+//! requests carry, and its responder expects, that ICRC ([`covers_twice`]). A FLUSH with the
+//! IBTA ICRC is dropped by rxe, and rxe's FLUSHes fail the IBTA check (seen on the wire between
+//! the device and rxe on kernel 6.12.117).
 
-use crate::wire::opcode::BTH_LEN;
+use crate::wire::opcode::{Opcode, BTH_LEN};
 use crate::wire::WireError;
+
+/// Whether the ICRC of the RoCE packet `roce` (from the BTH on) covers it twice, as rxe
+/// computes it for RC_FLUSH (see the module documentation).
+pub fn covers_twice(roce: &[u8]) -> bool {
+    roce.first() == Some(&Opcode::RC_FLUSH.0)
+}
+
+/// Bytes of the RoCE packet (BTH through ICRC, `roce_len` bytes) the CRC runs over, from the
+/// BTH on: everything but the ICRC, twice for RC_FLUSH.
+fn covered_len(roce_len: usize, twice: bool) -> usize {
+    let n = roce_len.saturating_sub(4);
+    if twice {
+        2 * n
+    } else {
+        n
+    }
+}
 
 /// CRC state after the eight 0xFF bytes of the masked LRH, in crc32fast's (finalised) form:
 /// `!0xdebb20e3`.
@@ -55,6 +79,9 @@ pub fn compute(l3l4: &[u8], roce: &[u8]) -> Result<u32, WireError> {
     let mut h = crc32fast::Hasher::new_with_initial(SEED);
     h.update(&ph[..n + BTH_LEN]);
     h.update(&roce[BTH_LEN..]);
+    if covers_twice(roce) {
+        h.update(roce);
+    }
     Ok(h.finalize())
 }
 
@@ -169,7 +196,7 @@ fn feed_byte(mut r: u32, b: u8) -> u32 {
 /// `icrc(header with ID x) = icrc(header with ID 0) ^ M·x`
 ///
 /// for a 32×16 matrix `M` that depends only on how many bytes follow the ID, i.e. on the
-/// packet length. A receiver that cannot see the ID (a UDP socket) can still check the ICRC:
+/// packet length (and, for RC_FLUSH, on its ICRC covering the packet twice). A receiver that cannot see the ID (a UDP socket) can still check the ICRC:
 /// the received ICRC XOR the one computed with ID 0 must lie in the column span of `M`. The 16
 /// columns are independent (any error burst of 32 bits or fewer changes a CRC-32), so the ID is
 /// unique when it exists, and a random corruption is accepted with probability 2⁻¹⁶.
@@ -179,6 +206,7 @@ fn feed_byte(mut r: u32, b: u8) -> u32 {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Ipv4IdBasis {
     roce_len: usize,
+    twice: bool,
     cols: [u32; 16],
     rows: [(u32, u16); 32],
 }
@@ -187,9 +215,15 @@ impl Ipv4IdBasis {
     /// The basis for RoCE packets (BTH through ICRC) of `roce_len` bytes behind an option-less
     /// IPv4 header and a UDP header.
     pub fn new(roce_len: usize) -> Self {
-        // After the ID: the rest of the IPv4 header, the UDP header and the RoCE packet up to
-        // (not including) the ICRC.
-        let after = (IPV4_LEN - IPV4_ID_AT - 2) + UDP_LEN + roce_len.saturating_sub(4);
+        Self::with_coverage(roce_len, false)
+    }
+
+    /// The basis for RoCE packets of `roce_len` bytes whose ICRC covers them twice (RC_FLUSH,
+    /// [`covers_twice`]) when `twice`, once otherwise.
+    pub fn with_coverage(roce_len: usize, twice: bool) -> Self {
+        // After the ID: the rest of the IPv4 header, the UDP header and the RoCE bytes the CRC
+        // runs over.
+        let after = (IPV4_LEN - IPV4_ID_AT - 2) + UDP_LEN + covered_len(roce_len, twice);
         let shift = Gf2Map::zero_bytes(after);
         let mut cols = [0u32; 16];
         for (k, c) in cols.iter_mut().enumerate() {
@@ -212,6 +246,7 @@ impl Ipv4IdBasis {
         }
         Ipv4IdBasis {
             roce_len,
+            twice,
             cols,
             rows,
         }
@@ -252,8 +287,8 @@ impl Ipv4IdBasis {
 
 /// Checks the ICRC of an IPv4 RoCE packet whose identification the receiver cannot see: the
 /// ID field of `l3l4` is ignored. Returns the ID that makes the ICRC match (unique), or
-/// [`WireError::BadChecksum`] when none does. `basis` must be for `roce_with_icrc.len()`
-/// ([`WireError::BadLength`] otherwise).
+/// [`WireError::BadChecksum`] when none does. `basis` must be for `roce_with_icrc.len()` and
+/// its opcode's coverage ([`WireError::BadLength`] otherwise).
 pub fn verify_any_ipv4_id(
     basis: &Ipv4IdBasis,
     l3l4: &[u8],
@@ -263,7 +298,7 @@ pub fn verify_any_ipv4_id(
     if n < BTH_LEN + 4 {
         return Err(WireError::Truncated);
     }
-    if basis.roce_len != n {
+    if basis.roce_len != n || basis.twice != covers_twice(roce_with_icrc) {
         return Err(WireError::BadLength);
     }
     if l3l4.len() != IPV4_LEN + UDP_LEN || l3l4[0] != 0x45 {
@@ -294,18 +329,23 @@ impl Ipv4IdSolver {
         Self::default()
     }
 
-    /// The basis for `roce_len`, computed on first use.
-    pub fn basis(&mut self, roce_len: usize) -> &Ipv4IdBasis {
-        let i = match self.cache.iter().position(|b| b.roce_len == roce_len) {
+    /// The basis for `roce_len` and the coverage `twice`
+    /// ([`Ipv4IdBasis::with_coverage`]), computed on first use.
+    pub fn basis(&mut self, roce_len: usize, twice: bool) -> &Ipv4IdBasis {
+        let i = match self
+            .cache
+            .iter()
+            .position(|b| b.roce_len == roce_len && b.twice == twice)
+        {
             Some(i) => i,
             None if self.cache.len() < Self::CAPACITY => {
-                self.cache.push(Ipv4IdBasis::new(roce_len));
+                self.cache.push(Ipv4IdBasis::with_coverage(roce_len, twice));
                 self.cache.len() - 1
             }
             None => {
                 let i = self.next;
                 self.next = (self.next + 1) % Self::CAPACITY;
-                self.cache[i] = Ipv4IdBasis::new(roce_len);
+                self.cache[i] = Ipv4IdBasis::with_coverage(roce_len, twice);
                 i
             }
         };
@@ -317,7 +357,7 @@ impl Ipv4IdSolver {
         if roce_with_icrc.len() < BTH_LEN + 4 {
             return Err(WireError::Truncated);
         }
-        let b = self.basis(roce_with_icrc.len());
+        let b = self.basis(roce_with_icrc.len(), covers_twice(roce_with_icrc));
         verify_any_ipv4_id(b, l3l4, roce_with_icrc)
     }
 }
@@ -369,12 +409,15 @@ mod tests {
         let mut rng = Rng::new(1);
         let mut lens = vec![16, 17, 20, 21, 24, 28, 1044, 4140, 9000];
         lens.extend((0..20).map(|_| 16 + rng.below(2000) as usize));
-        for len in lens {
-            let b = Ipv4IdBasis::new(len);
+        for (i, len) in lens.into_iter().enumerate() {
+            // Every other length as an RC_FLUSH, whose ICRC covers the packet twice.
+            let twice = i % 2 == 1;
+            let b = Ipv4IdBasis::with_coverage(len, twice);
             assert_eq!(b.rank(), 16, "len {len}");
             for _ in 0..8 {
                 let id = rng.next_u64() as u16;
-                let (mut h, r) = packet(&mut rng, len, id);
+                let (mut h, mut r) = packet(&mut rng, len, id);
+                r[0] = if twice { Opcode::RC_FLUSH.0 } else { 0x04 };
                 let with = compute(&h, &r[..len - 4]).unwrap();
                 h[4..6].fill(0);
                 let without = compute(&h, &r[..len - 4]).unwrap();
@@ -382,6 +425,85 @@ mod tests {
                 assert_eq!(b.solve(b.contribution(id)), Some(id));
             }
         }
+    }
+
+    fn unhex(s: &str) -> Vec<u8> {
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
+    /// RC_FLUSH requests as Linux rxe 6.12.117 sent them to the device (IPv4 + UDP header, then
+    /// BTH … ICRC; the IPv4 ID is rxe's hash, and its two resends carry address 0, as rxe's
+    /// retry rewinds a FLUSH), and one of the device's that rxe answered (ID 0): their ICRC
+    /// covers the packet twice; the IBTA ICRC (once) is not what rxe sends or takes.
+    const RXE_FLUSH: [(&str, &str); 4] = [
+        (
+            "45000040b664400040116fa90a4d00040a4d0002c14412b7002c0000",
+            "1c00ffff000000128059196300000001000000002994d0000000022200001000cb8ae48e",
+        ),
+        (
+            "45000040b66e400040116f9f0a4d00040a4d0002c14412b7002c0000",
+            "1c00ffff000000128059196300000001000000000000000000000222000010000de839cc",
+        ),
+        (
+            "45000040b677400040116f960a4d00040a4d0002c14412b7002c0000",
+            "1c00ffff00000012805919630000000100000000000000000000022200001000d0c407d1",
+        ),
+        (
+            "45000040000040004011260e0a4d00020a4d000412b712b7002c0000",
+            "1c00ffff0000001180bbdf1000000001000000002766d0000000022100001000b1542458",
+        ),
+    ];
+
+    /// rxe's answer to the device's FLUSH above (the last of `RXE_FLUSH`): RDMA READ response
+    /// ONLY, same PSN, ACK, no payload; its ICRC is the IBTA one.
+    const RXE_FLUSH_RESPONSE: (&str, &str) = (
+        "450000304f8f40004011d68e0a4d00040a4d0002c12112b7001c0000",
+        "1000ffff0000001100bbdf101f000002f2824d20",
+    );
+
+    #[test]
+    fn rxe_flush_icrc_covers_the_packet_twice() {
+        let mut solver = Ipv4IdSolver::new();
+        for (l3l4, roce) in RXE_FLUSH {
+            let (h, r) = (unhex(l3l4), unhex(roce));
+            assert!(covers_twice(&r));
+            assert_eq!(verify(&h, &r), Ok(()), "{roce}");
+            let id = u16::from_be_bytes([h[4], h[5]]);
+            assert_eq!(solver.verify(&h, &r), Ok(id), "rxe's ID solved");
+            let n = r.len();
+            let mut once = crc32fast::Hasher::new_with_initial(SEED);
+            let mut hm = h.clone();
+            for b in [1, 8, 10, 11, 26, 27] {
+                hm[b] = 0xff;
+            }
+            let mut bth = r[..BTH_LEN].to_vec();
+            bth[4] = 0xff;
+            once.update(&hm);
+            once.update(&bth);
+            once.update(&r[BTH_LEN..n - 4]);
+            assert_ne!(
+                once.finalize().to_le_bytes(),
+                r[n - 4..],
+                "not the IBTA ICRC"
+            );
+            // The same bytes under another opcode are covered once.
+            let mut other = r.clone();
+            other[0] = 0x0a;
+            assert!(!covers_twice(&other));
+            assert_eq!(verify(&h, &other), Err(WireError::BadChecksum));
+        }
+        let (h, r) = (unhex(RXE_FLUSH_RESPONSE.0), unhex(RXE_FLUSH_RESPONSE.1));
+        assert!(!covers_twice(&r));
+        assert_eq!(solver.verify(&h, &r), Ok(0x4f8f));
+        // A basis of the other coverage is refused, not misapplied.
+        let (h, r) = (unhex(RXE_FLUSH[0].0), unhex(RXE_FLUSH[0].1));
+        assert_eq!(
+            verify_any_ipv4_id(&Ipv4IdBasis::new(r.len()), &h, &r),
+            Err(WireError::BadLength)
+        );
     }
 
     #[test]

@@ -18,8 +18,9 @@ fn bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_vur-daemon"))
 }
 
-/// The send slot librxe's `wr_flush()` writes: the WQE zeroed, `wr.flush` filled, the length
-/// also in `dma.length` and `dma.resid` and the address in `iova`; no SGE.
+/// The send slot librxe's `wr_flush()` writes: the WQE zeroed, `wr.flush` filled but for its
+/// length (0), the length in `dma.length` and `dma.resid`, the address again in `iova`; no
+/// SGE.
 fn flush_slot(wr_id: u64, rkey: u32, addr: u64, len: u32, placement: u8, level: u8) -> Vec<u8> {
     let mut s = vec![0u8; swqe::SIZE];
     let mut put = |off: usize, v: &[u8]| s[off..off + v.len()].copy_from_slice(v);
@@ -27,7 +28,6 @@ fn flush_slot(wr_id: u64, rkey: u32, addr: u64, len: u32, placement: u8, level: 
     put(swqe::OPCODE, &wr_op::FLUSH.to_le_bytes());
     put(swqe::SEND_FLAGS, &SEND_SIGNALED.to_le_bytes());
     put(swqe::FLUSH_REMOTE_ADDR, &addr.to_le_bytes());
-    put(swqe::FLUSH_LENGTH, &len.to_le_bytes());
     put(swqe::FLUSH_RKEY, &rkey.to_le_bytes());
     put(swqe::FLUSH_TYPE, &[placement]);
     put(swqe::FLUSH_LEVEL, &[level]);
