@@ -78,9 +78,9 @@ tool_cmds() {
     case $1 in
     rc | uc | srq) echo "$p|ibv_$1_pingpong -d $dev -g $gid -n $iters -m $mtu -p $p $(chk "ibv_$1_pingpong")|" ;;
     ud) echo "$p|ibv_ud_pingpong -d $dev -g $gid -n $iters -s $((mtu < 2048 ? mtu : 2048)) -p $p $(chk ibv_ud_pingpong)|" ;;
-    # -u 20: a 4 s ACK timeout (perftest's default is 67 ms). Under TCG a busy guest's rxe
-    # misses 67 ms often, and a retransmitting rxe 6.12 requester can hang on its completer
-    # bug (docs/interop.md); the device's own retransmission is tested by the interop suites.
+    # -u 20: a 4 s ACK timeout (perftest's default is 67 ms): under TCG a busy guest misses
+    # 67 ms often, and a retransmitting rxe 6.12 requester can hang on its completer bug
+    # (docs/interop.md); the device's own retransmission is tested by the interop suites.
     send_lat | write_lat) echo "$p|ib_$1 -d $dev -x $gid -F -m $mtu -u 20 -n $iters -s 64 -p $p|" ;;
     send_bw | write_bw | read_bw) echo "$p|ib_$1 -d $dev -x $gid -F -m $mtu -u 20 -n $iters -s 65536 -p $p|" ;;
     atomic_bw) echo "$p|ib_atomic_bw -d $dev -x $gid -F -m $mtu -u 20 -n $iters -p $p|" ;;

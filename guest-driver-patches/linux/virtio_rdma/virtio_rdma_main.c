@@ -179,10 +179,43 @@ static bool db_post(struct vrdma_dev *dev, u32 kind, u32 object, u32 index)
 }
 
 /*
+ * Posts the backlogged SQ doorbells as buffers come back; db_lock held. Leaves the used-buffer
+ * callback enabled while a backlog remains. virtqueue_enable_cb() returning false means used
+ * buffers arrived before the callback was armed — the device will not interrupt for them — so
+ * go round again rather than wait for a callback that never comes (a QP whose doorbell sits in
+ * the backlog would stall, and every later doorbell queues behind it).
+ */
+static void db_run_backlog(struct vrdma_dev *dev)
+{
+	struct vrdma_qp *qp, *tmp;
+	bool kick;
+
+	do {
+		kick = false;
+		db_reclaim(dev);
+		list_for_each_entry_safe(qp, tmp, &dev->db_backlog, db_node) {
+			u32 prod = READ_ONCE(qp->sq.buf->producer_index);
+
+			if (!db_post(dev, VRDMA_DB_SQ, qp->qpn, prod))
+				break;
+			kick = true;
+			list_del(&qp->db_node);
+			qp->db_pending = false;
+		}
+		if (kick)
+			virtqueue_kick(dev->db_vq);
+		if (list_empty(&dev->db_backlog)) {
+			virtqueue_disable_cb(dev->db_vq);
+			return;
+		}
+	} while (!virtqueue_enable_cb(dev->db_vq));
+}
+
+/*
  * Rings a doorbell. Safe in any context. A doorbell is idempotent per ring (the device reads
  * up to the producer index it finds), so when the queue is full an SQ doorbell is kept as a
- * per-QP pending bit and sent from the used-buffer callback; other kinds are optional hints
- * and are dropped.
+ * per-QP pending bit and sent as buffers come back; other kinds are optional hints and are
+ * dropped.
  */
 void vrdma_ring_doorbell(struct vrdma_dev *dev, u32 kind, u32 object, u32 index,
 			 struct vrdma_qp *qp)
@@ -195,7 +228,7 @@ void vrdma_ring_doorbell(struct vrdma_dev *dev, u32 kind, u32 object, u32 index,
 	} else if (qp && kind == VRDMA_DB_SQ && !qp->db_pending) {
 		qp->db_pending = true;
 		list_add_tail(&qp->db_node, &dev->db_backlog);
-		virtqueue_enable_cb(dev->db_vq);
+		db_run_backlog(dev);
 	}
 	spin_unlock_irqrestore(&dev->db_lock, flags);
 }
@@ -215,25 +248,10 @@ void vrdma_db_forget(struct vrdma_dev *dev, struct vrdma_qp *qp)
 static void vrdma_db_cb(struct virtqueue *vq)
 {
 	struct vrdma_dev *dev = vq->vdev->priv;
-	struct vrdma_qp *qp, *tmp;
 	unsigned long flags;
-	bool kick = false;
 
 	spin_lock_irqsave(&dev->db_lock, flags);
-	db_reclaim(dev);
-	list_for_each_entry_safe(qp, tmp, &dev->db_backlog, db_node) {
-		u32 prod = READ_ONCE(qp->sq.buf->producer_index);
-
-		if (!db_post(dev, VRDMA_DB_SQ, qp->qpn, prod))
-			break;
-		kick = true;
-		list_del(&qp->db_node);
-		qp->db_pending = false;
-	}
-	if (kick)
-		virtqueue_kick(vq);
-	if (list_empty(&dev->db_backlog))
-		virtqueue_disable_cb(vq);
+	db_run_backlog(dev);
 	spin_unlock_irqrestore(&dev->db_lock, flags);
 }
 
