@@ -16,6 +16,12 @@
 #   PAIR_MTU        path MTU for perftest and the pingpongs (default 1024)
 set -uo pipefail
 
+# Runs only inside a test guest (booted by tests/vm/run-vm.sh, whose kernel command line names
+# it): the addresses and neighbour entries below are the guest's own, on NICs whose host ends
+# are taps on a bridge in the test's network namespace. Never on a host.
+grep -qw 'vur\.name=[^ ]*' /proc/cmdline 2>/dev/null && [[ -n ${VUR_NAME:-} ]] ||
+    { echo "pair-guest.sh: not a test guest (no vur.name= on the kernel command line); refusing to configure addresses" >&2; exit 2; }
+
 me=$VUR_NAME
 dev=${PAIR_DEV:?}
 iters=${PAIR_ITERS:-200}
