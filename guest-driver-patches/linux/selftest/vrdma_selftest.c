@@ -43,6 +43,36 @@ static int poll_one(struct ib_cq *cq, enum ib_wc_opcode op)
 	return -ETIMEDOUT;
 }
 
+/* Maps @sg for the device and into the fast-reg @mr under a fresh key. */
+static int fr_map(struct ib_device *dev, struct ib_mr *mr, struct scatterlist *sg,
+		  const char *what)
+{
+	int n;
+
+	if (ib_dma_map_sg(dev, sg, 1, DMA_BIDIRECTIONAL) != 1)
+		return -EIO;
+	ib_update_fast_reg_key(mr, ib_inc_rkey(mr->rkey));
+	n = ib_map_mr_sg(mr, sg, 1, NULL, PAGE_SIZE);
+	if (n != 1) {
+		pr_err("vrdma_selftest: FAIL: map_mr_sg (%s) %d\n", what, n);
+		return -EIO;
+	}
+	return 0;
+}
+
+/* Posts the REG_MR chained to the RDMA WRITE and waits for both completions. */
+static int post_reg_write(struct ib_qp *qp, struct ib_cq *cq, struct ib_reg_wr *reg)
+{
+	const struct ib_send_wr *bad;
+	int err = ib_post_send(qp, &reg->wr, &bad);
+
+	if (!err)
+		err = poll_one(cq, IB_WC_REG_MR);
+	if (!err)
+		err = poll_one(cq, IB_WC_RDMA_WRITE);
+	return err;
+}
+
 static int run(struct ib_device *dev)
 {
 	struct ib_qp_init_attr ia = {};
@@ -138,17 +168,9 @@ static int run(struct ib_device *dev)
 		goto out;
 	}
 	sg_init_one(&sg, dst, 8192);
-	if (ib_dma_map_sg(dev, &sg, 1, DMA_BIDIRECTIONAL) != 1) {
-		err = -EIO;
+	err = fr_map(dev, mr, &sg, "8 KiB");
+	if (err)
 		goto out;
-	}
-	ib_update_fast_reg_key(mr, ib_inc_rkey(mr->rkey));
-	err = ib_map_mr_sg(mr, &sg, 1, NULL, PAGE_SIZE);
-	if (err != 1) {
-		pr_err("vrdma_selftest: FAIL: map_mr_sg %d\n", err);
-		err = -EIO;
-		goto out;
-	}
 	for (i = 0; i < 8192; i++)
 		src[i] = i * 7;
 	src_dma = ib_dma_map_single(dev, src, 8192, DMA_TO_DEVICE);
@@ -167,11 +189,7 @@ static int run(struct ib_device *dev)
 	wr.remote_addr = mr->iova + 1000;
 	wr.rkey = mr->rkey;
 	reg.wr.next = &wr.wr;
-	err = ib_post_send(qp, &reg.wr, &bad);
-	if (!err)
-		err = poll_one(cq, IB_WC_REG_MR);
-	if (!err)
-		err = poll_one(cq, IB_WC_RDMA_WRITE);
+	err = post_reg_write(qp, cq, &reg);
 	if (err)
 		goto out;
 	if (memcmp(dst + 1000, src, 6000) || dst[999] || dst[7000]) {
@@ -191,27 +209,15 @@ static int run(struct ib_device *dev)
 	/* zero-based: IOVA 0 names dst + 0x456 (kmalloc(8192) is 8 KiB aligned) */
 	memset(dst, 0, 8192);
 	sg_init_one(&sg2, dst + 0x456, 4096);
-	if (ib_dma_map_sg(dev, &sg2, 1, DMA_BIDIRECTIONAL) != 1) {
-		err = -EIO;
+	err = fr_map(dev, mr, &sg2, "offset 0x456");
+	if (err)
 		goto out;
-	}
-	ib_update_fast_reg_key(mr, ib_inc_rkey(mr->rkey));
-	err = ib_map_mr_sg(mr, &sg2, 1, NULL, PAGE_SIZE);
-	if (err != 1) {
-		pr_err("vrdma_selftest: FAIL: map_mr_sg (offset 0x456) %d\n", err);
-		err = -EIO;
-		goto out;
-	}
 	mr->iova = 0;
 	reg.key = mr->rkey;
 	sge.length = 3000;
 	wr.remote_addr = 100;
 	wr.rkey = mr->rkey;
-	err = ib_post_send(qp, &reg.wr, &bad);
-	if (!err)
-		err = poll_one(cq, IB_WC_REG_MR);
-	if (!err)
-		err = poll_one(cq, IB_WC_RDMA_WRITE);
+	err = post_reg_write(qp, cq, &reg);
 	if (err)
 		goto out;
 	if (memcmp(dst + 0x456 + 100, src, 3000) || dst[0x456 + 99] || dst[0x456 + 3100]) {
