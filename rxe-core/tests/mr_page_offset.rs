@@ -3,6 +3,9 @@
 //! `iova mod page`, says where the first byte is; WRITE, READ and SEND through the MR must hit
 //! exactly the buffer's bytes, and the bounds hold at both ends.
 
+mod common;
+
+use common::{sge, statuses};
 use rxe_core::mem::Backing;
 use rxe_core::sim::*;
 use rxe_core::verbs::*;
@@ -13,18 +16,6 @@ const IOVA: u64 = 0x1000_0123;
 const OFF: u64 = 0x456;
 /// 0x456 + 0x2000 bytes: three pages.
 const LEN: u64 = 0x2000;
-
-fn sge(addr: u64, len: u64, lkey: u32) -> Vec<Sge> {
-    vec![Sge {
-        addr,
-        length: len as u32,
-        lkey,
-    }]
-}
-
-fn statuses(c: &[Cqe]) -> Vec<(u64, WcStatus)> {
-    c.iter().map(|c| (c.wr_id, c.status)).collect()
-}
 
 fn pattern(n: u64) -> Vec<u8> {
     (0..n).map(|i| (i * 13 + 5) as u8).collect()

@@ -1,5 +1,8 @@
 //! Error paths and the less common verbs, through the simulator.
 
+mod common;
+
+use common::{sge, statuses};
 use rxe_core::mem::MwType;
 use rxe_core::sim::*;
 use rxe_core::verbs::*;
@@ -7,18 +10,6 @@ use rxe_core::Gid;
 
 const LW: Access = Access::LOCAL_WRITE;
 const ALL: Access = Access(Access::LOCAL_WRITE.0 | Access::REMOTE.0 | Access::MW_BIND.0);
-
-fn sge(addr: u64, len: usize, lkey: u32) -> Vec<Sge> {
-    vec![Sge {
-        addr,
-        length: len as u32,
-        lkey,
-    }]
-}
-
-fn statuses(c: &[Cqe]) -> Vec<(u64, WcStatus)> {
-    c.iter().map(|c| (c.wr_id, c.status)).collect()
-}
 
 fn events(sim: &mut Sim, n: usize) -> Vec<AsyncEvent> {
     std::iter::from_fn(|| sim.dev(n).poll_event()).collect()

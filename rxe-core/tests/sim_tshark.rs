@@ -20,6 +20,7 @@ mod common;
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 
+use common::sge;
 use common::tshark::{tshark_check, tshark_version, TSHARK_4_0_UNKNOWN};
 use rxe_core::mem::MwType;
 use rxe_core::sim::*;
@@ -102,14 +103,6 @@ struct Run {
     trace: Vec<Traced>,
     roles: HashMap<(usize, Qpn), Role>,
     v6: [Gid; 2],
-}
-
-fn sge(addr: u64, len: usize, lkey: u32) -> Vec<Sge> {
-    vec![Sge {
-        addr,
-        length: len as u32,
-        lkey,
-    }]
 }
 
 fn recv(sim: &mut Sim, node: usize, qpn: Qpn, wr_id: u64, addr: u64, len: usize, key: u32) {
