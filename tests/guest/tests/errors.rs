@@ -1,28 +1,17 @@
 //! Error paths: remote access errors, RNR retry exhaustion, flushing, CQ overflow, and a
 //! malicious guest that must get error statuses while the daemon stays alive.
 
-use std::path::Path;
+mod common;
+
 use std::time::Duration;
 
+use common::{bin, pair, T};
 use rxe_core::verbs::*;
 use vm_memory::ByteValued;
 use vur_testguest::abi::{op, Status};
 use vur_testguest::*;
 
-const T: Duration = Duration::from_secs(10);
 const ALL: Access = Access::LOCAL_WRITE.union(Access::REMOTE);
-
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_vur-daemon"))
-}
-
-fn pair() -> (Node, Node) {
-    let (aa, ba) = loopback_pair(4791);
-    (
-        Node::start(bin(), aa, &[]).expect("node a"),
-        Node::start(bin(), ba, &[]).expect("node b"),
-    )
-}
 
 #[test]
 fn bad_rkey_is_a_remote_access_error() {

@@ -1,28 +1,17 @@
 //! Fast registration, memory windows of type 1, CQ resizing, the GSI QP, SRQ modification and
 //! the SQ consumer index, end to end: two daemons on loopback UDP, two test guests.
 
-use std::path::Path;
+mod common;
+
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use common::{one, pair, T};
 use rxe_core::verbs::*;
 use rxe_core::{Gid, Qpn};
 use vur_testguest::*;
 
-const T: Duration = Duration::from_secs(10);
 const ALL: Access = Access::LOCAL_WRITE.union(Access::REMOTE);
-
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_vur-daemon"))
-}
-
-fn pair() -> (Node, Node) {
-    let (aa, ba) = loopback_pair(4791);
-    (
-        Node::start(bin(), aa, &[]).expect("node a"),
-        Node::start(bin(), ba, &[]).expect("node b"),
-    )
-}
 
 /// Polls `probe` until it reports that the condition holds; after `T`, fails saying what it
 /// waited for and what it saw last.
@@ -52,12 +41,6 @@ fn qp_sum(json: &str, key: &str) -> u64 {
                 .ok()
         })
         .sum()
-}
-
-fn one(g: &mut Guest, cq: &Cq) -> Wc {
-    let w = g.wait_cq(cq, 1, T);
-    assert_eq!(w.len(), 1, "expected one completion");
-    w[0]
 }
 
 fn write_wr(wr_id: u64, src: &Mr, len: u32, remote_addr: u64, rkey: u32) -> SendWr {

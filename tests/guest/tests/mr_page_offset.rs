@@ -3,38 +3,19 @@
 //! first byte lies in the first page, so IOVA 0x1000_0123 can name a buffer that starts 0x456
 //! bytes into its page. Two daemons on loopback UDP, two test guests.
 
-use std::path::Path;
-use std::time::Duration;
+mod common;
 
+use common::{one, pair};
 use rxe_core::verbs::*;
 use vm_memory::ByteValued;
 use vur_testguest::abi::{op, Status};
 use vur_testguest::*;
 
-const T: Duration = Duration::from_secs(10);
 const ALL: Access = Access::LOCAL_WRITE.union(Access::REMOTE);
 const IOVA: u64 = 0x1000_0123;
 const OFF: usize = 0x456;
 /// 0x456 + 0x2000 bytes: three pages.
 const LEN: usize = 0x2000;
-
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_vur-daemon"))
-}
-
-fn pair() -> (Node, Node) {
-    let (aa, ba) = loopback_pair(4791);
-    (
-        Node::start(bin(), aa, &[]).expect("node a"),
-        Node::start(bin(), ba, &[]).expect("node b"),
-    )
-}
-
-fn one(g: &mut Guest, cq: &Cq) -> Wc {
-    let w = g.wait_cq(cq, 1, T);
-    assert_eq!(w.len(), 1, "expected one completion");
-    w[0]
-}
 
 fn pattern(n: usize, seed: u8) -> Vec<u8> {
     (0..n).map(|i| (i as u8).wrapping_mul(13) ^ seed).collect()

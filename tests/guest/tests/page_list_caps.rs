@@ -4,9 +4,11 @@
 //! executed, beyond which a REG_MR waits in its ring. Memory comes back on DEREG/DESTROY; the
 //! counters socket shows it (`device.page_list_bytes`).
 
-use std::path::Path;
+mod common;
+
 use std::time::Duration;
 
+use common::{bin, one_within};
 use rxe_core::verbs::*;
 use vm_memory::ByteValued;
 use vur_testguest::abi::{op, Status};
@@ -16,19 +18,9 @@ const T: Duration = Duration::from_secs(20);
 const ALL: Access = Access::LOCAL_WRITE.union(Access::REMOTE);
 const MIB: u64 = 1 << 20;
 
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_vur-daemon"))
-}
-
 fn counter(n: &Node, key: &str) -> u64 {
     let json = n.daemon.counters().expect("counters");
     json_u64(&json, "device", key).unwrap_or_else(|| panic!("no device.{key} in {json}"))
-}
-
-fn one(g: &mut Guest, cq: &Cq) -> Wc {
-    let w = g.wait_cq(cq, 1, T);
-    assert_eq!(w.len(), 1, "expected one completion");
-    w[0]
 }
 
 fn no_memory<T>(r: Result<T>) -> bool {
@@ -277,4 +269,9 @@ fn reg_mr_lists_beyond_the_qp_cap_wait_then_complete() {
     a.guest.post_send(&ea.qp, &wr).unwrap();
     assert_eq!(one(&mut a.guest, &ea.cq).status, 0);
     assert_eq!(target.to_vec(100, 64), [0x6b; 64]);
+}
+
+/// The next completion of `cq`, within this file's longer [`T`].
+fn one(g: &mut Guest, cq: &Cq) -> Wc {
+    one_within(g, cq, T)
 }

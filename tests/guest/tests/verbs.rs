@@ -1,32 +1,14 @@
 //! RC/UD operations end to end: two daemons on loopback UDP, two test guests driving them
 //! through real vhost-user sockets and rings in memfd guest memory.
 
-use std::path::Path;
+mod common;
+
 use std::time::Duration;
 
+use common::{one, pair, T};
 use rxe_core::verbs::*;
 use rxe_core::Qpn;
 use vur_testguest::*;
-
-const T: Duration = Duration::from_secs(10);
-
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_vur-daemon"))
-}
-
-fn pair() -> (Node, Node) {
-    let (aa, ba) = loopback_pair(4791);
-    (
-        Node::start(bin(), aa, &[]).expect("node a"),
-        Node::start(bin(), ba, &[]).expect("node b"),
-    )
-}
-
-fn one(g: &mut Guest, cq: &Cq) -> Wc {
-    let w = g.wait_cq(cq, 1, T);
-    assert_eq!(w.len(), 1, "expected one completion");
-    w[0]
-}
 
 const ALL: Access = Access::LOCAL_WRITE.union(Access::REMOTE);
 
