@@ -2,6 +2,7 @@
 //! exchanges of the stock rdma-core example programs, so that unmodified `ibv_*_pingpong` in a
 //! VM running Linux `rdma_rxe` can be the other end.
 
+pub mod diff;
 pub mod oob;
 pub mod peer;
 pub mod perftest;

@@ -121,6 +121,12 @@ impl UdpTransport {
         Ok(())
     }
 
+    /// Sends `roce` as it is (ICRC included): crafted or corrupted packets.
+    pub fn send_raw(&self, to: SocketAddr, roce: &[u8]) -> io::Result<()> {
+        self.sock.send_to(roce, to)?;
+        Ok(())
+    }
+
     /// Waits up to `timeout` for a datagram whose ICRC matches (zero: take one only if already
     /// queued). Datagrams with a bad ICRC are dropped and counted on the way.
     pub fn recv(
