@@ -47,6 +47,7 @@ pub fn render(shared: &Shared) -> String {
             tx_packets,
             tx_bytes,
             tx_dropped,
+            tx_blocked,
             tx_wrong_family,
             rx_packets,
             rx_bytes,
@@ -129,7 +130,9 @@ pub fn render(shared: &Shared) -> String {
                         rnr_naks_received,
                         duplicates,
                         dropped,
-                        errors
+                        errors,
+                        ghost_responses,
+                        responses_dropped
                     ]
                 );
                 s.push('}');

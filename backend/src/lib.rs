@@ -38,7 +38,7 @@ use crate::counters::Shared;
 use crate::guest_mem::GuestMemoryMmap;
 use crate::model::Model;
 use crate::transport::UdpTransport;
-use crate::vhu_rdma::{VhuRdma, TIMER_EVENT, UDP_EVENT};
+use crate::vhu_rdma::{VhuRdma, TIMER_EVENT, UDP_EVENT, WORK_EVENT};
 
 #[derive(Debug, Error)]
 pub enum Error {
@@ -141,6 +141,10 @@ pub fn start_backend(config: Config) -> Result<(), Error> {
             handlers[0]
                 .register_listener(backend.timer_fd(), EventSet::IN, TIMER_EVENT as u64)
                 .map_err(Error::Io)?;
+            handlers[0]
+                .register_listener(backend.work_fd(), EventSet::IN, WORK_EVENT as u64)
+                .map_err(Error::Io)?;
+            backend.set_epoll_handler(&handlers[0]);
         }
         log::info!("waiting for a frontend on {path}");
         if let Err(e) = daemon.start(&mut listener) {

@@ -27,8 +27,29 @@ pub trait PacketSink {
     fn next_buf(&mut self) -> &mut [u8];
     /// The packet the engine just built at the front of `next_buf()` is complete.
     fn push(&mut self, t: &Transmit);
-    /// Sends everything pushed so far.
+    /// Sends everything pushed so far, or as much as the socket takes.
     fn flush(&mut self);
+    /// The sink holds packets the socket did not take (its buffer is full): it takes no more
+    /// until it has sent them. [`Model::pump`] stops and the caller waits for writability.
+    fn blocked(&self) -> bool {
+        false
+    }
+}
+
+/// Packets one [`Model::pump`] sends at most before it returns, so that doorbells, received
+/// packets, timers and control commands are served between the slices of a long READ
+/// response or a deep send queue. About 1 ms of work at 1 µs a packet.
+pub const TX_BUDGET: usize = 1024;
+
+/// Why [`Model::pump`] returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pump {
+    /// The engine has nothing more to send now.
+    Idle,
+    /// The packet budget is spent and work remains: pump again soon, after other events.
+    Budget,
+    /// The sink is [`PacketSink::blocked`]: pump again once the socket is writable.
+    Blocked,
 }
 
 /// A sink that hands each packet to a closure at once (tests, fuzzing).
@@ -1616,20 +1637,42 @@ impl Model {
         self.dev.poll_timeout()
     }
 
-    /// Runs the engine until it is idle: sends what it produces through `tx`, moves
-    /// completions into CQ rings, collects events.
-    pub fn pump(&mut self, mem: &GuestMemoryMmap, now: Instant, tx: &mut dyn PacketSink) {
+    /// Runs the engine for at most [`TX_BUDGET`] packets: sends what it produces through
+    /// `tx`, moves completions into CQ rings, collects events. Says why it stopped.
+    pub fn pump(&mut self, mem: &GuestMemoryMmap, now: Instant, tx: &mut dyn PacketSink) -> Pump {
+        self.pump_budget(mem, now, tx, TX_BUDGET)
+    }
+
+    /// [`Self::pump`] with a packet budget of `budget`.
+    pub fn pump_budget(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        now: Instant,
+        tx: &mut dyn PacketSink,
+        budget: usize,
+    ) -> Pump {
+        let mut left = budget;
         for _ in 0..64 {
             // Completions made room in the engine's send queues: take what waits in rings.
             let before = self.stats.sq_wqes;
             self.pull_backlog(mem);
             let mut sent = (self.stats.sq_wqes - before) as usize;
+            let mut stop = None;
             loop {
+                if tx.blocked() {
+                    stop = Some(Pump::Blocked);
+                    break;
+                }
+                if left == 0 {
+                    stop = Some(Pump::Budget);
+                    break;
+                }
                 let mut ram = crate::guest_mem::GuestRam(mem);
                 let Some(t) = self.dev.poll_transmit(now, &mut ram, tx.next_buf()) else {
                     break;
                 };
                 tx.push(&t);
+                left -= 1;
                 sent += 1;
                 if sent.is_multiple_of(64) {
                     // Let packets and completions out between bursts.
@@ -1642,16 +1685,21 @@ impl Model {
             while let Some(e) = self.dev.poll_event() {
                 self.engine_event(e);
             }
+            if let Some(stop) = stop {
+                return if tx.blocked() { Pump::Blocked } else { stop };
+            }
             if sent == 0 {
                 // Local work requests (REG_MR, LOCAL_INV, BIND_MW) complete without a packet
                 // and may have made room for what waits in a ring: go on only if it moved.
                 let before = self.stats.sq_wqes + self.stats.bad_wqes;
                 self.pull_backlog(mem);
                 if self.stats.sq_wqes + self.stats.bad_wqes == before {
-                    break;
+                    return Pump::Idle;
                 }
             }
         }
+        // Still moving after 64 rounds: the rest after other events.
+        Pump::Budget
     }
 
     /// Pulls the SQs that left WQEs in their rings (no room, not ready, a REG_MR cap).

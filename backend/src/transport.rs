@@ -41,6 +41,8 @@ pub struct TransportStats {
     pub tx_packets: u64,
     pub tx_bytes: u64,
     pub tx_dropped: u64,
+    /// Times the socket buffer was full (EAGAIN): the packets waited for writability.
+    pub tx_blocked: u64,
     pub tx_wrong_family: u64,
     pub rx_packets: u64,
     pub rx_bytes: u64,
@@ -61,6 +63,9 @@ pub struct UdpTransport {
     /// Packets waiting for `sendmmsg`: `TX_BATCH` slots of `TX_SLOT` bytes.
     tx_buf: Vec<u8>,
     tx_pending: Vec<(usize, SocketAddr)>,
+    /// The last `sendmmsg` found the socket buffer full; `tx_pending` holds what it did not
+    /// take, sent first once the socket is writable again.
+    tx_blocked: bool,
     rx: RxBatch,
 }
 
@@ -139,6 +144,7 @@ impl UdpTransport {
             stats: TransportStats::default(),
             tx_buf: vec![0; TX_BATCH * TX_SLOT],
             tx_pending: Vec::with_capacity(TX_BATCH),
+            tx_blocked: false,
             rx: RxBatch {
                 buf: vec![0; RX_BATCH * RX_SLOT],
                 // SAFETY: sockaddr_storage is plain data; all-zero is a valid value.
@@ -195,6 +201,7 @@ impl UdpTransport {
     fn send_pending(&mut self) {
         let n = self.tx_pending.len();
         if n == 0 {
+            self.tx_blocked = false;
             return;
         }
         let mut names: [libc::sockaddr_storage; TX_BATCH] =
@@ -240,12 +247,31 @@ impl UdpTransport {
             if r < 0 && e.kind() == io::ErrorKind::Interrupted {
                 continue;
             }
-            // A full socket buffer (or an ICMP error reported on this call) loses the head
-            // packet: the engine's retransmission covers it. Try the rest.
+            if r < 0 && e.kind() == io::ErrorKind::WouldBlock {
+                // The socket buffer is full: keep the rest, in order, for when it drains.
+                self.stats.tx_blocked += 1;
+                self.tx_blocked = true;
+                self.keep_unsent(done);
+                return;
+            }
+            // An error of this packet (an ICMP error reported on this call, a route that
+            // refuses it) loses it: the engine's retransmission covers it. Try the rest.
             self.stats.tx_dropped += 1;
             done += 1;
         }
         self.tx_pending.clear();
+        self.tx_blocked = false;
+    }
+
+    /// Moves the packets from `done` on to the front of the batch.
+    fn keep_unsent(&mut self, done: usize) {
+        for i in done..self.tx_pending.len() {
+            let (len, _) = self.tx_pending[i];
+            let from = i * TX_SLOT;
+            self.tx_buf
+                .copy_within(from..from + len, (i - done) * TX_SLOT);
+        }
+        self.tx_pending.drain(..done);
     }
 
     /// Receives up to [`RX_BATCH`] datagrams with one `recvmmsg`; returns how many arrived
@@ -388,6 +414,10 @@ impl PacketSink for UdpTransport {
 
     fn flush(&mut self) {
         self.send_pending();
+    }
+
+    fn blocked(&self) -> bool {
+        self.tx_blocked
     }
 }
 
@@ -614,6 +644,38 @@ mod tests {
             other,
             &roce[..n]
         ));
+    }
+
+    /// A full socket buffer keeps the packets it did not take, in order, for the next flush;
+    /// the transport says it is blocked meanwhile (the pump then takes nothing more).
+    #[test]
+    fn packets_the_socket_did_not_take_wait_in_order() {
+        let Ok(mut ta) = UdpTransport::bind("127.0.0.1:0".parse().unwrap(), 0, false) else {
+            eprintln!("skip: 127.0.0.1 cannot be bound");
+            return;
+        };
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        rx.set_read_timeout(Some(std::time::Duration::from_secs(2)))
+            .unwrap();
+        let dst = rx.local_addr().unwrap();
+        for i in 0..4u8 {
+            let buf = ta.next_buf();
+            buf[..3].copy_from_slice(&[i, i, i]);
+            ta.tx_pending.push((3, dst));
+        }
+        // As after a sendmmsg that took the first packet and then met EAGAIN.
+        ta.tx_blocked = true;
+        ta.keep_unsent(1);
+        assert!(ta.blocked());
+        assert_eq!(ta.tx_pending.len(), 3);
+        ta.flush();
+        assert!(!ta.blocked());
+        let mut b = [0u8; 16];
+        for i in 1..4u8 {
+            let n = rx.recv(&mut b).unwrap();
+            assert_eq!(&b[..n], &[i, i, i]);
+        }
+        assert_eq!(ta.stats.tx_packets, 3);
     }
 
     /// Two sockets on loopback: what one sends the other verifies (ID 0 over IPv4), and a

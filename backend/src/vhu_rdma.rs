@@ -5,10 +5,10 @@
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
-use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
+use vhost_user_backend::{VhostUserBackend, VringEpollHandler, VringRwLock, VringT};
 use virtio_bindings::virtio_config::{VIRTIO_F_NOTIFY_ON_EMPTY, VIRTIO_F_VERSION_1};
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use virtio_queue::{QueueOwnedT, QueueT};
@@ -17,15 +17,20 @@ use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
+use vmm_sys_util::eventfd::EventFd;
 
 use crate::abi::{self, NUM_QUEUES, VQ_CTRL, VQ_DOORBELL, VQ_EVENT};
 use crate::guest_mem::GuestMemoryMmap;
-use crate::model::Model;
+use crate::model::{Model, Pump};
 use crate::transport::{UdpTransport, RX_BATCH};
 
 /// Epoll ids of the extra fds (ids up to `NUM_QUEUES` are reserved by vhost-user-backend).
 pub const UDP_EVENT: u16 = NUM_QUEUES as u16 + 1;
 pub const TIMER_EVENT: u16 = NUM_QUEUES as u16 + 2;
+/// The engine has work left after a pump's packet budget: come back after the other events.
+pub const WORK_EVENT: u16 = NUM_QUEUES as u16 + 3;
+/// The UDP socket, for writability, registered only while the transport is blocked.
+pub const UDP_WRITABLE_EVENT: u16 = NUM_QUEUES as u16 + 4;
 
 /// Queue size the device offers.
 pub const QUEUE_SIZE: usize = 1024;
@@ -172,6 +177,16 @@ pub struct VhuRdma {
     /// ([`resume_at_used`]) on this connection.
     resumed: [AtomicBool; NUM_QUEUES],
     timer: Timer,
+    /// Signalled when a pump stopped at its packet budget ([`WORK_EVENT`]).
+    work: EventFd,
+    /// A duplicate of the UDP socket's fd, in the epoll for EPOLLOUT while the transport waits
+    /// for room ([`UDP_WRITABLE_EVENT`]); a separate fd because the socket itself is there
+    /// for EPOLLIN.
+    tx_wait: OwnedFd,
+    /// Whether `tx_wait` is in the epoll.
+    tx_waiting: AtomicBool,
+    /// The worker's epoll, to add and remove `tx_wait` (weak: it holds this backend).
+    epoll: Mutex<Weak<VringEpollHandler<Arc<VhuRdma>>>>,
     /// Exit-event consumer fds handed to vhost-user-backend, which registers them in its
     /// epoll with `into_raw_fd()` and never closes them; closed in [`Self::close_exit_fds`]
     /// once the daemon (and its worker threads) are gone.
@@ -185,7 +200,19 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl VhuRdma {
     pub fn new(model: Arc<Mutex<Model>>, transport: Arc<Mutex<UdpTransport>>) -> io::Result<Self> {
+        let udp_fd = lock(&transport).fd();
+        // SAFETY: `udp_fd` is the transport's open socket; F_DUPFD_CLOEXEC makes a new fd.
+        let dup = unsafe { libc::fcntl(udp_fd, libc::F_DUPFD_CLOEXEC, 0) };
+        if dup < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `dup` was just created and is owned by nobody else.
+        let tx_wait = unsafe { OwnedFd::from_raw_fd(dup) };
         Ok(VhuRdma {
+            work: EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC)?,
+            tx_wait,
+            tx_waiting: AtomicBool::new(false),
+            epoll: Mutex::new(Weak::new()),
             model,
             transport,
             mem: Mutex::new(None),
@@ -210,6 +237,47 @@ impl VhuRdma {
 
     pub fn timer_fd(&self) -> RawFd {
         self.timer.fd()
+    }
+
+    pub fn work_fd(&self) -> RawFd {
+        self.work.as_raw_fd()
+    }
+
+    /// The epoll handler of the worker thread, for the writability wait.
+    pub fn set_epoll_handler(&self, h: &Arc<VringEpollHandler<Arc<VhuRdma>>>) {
+        *lock(&self.epoll) = Arc::downgrade(h);
+    }
+
+    /// Acts on why the pump stopped: more work now, or wait for the socket to drain.
+    fn after_pump(&self, p: Pump) {
+        match p {
+            Pump::Idle => {}
+            Pump::Budget => {
+                let _ = self.work.write(1);
+            }
+            Pump::Blocked => self.wait_writable(true),
+        }
+    }
+
+    /// Adds (or removes) the UDP socket's EPOLLOUT interest.
+    fn wait_writable(&self, on: bool) {
+        if self.tx_waiting.load(Ordering::Relaxed) == on {
+            return;
+        }
+        let Some(h) = lock(&self.epoll).upgrade() else {
+            return;
+        };
+        let fd = self.tx_wait.as_raw_fd();
+        let ev = UDP_WRITABLE_EVENT as u64;
+        let r = if on {
+            h.register_listener(fd, EventSet::OUT, ev)
+        } else {
+            h.unregister_listener(fd, EventSet::OUT, ev)
+        };
+        match r {
+            Ok(()) => self.tx_waiting.store(on, Ordering::Relaxed),
+            Err(e) => log::warn!("udp writability wait: {e}"),
+        }
     }
 
     /// The first time this connection touches queue `index` once it is set up (started by
@@ -465,6 +533,10 @@ impl VhostUserBackend for VhuRdma {
             // No memory table yet: nothing can be read. Drain the timer so it stops firing.
             match device_event {
                 TIMER_EVENT => self.timer.consume(),
+                WORK_EVENT => {
+                    let _ = self.work.read();
+                }
+                UDP_WRITABLE_EVENT => self.wait_writable(false),
                 UDP_EVENT => {
                     let mut t = lock(&self.transport);
                     while t.recv_batch() > 0 {}
@@ -539,13 +611,19 @@ impl VhostUserBackend for VhuRdma {
                 self.timer.consume();
                 model.handle_timeout(now());
             }
+            WORK_EVENT => {
+                let _ = self.work.read();
+            }
+            // The pump below sends what waited first.
+            UDP_WRITABLE_EVENT => self.wait_writable(false),
             _ => log::warn!("unexpected event id {device_event}"),
         }
-        {
+        let p = {
             let g = mem.memory();
             let mut t = lock(&self.transport);
-            model.pump(&g, now(), &mut *t);
-        }
+            model.pump(&g, now(), &mut *t)
+        };
+        self.after_pump(p);
         self.deliver_events(vrings, &mem, &mut model)?;
         let mut next = model.poll_timeout();
         if !self.state_checked.load(Ordering::Relaxed) {
