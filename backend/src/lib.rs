@@ -52,6 +52,25 @@ pub enum Error {
     Io(#[from] std::io::Error),
 }
 
+/// 64 bits from the kernel's random source (getrandom(2)).
+pub fn random_u64() -> std::io::Result<u64> {
+    let mut b = [0u8; 8];
+    let mut got = 0;
+    while got < b.len() {
+        // SAFETY: writing at most `b.len() - got` bytes into the live buffer `b` from `got`.
+        let r = unsafe { libc::getrandom(b[got..].as_mut_ptr().cast(), b.len() - got, 0) };
+        if r < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        got += r as usize;
+    }
+    Ok(u64::from_ne_bytes(b))
+}
+
 fn block_signals() -> libc::sigset_t {
     // SAFETY: sigset_t is plain data; sigemptyset/sigaddset initialise it; pthread_sigmask
     // only changes this thread's mask (threads spawned later inherit it).
@@ -114,7 +133,11 @@ pub fn start_backend(config: Config) -> Result<(), Error> {
         if shared.shutdown.load(Ordering::SeqCst) {
             break Ok(());
         }
-        let mut m = Model::new(config.model.clone());
+        // Every connection its own key bytes and first QPN: nothing a previous guest or an
+        // off-path sender learnt names this guest's MRs and QPs.
+        let mut mc = config.model.clone();
+        mc.dev.seed = Some(random_u64()?);
+        let mut m = Model::new(mc);
         m.set_source_gids(vec![shared
             .transport
             .lock()

@@ -364,6 +364,11 @@ impl Model {
 
     /// Device reset: every object destroyed, every ring forgotten.
     pub fn reset(&mut self) {
+        // A new device instance draws new key bytes and a new first QPN: the objects the
+        // driver re-creates are not named as the ones before the reset were.
+        if let Some(s) = self.cfg.dev.seed.as_mut() {
+            *s = rxe_core::types::Rng::new(*s).next_u64();
+        }
         self.dev = Device::new(self.cfg.dev.clone());
         self.qps.clear();
         self.cqs.clear();
@@ -1809,6 +1814,41 @@ mod tests {
         let flush = abi::dev_cap::FLUSH_GLOBAL | abi::dev_cap::FLUSH_PERSISTENT;
         assert_eq!(c.device_cap_flags & flush, flush, "as rxe states them");
         assert_eq!(flush, (1 << 38) | (1 << 39));
+    }
+
+    /// A device reset re-seeds: the objects created after it are not named as before.
+    #[test]
+    fn a_reset_draws_new_keys_and_qpns() {
+        let mut m = Model::new(ModelConfig {
+            dev: DeviceConfig {
+                seed: Some(42),
+                ..Default::default()
+            },
+            netdev_mtu: 1500,
+            max_page_list_bytes: DEFAULT_MAX_PAGE_LIST_BYTES,
+        });
+        let names = |m: &mut Model| {
+            let pd = m.dev.alloc_pd().unwrap();
+            let cq = m.dev.create_cq(16).unwrap();
+            let key = m.dev.alloc_mr(pd, 16).unwrap();
+            let qpn = m
+                .dev
+                .create_qp(rxe_core::QpInit {
+                    qp_type: QpType::Rc,
+                    pd,
+                    send_cq: cq,
+                    recv_cq: cq,
+                    srq: None,
+                    cap: QpCap::default(),
+                    sq_sig_all: false,
+                })
+                .unwrap();
+            (key, qpn.0)
+        };
+        let before = names(&mut m);
+        m.reset();
+        let after = names(&mut m);
+        assert_ne!(before, after);
     }
 
     #[test]
