@@ -61,6 +61,10 @@ pub struct Args {
     /// from 64K to 1T.
     #[arg(long, default_value = "64M")]
     pub max_page_list_bytes: String,
+    /// Let the guest register DMA MRs (all of guest memory) with remote rights. Off: such a
+    /// registration gets PERMISSION; one key would expose every byte of the guest.
+    #[arg(long)]
+    pub allow_remote_dma_mr: bool,
     /// Unix socket that prints the counters as JSON to whoever connects.
     #[arg(long)]
     pub counters_socket: Option<PathBuf>,
@@ -159,6 +163,7 @@ impl TryFrom<Args> for Config {
                 max_page_list_bytes: parse_size(&a.max_page_list_bytes)
                     .filter(|v| v.is_power_of_two() && (1 << 16..=1 << 40).contains(v))
                     .ok_or_else(|| ConfigError::PageListBytes(a.max_page_list_bytes.clone()))?,
+                allow_remote_dma_mr: a.allow_remote_dma_mr,
             },
         })
     }

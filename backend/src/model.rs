@@ -203,7 +203,28 @@ pub struct ModelConfig {
     /// Cap on the page lists the device keeps ([`PageListBudget`]); a power of two (the
     /// config space states it as log2).
     pub max_page_list_bytes: u64,
+    /// REG_DMA_MR may grant remote rights (or MW_BIND, through which a window could): a
+    /// key that reaches every byte of guest memory from the network. Off unless the operator
+    /// asks for it.
+    pub allow_remote_dma_mr: bool,
 }
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        ModelConfig {
+            dev: DeviceConfig::default(),
+            netdev_mtu: 1500,
+            max_page_list_bytes: DEFAULT_MAX_PAGE_LIST_BYTES,
+            allow_remote_dma_mr: false,
+        }
+    }
+}
+
+/// Rights of a DMA MR that reach it from the network: remote access, the FLUSH targets, and
+/// MW_BIND (a window bound to it would carry remote rights).
+const DMA_MR_REMOTE_RIGHTS: Access = Access(
+    Access::REMOTE.0 | Access::MW_BIND.0 | Access::FLUSH_GLOBAL.0 | Access::FLUSH_PERSISTENT.0,
+);
 
 pub struct Model {
     pub dev: Device,
@@ -657,7 +678,23 @@ impl Model {
                 if c.access & !Access::ALL.0 != 0 {
                     return Err(Status::Invalid);
                 }
-                let k = self.dev.reg_dma_mr(c.pdn, Access(c.access)).map_err(verr)?;
+                let access = Access(c.access);
+                // IBTA 10.6.3.1 before the policy: a malformed request is INVALID whatever
+                // the daemon allows.
+                if (access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC))
+                    && !access.contains(Access::LOCAL_WRITE)
+                {
+                    return Err(Status::Invalid);
+                }
+                if access.0 & DMA_MR_REMOTE_RIGHTS.0 != 0 && !self.cfg.allow_remote_dma_mr {
+                    log::warn!(
+                        "REG_DMA_MR with remote rights {:#x} refused: every byte of guest \
+                         memory would be reachable with one key (--allow-remote-dma-mr)",
+                        access.0 & DMA_MR_REMOTE_RIGHTS.0
+                    );
+                    return Err(Status::Permission);
+                }
+                let k = self.dev.reg_dma_mr(c.pdn, access).map_err(verr)?;
                 body(abi::RespMr { lkey: k, rkey: k })
             }
             op::ALLOC_MR => {
@@ -1800,8 +1837,8 @@ mod tests {
     fn the_config_space_states_the_caps_as_log2() {
         let m = Model::new(ModelConfig {
             dev: DeviceConfig::default(),
-            netdev_mtu: 1500,
             max_page_list_bytes: 1 << 26,
+            ..Default::default()
         });
         let c = m.config_space();
         assert_eq!(c.log2_max_page_list_bytes, 26);
@@ -1824,8 +1861,7 @@ mod tests {
                 seed: Some(42),
                 ..Default::default()
             },
-            netdev_mtu: 1500,
-            max_page_list_bytes: DEFAULT_MAX_PAGE_LIST_BYTES,
+            ..Default::default()
         });
         let names = |m: &mut Model| {
             let pd = m.dev.alloc_pd().unwrap();
@@ -1855,8 +1891,7 @@ mod tests {
     fn events_beyond_the_pending_limit_end_in_one_events_lost() {
         let mut m = Model::new(ModelConfig {
             dev: DeviceConfig::default(),
-            netdev_mtu: 1500,
-            max_page_list_bytes: DEFAULT_MAX_PAGE_LIST_BYTES,
+            ..Default::default()
         });
         for qpn in 0..MAX_PENDING_EVENTS as u32 + 10 {
             m.push_event(abi::event::KIND_ASYNC, abi::event::QP_FATAL, qpn);

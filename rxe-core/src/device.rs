@@ -432,6 +432,14 @@ impl Device {
     /// A DMA MR covering all of memory (`ib_get_dma_mr`): addresses are memory addresses.
     pub fn reg_dma_mr(&mut self, pd: u32, access: Access) -> Result<u32, VerbError> {
         self.pd_ref(pd, 0)?;
+        // As for every MR (IBTA 10.6.3.1; ib_core's `ib_check_mr_access()`): remote write
+        // and atomic need local write.
+        if access.0 & !Access::ALL.0 != 0
+            || ((access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC))
+                && !access.contains(Access::LOCAL_WRITE))
+        {
+            return Err(VerbError::Invalid);
+        }
         let mr = Mr {
             pd,
             kind: MrKind::Dma,

@@ -11,7 +11,7 @@ use common::{sge, statuses};
 use rxe_core::mem::Backing;
 use rxe_core::sim::*;
 use rxe_core::verbs::*;
-use rxe_core::{Device, DeviceConfig, QpInit};
+use rxe_core::{Device, DeviceConfig, QpInit, VerbError};
 
 fn device(seed: Option<u64>) -> Device {
     Device::new(DeviceConfig {
@@ -131,4 +131,23 @@ fn seeded_devices_talk_as_before() {
         [(1, WcStatus::Success)]
     );
     assert!(sim.nodes[1].mem.slice(dst, 4096).iter().all(|&b| b == 0x5a));
+}
+
+/// A DMA MR follows the rule every MR does (IBTA 10.6.3.1, ib_core's
+/// `ib_check_mr_access()`): remote write or atomic without local write is invalid.
+#[test]
+fn a_dma_mr_with_remote_write_needs_local_write() {
+    let mut d = device(None);
+    let pd = d.alloc_pd().unwrap();
+    for bad in [
+        Access::REMOTE_WRITE,
+        Access::REMOTE_ATOMIC,
+        Access::REMOTE,
+        Access(1 << 12),
+    ] {
+        assert_eq!(d.reg_dma_mr(pd, bad), Err(VerbError::Invalid), "{bad:?}");
+    }
+    d.reg_dma_mr(pd, Access::REMOTE_READ).unwrap();
+    d.reg_dma_mr(pd, Access::LOCAL_WRITE.union(Access::REMOTE))
+        .unwrap();
 }

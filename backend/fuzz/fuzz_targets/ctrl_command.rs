@@ -21,6 +21,7 @@ fuzz_target!(|data: &[u8]| {
         },
         netdev_mtu: 1500,
         max_page_list_bytes: 1 << 20,
+        allow_remote_dma_mr: true,
     });
     // Byte 0: how many 16-byte units of input seed guest memory; the rest is a sequence of
     // requests, each prefixed by a one-byte length (in 8-byte units).

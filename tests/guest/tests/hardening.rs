@@ -6,6 +6,7 @@ mod common;
 
 use common::bin;
 use rxe_core::verbs::*;
+use vm_memory::ByteValued;
 use vur_testguest::*;
 
 const ALL: Access = Access::LOCAL_WRITE.union(Access::REMOTE);
@@ -41,4 +42,61 @@ fn each_connection_draws_its_own_keys_and_qpns() {
         seen.iter().any(|&n| n != (0x111, 0x11)) && seen.windows(2).any(|w| w[0] != w[1]),
         "names repeat across connections: {seen:x?}"
     );
+}
+
+fn reg_dma_mr(g: &mut Guest, pd: u32, access: Access) -> Result<u32> {
+    let c = abi::CmdRegDmaMr {
+        pdn: pd,
+        access: access.0,
+    };
+    let r = g.cmd(abi::op::REG_DMA_MR, c.as_slice())?;
+    Ok(u32::from_le_bytes(r[..4].try_into().unwrap()))
+}
+
+fn status<T: std::fmt::Debug>(r: Result<T>) -> Option<abi::Status> {
+    match r {
+        Err(Error::Status(s)) => Some(s),
+        r => panic!("expected an error status, got {r:?}"),
+    }
+}
+
+/// A DMA MR reaches all of guest memory: remote rights on it (or MW_BIND, FLUSH targets)
+/// only with `--allow-remote-dma-mr`, else PERMISSION; remote write or atomic without local
+/// write is INVALID either way (IBTA 10.6.3.1).
+#[test]
+fn a_dma_mr_with_remote_rights_needs_the_operators_consent() {
+    use abi::Status::{Invalid, Permission};
+    for allow in [false, true] {
+        let (addr, _) = loopback_pair(4791);
+        let extra: &[&str] = if allow {
+            &["--allow-remote-dma-mr"]
+        } else {
+            &[]
+        };
+        let mut n = Node::start(bin(), addr, extra).unwrap();
+        let g = &mut n.guest;
+        let pd = g.alloc_pd().unwrap();
+        reg_dma_mr(g, pd, Access::LOCAL_WRITE).expect("local DMA MR");
+        assert_eq!(
+            status(reg_dma_mr(g, pd, Access::REMOTE_WRITE)),
+            Some(Invalid)
+        );
+        assert_eq!(
+            status(reg_dma_mr(g, pd, Access::REMOTE_ATOMIC)),
+            Some(Invalid)
+        );
+        for remote in [
+            Access::REMOTE_READ,
+            ALL,
+            Access::LOCAL_WRITE.union(Access::MW_BIND),
+            Access::LOCAL_WRITE.union(Access::FLUSH_GLOBAL),
+        ] {
+            let r = reg_dma_mr(g, pd, remote);
+            if allow {
+                r.expect("allowed by the operator");
+            } else {
+                assert_eq!(status(r), Some(Permission), "{remote:?}");
+            }
+        }
+    }
 }
