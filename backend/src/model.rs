@@ -1129,7 +1129,16 @@ impl Model {
         if need > crate::guest_mem::MAX_PAGES as u64 || c.pages.num_pages as u64 != need {
             return Err(Status::Invalid);
         }
-        // Charged before the list is read: its copy is what the cap bounds.
+        // Both budgets before the list is read: a registration that cannot fit costs nothing.
+        let fits = self
+            .dev
+            .registered_bytes()
+            .checked_add(c.length)
+            .is_some_and(|t| t <= self.cfg.dev.max_registered_bytes);
+        if !fits {
+            return Err(Status::NoMemory);
+        }
+        // The list's copy is what the page-list cap bounds.
         let lb = list_bytes(need as usize);
         self.lists.charge(lb)?;
         let r = resolve_page_list(mem, &c.pages, need as u32).and_then(|pages| {

@@ -357,6 +357,11 @@ impl Device {
 
     // ---------------------------------------------------------------- MRs and MWs
 
+    /// Bytes the MRs hold of `max_registered_bytes`.
+    pub fn registered_bytes(&self) -> u64 {
+        self.res.registered_bytes
+    }
+
     fn charge(&mut self, len: u64) -> Result<(), VerbError> {
         let total = self
             .res
@@ -487,7 +492,9 @@ impl Device {
         let Some(KeyObj::Mr(mr)) = self.res.keys.remove(key) else {
             return Err(VerbError::NotFound);
         };
-        if mr.kind == MrKind::User {
+        // User MRs hold their length from registration, fast-registration MRs the length
+        // they mapped last; DMA MRs nothing (they pin nothing the guest has not got).
+        if matches!(mr.kind, MrKind::User | MrKind::FastReg { .. }) {
             self.res.registered_bytes -= mr.length;
         }
         self.pd_ref(mr.pd, -1)

@@ -100,3 +100,36 @@ fn a_dma_mr_with_remote_rights_needs_the_operators_consent() {
         }
     }
 }
+
+/// REG_USER_MR checks the registered-bytes budget before it reads the page list: a
+/// registration beyond it is NO_MEMORY and costs no page-list walk (here the list is not even
+/// in guest memory, which a walk would report as BAD_ADDRESS).
+#[test]
+fn reg_user_mr_beyond_the_budget_is_refused_before_its_list_is_read() {
+    let (addr, _) = loopback_pair(4791);
+    let mut n = Node::start(bin(), addr, &["--max-registered-bytes", "1M"]).unwrap();
+    let g = &mut n.guest;
+    let pd = g.alloc_pd().unwrap();
+    let _held = g.reg_mr(pd, 768 << 10, ALL).unwrap();
+    let reg = |g: &mut Guest, pages: u32| {
+        let c = abi::CmdRegUserMr {
+            pdn: pd,
+            access: ALL.0,
+            iova: 0x10_0000_0000,
+            length: pages as u64 * PAGE,
+            pages: abi::PageListDesc {
+                gpa: 0xdead_0000_0000,
+                num_pages: pages,
+                page_shift: 12,
+                levels: 0,
+                reserved: 0,
+            },
+            page_offset: 0,
+            reserved: 0,
+        };
+        g.cmd(abi::op::REG_USER_MR, c.as_slice())
+    };
+    assert_eq!(status(reg(g, 128)), Some(abi::Status::NoMemory));
+    // Within the budget the same list is read, and found outside guest memory.
+    assert_eq!(status(reg(g, 16)), Some(abi::Status::BadAddress));
+}
