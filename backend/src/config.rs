@@ -9,6 +9,7 @@ use rxe_core::verbs::Mtu;
 use thiserror::Error;
 
 use crate::model::ModelConfig;
+use crate::unix_socket::{resolve_group, SocketAccess};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum TransportKind {
@@ -68,6 +69,10 @@ pub struct Args {
     /// Unix socket that prints the counters as JSON to whoever connects.
     #[arg(long)]
     pub counters_socket: Option<PathBuf>,
+    /// Group (name or GID) whose members may connect to the sockets too: mode 0660 instead
+    /// of 0600.
+    #[arg(long)]
+    pub socket_group: Option<String>,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -84,6 +89,8 @@ pub enum ConfigError {
     Size(String),
     #[error("--max-page-list-bytes {0:?} must be a power of two from 64K to 1T")]
     PageListBytes(String),
+    #[error("--socket-group {0:?}: no such group")]
+    Group(String),
 }
 
 /// The validated configuration.
@@ -95,6 +102,8 @@ pub struct Config {
     pub peer_port: u16,
     pub strict_icrc: bool,
     pub counters_socket: Option<PathBuf>,
+    /// Mode and group of the unix sockets.
+    pub socket_access: SocketAccess,
     pub model: ModelConfig,
 }
 
@@ -157,6 +166,12 @@ impl TryFrom<Args> for Config {
             peer_port: a.peer_port,
             strict_icrc: a.strict_icrc,
             counters_socket: a.counters_socket,
+            socket_access: SocketAccess {
+                group: match &a.socket_group {
+                    Some(g) => Some(resolve_group(g).ok_or_else(|| ConfigError::Group(g.clone()))?),
+                    None => None,
+                },
+            },
             model: ModelConfig {
                 dev,
                 netdev_mtu: a.mtu,
@@ -221,5 +236,15 @@ mod tests {
             1 << 20
         );
         assert_eq!(parse_size("x"), None);
+        assert_eq!(c.socket_access.mode(), 0o600);
+        let g = Config::try_from(args(&["--socket-group", "0"])).unwrap();
+        assert_eq!(
+            (g.socket_access.group, g.socket_access.mode()),
+            (Some(0), 0o660)
+        );
+        assert!(matches!(
+            Config::try_from(args(&["--socket-group", "no-such-group-here"])),
+            Err(ConfigError::Group(_))
+        ));
     }
 }

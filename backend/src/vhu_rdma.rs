@@ -5,7 +5,8 @@
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::time::Duration;
 
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
 use vhost_user_backend::{VhostUserBackend, VringEpollHandler, VringRwLock, VringT};
@@ -31,6 +32,8 @@ pub const TIMER_EVENT: u16 = NUM_QUEUES as u16 + 2;
 pub const WORK_EVENT: u16 = NUM_QUEUES as u16 + 3;
 /// The UDP socket, for writability, registered only while the transport is blocked.
 pub const UDP_WRITABLE_EVENT: u16 = NUM_QUEUES as u16 + 4;
+/// A counters reader waits for a rendering ([`VhuRdma::render_counters`]).
+pub const COUNTERS_EVENT: u16 = NUM_QUEUES as u16 + 5;
 
 /// Queue size the device offers.
 pub const QUEUE_SIZE: usize = 1024;
@@ -185,6 +188,11 @@ pub struct VhuRdma {
     tx_wait: OwnedFd,
     /// Whether `tx_wait` is in the epoll.
     tx_waiting: AtomicBool,
+    /// Signalled by a counters reader; the worker renders into `counters` and notifies.
+    counters_req: EventFd,
+    /// The latest rendering and its generation.
+    counters: Mutex<(u64, String)>,
+    counters_cv: Condvar,
     /// The worker's epoll, to add and remove `tx_wait` (weak: it holds this backend).
     epoll: Mutex<Weak<VringEpollHandler<Arc<VhuRdma>>>>,
     /// Exit-event consumer fds handed to vhost-user-backend, which registers them in its
@@ -212,6 +220,9 @@ impl VhuRdma {
             work: EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC)?,
             tx_wait,
             tx_waiting: AtomicBool::new(false),
+            counters_req: EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC)?,
+            counters: Mutex::new((0, String::new())),
+            counters_cv: Condvar::new(),
             epoll: Mutex::new(Weak::new()),
             model,
             transport,
@@ -241,6 +252,39 @@ impl VhuRdma {
 
     pub fn work_fd(&self) -> RawFd {
         self.work.as_raw_fd()
+    }
+
+    pub fn counters_fd(&self) -> RawFd {
+        self.counters_req.as_raw_fd()
+    }
+
+    /// The counters (members of a JSON object), rendered by the worker thread between two
+    /// events, so that a reader never holds the device's locks; `None` if the worker did not
+    /// get to it within `wait`.
+    pub fn render_counters(&self, wait: Duration) -> Option<String> {
+        let mut c = lock(&self.counters);
+        let asked = c.0;
+        let _ = self.counters_req.write(1);
+        let end = std::time::Instant::now() + wait;
+        while c.0 == asked {
+            let left = end.checked_duration_since(std::time::Instant::now())?;
+            c = self
+                .counters_cv
+                .wait_timeout(c, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        Some(c.1.clone())
+    }
+
+    /// Renders the counters for the readers waiting (worker thread).
+    fn publish_counters(&self, model: &Model) {
+        let _ = self.counters_req.read();
+        let t = lock(&self.transport).stats;
+        let body = crate::counters::render_body(&t, Some(model));
+        let mut c = lock(&self.counters);
+        *c = (c.0 + 1, body);
+        self.counters_cv.notify_all();
     }
 
     /// The epoll handler of the worker thread, for the writability wait.
@@ -537,6 +581,7 @@ impl VhostUserBackend for VhuRdma {
                     let _ = self.work.read();
                 }
                 UDP_WRITABLE_EVENT => self.wait_writable(false),
+                COUNTERS_EVENT => self.publish_counters(&lock(&self.model)),
                 UDP_EVENT => {
                     let mut t = lock(&self.transport);
                     while t.recv_batch() > 0 {}
@@ -616,6 +661,7 @@ impl VhostUserBackend for VhuRdma {
             }
             // The pump below sends what waited first.
             UDP_WRITABLE_EVENT => self.wait_writable(false),
+            COUNTERS_EVENT => self.publish_counters(&model),
             _ => log::warn!("unexpected event id {device_event}"),
         }
         let p = {

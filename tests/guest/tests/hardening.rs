@@ -133,3 +133,50 @@ fn reg_user_mr_beyond_the_budget_is_refused_before_its_list_is_read() {
     // Within the budget the same list is read, and found outside guest memory.
     assert_eq!(status(reg(g, 16)), Some(abi::Status::BadAddress));
 }
+
+fn mode(p: &std::path::Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o777
+}
+
+/// Both sockets are for the daemon's user only, whatever the umask; the counters still
+/// come (rendered by the worker).
+#[test]
+fn the_sockets_are_the_owners_only() {
+    let (addr, _) = loopback_pair(4791);
+    let n = Node::start(bin(), addr, &[]).unwrap();
+    let json = n.daemon.counters().unwrap();
+    assert!(json.contains("\"port\":"), "{json}");
+    assert_eq!(mode(&n.daemon.socket), 0o600);
+    assert_eq!(mode(&n.daemon.counters), 0o600);
+}
+
+/// A socket path that names something else is refused with a clear error, and that thing
+/// is left as it was.
+#[test]
+fn a_socket_path_that_is_not_a_socket_is_left_alone() {
+    let (addr, _) = loopback_pair(4791);
+    let dir = std::env::temp_dir().join(format!("vur-notsock-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("precious");
+    std::fs::write(&file, b"keep me").unwrap();
+    for (sock, counters) in [
+        (file.clone(), dir.join("c.sock")),
+        (dir.join("v.sock"), file.clone()),
+    ] {
+        let out = std::process::Command::new(bin())
+            .arg("--socket-path")
+            .arg(&sock)
+            .arg("--counters-socket")
+            .arg(&counters)
+            .arg("--udp-addr")
+            .arg(addr.to_string())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(err.contains("is not a socket"), "{err}");
+        assert_eq!(std::fs::read(&file).unwrap(), b"keep me");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,7 +1,7 @@
 //! The daemon's event loop is not held by one long transmission: a peer's READ of 1 GiB
 //! (a million responses at MTU 1024) is answered in slices of at most `TX_BUDGET` packets,
-//! and the control commands, doorbells and packets that arrive meanwhile are served between
-//! the slices.
+//! and the control commands, doorbells, packets and counter readers that arrive meanwhile are
+//! served between the slices.
 
 mod common;
 
@@ -113,6 +113,9 @@ fn a_control_command_is_served_while_a_1_gib_read_is_answered() {
     let started = asked - sent;
     let cfg = n.guest.query_device();
     let answered = Instant::now();
+    // The counters too: the worker renders them between two slices.
+    let json = n.daemon.counters().expect("counters");
+    let counted = Instant::now() - answered;
     std::thread::sleep(Duration::from_millis(300));
     stop.store(true, Ordering::Relaxed);
     rx.join().unwrap();
@@ -126,6 +129,14 @@ fn a_control_command_is_served_while_a_1_gib_read_is_answered() {
         after.len()
     );
     cfg.expect("QUERY_DEVICE");
+    assert!(
+        json.contains("\"port\":"),
+        "device counters while busy: {json}"
+    );
+    assert!(
+        counted < Duration::from_secs(2),
+        "counters took {counted:?}"
+    );
     // Before the budget the command waited for the whole READ: nothing (but what the peer's
     // tiny receive buffer held) came after it.
     assert!(
