@@ -56,7 +56,9 @@ pub fn render_body(t: &TransportStats, model: Option<&Model>) -> String {
             rx_icrc_ok,
             rx_icrc_id_solved,
             rx_icrc_bad,
-            rx_short
+            rx_short,
+            rx_errors,
+            rx_unattached
         ]
     );
     o.push('}');

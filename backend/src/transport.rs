@@ -32,6 +32,9 @@ pub const RX_BATCH: usize = 32;
 const TX_SLOT: usize = 4096 + 256;
 /// Room per received datagram (larger ones are truncated and dropped).
 const RX_SLOT: usize = 9216;
+/// Socket errors one receive call takes (each counted) before it gives up and reports the
+/// socket as failing ([`UdpTransport::rx_failing`]).
+pub const RX_ERROR_LIMIT: u32 = 16;
 use rxe_core::wire::frame::icrc_for_udp_socket;
 use rxe_core::Gid;
 
@@ -51,6 +54,10 @@ pub struct TransportStats {
     pub rx_icrc_id_solved: u64,
     pub rx_icrc_bad: u64,
     pub rx_short: u64,
+    /// Receive errors other than "nothing waiting" (ICMP errors reported on the socket, …).
+    pub rx_errors: u64,
+    /// Datagrams dropped because no guest memory was there to take them yet.
+    pub rx_unattached: u64,
 }
 
 pub struct UdpTransport {
@@ -66,6 +73,8 @@ pub struct UdpTransport {
     /// The last `sendmmsg` found the socket buffer full; `tx_pending` holds what it did not
     /// take, sent first once the socket is writable again.
     tx_blocked: bool,
+    /// The last receive gave up after [`RX_ERROR_LIMIT`] errors in a row.
+    rx_failing: bool,
     rx: RxBatch,
 }
 
@@ -145,6 +154,7 @@ impl UdpTransport {
             tx_buf: vec![0; TX_BATCH * TX_SLOT],
             tx_pending: Vec::with_capacity(TX_BATCH),
             tx_blocked: false,
+            rx_failing: false,
             rx: RxBatch {
                 buf: vec![0; RX_BATCH * RX_SLOT],
                 // SAFETY: sockaddr_storage is plain data; all-zero is a valid value.
@@ -293,6 +303,7 @@ impl UdpTransport {
             msgs[i].msg_hdr.msg_iov = &mut iov[i];
             msgs[i].msg_hdr.msg_iovlen = 1;
         }
+        let mut errors = 0;
         let n = loop {
             // SAFETY: every header points at a live, writable buffer of the size it names
             // (`rx.buf` slots and `rx.names` entries) that stays put during the call.
@@ -310,17 +321,49 @@ impl UdpTransport {
             }
             match io::Error::last_os_error().kind() {
                 io::ErrorKind::Interrupted => continue,
-                io::ErrorKind::WouldBlock => return 0,
+                io::ErrorKind::WouldBlock => {
+                    self.rx_failing = false;
+                    return 0;
+                }
                 // ICMP errors surface here (ECONNREFUSED on a closed peer port): not fatal,
-                // and they consume the error: try again.
-                _ => continue,
+                // and they consume the error: try again, a bounded number of times.
+                _ => {
+                    self.stats.rx_errors += 1;
+                    errors += 1;
+                    if errors >= RX_ERROR_LIMIT {
+                        self.rx_failing = true;
+                        return 0;
+                    }
+                }
             }
         };
+        self.rx_failing = false;
         for (i, m) in msgs.iter().enumerate().take(n) {
             let trunc = m.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
             rx.lens[i] = (m.msg_len as usize, m.msg_hdr.msg_namelen, trunc);
         }
         n
+    }
+
+    /// Whether the last [`Self::recv_batch`] gave up on errors: the socket keeps failing,
+    /// and the caller should leave it alone for a while.
+    pub fn rx_failing(&self) -> bool {
+        self.rx_failing
+    }
+
+    /// Receives and drops at most `max` datagrams (no guest memory to take them); returns
+    /// how many.
+    pub fn drop_unattached(&mut self, max: usize) -> usize {
+        let mut total = 0;
+        while total < max {
+            let n = self.recv_batch();
+            self.stats.rx_unattached += n as u64;
+            total += n;
+            if n < RX_BATCH {
+                break;
+            }
+        }
+        total
     }
 
     /// Datagram `i` of the last [`Self::recv_batch`], checked (length, ICRC); `None` if it
@@ -363,13 +406,21 @@ impl UdpTransport {
     /// Receives one datagram into `buf`; `None` when nothing is waiting. Packets that fail
     /// the checks are counted and skipped.
     pub fn recv(&mut self, buf: &mut [u8]) -> Option<(RecvMeta, usize)> {
+        let mut errors = 0;
         loop {
             let (n, src) = match self.sock.recv_from(buf) {
                 Ok(v) => v,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return None,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 // ICMP errors surface here (ECONNREFUSED on a closed peer port): not fatal.
-                Err(_) => continue,
+                Err(_) => {
+                    self.stats.rx_errors += 1;
+                    errors += 1;
+                    if errors >= RX_ERROR_LIMIT {
+                        return None;
+                    }
+                    continue;
+                }
             };
             self.stats.rx_packets += 1;
             self.stats.rx_bytes += n as u64;
@@ -644,6 +695,34 @@ mod tests {
             other,
             &roce[..n]
         ));
+    }
+
+    /// ICMP errors reported on the socket are counted and do not stop the receive path:
+    /// datagrams that arrive after them are still read.
+    #[test]
+    fn receive_errors_are_counted_and_bounded() {
+        let Ok(mut ta) = UdpTransport::bind("127.0.0.1:0".parse().unwrap(), 0, false) else {
+            eprintln!("skip: 127.0.0.1 cannot be bound");
+            return;
+        };
+        // A port nobody listens on: each datagram sent there comes back as ECONNREFUSED
+        // (reported on an unconnected socket with IP_RECVERR).
+        setsockopt_int(ta.fd(), libc::IPPROTO_IP, libc::IP_RECVERR, 1).unwrap();
+        let closed = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let dead = closed.local_addr().unwrap();
+        drop(closed);
+        for _ in 0..3 {
+            ta.sock.send_to(b"x", dead).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            let _ = ta.recv_batch();
+        }
+        assert!(ta.stats.rx_errors >= 1, "{:?}", ta.stats);
+        assert!(!ta.rx_failing(), "a few errors are not a failing socket");
+        let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
+        peer.send_to(&[0u8; 20], ta.local_addr()).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        assert_eq!(ta.drop_unattached(RX_BATCH * 4), 1);
+        assert_eq!(ta.stats.rx_unattached, 1);
     }
 
     /// A full socket buffer keeps the packets it did not take, in order, for the next flush;

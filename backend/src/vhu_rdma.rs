@@ -169,6 +169,33 @@ pub fn resume_at_used(vring: &VringRwLock, mem: &GuestMemoryMmap) -> Option<(u16
     Some((base, used))
 }
 
+/// How long the receive path leaves a failing socket alone: 1 ms, doubling while it keeps
+/// failing, up to [`RxBackoff::MAX_NS`]; back to nothing once a receive works.
+#[derive(Debug, Default)]
+pub struct RxBackoff {
+    /// The socket is out of the epoll until then.
+    pub until: Option<rxe_core::Instant>,
+    delay_ns: u64,
+}
+
+impl RxBackoff {
+    pub const MIN_NS: u64 = 1_000_000;
+    pub const MAX_NS: u64 = 1_000_000_000;
+
+    /// The socket failed at `now`: until when to leave it alone.
+    pub fn fail(&mut self, now: rxe_core::Instant) -> rxe_core::Instant {
+        self.delay_ns = (self.delay_ns * 2).clamp(Self::MIN_NS, Self::MAX_NS);
+        let until = now.plus_ns(self.delay_ns);
+        self.until = Some(until);
+        until
+    }
+
+    /// A receive worked.
+    pub fn ok(&mut self) {
+        self.delay_ns = 0;
+    }
+}
+
 pub struct VhuRdma {
     model: Arc<Mutex<Model>>,
     transport: Arc<Mutex<UdpTransport>>,
@@ -193,6 +220,8 @@ pub struct VhuRdma {
     /// The latest rendering and its generation.
     counters: Mutex<(u64, String)>,
     counters_cv: Condvar,
+    /// The receive path's back-off from a socket that keeps failing.
+    rx_pause: Mutex<RxBackoff>,
     /// The worker's epoll, to add and remove `tx_wait` (weak: it holds this backend).
     epoll: Mutex<Weak<VringEpollHandler<Arc<VhuRdma>>>>,
     /// Exit-event consumer fds handed to vhost-user-backend, which registers them in its
@@ -221,6 +250,7 @@ impl VhuRdma {
             tx_wait,
             tx_waiting: AtomicBool::new(false),
             counters_req: EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC)?,
+            rx_pause: Mutex::new(RxBackoff::default()),
             counters: Mutex::new((0, String::new())),
             counters_cv: Condvar::new(),
             epoll: Mutex::new(Weak::new()),
@@ -300,6 +330,51 @@ impl VhuRdma {
                 let _ = self.work.write(1);
             }
             Pump::Blocked => self.wait_writable(true),
+        }
+    }
+
+    /// After a receive: a socket that gave up on errors is left out of the epoll for a while
+    /// (longer each time it fails again, up to [`RxBackoff::MAX_NS`]) instead of waking the
+    /// worker at once, level-triggered, for ever.
+    fn rx_health(&self, t: &UdpTransport) {
+        let mut p = lock(&self.rx_pause);
+        if !t.rx_failing() {
+            p.ok();
+            return;
+        }
+        let until = p.fail(now());
+        drop(p);
+        log::warn!(
+            "udp socket: {} receive errors so far; not reading it for {} ms",
+            t.stats.rx_errors,
+            until.0.saturating_sub(now().0) / 1_000_000
+        );
+        self.udp_listen(t.fd(), false);
+        self.timer.arm(Some(until));
+    }
+
+    /// Takes the UDP socket back into the epoll once its back-off is over.
+    fn rx_resume_due(&self) {
+        let mut p = lock(&self.rx_pause);
+        if p.until.is_some_and(|u| now() >= u) {
+            p.until = None;
+            drop(p);
+            let fd = lock(&self.transport).fd();
+            self.udp_listen(fd, true);
+        }
+    }
+
+    fn udp_listen(&self, fd: RawFd, on: bool) {
+        let Some(h) = lock(&self.epoll).upgrade() else {
+            return;
+        };
+        let r = if on {
+            h.register_listener(fd, EventSet::IN, UDP_EVENT as u64)
+        } else {
+            h.unregister_listener(fd, EventSet::IN, UDP_EVENT as u64)
+        };
+        if let Err(e) = r {
+            log::warn!("udp socket epoll: {e}");
         }
     }
 
@@ -573,6 +648,7 @@ impl VhostUserBackend for VhuRdma {
         vrings: &[VringRwLock],
         _thread_id: usize,
     ) -> io::Result<()> {
+        self.rx_resume_due();
         let Some(mem) = lock(&self.mem).clone() else {
             // No memory table yet: nothing can be read. Drain the timer so it stops firing.
             match device_event {
@@ -583,8 +659,11 @@ impl VhostUserBackend for VhuRdma {
                 UDP_WRITABLE_EVENT => self.wait_writable(false),
                 COUNTERS_EVENT => self.publish_counters(&lock(&self.model)),
                 UDP_EVENT => {
+                    // Nothing to deliver to: drop (and count) what a wake-up brings, no more;
+                    // the socket is level-triggered and the rest wakes us again.
                     let mut t = lock(&self.transport);
-                    while t.recv_batch() > 0 {}
+                    t.drop_unattached(RX_LIMIT);
+                    self.rx_health(&t);
                 }
                 _ => {}
             }
@@ -651,6 +730,7 @@ impl VhostUserBackend for VhuRdma {
                         break;
                     }
                 }
+                self.rx_health(&t);
             }
             TIMER_EVENT => {
                 self.timer.consume();
@@ -672,6 +752,9 @@ impl VhostUserBackend for VhuRdma {
         self.after_pump(p);
         self.deliver_events(vrings, &mem, &mut model)?;
         let mut next = model.poll_timeout();
+        if let Some(until) = lock(&self.rx_pause).until {
+            next = Some(next.map_or(until, |t| t.min(until)));
+        }
         if !self.state_checked.load(Ordering::Relaxed) {
             // the rings are not set up yet: look again
             let check = now().plus_ns(STATE_CHECK_NS);
@@ -770,6 +853,19 @@ mod tests {
         v.set_queue_ready(false);
         assert_eq!(resume_at_used(&v, &mem), None);
         assert_eq!(v.queue_next_avail(), 5);
+    }
+
+    /// A socket that keeps failing is left alone longer each time, up to a second; one
+    /// receive that works ends the back-off.
+    #[test]
+    fn a_failing_socket_is_left_alone_longer_each_time() {
+        let mut b = RxBackoff::default();
+        let t = rxe_core::Instant(1_000_000_000);
+        let waits: Vec<u64> = (0..12).map(|_| b.fail(t).0 - t.0).collect();
+        assert_eq!(waits[..4], [1_000_000, 2_000_000, 4_000_000, 8_000_000]);
+        assert_eq!(*waits.last().unwrap(), RxBackoff::MAX_NS);
+        b.ok();
+        assert_eq!(b.fail(t).0 - t.0, RxBackoff::MIN_NS);
     }
 
     /// ADD_MEM_REG for hotplugged memory (cloud-hypervisor uses it when offered); never

@@ -180,3 +180,46 @@ fn a_socket_path_that_is_not_a_socket_is_left_alone() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A flood before any guest memory is there is read a bounded batch per wake-up, dropped and
+/// counted; the daemon keeps answering meanwhile.
+#[test]
+fn a_flood_before_the_memory_table_is_dropped_and_counted() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let (addr, src) = loopback_pair(4791);
+    let d = Daemon::spawn(bin(), addr, &[]).unwrap();
+    d.counters().unwrap(); // up
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let flood = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let s = std::net::UdpSocket::bind(src).unwrap();
+            let b = [0u8; 64];
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let _ = s.send_to(&b, addr);
+                n += 1;
+            }
+            n
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let asked = std::time::Instant::now();
+    let json = d.counters().unwrap();
+    let took = asked.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    let sent = flood.join().unwrap();
+    let dropped = json_u64(&json, "transport", "rx_unattached").expect("rx_unattached");
+    assert!(
+        dropped > 0 && dropped <= sent,
+        "{dropped} of {sent}: {json}"
+    );
+    assert_eq!(json_u64(&json, "transport", "rx_packets"), Some(0));
+    assert!(
+        took < std::time::Duration::from_secs(2),
+        "counters took {took:?}"
+    );
+    // And a guest still gets its device.
+    let mut g = Guest::connect(&d.socket, GuestOpts::default()).unwrap();
+    g.alloc_pd().unwrap();
+}
