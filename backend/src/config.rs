@@ -8,6 +8,7 @@ use rxe_core::device::DeviceConfig;
 use rxe_core::verbs::Mtu;
 use thiserror::Error;
 
+use crate::egress::{Cidr, EgressPolicy};
 use crate::model::ModelConfig;
 use crate::unix_socket::{resolve_group, SocketAccess};
 
@@ -69,6 +70,11 @@ pub struct Args {
     /// Unix socket that prints the counters as JSON to whoever connects.
     #[arg(long)]
     pub counters_socket: Option<PathBuf>,
+    /// Peers the guest may send to (address or prefix, IPv4 or IPv6; repeat or separate with
+    /// commas). Without it every destination but the unspecified and broadcast addresses is
+    /// allowed, and loopback only when --udp-addr is a loopback address.
+    #[arg(long, value_delimiter = ',')]
+    pub allow_peer: Vec<String>,
     /// Group (name or GID) whose members may connect to the sockets too: mode 0660 instead
     /// of 0600.
     #[arg(long)]
@@ -91,6 +97,8 @@ pub enum ConfigError {
     PageListBytes(String),
     #[error("--socket-group {0:?}: no such group")]
     Group(String),
+    #[error("--allow-peer {0}")]
+    Peer(String),
 }
 
 /// The validated configuration.
@@ -179,6 +187,13 @@ impl TryFrom<Args> for Config {
                     .filter(|v| v.is_power_of_two() && (1 << 16..=1 << 40).contains(v))
                     .ok_or_else(|| ConfigError::PageListBytes(a.max_page_list_bytes.clone()))?,
                 allow_remote_dma_mr: a.allow_remote_dma_mr,
+                egress: EgressPolicy::new(
+                    a.udp_addr.ip(),
+                    a.allow_peer
+                        .iter()
+                        .map(|s| s.parse::<Cidr>().map_err(ConfigError::Peer))
+                        .collect::<Result<_, _>>()?,
+                ),
             },
         })
     }
@@ -237,6 +252,13 @@ mod tests {
         );
         assert_eq!(parse_size("x"), None);
         assert_eq!(c.socket_access.mode(), 0o600);
+        let e = Config::try_from(args(&["--allow-peer", "10.77.0.0/16,fd77::/64"])).unwrap();
+        assert!(e.model.egress.allows("10.77.1.1".parse().unwrap()));
+        assert!(!e.model.egress.allows("10.78.1.1".parse().unwrap()));
+        assert!(matches!(
+            Config::try_from(args(&["--allow-peer", "10.0.0.0/40"])),
+            Err(ConfigError::Peer(_))
+        ));
         let g = Config::try_from(args(&["--socket-group", "0"])).unwrap();
         assert_eq!(
             (g.socket_access.group, g.socket_access.mode()),

@@ -50,6 +50,7 @@ pub fn render_body(t: &TransportStats, model: Option<&Model>) -> String {
             tx_bytes,
             tx_dropped,
             tx_blocked,
+            tx_denied,
             tx_wrong_family,
             rx_packets,
             rx_bytes,

@@ -17,6 +17,7 @@ compile_error!(
 pub mod abi;
 pub mod config;
 pub mod counters;
+pub mod egress;
 pub mod guest_mem;
 pub mod model;
 pub mod ring;
@@ -89,8 +90,9 @@ fn block_signals() -> libc::sigset_t {
 /// A frontend that disconnects is not an error: its state is dropped and the next one served.
 pub fn start_backend(config: Config) -> Result<(), Error> {
     let sigset = block_signals();
-    let transport = UdpTransport::bind(config.udp_addr, config.peer_port, config.strict_icrc)
+    let mut transport = UdpTransport::bind(config.udp_addr, config.peer_port, config.strict_icrc)
         .map_err(|e| Error::Udp(config.udp_addr, e))?;
+    transport.set_egress(config.model.egress.clone());
     log::info!(
         "udp transport on {} (peers on port {})",
         transport.local_addr(),

@@ -207,6 +207,8 @@ pub struct ModelConfig {
     /// key that reaches every byte of guest memory from the network. Off unless the operator
     /// asks for it.
     pub allow_remote_dma_mr: bool,
+    /// Destinations address vectors may name (CREATE_AH, MODIFY_QP's AV).
+    pub egress: crate::egress::EgressPolicy,
 }
 
 impl Default for ModelConfig {
@@ -216,6 +218,7 @@ impl Default for ModelConfig {
             netdev_mtu: 1500,
             max_page_list_bytes: DEFAULT_MAX_PAGE_LIST_BYTES,
             allow_remote_dma_mr: false,
+            egress: Default::default(),
         }
     }
 }
@@ -771,6 +774,7 @@ impl Model {
             }
             op::CREATE_AH => {
                 let c: abi::CmdCreateAh = cmd(b)?;
+                self.egress_allowed(&to_av(&c.attr))?;
                 let id = self.dev.create_ah(c.pdn, to_av(&c.attr)).map_err(verr)?;
                 // AH numbers start at 1: librxe treats ah_num 0 as "AV inline in the WQE".
                 body(abi::Handle {
@@ -1057,6 +1061,9 @@ impl Model {
             c.port_num = 1;
         }
         let attr = to_qp_attr(&c)?;
+        if AttrMask(c.attr_mask).has(AttrMask::AV) {
+            self.egress_allowed(&attr.av)?;
+        }
         self.dev
             .modify_qp(Qpn(c.qpn), &attr, AttrMask(c.attr_mask))
             .map_err(verr)?;
@@ -1064,6 +1071,18 @@ impl Model {
         self.pull_rq(mem, c.qpn);
         self.pull_sq(mem, c.qpn);
         Ok(Vec::new())
+    }
+
+    /// An address vector the egress policy refuses: PERMISSION, at once, rather than
+    /// packets that vanish later.
+    fn egress_allowed(&self, av: &Av) -> Result<(), Status> {
+        let ip = av.dgid.to_ip();
+        if self.cfg.egress.allows(ip) {
+            Ok(())
+        } else {
+            log::debug!("address vector to {ip} refused by the egress policy");
+            Err(Status::Permission)
+        }
     }
 
     fn create_srq(&mut self, mem: &GuestMemoryMmap, c: abi::CmdCreateSrq) -> CmdResult {

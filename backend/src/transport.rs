@@ -22,6 +22,7 @@ use std::os::fd::{AsRawFd, RawFd};
 
 use rxe_core::device::{RecvMeta, Transmit};
 
+use crate::egress::EgressPolicy;
 use crate::model::PacketSink;
 
 /// Packets sent with one `sendmmsg`.
@@ -46,6 +47,8 @@ pub struct TransportStats {
     pub tx_dropped: u64,
     /// Times the socket buffer was full (EAGAIN): the packets waited for writability.
     pub tx_blocked: u64,
+    /// Packets to a destination the egress policy refuses (`--allow-peer`): dropped.
+    pub tx_denied: u64,
     pub tx_wrong_family: u64,
     pub rx_packets: u64,
     pub rx_bytes: u64,
@@ -66,6 +69,7 @@ pub struct UdpTransport {
     peer_port: u16,
     strict_icrc: bool,
     solver: rxe_core::icrc::Ipv4IdSolver,
+    egress: EgressPolicy,
     pub stats: TransportStats,
     /// Packets waiting for `sendmmsg`: `TX_BATCH` slots of `TX_SLOT` bytes.
     tx_buf: Vec<u8>,
@@ -150,6 +154,7 @@ impl UdpTransport {
             peer_port,
             strict_icrc,
             solver: rxe_core::icrc::Ipv4IdSolver::new(),
+            egress: EgressPolicy::default(),
             stats: TransportStats::default(),
             tx_buf: vec![0; TX_BATCH * TX_SLOT],
             tx_pending: Vec::with_capacity(TX_BATCH),
@@ -162,6 +167,11 @@ impl UdpTransport {
                 lens: vec![(0, 0, false); RX_BATCH],
             },
         })
+    }
+
+    /// Where packets may go ([`EgressPolicy`]); everything before this is called.
+    pub fn set_egress(&mut self, p: EgressPolicy) {
+        self.egress = p;
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -182,6 +192,12 @@ impl UdpTransport {
         let dst_ip = t.dst.to_ip();
         if dst_ip.is_ipv4() != self.local.is_ipv4() {
             self.stats.tx_wrong_family += 1;
+            return None;
+        }
+        if !self.egress.allows(dst_ip) {
+            // As a destination without a route: the packet is lost (the requester retries
+            // and ends with RETRY_EXC_ERR; a UD datagram is gone).
+            self.stats.tx_denied += 1;
             return None;
         }
         let dst = SocketAddr::new(dst_ip, self.peer_port);

@@ -6,6 +6,7 @@ mod common;
 
 use common::bin;
 use rxe_core::verbs::*;
+use rxe_core::{Gid, Qpn};
 use vm_memory::ByteValued;
 use vur_testguest::*;
 
@@ -222,4 +223,64 @@ fn a_flood_before_the_memory_table_is_dropped_and_counted() {
     // And a guest still gets its device.
     let mut g = Guest::connect(&d.socket, GuestOpts::default()).unwrap();
     g.alloc_pd().unwrap();
+}
+
+/// `--allow-peer`: an address vector to anything else is refused when it is given
+/// (CREATE_AH, MODIFY_QP to RTR: PERMISSION), and a UD datagram whose inline AV names it is
+/// dropped and counted (`transport.tx_denied`), as a destination without a route.
+#[test]
+fn destinations_outside_allow_peer_are_refused() {
+    let (a, b) = loopback_pair(4791);
+    let allowed = std::net::SocketAddr::new(
+        match b.ip() {
+            std::net::IpAddr::V4(v4) => {
+                let o = v4.octets();
+                std::net::Ipv4Addr::new(o[0], o[1], o[2], 3).into()
+            }
+            ip => ip,
+        },
+        b.port(),
+    );
+    let mut n = Node::start(bin(), a, &["--allow-peer", &allowed.ip().to_string()]).unwrap();
+    let denied = Gid::from_ip(b.ip());
+    let g = &mut n.guest;
+    let pd = g.alloc_pd().unwrap();
+    let cq = g.create_cq(15).unwrap();
+    let av = |dgid| Av {
+        dgid,
+        sgid_index: 0,
+        hop_limit: 64,
+        ..Default::default()
+    };
+    assert_eq!(
+        status(g.create_ah(pd, &av(denied))),
+        Some(abi::Status::Permission)
+    );
+    g.create_ah(pd, &av(Gid::from_ip(allowed.ip()))).unwrap();
+    let o = ConnOpts::default();
+    let qp = g.create_qp(QpType::Rc, pd, &cq, &cq, None, o.cap).unwrap();
+    assert_eq!(
+        status(bring_up(g, &qp, denied, 0x42, &o)),
+        Some(abi::Status::Permission),
+        "RTR towards a peer not allowed"
+    );
+    // UD with the AV in the WQE: the datagram goes nowhere and is counted.
+    let ud = ConnOpts {
+        qp_type: QpType::Ud,
+        ..Default::default()
+    };
+    let uqp = g.create_qp(QpType::Ud, pd, &cq, &cq, None, ud.cap).unwrap();
+    bring_up(g, &uqp, denied, 0, &ud).unwrap();
+    let s = g.reg_mr(pd, 4096, ALL).unwrap();
+    let mut wr = SendWr::new(1, SendOp::Send, vec![s.sge(0, 8)]);
+    wr.ud = Some(UdDest {
+        av: av(denied),
+        remote_qpn: Qpn(0x42),
+        remote_qkey: 0x1111_1111,
+    });
+    g.post_send(&uqp, &wr).unwrap();
+    assert_eq!(common::one(g, &cq).status, 0, "UD completes as sent");
+    let json = n.daemon.counters().unwrap();
+    assert_eq!(json_u64(&json, "transport", "tx_denied"), Some(1), "{json}");
+    assert_eq!(json_u64(&json, "transport", "tx_packets"), Some(0));
 }
