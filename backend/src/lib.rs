@@ -18,6 +18,7 @@ pub mod abi;
 pub mod config;
 pub mod counters;
 pub mod egress;
+pub mod events;
 pub mod guest_mem;
 pub mod model;
 pub mod ring;

@@ -8,7 +8,7 @@
 //!  timerfd ─────► handle_timeout┘   Device       └─► pump: CQEs → CQ rings, events → event vq
 //! ```
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{fence, Ordering};
 
 use rxe_core::device::{DeviceConfig, QpInit, RecvMeta, Transmit};
@@ -77,8 +77,8 @@ impl<F: FnMut(&Transmit, &mut [u8])> PacketSink for FnSink<F> {
     fn flush(&mut self) {}
 }
 
-/// Events the device holds while the driver has no event buffer posted.
-pub const MAX_PENDING_EVENTS: usize = 4096;
+pub use crate::events::MAX_PENDING_EVENTS;
+use crate::events::{EventQueue, Pushed};
 
 /// Bytes of REG_MR page lists one QP may hold for WQEs taken from its ring and not yet
 /// executed: one largest list (2^20 pages of 8 bytes). A REG_MR that would take the QP beyond
@@ -236,7 +236,7 @@ pub struct Model {
     cqs: BTreeMap<u32, CqShadow>,
     srqs: HashMap<u32, SrqShadow>,
     /// Events waiting for an event-queue buffer.
-    pub events: VecDeque<abi::Event>,
+    pub events: EventQueue,
     sq_backlog: BTreeSet<u32>,
     /// QPs with send WQEs in the engine: their SQ consumer index follows completions.
     sq_active: BTreeSet<u32>,
@@ -374,7 +374,7 @@ impl Model {
             qps: HashMap::new(),
             cqs: BTreeMap::new(),
             srqs: HashMap::new(),
-            events: VecDeque::new(),
+            events: EventQueue::default(),
             sq_backlog: BTreeSet::new(),
             sq_active: BTreeSet::new(),
             stats: ModelStats::default(),
@@ -1659,23 +1659,11 @@ impl Model {
             object,
             reserved: 0,
         };
-        if kind == abi::event::KIND_COMPLETION && self.events.contains(&e) {
-            return;
+        match self.events.push(e) {
+            Pushed::Queued => self.stats.events_raised += 1,
+            Pushed::Merged => {}
+            Pushed::Dropped => self.stats.events_dropped += 1,
         }
-        // The last place is kept for EVENTS_LOST: a dropped event is never silent.
-        if self.events.len() >= MAX_PENDING_EVENTS - 1 {
-            self.stats.events_dropped += 1;
-            let lost = abi::Event {
-                kind: abi::event::KIND_EVENTS_LOST,
-                ..Default::default()
-            };
-            if self.events.back() != Some(&lost) && self.events.len() < MAX_PENDING_EVENTS {
-                self.events.push_back(lost);
-            }
-            return;
-        }
-        self.stats.events_raised += 1;
-        self.events.push_back(e);
     }
 
     // ------------------------------------------------------------------ network side
@@ -1915,25 +1903,21 @@ mod tests {
         assert_ne!(before, after);
     }
 
+    /// A pending event is merged with a new one for the same object; a dropped one counts.
     #[test]
-    fn events_beyond_the_pending_limit_end_in_one_events_lost() {
-        let mut m = Model::new(ModelConfig {
-            dev: DeviceConfig::default(),
-            ..Default::default()
-        });
-        for qpn in 0..MAX_PENDING_EVENTS as u32 + 10 {
+    fn events_are_counted_as_raised_merged_or_dropped() {
+        let mut m = Model::new(ModelConfig::default());
+        for _ in 0..3 {
+            m.push_event(abi::event::KIND_ASYNC, abi::event::QP_FATAL, 17);
+        }
+        assert_eq!((m.events.len(), m.stats.events_raised), (1, 1));
+        for qpn in 0..MAX_PENDING_EVENTS as u32 {
             m.push_event(abi::event::KIND_ASYNC, abi::event::QP_FATAL, qpn);
         }
-        assert_eq!(m.events.len(), MAX_PENDING_EVENTS);
-        let last = m.events.back().copied().unwrap_or_default();
-        assert_eq!(last.kind, abi::event::KIND_EVENTS_LOST);
-        assert_eq!(m.stats.events_dropped, 11);
-        // Once the driver has taken some, events flow again.
-        m.events.drain(..100);
-        m.push_event(abi::event::KIND_COMPLETION, 0, 5);
+        assert!(m.stats.events_dropped > 0);
         assert_eq!(
-            m.events.back().map(|e| e.kind),
-            Some(abi::event::KIND_COMPLETION)
+            m.stats.events_raised + m.stats.events_dropped,
+            MAX_PENDING_EVENTS as u64
         );
     }
 }

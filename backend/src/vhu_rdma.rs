@@ -553,11 +553,11 @@ impl VhuRdma {
             let writable: Vec<(u64, u32)> =
                 chain.writable().map(|d| (d.addr().0, d.len())).collect();
             let room: u64 = writable.iter().map(|w| w.1 as u64).sum();
-            let used = if room >= std::mem::size_of::<abi::Event>() as u64 {
-                let e = model.events.pop_front().expect("non-empty");
-                Self::write_out(&guard, &writable, vm_memory::ByteValued::as_slice(&e))
-            } else {
-                0
+            let fits = room >= std::mem::size_of::<abi::Event>() as u64;
+            // A buffer too small for an event is returned empty; the event waits for the next.
+            let used = match if fits { model.events.pop() } else { None } {
+                Some(e) => Self::write_out(&guard, &writable, vm_memory::ByteValued::as_slice(&e)),
+                None => 0,
             };
             let _ = vring.add_used(head, used);
             delivered = true;
