@@ -1710,6 +1710,8 @@ impl Model {
         budget: usize,
     ) -> Pump {
         let mut left = budget;
+        // What a full socket kept back goes first; it may have drained since.
+        tx.flush();
         for _ in 0..64 {
             // Completions made room in the engine's send queues: take what waits in rings.
             let before = self.stats.sq_wqes;
@@ -1743,8 +1745,12 @@ impl Model {
             while let Some(e) = self.dev.poll_event() {
                 self.engine_event(e);
             }
-            if let Some(stop) = stop {
-                return if tx.blocked() { Pump::Blocked } else { stop };
+            match stop {
+                _ if tx.blocked() => return Pump::Blocked,
+                // The flush above found room again: go on.
+                Some(Pump::Blocked) => continue,
+                Some(stop) => return stop,
+                None => {}
             }
             if sent == 0 {
                 // Local work requests (REG_MR, LOCAL_INV, BIND_MW) complete without a packet
@@ -1867,6 +1873,49 @@ mod tests {
         let flush = abi::dev_cap::FLUSH_GLOBAL | abi::dev_cap::FLUSH_PERSISTENT;
         assert_eq!(c.device_cap_flags & flush, flush, "as rxe states them");
         assert_eq!(flush, (1 << 38) | (1 << 39));
+    }
+
+    /// A sink whose socket was full and has drained: the pump sends what it kept back and
+    /// goes on (here: the engine is idle), rather than waiting for another EPOLLOUT.
+    #[test]
+    fn a_sink_that_drained_is_not_reported_blocked() {
+        struct Drained {
+            blocked: bool,
+            buf: Vec<u8>,
+        }
+        impl PacketSink for Drained {
+            fn next_buf(&mut self) -> &mut [u8] {
+                assert!(!self.blocked, "no packet is taken while blocked");
+                &mut self.buf
+            }
+            fn push(&mut self, _: &Transmit) {}
+            fn flush(&mut self) {
+                self.blocked = false;
+            }
+            fn blocked(&self) -> bool {
+                self.blocked
+            }
+        }
+        let mut m = Model::new(ModelConfig::default());
+        let mem = GuestMemoryMmap::from_ranges(&[(vm_memory::GuestAddress(0), 1 << 16)]).unwrap();
+        let mut tx = Drained {
+            blocked: true,
+            buf: vec![0; 8192],
+        };
+        assert_eq!(m.pump(&mem, Instant(1), &mut tx), Pump::Idle);
+        // Still full after the flush: blocked, and nothing taken from the engine.
+        struct Full;
+        impl PacketSink for Full {
+            fn next_buf(&mut self) -> &mut [u8] {
+                panic!("no packet is taken while blocked")
+            }
+            fn push(&mut self, _: &Transmit) {}
+            fn flush(&mut self) {}
+            fn blocked(&self) -> bool {
+                true
+            }
+        }
+        assert_eq!(m.pump(&mem, Instant(1), &mut Full), Pump::Blocked);
     }
 
     /// A device reset re-seeds: the objects created after it are not named as before.
