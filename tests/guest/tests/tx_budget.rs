@@ -46,6 +46,17 @@ fn peer_socket(addr: SocketAddr) -> UdpSocket {
     s
 }
 
+/// The address after `b` (127.X.Y.3 for 127.X.Y.2), same port.
+fn third(b: SocketAddr) -> SocketAddr {
+    match b.ip() {
+        std::net::IpAddr::V4(v4) => {
+            let o = v4.octets();
+            SocketAddr::new([o[0], o[1], o[2], o[3] + 1].into(), b.port())
+        }
+        ip => SocketAddr::new(ip, b.port() + 1),
+    }
+}
+
 /// Records every packet `s` receives until `stop`.
 fn record(s: UdpSocket, stop: Arc<AtomicBool>) -> (Seen, std::thread::JoinHandle<()>) {
     let seen: Seen = Arc::default();
@@ -76,6 +87,17 @@ fn a_control_command_is_served_while_a_1_gib_read_is_answered() {
     let o = ConnOpts::default();
     let qp = g.create_qp(QpType::Rc, pd, &cq, &cq, None, o.cap).unwrap();
     bring_up(g, &qp, Gid::from_ip(b.ip()), PEER_QPN, &o).unwrap();
+    // A second QP towards a second peer (its own socket, no flood there), for a doorbell
+    // during the READ.
+    let c = third(b);
+    let peer2 = UdpSocket::bind(c).expect("second peer socket");
+    peer2
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let qp2 = g.create_qp(QpType::Rc, pd, &cq, &cq, None, o.cap).unwrap();
+    bring_up(g, &qp2, Gid::from_ip(c.ip()), PEER_QPN + 1, &o).unwrap();
+    let small = g.reg_mr(pd, 4096, Access::LOCAL_WRITE).unwrap();
+    small.write(0, b"doorbell");
     // 1 GiB of IOVA over one guest page named 2^18 times.
     let page = g.alloc_buf(4096).unwrap();
     let c = abi::CmdRegUserMr {
@@ -116,15 +138,26 @@ fn a_control_command_is_served_while_a_1_gib_read_is_answered() {
     // The counters too: the worker renders them between two slices.
     let json = n.daemon.counters().expect("counters");
     let counted = Instant::now() - answered;
+    // And a doorbell: the SEND it announces goes out while the READ still does.
+    let rung = Instant::now();
+    let wr = SendWr::new(9, SendOp::Send, vec![small.sge(0, 8)]);
+    n.guest.post_send(&qp2, &wr).unwrap();
+    let mut b2 = [0u8; 256];
+    let sent_at = peer2.recv(&mut b2).ok().and_then(|n| {
+        let p = Packet::new_checked(&b2[..n]).ok()?;
+        (p.opcode() == Opcode::RC_SEND_ONLY && p.payload() == b"doorbell").then(Instant::now)
+    });
     std::thread::sleep(Duration::from_millis(300));
     stop.store(true, Ordering::Relaxed);
     rx.join().unwrap();
     let seen = seen.lock().unwrap();
     let after: Vec<_> = seen.iter().filter(|e| e.0 > answered).collect();
     let latency = answered - asked;
+    let doorbell = sent_at.map(|t| t - rung);
     eprintln!(
         "first READ response {started:?} after the request; QUERY_DEVICE answered in \
-         {latency:?}; {} responses seen before it, {} in the 300 ms after",
+         {latency:?}, counters in {counted:?}, the doorbell's SEND out after {doorbell:?}; \
+         {} responses seen before the command, {} in the 300 ms after",
         seen.len() - after.len(),
         after.len()
     );
