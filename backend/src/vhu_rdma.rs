@@ -353,7 +353,8 @@ impl VhuRdma {
         self.timer.arm(Some(until));
     }
 
-    /// Takes the UDP socket back into the epoll once its back-off is over.
+    /// Takes the UDP socket back into the epoll once its back-off is over (the timer is
+    /// armed for it; a device reset keeps it armed).
     fn rx_resume_due(&self) {
         let mut p = lock(&self.rx_pause);
         if p.until.is_some_and(|u| now() >= u) {
@@ -596,7 +597,7 @@ impl VhostUserBackend for VhuRdma {
     fn reset_device(&self) {
         log::info!("device reset");
         lock(&self.model).reset();
-        self.timer.arm(None);
+        self.timer.arm(lock(&self.rx_pause).until);
     }
 
     fn set_event_idx(&self, enabled: bool) {
@@ -629,7 +630,7 @@ impl VhostUserBackend for VhuRdma {
         if queue_index == VQ_CTRL as u32 {
             log::info!("control queue stopped: device reset");
             lock(&self.model).reset();
-            self.timer.arm(None);
+            self.timer.arm(lock(&self.rx_pause).until);
         }
         Ok(())
     }
