@@ -190,3 +190,41 @@ pub fn spawn(
             let _ = crate::unix_socket::remove_socket(&path);
         })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::ModelConfig;
+
+    /// A reader never takes the device's lock: with the worker busy (here: the model held
+    /// and nobody serving the backend's events) it gets `"busy":true` after a bounded wait,
+    /// not a hang; without a frontend it gets the transport's counters.
+    #[test]
+    fn a_reader_does_not_wait_for_the_data_path() {
+        let Ok(t) = UdpTransport::bind("127.0.0.1:0".parse().unwrap(), 0, false) else {
+            eprintln!("skip: 127.0.0.1 cannot be bound");
+            return;
+        };
+        let model = Arc::new(Mutex::new(Model::new(ModelConfig::default())));
+        let transport = Arc::new(Mutex::new(t));
+        let shared = Shared {
+            backend: Mutex::new(None),
+            transport: transport.clone(),
+            connections: AtomicU64::new(3),
+            shutdown: AtomicBool::new(false),
+        };
+        let doc = render(&shared);
+        assert!(
+            doc.starts_with("{\"connections\":3,\"transport\":{"),
+            "{doc}"
+        );
+        assert!(doc.ends_with("}\n") && !doc.contains("\"port\""));
+        let backend = Arc::new(VhuRdma::new(model.clone(), transport).unwrap());
+        *lock(&shared.backend) = Some(backend);
+        let _held = lock(&model);
+        let t0 = std::time::Instant::now();
+        let doc = render(&shared);
+        assert_eq!(doc, "{\"connections\":3,\"busy\":true}\n");
+        assert!(t0.elapsed() < RENDER_WAIT + Duration::from_secs(1));
+    }
+}
