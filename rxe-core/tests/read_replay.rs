@@ -53,8 +53,13 @@ fn read_req(s: &mut Setup, psn: u32, va: u64, len: u32) {
 
 /// What node 1 sends: (opcode, PSN, payload).
 fn responses(s: &mut Setup) -> Vec<(Opcode, u32, Vec<u8>)> {
+    responses_n(s, usize::MAX)
+}
+
+/// The first `n` packets node 1 has ready.
+fn responses_n(s: &mut Setup, n: usize) -> Vec<(Opcode, u32, Vec<u8>)> {
     s.sim
-        .take(1, usize::MAX)
+        .take(1, n)
         .iter()
         .map(|(_, b)| {
             let p = Packet::new_checked(&b[..]).unwrap();
@@ -271,17 +276,6 @@ fn duplicate_reads_keep_one_replay_per_resource() {
             (O::RC_RDMA_READ_RESPONSE_LAST, PSN + 3),
         ]
     );
-}
-
-fn responses_n(s: &mut Setup, n: usize) -> Vec<(Opcode, u32, Vec<u8>)> {
-    s.sim
-        .take(1, n)
-        .iter()
-        .map(|(_, b)| {
-            let p = Packet::new_checked(&b[..]).unwrap();
-            (p.opcode(), p.bth().psn(), p.payload().to_vec())
-        })
-        .collect()
 }
 
 /// A requester that ignores its max_rd_atomic and floods READs: the queued answers never hold

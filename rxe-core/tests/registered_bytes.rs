@@ -27,8 +27,19 @@ fn reg_wr(id: u64, mr: u32, key: u8, pages: &[u64]) -> SendWr {
     SendWr::new(id, op, vec![])
 }
 
-#[test]
-fn fast_registration_is_charged_to_the_registered_bytes_budget() {
+/// A connected pair under a 64 KiB budget, and on node 1 a fast-registration MR of 32
+/// pages with 32 pages of memory for it.
+struct Setup {
+    sim: Sim,
+    q: rxe_core::Qpn,
+    cq: u32,
+    pd: u32,
+    base: u64,
+    pages: Vec<u64>,
+    mr: u32,
+}
+
+fn setup() -> Setup {
     let mut sim = Sim::with_config(
         3,
         DeviceConfig {
@@ -37,10 +48,30 @@ fn fast_registration_is_charged_to_the_registered_bytes_budget() {
         },
     );
     let ep = sim.connect(ConnOpts::default());
-    let (q, cq, pd) = (ep[1].qpn, ep[1].cq, ep[1].pd);
     let base = (sim.alloc(1, 40 * 4096) + 4095) & !4095;
-    let pages: Vec<u64> = (0..32).map(|i| base + i * 4096).collect();
-    let mr = sim.dev(1).alloc_mr(pd, 32).unwrap();
+    let pages = (0..32).map(|i| base + i * 4096).collect();
+    let mr = sim.dev(1).alloc_mr(ep[1].pd, 32).unwrap();
+    Setup {
+        sim,
+        q: ep[1].qpn,
+        cq: ep[1].cq,
+        pd: ep[1].pd,
+        base,
+        pages,
+        mr,
+    }
+}
+
+#[test]
+fn fast_registration_is_charged_to_the_registered_bytes_budget() {
+    let Setup {
+        mut sim,
+        q,
+        cq,
+        pages,
+        mr,
+        ..
+    } = setup();
     assert_eq!(sim.dev(1).registered_bytes(), 0, "nothing mapped yet");
 
     // 32 pages (128 KiB) do not fit 64 KiB.
@@ -50,18 +81,15 @@ fn fast_registration_is_charged_to_the_registered_bytes_budget() {
     assert_eq!(sim.dev(1).registered_bytes(), 0);
 
     // A fresh pair (the QP above is in ERR): 12 pages fit and are charged.
-    let mut sim = Sim::with_config(
-        3,
-        DeviceConfig {
-            max_registered_bytes: BUDGET,
-            ..Default::default()
-        },
-    );
-    let ep = sim.connect(ConnOpts::default());
-    let (q, cq, pd) = (ep[1].qpn, ep[1].cq, ep[1].pd);
-    let base = (sim.alloc(1, 40 * 4096) + 4095) & !4095;
-    let pages: Vec<u64> = (0..32).map(|i| base + i * 4096).collect();
-    let mr = sim.dev(1).alloc_mr(pd, 32).unwrap();
+    let Setup {
+        mut sim,
+        q,
+        cq,
+        pd,
+        base,
+        pages,
+        mr,
+    } = setup();
     sim.dev(1)
         .post_send(q, reg_wr(1, mr, 1, &pages[..12]))
         .unwrap();
