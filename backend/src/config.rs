@@ -8,7 +8,9 @@ use rxe_core::device::DeviceConfig;
 use rxe_core::verbs::Mtu;
 use thiserror::Error;
 
+use crate::egress::{Cidr, EgressPolicy};
 use crate::model::ModelConfig;
+use crate::unix_socket::{resolve_group, SocketAccess};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum TransportKind {
@@ -61,9 +63,22 @@ pub struct Args {
     /// from 64K to 1T.
     #[arg(long, default_value = "64M")]
     pub max_page_list_bytes: String,
+    /// Let the guest register DMA MRs (all of guest memory) with remote rights. Off: such a
+    /// registration gets PERMISSION; one key would expose every byte of the guest.
+    #[arg(long)]
+    pub allow_remote_dma_mr: bool,
     /// Unix socket that prints the counters as JSON to whoever connects.
     #[arg(long)]
     pub counters_socket: Option<PathBuf>,
+    /// Peers the guest may send to (address or prefix, IPv4 or IPv6; repeat or separate with
+    /// commas). Without it every destination but the unspecified and broadcast addresses is
+    /// allowed, and loopback only when --udp-addr is a loopback address.
+    #[arg(long, value_delimiter = ',')]
+    pub allow_peer: Vec<String>,
+    /// Group (name or GID) whose members may connect to the sockets too: mode 0660 instead
+    /// of 0600.
+    #[arg(long)]
+    pub socket_group: Option<String>,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -80,6 +95,10 @@ pub enum ConfigError {
     Size(String),
     #[error("--max-page-list-bytes {0:?} must be a power of two from 64K to 1T")]
     PageListBytes(String),
+    #[error("--socket-group {0:?}: no such group")]
+    Group(String),
+    #[error("--allow-peer {0}")]
+    Peer(String),
 }
 
 /// The validated configuration.
@@ -91,6 +110,8 @@ pub struct Config {
     pub peer_port: u16,
     pub strict_icrc: bool,
     pub counters_socket: Option<PathBuf>,
+    /// Mode and group of the unix sockets.
+    pub socket_access: SocketAccess,
     pub model: ModelConfig,
 }
 
@@ -153,12 +174,26 @@ impl TryFrom<Args> for Config {
             peer_port: a.peer_port,
             strict_icrc: a.strict_icrc,
             counters_socket: a.counters_socket,
+            socket_access: SocketAccess {
+                group: match &a.socket_group {
+                    Some(g) => Some(resolve_group(g).ok_or_else(|| ConfigError::Group(g.clone()))?),
+                    None => None,
+                },
+            },
             model: ModelConfig {
                 dev,
                 netdev_mtu: a.mtu,
                 max_page_list_bytes: parse_size(&a.max_page_list_bytes)
                     .filter(|v| v.is_power_of_two() && (1 << 16..=1 << 40).contains(v))
                     .ok_or_else(|| ConfigError::PageListBytes(a.max_page_list_bytes.clone()))?,
+                allow_remote_dma_mr: a.allow_remote_dma_mr,
+                egress: EgressPolicy::new(
+                    a.udp_addr.ip(),
+                    a.allow_peer
+                        .iter()
+                        .map(|s| s.parse::<Cidr>().map_err(ConfigError::Peer))
+                        .collect::<Result<_, _>>()?,
+                ),
             },
         })
     }
@@ -216,5 +251,22 @@ mod tests {
             1 << 20
         );
         assert_eq!(parse_size("x"), None);
+        assert_eq!(c.socket_access.mode(), 0o600);
+        let e = Config::try_from(args(&["--allow-peer", "10.77.0.0/16,fd77::/64"])).unwrap();
+        assert!(e.model.egress.allows("10.77.1.1".parse().unwrap()));
+        assert!(!e.model.egress.allows("10.78.1.1".parse().unwrap()));
+        assert!(matches!(
+            Config::try_from(args(&["--allow-peer", "10.0.0.0/40"])),
+            Err(ConfigError::Peer(_))
+        ));
+        let g = Config::try_from(args(&["--socket-group", "0"])).unwrap();
+        assert_eq!(
+            (g.socket_access.group, g.socket_access.mode()),
+            (Some(0), 0o660)
+        );
+        assert!(matches!(
+            Config::try_from(args(&["--socket-group", "no-such-group-here"])),
+            Err(ConfigError::Group(_))
+        ));
     }
 }

@@ -9,15 +9,21 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::model::Model;
-use crate::transport::UdpTransport;
+use crate::transport::{TransportStats, UdpTransport};
+use crate::unix_socket::SocketAccess;
+use crate::vhu_rdma::VhuRdma;
 
 /// What the counters thread (and the signal thread) can see of the running daemon.
 pub struct Shared {
-    pub model: Mutex<Option<Arc<Mutex<Model>>>>,
+    /// The connected frontend's backend, which renders the counters on its own thread.
+    pub backend: Mutex<Option<Arc<VhuRdma>>>,
     pub transport: Arc<Mutex<UdpTransport>>,
     pub connections: AtomicU64,
     pub shutdown: AtomicBool,
 }
+
+/// How long a reader waits for the worker thread to render the counters.
+const RENDER_WAIT: Duration = Duration::from_secs(2);
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -31,15 +37,11 @@ macro_rules! json_fields {
     }};
 }
 
-/// The counters as one JSON object.
-pub fn render(shared: &Shared) -> String {
-    let mut o = String::from("{");
-    o.push_str(&format!(
-        "\"connections\":{},",
-        shared.connections.load(Ordering::Relaxed)
-    ));
-    let t = lock(&shared.transport).stats;
-    o.push_str("\"transport\":{");
+/// The counters of the transport and, with a frontend connected, of its device, as the
+/// members of a JSON object (no braces): what the worker thread renders, holding the locks
+/// it holds anyway.
+pub fn render_body(t: &TransportStats, model: Option<&Model>) -> String {
+    let mut o = String::from("\"transport\":{");
     json_fields!(
         o,
         t,
@@ -47,19 +49,21 @@ pub fn render(shared: &Shared) -> String {
             tx_packets,
             tx_bytes,
             tx_dropped,
+            tx_blocked,
+            tx_denied,
             tx_wrong_family,
             rx_packets,
             rx_bytes,
             rx_icrc_ok,
             rx_icrc_id_solved,
             rx_icrc_bad,
-            rx_short
+            rx_short,
+            rx_errors,
+            rx_unattached
         ]
     );
     o.push('}');
-    let model = lock(&shared.model).clone();
     if let Some(m) = model {
-        let m = lock(&m);
         let p = m.dev.port_counters();
         o.push_str(",\"port\":{");
         json_fields!(
@@ -129,7 +133,9 @@ pub fn render(shared: &Shared) -> String {
                         rnr_naks_received,
                         duplicates,
                         dropped,
-                        errors
+                        errors,
+                        ghost_responses,
+                        responses_dropped
                     ]
                 );
                 s.push('}');
@@ -139,14 +145,33 @@ pub fn render(shared: &Shared) -> String {
         o.push_str(&qps.join(","));
         o.push(']');
     }
-    o.push_str("}\n");
     o
 }
 
+/// The document a reader gets. With a frontend connected its worker renders the counters
+/// between two events (never this thread: the device's locks are the data path's); a worker
+/// that does not answer in time gives `"busy":true` and no device counters.
+pub fn render(shared: &Shared) -> String {
+    let connections = shared.connections.load(Ordering::Relaxed);
+    let backend = lock(&shared.backend).clone();
+    let body = match backend {
+        Some(b) => b
+            .render_counters(RENDER_WAIT)
+            .unwrap_or_else(|| "\"busy\":true".to_string()),
+        // No worker: nothing else takes the transport.
+        None => render_body(&lock(&shared.transport).stats, None),
+    };
+    format!("{{\"connections\":{connections},{body}}}\n")
+}
+
 /// Serves the counters socket until `shared.shutdown` is set.
-pub fn spawn(path: &Path, shared: Arc<Shared>) -> std::io::Result<std::thread::JoinHandle<()>> {
-    let _ = std::fs::remove_file(path);
-    let l = UnixListener::bind(path)?;
+pub fn spawn(
+    path: &Path,
+    access: SocketAccess,
+    shared: Arc<Shared>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    let l = crate::unix_socket::bind_private(path, access, || UnixListener::bind(path))
+        .map_err(|e| std::io::Error::new(e.kind(), format!("counters socket: {e}")))?;
     l.set_nonblocking(true)?;
     let path = path.to_path_buf();
     std::thread::Builder::new()
@@ -162,6 +187,44 @@ pub fn spawn(path: &Path, shared: Arc<Shared>) -> std::io::Result<std::thread::J
                     Err(_) => std::thread::sleep(Duration::from_millis(50)),
                 }
             }
-            let _ = std::fs::remove_file(&path);
+            let _ = crate::unix_socket::remove_socket(&path);
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::ModelConfig;
+
+    /// A reader never takes the device's lock: with the worker busy (here: the model held
+    /// and nobody serving the backend's events) it gets `"busy":true` after a bounded wait,
+    /// not a hang; without a frontend it gets the transport's counters.
+    #[test]
+    fn a_reader_does_not_wait_for_the_data_path() {
+        let Ok(t) = UdpTransport::bind("127.0.0.1:0".parse().unwrap(), 0, false) else {
+            eprintln!("skip: 127.0.0.1 cannot be bound");
+            return;
+        };
+        let model = Arc::new(Mutex::new(Model::new(ModelConfig::default())));
+        let transport = Arc::new(Mutex::new(t));
+        let shared = Shared {
+            backend: Mutex::new(None),
+            transport: transport.clone(),
+            connections: AtomicU64::new(3),
+            shutdown: AtomicBool::new(false),
+        };
+        let doc = render(&shared);
+        assert!(
+            doc.starts_with("{\"connections\":3,\"transport\":{"),
+            "{doc}"
+        );
+        assert!(doc.ends_with("}\n") && !doc.contains("\"port\""));
+        let backend = Arc::new(VhuRdma::new(model.clone(), transport).unwrap());
+        *lock(&shared.backend) = Some(backend);
+        let _held = lock(&model);
+        let t0 = std::time::Instant::now();
+        let doc = render(&shared);
+        assert_eq!(doc, "{\"connections\":3,\"busy\":true}\n");
+        assert!(t0.elapsed() < RENDER_WAIT + Duration::from_secs(1));
+    }
 }

@@ -17,10 +17,13 @@ compile_error!(
 pub mod abi;
 pub mod config;
 pub mod counters;
+pub mod egress;
+pub mod events;
 pub mod guest_mem;
 pub mod model;
 pub mod ring;
 pub mod transport;
+pub mod unix_socket;
 pub mod vhu_rdma;
 
 use std::os::unix::net::UnixStream;
@@ -38,18 +41,37 @@ use crate::counters::Shared;
 use crate::guest_mem::GuestMemoryMmap;
 use crate::model::Model;
 use crate::transport::UdpTransport;
-use crate::vhu_rdma::{VhuRdma, TIMER_EVENT, UDP_EVENT};
+use crate::vhu_rdma::{VhuRdma, COUNTERS_EVENT, TIMER_EVENT, UDP_EVENT, WORK_EVENT};
 
 #[derive(Debug, Error)]
 pub enum Error {
     #[error("binding the UDP socket {0}: {1}")]
     Udp(std::net::SocketAddr, std::io::Error),
-    #[error("creating the vhost-user listener at {0}: {1}")]
-    Listener(String, vhost::vhost_user::Error),
+    #[error("creating the vhost-user socket {0}: {1}")]
+    Socket(String, std::io::Error),
     #[error("vhost-user daemon: {0}")]
     Daemon(String),
     #[error("{0}")]
     Io(#[from] std::io::Error),
+}
+
+/// 64 bits from the kernel's random source (getrandom(2)).
+pub fn random_u64() -> std::io::Result<u64> {
+    let mut b = [0u8; 8];
+    let mut got = 0;
+    while got < b.len() {
+        // SAFETY: writing at most `b.len() - got` bytes into the live buffer `b` from `got`.
+        let r = unsafe { libc::getrandom(b[got..].as_mut_ptr().cast(), b.len() - got, 0) };
+        if r < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        got += r as usize;
+    }
+    Ok(u64::from_ne_bytes(b))
 }
 
 fn block_signals() -> libc::sigset_t {
@@ -69,21 +91,22 @@ fn block_signals() -> libc::sigset_t {
 /// A frontend that disconnects is not an error: its state is dropped and the next one served.
 pub fn start_backend(config: Config) -> Result<(), Error> {
     let sigset = block_signals();
-    let transport = UdpTransport::bind(config.udp_addr, config.peer_port, config.strict_icrc)
+    let mut transport = UdpTransport::bind(config.udp_addr, config.peer_port, config.strict_icrc)
         .map_err(|e| Error::Udp(config.udp_addr, e))?;
+    transport.set_egress(config.model.egress.clone());
     log::info!(
         "udp transport on {} (peers on port {})",
         transport.local_addr(),
         config.peer_port
     );
     let shared = Arc::new(Shared {
-        model: Mutex::new(None),
+        backend: Mutex::new(None),
         transport: Arc::new(Mutex::new(transport)),
         connections: std::sync::atomic::AtomicU64::new(0),
         shutdown: std::sync::atomic::AtomicBool::new(false),
     });
     let counters = match &config.counters_socket {
-        Some(p) => Some(counters::spawn(p, shared.clone())?),
+        Some(p) => Some(counters::spawn(p, config.socket_access, shared.clone())?),
         None => None,
     };
     let shutdown_handle: Arc<Mutex<Option<vhost_user_backend::ShutdownHandle>>> =
@@ -108,13 +131,19 @@ pub fn start_backend(config: Config) -> Result<(), Error> {
             })?;
     }
     let path = config.socket_path.to_string_lossy().to_string();
-    let mut listener =
-        Listener::new(&config.socket_path, true).map_err(|e| Error::Listener(path.clone(), e))?;
+    let mut listener = unix_socket::bind_private(&config.socket_path, config.socket_access, || {
+        Listener::new(&config.socket_path, false).map_err(|e| std::io::Error::other(e.to_string()))
+    })
+    .map_err(|e| Error::Socket(path.clone(), e))?;
     let result = loop {
         if shared.shutdown.load(Ordering::SeqCst) {
             break Ok(());
         }
-        let mut m = Model::new(config.model.clone());
+        // Every connection its own key bytes and first QPN: nothing a previous guest or an
+        // off-path sender learnt names this guest's MRs and QPs.
+        let mut mc = config.model.clone();
+        mc.dev.seed = Some(random_u64()?);
+        let mut m = Model::new(mc);
         m.set_source_gids(vec![shared
             .transport
             .lock()
@@ -141,6 +170,13 @@ pub fn start_backend(config: Config) -> Result<(), Error> {
             handlers[0]
                 .register_listener(backend.timer_fd(), EventSet::IN, TIMER_EVENT as u64)
                 .map_err(Error::Io)?;
+            handlers[0]
+                .register_listener(backend.work_fd(), EventSet::IN, WORK_EVENT as u64)
+                .map_err(Error::Io)?;
+            handlers[0]
+                .register_listener(backend.counters_fd(), EventSet::IN, COUNTERS_EVENT as u64)
+                .map_err(Error::Io)?;
+            backend.set_epoll_handler(&handlers[0]);
         }
         log::info!("waiting for a frontend on {path}");
         if let Err(e) = daemon.start(&mut listener) {
@@ -155,7 +191,7 @@ pub fn start_backend(config: Config) -> Result<(), Error> {
             daemon.request_shutdown();
         }
         shared.connections.fetch_add(1, Ordering::Relaxed);
-        *shared.model.lock().unwrap_or_else(|e| e.into_inner()) = Some(model);
+        *shared.backend.lock().unwrap_or_else(|e| e.into_inner()) = Some(backend.clone());
         log::info!("frontend connected");
         match daemon.wait() {
             Ok(()) => log::info!("frontend disconnected"),
@@ -168,13 +204,13 @@ pub fn start_backend(config: Config) -> Result<(), Error> {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take();
-        *shared.model.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *shared.backend.lock().unwrap_or_else(|e| e.into_inner()) = None;
         // Dropping the daemon stops and joins its worker thread and closes its epoll.
         drop(daemon);
         backend.close_exit_fds();
     };
     shared.shutdown.store(true, Ordering::SeqCst);
-    let _ = std::fs::remove_file(&config.socket_path);
+    let _ = unix_socket::remove_socket(&config.socket_path);
     if let Some(c) = counters {
         let _ = c.join();
     }

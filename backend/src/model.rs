@@ -8,7 +8,7 @@
 //!  timerfd ─────► handle_timeout┘   Device       └─► pump: CQEs → CQ rings, events → event vq
 //! ```
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{fence, Ordering};
 
 use rxe_core::device::{DeviceConfig, QpInit, RecvMeta, Transmit};
@@ -27,8 +27,29 @@ pub trait PacketSink {
     fn next_buf(&mut self) -> &mut [u8];
     /// The packet the engine just built at the front of `next_buf()` is complete.
     fn push(&mut self, t: &Transmit);
-    /// Sends everything pushed so far.
+    /// Sends everything pushed so far, or as much as the socket takes.
     fn flush(&mut self);
+    /// The sink holds packets the socket did not take (its buffer is full): it takes no more
+    /// until it has sent them. [`Model::pump`] stops and the caller waits for writability.
+    fn blocked(&self) -> bool {
+        false
+    }
+}
+
+/// Packets one [`Model::pump`] sends at most before it returns, so that doorbells, received
+/// packets, timers and control commands are served between the slices of a long READ
+/// response or a deep send queue. About 1 ms of work at 1 µs a packet.
+pub const TX_BUDGET: usize = 1024;
+
+/// Why [`Model::pump`] returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pump {
+    /// The engine has nothing more to send now.
+    Idle,
+    /// The packet budget is spent and work remains: pump again soon, after other events.
+    Budget,
+    /// The sink is [`PacketSink::blocked`]: pump again once the socket is writable.
+    Blocked,
 }
 
 /// A sink that hands each packet to a closure at once (tests, fuzzing).
@@ -56,8 +77,8 @@ impl<F: FnMut(&Transmit, &mut [u8])> PacketSink for FnSink<F> {
     fn flush(&mut self) {}
 }
 
-/// Events the device holds while the driver has no event buffer posted.
-pub const MAX_PENDING_EVENTS: usize = 4096;
+pub use crate::events::MAX_PENDING_EVENTS;
+use crate::events::{EventQueue, Pushed};
 
 /// Bytes of REG_MR page lists one QP may hold for WQEs taken from its ring and not yet
 /// executed: one largest list (2^20 pages of 8 bytes). A REG_MR that would take the QP beyond
@@ -182,7 +203,31 @@ pub struct ModelConfig {
     /// Cap on the page lists the device keeps ([`PageListBudget`]); a power of two (the
     /// config space states it as log2).
     pub max_page_list_bytes: u64,
+    /// REG_DMA_MR may grant remote rights (or MW_BIND, through which a window could): a
+    /// key that reaches every byte of guest memory from the network. Off unless the operator
+    /// asks for it.
+    pub allow_remote_dma_mr: bool,
+    /// Destinations address vectors may name (CREATE_AH, MODIFY_QP's AV).
+    pub egress: crate::egress::EgressPolicy,
 }
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        ModelConfig {
+            dev: DeviceConfig::default(),
+            netdev_mtu: 1500,
+            max_page_list_bytes: DEFAULT_MAX_PAGE_LIST_BYTES,
+            allow_remote_dma_mr: false,
+            egress: Default::default(),
+        }
+    }
+}
+
+/// Rights of a DMA MR that reach it from the network: remote access, the FLUSH targets, and
+/// MW_BIND (a window bound to it would carry remote rights).
+const DMA_MR_REMOTE_RIGHTS: Access = Access(
+    Access::REMOTE.0 | Access::MW_BIND.0 | Access::FLUSH_GLOBAL.0 | Access::FLUSH_PERSISTENT.0,
+);
 
 pub struct Model {
     pub dev: Device,
@@ -191,7 +236,7 @@ pub struct Model {
     cqs: BTreeMap<u32, CqShadow>,
     srqs: HashMap<u32, SrqShadow>,
     /// Events waiting for an event-queue buffer.
-    pub events: VecDeque<abi::Event>,
+    pub events: EventQueue,
     sq_backlog: BTreeSet<u32>,
     /// QPs with send WQEs in the engine: their SQ consumer index follows completions.
     sq_active: BTreeSet<u32>,
@@ -329,7 +374,7 @@ impl Model {
             qps: HashMap::new(),
             cqs: BTreeMap::new(),
             srqs: HashMap::new(),
-            events: VecDeque::new(),
+            events: EventQueue::default(),
             sq_backlog: BTreeSet::new(),
             sq_active: BTreeSet::new(),
             stats: ModelStats::default(),
@@ -343,6 +388,11 @@ impl Model {
 
     /// Device reset: every object destroyed, every ring forgotten.
     pub fn reset(&mut self) {
+        // A new device instance draws new key bytes and a new first QPN: the objects the
+        // driver re-creates are not named as the ones before the reset were.
+        if let Some(s) = self.cfg.dev.seed.as_mut() {
+            *s = rxe_core::types::Rng::new(*s).next_u64();
+        }
         self.dev = Device::new(self.cfg.dev.clone());
         self.qps.clear();
         self.cqs.clear();
@@ -631,7 +681,23 @@ impl Model {
                 if c.access & !Access::ALL.0 != 0 {
                     return Err(Status::Invalid);
                 }
-                let k = self.dev.reg_dma_mr(c.pdn, Access(c.access)).map_err(verr)?;
+                let access = Access(c.access);
+                // IBTA 10.6.3.1 before the policy: a malformed request is INVALID whatever
+                // the daemon allows.
+                if (access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC))
+                    && !access.contains(Access::LOCAL_WRITE)
+                {
+                    return Err(Status::Invalid);
+                }
+                if access.0 & DMA_MR_REMOTE_RIGHTS.0 != 0 && !self.cfg.allow_remote_dma_mr {
+                    log::warn!(
+                        "REG_DMA_MR with remote rights {:#x} refused: every byte of guest \
+                         memory would be reachable with one key (--allow-remote-dma-mr)",
+                        access.0 & DMA_MR_REMOTE_RIGHTS.0
+                    );
+                    return Err(Status::Permission);
+                }
+                let k = self.dev.reg_dma_mr(c.pdn, access).map_err(verr)?;
                 body(abi::RespMr { lkey: k, rkey: k })
             }
             op::ALLOC_MR => {
@@ -708,6 +774,7 @@ impl Model {
             }
             op::CREATE_AH => {
                 let c: abi::CmdCreateAh = cmd(b)?;
+                self.egress_allowed(&to_av(&c.attr))?;
                 let id = self.dev.create_ah(c.pdn, to_av(&c.attr)).map_err(verr)?;
                 // AH numbers start at 1: librxe treats ah_num 0 as "AV inline in the WQE".
                 body(abi::Handle {
@@ -994,6 +1061,9 @@ impl Model {
             c.port_num = 1;
         }
         let attr = to_qp_attr(&c)?;
+        if AttrMask(c.attr_mask).has(AttrMask::AV) {
+            self.egress_allowed(&attr.av)?;
+        }
         self.dev
             .modify_qp(Qpn(c.qpn), &attr, AttrMask(c.attr_mask))
             .map_err(verr)?;
@@ -1001,6 +1071,18 @@ impl Model {
         self.pull_rq(mem, c.qpn);
         self.pull_sq(mem, c.qpn);
         Ok(Vec::new())
+    }
+
+    /// An address vector the egress policy refuses: PERMISSION, at once, rather than
+    /// packets that vanish later.
+    fn egress_allowed(&self, av: &Av) -> Result<(), Status> {
+        let ip = av.dgid.to_ip();
+        if self.cfg.egress.allows(ip) {
+            Ok(())
+        } else {
+            log::debug!("address vector to {ip} refused by the egress policy");
+            Err(Status::Permission)
+        }
     }
 
     fn create_srq(&mut self, mem: &GuestMemoryMmap, c: abi::CmdCreateSrq) -> CmdResult {
@@ -1066,7 +1148,16 @@ impl Model {
         if need > crate::guest_mem::MAX_PAGES as u64 || c.pages.num_pages as u64 != need {
             return Err(Status::Invalid);
         }
-        // Charged before the list is read: its copy is what the cap bounds.
+        // Both budgets before the list is read: a registration that cannot fit costs nothing.
+        let fits = self
+            .dev
+            .registered_bytes()
+            .checked_add(c.length)
+            .is_some_and(|t| t <= self.cfg.dev.max_registered_bytes);
+        if !fits {
+            return Err(Status::NoMemory);
+        }
+        // The list's copy is what the page-list cap bounds.
         let lb = list_bytes(need as usize);
         self.lists.charge(lb)?;
         let r = resolve_page_list(mem, &c.pages, need as u32).and_then(|pages| {
@@ -1568,23 +1659,11 @@ impl Model {
             object,
             reserved: 0,
         };
-        if kind == abi::event::KIND_COMPLETION && self.events.contains(&e) {
-            return;
+        match self.events.push(e) {
+            Pushed::Queued => self.stats.events_raised += 1,
+            Pushed::Merged => {}
+            Pushed::Dropped => self.stats.events_dropped += 1,
         }
-        // The last place is kept for EVENTS_LOST: a dropped event is never silent.
-        if self.events.len() >= MAX_PENDING_EVENTS - 1 {
-            self.stats.events_dropped += 1;
-            let lost = abi::Event {
-                kind: abi::event::KIND_EVENTS_LOST,
-                ..Default::default()
-            };
-            if self.events.back() != Some(&lost) && self.events.len() < MAX_PENDING_EVENTS {
-                self.events.push_back(lost);
-            }
-            return;
-        }
-        self.stats.events_raised += 1;
-        self.events.push_back(e);
     }
 
     // ------------------------------------------------------------------ network side
@@ -1616,20 +1695,44 @@ impl Model {
         self.dev.poll_timeout()
     }
 
-    /// Runs the engine until it is idle: sends what it produces through `tx`, moves
-    /// completions into CQ rings, collects events.
-    pub fn pump(&mut self, mem: &GuestMemoryMmap, now: Instant, tx: &mut dyn PacketSink) {
+    /// Runs the engine for at most [`TX_BUDGET`] packets: sends what it produces through
+    /// `tx`, moves completions into CQ rings, collects events. Says why it stopped.
+    pub fn pump(&mut self, mem: &GuestMemoryMmap, now: Instant, tx: &mut dyn PacketSink) -> Pump {
+        self.pump_budget(mem, now, tx, TX_BUDGET)
+    }
+
+    /// [`Self::pump`] with a packet budget of `budget`.
+    pub fn pump_budget(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        now: Instant,
+        tx: &mut dyn PacketSink,
+        budget: usize,
+    ) -> Pump {
+        let mut left = budget;
+        // What a full socket kept back goes first; it may have drained since.
+        tx.flush();
         for _ in 0..64 {
             // Completions made room in the engine's send queues: take what waits in rings.
             let before = self.stats.sq_wqes;
             self.pull_backlog(mem);
             let mut sent = (self.stats.sq_wqes - before) as usize;
+            let mut stop = None;
             loop {
+                if tx.blocked() {
+                    stop = Some(Pump::Blocked);
+                    break;
+                }
+                if left == 0 {
+                    stop = Some(Pump::Budget);
+                    break;
+                }
                 let mut ram = crate::guest_mem::GuestRam(mem);
                 let Some(t) = self.dev.poll_transmit(now, &mut ram, tx.next_buf()) else {
                     break;
                 };
                 tx.push(&t);
+                left -= 1;
                 sent += 1;
                 if sent.is_multiple_of(64) {
                     // Let packets and completions out between bursts.
@@ -1642,16 +1745,25 @@ impl Model {
             while let Some(e) = self.dev.poll_event() {
                 self.engine_event(e);
             }
+            match stop {
+                _ if tx.blocked() => return Pump::Blocked,
+                // The flush above found room again: go on.
+                Some(Pump::Blocked) => continue,
+                Some(stop) => return stop,
+                None => {}
+            }
             if sent == 0 {
                 // Local work requests (REG_MR, LOCAL_INV, BIND_MW) complete without a packet
                 // and may have made room for what waits in a ring: go on only if it moved.
                 let before = self.stats.sq_wqes + self.stats.bad_wqes;
                 self.pull_backlog(mem);
                 if self.stats.sq_wqes + self.stats.bad_wqes == before {
-                    break;
+                    return Pump::Idle;
                 }
             }
         }
+        // Still moving after 64 rounds: the rest after other events.
+        Pump::Budget
     }
 
     /// Pulls the SQs that left WQEs in their rings (no room, not ready, a REG_MR cap).
@@ -1747,8 +1859,8 @@ mod tests {
     fn the_config_space_states_the_caps_as_log2() {
         let m = Model::new(ModelConfig {
             dev: DeviceConfig::default(),
-            netdev_mtu: 1500,
             max_page_list_bytes: 1 << 26,
+            ..Default::default()
         });
         let c = m.config_space();
         assert_eq!(c.log2_max_page_list_bytes, 26);
@@ -1763,26 +1875,98 @@ mod tests {
         assert_eq!(flush, (1 << 38) | (1 << 39));
     }
 
+    /// A sink whose socket was full and has drained: the pump sends what it kept back and
+    /// goes on (here: the engine is idle), rather than waiting for another EPOLLOUT.
     #[test]
-    fn events_beyond_the_pending_limit_end_in_one_events_lost() {
+    fn a_sink_that_drained_is_not_reported_blocked() {
+        struct Drained {
+            blocked: bool,
+            buf: Vec<u8>,
+        }
+        impl PacketSink for Drained {
+            fn next_buf(&mut self) -> &mut [u8] {
+                assert!(!self.blocked, "no packet is taken while blocked");
+                &mut self.buf
+            }
+            fn push(&mut self, _: &Transmit) {}
+            fn flush(&mut self) {
+                self.blocked = false;
+            }
+            fn blocked(&self) -> bool {
+                self.blocked
+            }
+        }
+        let mut m = Model::new(ModelConfig::default());
+        let mem = GuestMemoryMmap::from_ranges(&[(vm_memory::GuestAddress(0), 1 << 16)]).unwrap();
+        let mut tx = Drained {
+            blocked: true,
+            buf: vec![0; 8192],
+        };
+        assert_eq!(m.pump(&mem, Instant(1), &mut tx), Pump::Idle);
+        // Still full after the flush: blocked, and nothing taken from the engine.
+        struct Full;
+        impl PacketSink for Full {
+            fn next_buf(&mut self) -> &mut [u8] {
+                panic!("no packet is taken while blocked")
+            }
+            fn push(&mut self, _: &Transmit) {}
+            fn flush(&mut self) {}
+            fn blocked(&self) -> bool {
+                true
+            }
+        }
+        assert_eq!(m.pump(&mem, Instant(1), &mut Full), Pump::Blocked);
+    }
+
+    /// A device reset re-seeds: the objects created after it are not named as before.
+    #[test]
+    fn a_reset_draws_new_keys_and_qpns() {
         let mut m = Model::new(ModelConfig {
-            dev: DeviceConfig::default(),
-            netdev_mtu: 1500,
-            max_page_list_bytes: DEFAULT_MAX_PAGE_LIST_BYTES,
+            dev: DeviceConfig {
+                seed: Some(42),
+                ..Default::default()
+            },
+            ..Default::default()
         });
-        for qpn in 0..MAX_PENDING_EVENTS as u32 + 10 {
+        let names = |m: &mut Model| {
+            let pd = m.dev.alloc_pd().unwrap();
+            let cq = m.dev.create_cq(16).unwrap();
+            let key = m.dev.alloc_mr(pd, 16).unwrap();
+            let qpn = m
+                .dev
+                .create_qp(rxe_core::QpInit {
+                    qp_type: QpType::Rc,
+                    pd,
+                    send_cq: cq,
+                    recv_cq: cq,
+                    srq: None,
+                    cap: QpCap::default(),
+                    sq_sig_all: false,
+                })
+                .unwrap();
+            (key, qpn.0)
+        };
+        let before = names(&mut m);
+        m.reset();
+        let after = names(&mut m);
+        assert_ne!(before, after);
+    }
+
+    /// A pending event is merged with a new one for the same object; a dropped one counts.
+    #[test]
+    fn events_are_counted_as_raised_merged_or_dropped() {
+        let mut m = Model::new(ModelConfig::default());
+        for _ in 0..3 {
+            m.push_event(abi::event::KIND_ASYNC, abi::event::QP_FATAL, 17);
+        }
+        assert_eq!((m.events.len(), m.stats.events_raised), (1, 1));
+        for qpn in 0..MAX_PENDING_EVENTS as u32 {
             m.push_event(abi::event::KIND_ASYNC, abi::event::QP_FATAL, qpn);
         }
-        assert_eq!(m.events.len(), MAX_PENDING_EVENTS);
-        let last = m.events.back().copied().unwrap_or_default();
-        assert_eq!(last.kind, abi::event::KIND_EVENTS_LOST);
-        assert_eq!(m.stats.events_dropped, 11);
-        // Once the driver has taken some, events flow again.
-        m.events.drain(..100);
-        m.push_event(abi::event::KIND_COMPLETION, 0, 5);
+        assert!(m.stats.events_dropped > 0);
         assert_eq!(
-            m.events.back().map(|e| e.kind),
-            Some(abi::event::KIND_COMPLETION)
+            m.stats.events_raised + m.stats.events_dropped,
+            MAX_PENDING_EVENTS as u64
         );
     }
 }

@@ -22,6 +22,7 @@ use std::os::fd::{AsRawFd, RawFd};
 
 use rxe_core::device::{RecvMeta, Transmit};
 
+use crate::egress::EgressPolicy;
 use crate::model::PacketSink;
 
 /// Packets sent with one `sendmmsg`.
@@ -32,6 +33,9 @@ pub const RX_BATCH: usize = 32;
 const TX_SLOT: usize = 4096 + 256;
 /// Room per received datagram (larger ones are truncated and dropped).
 const RX_SLOT: usize = 9216;
+/// Socket errors one receive call takes (each counted) before it gives up and reports the
+/// socket as failing ([`UdpTransport::rx_failing`]).
+pub const RX_ERROR_LIMIT: u32 = 16;
 use rxe_core::wire::frame::icrc_for_udp_socket;
 use rxe_core::Gid;
 
@@ -41,6 +45,10 @@ pub struct TransportStats {
     pub tx_packets: u64,
     pub tx_bytes: u64,
     pub tx_dropped: u64,
+    /// Times the socket buffer was full (EAGAIN): the packets waited for writability.
+    pub tx_blocked: u64,
+    /// Packets to a destination the egress policy refuses (`--allow-peer`): dropped.
+    pub tx_denied: u64,
     pub tx_wrong_family: u64,
     pub rx_packets: u64,
     pub rx_bytes: u64,
@@ -49,6 +57,10 @@ pub struct TransportStats {
     pub rx_icrc_id_solved: u64,
     pub rx_icrc_bad: u64,
     pub rx_short: u64,
+    /// Receive errors other than "nothing waiting" (ICMP errors reported on the socket, …).
+    pub rx_errors: u64,
+    /// Datagrams dropped because no guest memory was there to take them yet.
+    pub rx_unattached: u64,
 }
 
 pub struct UdpTransport {
@@ -57,10 +69,16 @@ pub struct UdpTransport {
     peer_port: u16,
     strict_icrc: bool,
     solver: rxe_core::icrc::Ipv4IdSolver,
+    egress: EgressPolicy,
     pub stats: TransportStats,
     /// Packets waiting for `sendmmsg`: `TX_BATCH` slots of `TX_SLOT` bytes.
     tx_buf: Vec<u8>,
     tx_pending: Vec<(usize, SocketAddr)>,
+    /// The last `sendmmsg` found the socket buffer full; `tx_pending` holds what it did not
+    /// take, sent first once the socket is writable again.
+    tx_blocked: bool,
+    /// The last receive gave up after [`RX_ERROR_LIMIT`] errors in a row.
+    rx_failing: bool,
     rx: RxBatch,
 }
 
@@ -136,9 +154,12 @@ impl UdpTransport {
             peer_port,
             strict_icrc,
             solver: rxe_core::icrc::Ipv4IdSolver::new(),
+            egress: EgressPolicy::default(),
             stats: TransportStats::default(),
             tx_buf: vec![0; TX_BATCH * TX_SLOT],
             tx_pending: Vec::with_capacity(TX_BATCH),
+            tx_blocked: false,
+            rx_failing: false,
             rx: RxBatch {
                 buf: vec![0; RX_BATCH * RX_SLOT],
                 // SAFETY: sockaddr_storage is plain data; all-zero is a valid value.
@@ -146,6 +167,11 @@ impl UdpTransport {
                 lens: vec![(0, 0, false); RX_BATCH],
             },
         })
+    }
+
+    /// Where packets may go ([`EgressPolicy`]); everything before this is called.
+    pub fn set_egress(&mut self, p: EgressPolicy) {
+        self.egress = p;
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -166,6 +192,12 @@ impl UdpTransport {
         let dst_ip = t.dst.to_ip();
         if dst_ip.is_ipv4() != self.local.is_ipv4() {
             self.stats.tx_wrong_family += 1;
+            return None;
+        }
+        if !self.egress.allows(dst_ip) {
+            // As a destination without a route: the packet is lost (the requester retries
+            // and ends with RETRY_EXC_ERR; a UD datagram is gone).
+            self.stats.tx_denied += 1;
             return None;
         }
         let dst = SocketAddr::new(dst_ip, self.peer_port);
@@ -195,6 +227,7 @@ impl UdpTransport {
     fn send_pending(&mut self) {
         let n = self.tx_pending.len();
         if n == 0 {
+            self.tx_blocked = false;
             return;
         }
         let mut names: [libc::sockaddr_storage; TX_BATCH] =
@@ -240,12 +273,31 @@ impl UdpTransport {
             if r < 0 && e.kind() == io::ErrorKind::Interrupted {
                 continue;
             }
-            // A full socket buffer (or an ICMP error reported on this call) loses the head
-            // packet: the engine's retransmission covers it. Try the rest.
+            if r < 0 && e.kind() == io::ErrorKind::WouldBlock {
+                // The socket buffer is full: keep the rest, in order, for when it drains.
+                self.stats.tx_blocked += 1;
+                self.tx_blocked = true;
+                self.keep_unsent(done);
+                return;
+            }
+            // An error of this packet (an ICMP error reported on this call, a route that
+            // refuses it) loses it: the engine's retransmission covers it. Try the rest.
             self.stats.tx_dropped += 1;
             done += 1;
         }
         self.tx_pending.clear();
+        self.tx_blocked = false;
+    }
+
+    /// Moves the packets from `done` on to the front of the batch.
+    fn keep_unsent(&mut self, done: usize) {
+        for i in done..self.tx_pending.len() {
+            let (len, _) = self.tx_pending[i];
+            let from = i * TX_SLOT;
+            self.tx_buf
+                .copy_within(from..from + len, (i - done) * TX_SLOT);
+        }
+        self.tx_pending.drain(..done);
     }
 
     /// Receives up to [`RX_BATCH`] datagrams with one `recvmmsg`; returns how many arrived
@@ -267,6 +319,7 @@ impl UdpTransport {
             msgs[i].msg_hdr.msg_iov = &mut iov[i];
             msgs[i].msg_hdr.msg_iovlen = 1;
         }
+        let mut errors = 0;
         let n = loop {
             // SAFETY: every header points at a live, writable buffer of the size it names
             // (`rx.buf` slots and `rx.names` entries) that stays put during the call.
@@ -284,17 +337,49 @@ impl UdpTransport {
             }
             match io::Error::last_os_error().kind() {
                 io::ErrorKind::Interrupted => continue,
-                io::ErrorKind::WouldBlock => return 0,
+                io::ErrorKind::WouldBlock => {
+                    self.rx_failing = false;
+                    return 0;
+                }
                 // ICMP errors surface here (ECONNREFUSED on a closed peer port): not fatal,
-                // and they consume the error: try again.
-                _ => continue,
+                // and they consume the error: try again, a bounded number of times.
+                _ => {
+                    self.stats.rx_errors += 1;
+                    errors += 1;
+                    if errors >= RX_ERROR_LIMIT {
+                        self.rx_failing = true;
+                        return 0;
+                    }
+                }
             }
         };
+        self.rx_failing = false;
         for (i, m) in msgs.iter().enumerate().take(n) {
             let trunc = m.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
             rx.lens[i] = (m.msg_len as usize, m.msg_hdr.msg_namelen, trunc);
         }
         n
+    }
+
+    /// Whether the last [`Self::recv_batch`] gave up on errors: the socket keeps failing,
+    /// and the caller should leave it alone for a while.
+    pub fn rx_failing(&self) -> bool {
+        self.rx_failing
+    }
+
+    /// Receives and drops at most `max` datagrams (no guest memory to take them); returns
+    /// how many.
+    pub fn drop_unattached(&mut self, max: usize) -> usize {
+        let mut total = 0;
+        while total < max {
+            let n = self.recv_batch();
+            self.stats.rx_unattached += n as u64;
+            total += n;
+            if n < RX_BATCH {
+                break;
+            }
+        }
+        total
     }
 
     /// Datagram `i` of the last [`Self::recv_batch`], checked (length, ICRC); `None` if it
@@ -337,13 +422,21 @@ impl UdpTransport {
     /// Receives one datagram into `buf`; `None` when nothing is waiting. Packets that fail
     /// the checks are counted and skipped.
     pub fn recv(&mut self, buf: &mut [u8]) -> Option<(RecvMeta, usize)> {
+        let mut errors = 0;
         loop {
             let (n, src) = match self.sock.recv_from(buf) {
                 Ok(v) => v,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return None,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 // ICMP errors surface here (ECONNREFUSED on a closed peer port): not fatal.
-                Err(_) => continue,
+                Err(_) => {
+                    self.stats.rx_errors += 1;
+                    errors += 1;
+                    if errors >= RX_ERROR_LIMIT {
+                        return None;
+                    }
+                    continue;
+                }
             };
             self.stats.rx_packets += 1;
             self.stats.rx_bytes += n as u64;
@@ -388,6 +481,10 @@ impl PacketSink for UdpTransport {
 
     fn flush(&mut self) {
         self.send_pending();
+    }
+
+    fn blocked(&self) -> bool {
+        self.tx_blocked
     }
 }
 
@@ -614,6 +711,66 @@ mod tests {
             other,
             &roce[..n]
         ));
+    }
+
+    /// ICMP errors reported on the socket are counted and do not stop the receive path:
+    /// datagrams that arrive after them are still read.
+    #[test]
+    fn receive_errors_are_counted_and_bounded() {
+        let Ok(mut ta) = UdpTransport::bind("127.0.0.1:0".parse().unwrap(), 0, false) else {
+            eprintln!("skip: 127.0.0.1 cannot be bound");
+            return;
+        };
+        // A port nobody listens on: each datagram sent there comes back as ECONNREFUSED
+        // (reported on an unconnected socket with IP_RECVERR).
+        setsockopt_int(ta.fd(), libc::IPPROTO_IP, libc::IP_RECVERR, 1).unwrap();
+        let closed = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let dead = closed.local_addr().unwrap();
+        drop(closed);
+        for _ in 0..3 {
+            ta.sock.send_to(b"x", dead).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            let _ = ta.recv_batch();
+        }
+        assert!(ta.stats.rx_errors >= 1, "{:?}", ta.stats);
+        assert!(!ta.rx_failing(), "a few errors are not a failing socket");
+        let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
+        peer.send_to(&[0u8; 20], ta.local_addr()).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        assert_eq!(ta.drop_unattached(RX_BATCH * 4), 1);
+        assert_eq!(ta.stats.rx_unattached, 1);
+    }
+
+    /// A full socket buffer keeps the packets it did not take, in order, for the next flush;
+    /// the transport says it is blocked meanwhile (the pump then takes nothing more).
+    #[test]
+    fn packets_the_socket_did_not_take_wait_in_order() {
+        let Ok(mut ta) = UdpTransport::bind("127.0.0.1:0".parse().unwrap(), 0, false) else {
+            eprintln!("skip: 127.0.0.1 cannot be bound");
+            return;
+        };
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        rx.set_read_timeout(Some(std::time::Duration::from_secs(2)))
+            .unwrap();
+        let dst = rx.local_addr().unwrap();
+        for i in 0..4u8 {
+            let buf = ta.next_buf();
+            buf[..3].copy_from_slice(&[i, i, i]);
+            ta.tx_pending.push((3, dst));
+        }
+        // As after a sendmmsg that took the first packet and then met EAGAIN.
+        ta.tx_blocked = true;
+        ta.keep_unsent(1);
+        assert!(ta.blocked());
+        assert_eq!(ta.tx_pending.len(), 3);
+        ta.flush();
+        assert!(!ta.blocked());
+        let mut b = [0u8; 16];
+        for i in 1..4u8 {
+            let n = rx.recv(&mut b).unwrap();
+            assert_eq!(&b[..n], &[i, i, i]);
+        }
+        assert_eq!(ta.stats.tx_packets, 3);
     }
 
     /// Two sockets on loopback: what one sends the other verifies (ID 0 over IPv4), and a

@@ -5,10 +5,11 @@
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::time::Duration;
 
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
-use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
+use vhost_user_backend::{VhostUserBackend, VringEpollHandler, VringRwLock, VringT};
 use virtio_bindings::virtio_config::{VIRTIO_F_NOTIFY_ON_EMPTY, VIRTIO_F_VERSION_1};
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use virtio_queue::{QueueOwnedT, QueueT};
@@ -17,15 +18,22 @@ use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
+use vmm_sys_util::eventfd::EventFd;
 
 use crate::abi::{self, NUM_QUEUES, VQ_CTRL, VQ_DOORBELL, VQ_EVENT};
 use crate::guest_mem::GuestMemoryMmap;
-use crate::model::Model;
+use crate::model::{Model, Pump};
 use crate::transport::{UdpTransport, RX_BATCH};
 
 /// Epoll ids of the extra fds (ids up to `NUM_QUEUES` are reserved by vhost-user-backend).
 pub const UDP_EVENT: u16 = NUM_QUEUES as u16 + 1;
 pub const TIMER_EVENT: u16 = NUM_QUEUES as u16 + 2;
+/// The engine has work left after a pump's packet budget: come back after the other events.
+pub const WORK_EVENT: u16 = NUM_QUEUES as u16 + 3;
+/// The UDP socket, for writability, registered only while the transport is blocked.
+pub const UDP_WRITABLE_EVENT: u16 = NUM_QUEUES as u16 + 4;
+/// A counters reader waits for a rendering ([`VhuRdma::render_counters`]).
+pub const COUNTERS_EVENT: u16 = NUM_QUEUES as u16 + 5;
 
 /// Queue size the device offers.
 pub const QUEUE_SIZE: usize = 1024;
@@ -161,6 +169,33 @@ pub fn resume_at_used(vring: &VringRwLock, mem: &GuestMemoryMmap) -> Option<(u16
     Some((base, used))
 }
 
+/// How long the receive path leaves a failing socket alone: 1 ms, doubling while it keeps
+/// failing, up to [`RxBackoff::MAX_NS`]; back to nothing once a receive works.
+#[derive(Debug, Default)]
+pub struct RxBackoff {
+    /// The socket is out of the epoll until then.
+    pub until: Option<rxe_core::Instant>,
+    delay_ns: u64,
+}
+
+impl RxBackoff {
+    pub const MIN_NS: u64 = 1_000_000;
+    pub const MAX_NS: u64 = 1_000_000_000;
+
+    /// The socket failed at `now`: until when to leave it alone.
+    pub fn fail(&mut self, now: rxe_core::Instant) -> rxe_core::Instant {
+        self.delay_ns = (self.delay_ns * 2).clamp(Self::MIN_NS, Self::MAX_NS);
+        let until = now.plus_ns(self.delay_ns);
+        self.until = Some(until);
+        until
+    }
+
+    /// A receive worked.
+    pub fn ok(&mut self) {
+        self.delay_ns = 0;
+    }
+}
+
 pub struct VhuRdma {
     model: Arc<Mutex<Model>>,
     transport: Arc<Mutex<UdpTransport>>,
@@ -172,6 +207,23 @@ pub struct VhuRdma {
     /// ([`resume_at_used`]) on this connection.
     resumed: [AtomicBool; NUM_QUEUES],
     timer: Timer,
+    /// Signalled when a pump stopped at its packet budget ([`WORK_EVENT`]).
+    work: EventFd,
+    /// A duplicate of the UDP socket's fd, in the epoll for EPOLLOUT while the transport waits
+    /// for room ([`UDP_WRITABLE_EVENT`]); a separate fd because the socket itself is there
+    /// for EPOLLIN.
+    tx_wait: OwnedFd,
+    /// Whether `tx_wait` is in the epoll.
+    tx_waiting: AtomicBool,
+    /// Signalled by a counters reader; the worker renders into `counters` and notifies.
+    counters_req: EventFd,
+    /// The latest rendering and its generation.
+    counters: Mutex<(u64, String)>,
+    counters_cv: Condvar,
+    /// The receive path's back-off from a socket that keeps failing.
+    rx_pause: Mutex<RxBackoff>,
+    /// The worker's epoll, to add and remove `tx_wait` (weak: it holds this backend).
+    epoll: Mutex<Weak<VringEpollHandler<Arc<VhuRdma>>>>,
     /// Exit-event consumer fds handed to vhost-user-backend, which registers them in its
     /// epoll with `into_raw_fd()` and never closes them; closed in [`Self::close_exit_fds`]
     /// once the daemon (and its worker threads) are gone.
@@ -185,7 +237,23 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl VhuRdma {
     pub fn new(model: Arc<Mutex<Model>>, transport: Arc<Mutex<UdpTransport>>) -> io::Result<Self> {
+        let udp_fd = lock(&transport).fd();
+        // SAFETY: `udp_fd` is the transport's open socket; F_DUPFD_CLOEXEC makes a new fd.
+        let dup = unsafe { libc::fcntl(udp_fd, libc::F_DUPFD_CLOEXEC, 0) };
+        if dup < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `dup` was just created and is owned by nobody else.
+        let tx_wait = unsafe { OwnedFd::from_raw_fd(dup) };
         Ok(VhuRdma {
+            work: EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC)?,
+            tx_wait,
+            tx_waiting: AtomicBool::new(false),
+            counters_req: EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC)?,
+            rx_pause: Mutex::new(RxBackoff::default()),
+            counters: Mutex::new((0, String::new())),
+            counters_cv: Condvar::new(),
+            epoll: Mutex::new(Weak::new()),
             model,
             transport,
             mem: Mutex::new(None),
@@ -210,6 +278,126 @@ impl VhuRdma {
 
     pub fn timer_fd(&self) -> RawFd {
         self.timer.fd()
+    }
+
+    pub fn work_fd(&self) -> RawFd {
+        self.work.as_raw_fd()
+    }
+
+    pub fn counters_fd(&self) -> RawFd {
+        self.counters_req.as_raw_fd()
+    }
+
+    /// The counters (members of a JSON object), rendered by the worker thread between two
+    /// events, so that a reader never holds the device's locks; `None` if the worker did not
+    /// get to it within `wait`.
+    pub fn render_counters(&self, wait: Duration) -> Option<String> {
+        let mut c = lock(&self.counters);
+        let asked = c.0;
+        let _ = self.counters_req.write(1);
+        let end = std::time::Instant::now() + wait;
+        while c.0 == asked {
+            let left = end.checked_duration_since(std::time::Instant::now())?;
+            c = self
+                .counters_cv
+                .wait_timeout(c, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        Some(c.1.clone())
+    }
+
+    /// Renders the counters for the readers waiting (worker thread).
+    fn publish_counters(&self, model: &Model) {
+        let _ = self.counters_req.read();
+        let t = lock(&self.transport).stats;
+        let body = crate::counters::render_body(&t, Some(model));
+        let mut c = lock(&self.counters);
+        *c = (c.0 + 1, body);
+        self.counters_cv.notify_all();
+    }
+
+    /// The epoll handler of the worker thread, for the writability wait.
+    pub fn set_epoll_handler(&self, h: &Arc<VringEpollHandler<Arc<VhuRdma>>>) {
+        *lock(&self.epoll) = Arc::downgrade(h);
+    }
+
+    /// Acts on why the pump stopped: more work now, or wait for the socket to drain.
+    fn after_pump(&self, p: Pump) {
+        match p {
+            Pump::Idle => {}
+            Pump::Budget => {
+                let _ = self.work.write(1);
+            }
+            Pump::Blocked => self.wait_writable(true),
+        }
+    }
+
+    /// After a receive: a socket that gave up on errors is left out of the epoll for a while
+    /// (longer each time it fails again, up to [`RxBackoff::MAX_NS`]) instead of waking the
+    /// worker at once, level-triggered, for ever.
+    fn rx_health(&self, t: &UdpTransport) {
+        let mut p = lock(&self.rx_pause);
+        if !t.rx_failing() {
+            p.ok();
+            return;
+        }
+        let until = p.fail(now());
+        drop(p);
+        log::warn!(
+            "udp socket: {} receive errors so far; not reading it for {} ms",
+            t.stats.rx_errors,
+            until.0.saturating_sub(now().0) / 1_000_000
+        );
+        self.udp_listen(t.fd(), false);
+        self.timer.arm(Some(until));
+    }
+
+    /// Takes the UDP socket back into the epoll once its back-off is over (the timer is
+    /// armed for it; a device reset keeps it armed).
+    fn rx_resume_due(&self) {
+        let mut p = lock(&self.rx_pause);
+        if p.until.is_some_and(|u| now() >= u) {
+            p.until = None;
+            drop(p);
+            let fd = lock(&self.transport).fd();
+            self.udp_listen(fd, true);
+        }
+    }
+
+    fn udp_listen(&self, fd: RawFd, on: bool) {
+        let Some(h) = lock(&self.epoll).upgrade() else {
+            return;
+        };
+        let r = if on {
+            h.register_listener(fd, EventSet::IN, UDP_EVENT as u64)
+        } else {
+            h.unregister_listener(fd, EventSet::IN, UDP_EVENT as u64)
+        };
+        if let Err(e) = r {
+            log::warn!("udp socket epoll: {e}");
+        }
+    }
+
+    /// Adds (or removes) the UDP socket's EPOLLOUT interest.
+    fn wait_writable(&self, on: bool) {
+        if self.tx_waiting.load(Ordering::Relaxed) == on {
+            return;
+        }
+        let Some(h) = lock(&self.epoll).upgrade() else {
+            return;
+        };
+        let fd = self.tx_wait.as_raw_fd();
+        let ev = UDP_WRITABLE_EVENT as u64;
+        let r = if on {
+            h.register_listener(fd, EventSet::OUT, ev)
+        } else {
+            h.unregister_listener(fd, EventSet::OUT, ev)
+        };
+        match r {
+            Ok(()) => self.tx_waiting.store(on, Ordering::Relaxed),
+            Err(e) => log::warn!("udp writability wait: {e}"),
+        }
     }
 
     /// The first time this connection touches queue `index` once it is set up (started by
@@ -366,11 +554,11 @@ impl VhuRdma {
             let writable: Vec<(u64, u32)> =
                 chain.writable().map(|d| (d.addr().0, d.len())).collect();
             let room: u64 = writable.iter().map(|w| w.1 as u64).sum();
-            let used = if room >= std::mem::size_of::<abi::Event>() as u64 {
-                let e = model.events.pop_front().expect("non-empty");
-                Self::write_out(&guard, &writable, vm_memory::ByteValued::as_slice(&e))
-            } else {
-                0
+            let fits = room >= std::mem::size_of::<abi::Event>() as u64;
+            // A buffer too small for an event is returned empty; the event waits for the next.
+            let used = match if fits { model.events.pop() } else { None } {
+                Some(e) => Self::write_out(&guard, &writable, vm_memory::ByteValued::as_slice(&e)),
+                None => 0,
             };
             let _ = vring.add_used(head, used);
             delivered = true;
@@ -409,7 +597,7 @@ impl VhostUserBackend for VhuRdma {
     fn reset_device(&self) {
         log::info!("device reset");
         lock(&self.model).reset();
-        self.timer.arm(None);
+        self.timer.arm(lock(&self.rx_pause).until);
     }
 
     fn set_event_idx(&self, enabled: bool) {
@@ -442,7 +630,7 @@ impl VhostUserBackend for VhuRdma {
         if queue_index == VQ_CTRL as u32 {
             log::info!("control queue stopped: device reset");
             lock(&self.model).reset();
-            self.timer.arm(None);
+            self.timer.arm(lock(&self.rx_pause).until);
         }
         Ok(())
     }
@@ -461,13 +649,22 @@ impl VhostUserBackend for VhuRdma {
         vrings: &[VringRwLock],
         _thread_id: usize,
     ) -> io::Result<()> {
+        self.rx_resume_due();
         let Some(mem) = lock(&self.mem).clone() else {
             // No memory table yet: nothing can be read. Drain the timer so it stops firing.
             match device_event {
                 TIMER_EVENT => self.timer.consume(),
+                WORK_EVENT => {
+                    let _ = self.work.read();
+                }
+                UDP_WRITABLE_EVENT => self.wait_writable(false),
+                COUNTERS_EVENT => self.publish_counters(&lock(&self.model)),
                 UDP_EVENT => {
+                    // Nothing to deliver to: drop (and count) what a wake-up brings, no more;
+                    // the socket is level-triggered and the rest wakes us again.
                     let mut t = lock(&self.transport);
-                    while t.recv_batch() > 0 {}
+                    t.drop_unattached(RX_LIMIT);
+                    self.rx_health(&t);
                 }
                 _ => {}
             }
@@ -534,20 +731,31 @@ impl VhostUserBackend for VhuRdma {
                         break;
                     }
                 }
+                self.rx_health(&t);
             }
             TIMER_EVENT => {
                 self.timer.consume();
                 model.handle_timeout(now());
             }
+            WORK_EVENT => {
+                let _ = self.work.read();
+            }
+            // The pump below sends what waited first.
+            UDP_WRITABLE_EVENT => self.wait_writable(false),
+            COUNTERS_EVENT => self.publish_counters(&model),
             _ => log::warn!("unexpected event id {device_event}"),
         }
-        {
+        let p = {
             let g = mem.memory();
             let mut t = lock(&self.transport);
-            model.pump(&g, now(), &mut *t);
-        }
+            model.pump(&g, now(), &mut *t)
+        };
+        self.after_pump(p);
         self.deliver_events(vrings, &mem, &mut model)?;
         let mut next = model.poll_timeout();
+        if let Some(until) = lock(&self.rx_pause).until {
+            next = Some(next.map_or(until, |t| t.min(until)));
+        }
         if !self.state_checked.load(Ordering::Relaxed) {
             // the rings are not set up yet: look again
             let check = now().plus_ns(STATE_CHECK_NS);
@@ -646,6 +854,19 @@ mod tests {
         v.set_queue_ready(false);
         assert_eq!(resume_at_used(&v, &mem), None);
         assert_eq!(v.queue_next_avail(), 5);
+    }
+
+    /// A socket that keeps failing is left alone longer each time, up to a second; one
+    /// receive that works ends the back-off.
+    #[test]
+    fn a_failing_socket_is_left_alone_longer_each_time() {
+        let mut b = RxBackoff::default();
+        let t = rxe_core::Instant(1_000_000_000);
+        let waits: Vec<u64> = (0..12).map(|_| b.fail(t).0 - t.0).collect();
+        assert_eq!(waits[..4], [1_000_000, 2_000_000, 4_000_000, 8_000_000]);
+        assert_eq!(*waits.last().unwrap(), RxBackoff::MAX_NS);
+        b.ok();
+        assert_eq!(b.fail(t).0 - t.0, RxBackoff::MIN_NS);
     }
 
     /// ADD_MEM_REG for hotplugged memory (cloud-hypervisor uses it when offered); never

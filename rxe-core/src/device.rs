@@ -43,6 +43,12 @@ pub struct DeviceConfig {
     /// and then completes with `RetryExcErr` (as hardware RoCE NICs do), so a requester whose
     /// peer has gone ends instead of retrying for ever.
     pub infinite_retry_cnt: bool,
+    /// Seed of the key bytes (the low 8 bits of every L_Key/R_Key) and of the first QPN.
+    /// `None`: a fixed sequence (keys step by 0x11 from 0x11, QPNs start at 0x11), for
+    /// tests and reproducible fuzzing. `Some`: key bytes drawn at random, as rxe's
+    /// `rxe_get_next_key()`, and QPNs starting at a random place, so that an off-path sender
+    /// cannot name a guest's MR or QP by counting. The daemon gives every device its own.
+    pub seed: Option<u64>,
 }
 
 impl Default for DeviceConfig {
@@ -67,6 +73,7 @@ impl Default for DeviceConfig {
             port_mtu: Mtu::M1024,
             mac: [0x02, 0, 0, 0, 0, 1],
             infinite_retry_cnt: false,
+            seed: None,
         }
     }
 }
@@ -242,7 +249,10 @@ impl Device {
     pub fn new(cfg: DeviceConfig) -> Self {
         let res = Resources {
             pds: Slab::new(cfg.max_pd),
-            keys: KeyTable::new(cfg.max_mr),
+            keys: match cfg.seed {
+                Some(seed) => KeyTable::with_seed(cfg.max_mr, seed),
+                None => KeyTable::new(cfg.max_mr),
+            },
             registered_bytes: 0,
             cqs: Slab::new(cfg.max_cq),
             srqs: Slab::new(cfg.max_srq),
@@ -254,11 +264,19 @@ impl Device {
             port: PortCounters::default(),
             cfg,
         };
+        // The QPN space is FIRST_QPN .. FIRST_QPN + 2 × max_qp, handed out round-robin.
+        let next_qpn = match res.cfg.seed {
+            Some(seed) => {
+                let span = res.cfg.max_qp as u64 * 2;
+                FIRST_QPN + crate::types::Rng::new(seed ^ 0x0051_504e).below(span) as u32
+            }
+            None => FIRST_QPN,
+        };
         Device {
             res,
             qps: Vec::new(),
             sched: VecDeque::new(),
-            next_qpn: FIRST_QPN,
+            next_qpn,
         }
     }
 
@@ -339,6 +357,11 @@ impl Device {
 
     // ---------------------------------------------------------------- MRs and MWs
 
+    /// Bytes the MRs hold of `max_registered_bytes`.
+    pub fn registered_bytes(&self) -> u64 {
+        self.res.registered_bytes
+    }
+
     fn charge(&mut self, len: u64) -> Result<(), VerbError> {
         let total = self
             .res
@@ -414,6 +437,14 @@ impl Device {
     /// A DMA MR covering all of memory (`ib_get_dma_mr`): addresses are memory addresses.
     pub fn reg_dma_mr(&mut self, pd: u32, access: Access) -> Result<u32, VerbError> {
         self.pd_ref(pd, 0)?;
+        // As for every MR (IBTA 10.6.3.1; ib_core's `ib_check_mr_access()`): remote write
+        // and atomic need local write.
+        if access.0 & !Access::ALL.0 != 0
+            || ((access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC))
+                && !access.contains(Access::LOCAL_WRITE))
+        {
+            return Err(VerbError::Invalid);
+        }
         let mr = Mr {
             pd,
             kind: MrKind::Dma,
@@ -461,7 +492,9 @@ impl Device {
         let Some(KeyObj::Mr(mr)) = self.res.keys.remove(key) else {
             return Err(VerbError::NotFound);
         };
-        if mr.kind == MrKind::User {
+        // User MRs hold their length from registration, fast-registration MRs the length
+        // they mapped last; DMA MRs nothing (they pin nothing the guest has not got).
+        if matches!(mr.kind, MrKind::User | MrKind::FastReg { .. }) {
             self.res.registered_bytes -= mr.length;
         }
         self.pd_ref(mr.pd, -1)

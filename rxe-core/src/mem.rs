@@ -199,6 +199,8 @@ pub struct KeyTable {
     slots: Vec<Slot>,
     free: Vec<u32>,
     pub max: u32,
+    /// Draws the key bytes; `None` steps them by 0x11 ([`KeyTable::new`]).
+    rng: Option<crate::types::Rng>,
 }
 
 /// A resolved reference to registered memory: translate IOVAs through it.
@@ -211,11 +213,35 @@ pub struct Region<'a> {
 }
 
 impl KeyTable {
+    /// A table whose key bytes follow a fixed sequence (0x11, 0x22, … per index).
     pub fn new(max: u32) -> Self {
         KeyTable {
             slots: Vec::new(),
             free: Vec::new(),
             max,
+            rng: None,
+        }
+    }
+
+    /// A table whose key bytes are drawn from a generator seeded with `seed`.
+    pub fn with_seed(max: u32, seed: u64) -> Self {
+        KeyTable {
+            rng: Some(crate::types::Rng::new(seed)),
+            ..Self::new(max)
+        }
+    }
+
+    /// The next key byte of a slot whose last one was `last`: never the same again, so a
+    /// stale key from a freed index does not match (rxe's `rxe_get_next_key()`).
+    fn next_key(&mut self, last: u8) -> u8 {
+        match &mut self.rng {
+            Some(r) => loop {
+                let k = r.next_u64() as u8;
+                if k != last {
+                    break k;
+                }
+            },
+            None => last.wrapping_add(0x11),
         }
     }
 
@@ -230,11 +256,12 @@ impl KeyTable {
             self.slots.push(Slot { key: 0, obj: None });
             self.slots.len() as u32
         };
+        let last = self.slots[idx as usize - 1].key;
+        let key = self.next_key(last);
         let s = &mut self.slots[idx as usize - 1];
-        // Vary the key byte so a stale key from a freed index does not match.
-        s.key = s.key.wrapping_add(0x11);
+        s.key = key;
         s.obj = Some(obj);
-        Some(idx << 8 | s.key as u32)
+        Some(idx << 8 | key as u32)
     }
 
     pub fn remove(&mut self, key: u32) -> Option<KeyObj> {

@@ -14,6 +14,15 @@ pub const MAX_UNACKED_PSNS: i32 = 128;
 pub const MAX_PKT_PER_ACK: u32 = 64;
 /// Device-wide cap on max_rd_atomic / max_dest_rd_atomic.
 pub const MAX_RD_ATOMIC: u8 = 128;
+/// The largest message (`max_msg_sz`, IBTA C9-94's 2^31): a longer DMA length in a request
+/// is an invalid request; it also keeps a READ's PSN span (at most 2^23 packets at MTU 256)
+/// inside the 2^24 PSN space.
+pub const MAX_MSG_SZ: u32 = 1 << 31;
+/// The most responses a responder keeps waiting to go out. Each responder resource holds at
+/// most one (its answer or its latest replay) and ACKs coalesce, so a requester that keeps to
+/// the protocol stays far below it; beyond it a response is dropped (counted in
+/// `responses_dropped`) and the requester's retry asks again.
+pub const MAX_RESP_OUT: usize = 2 * MAX_RD_ATOMIC as usize + 16;
 /// The Q_Key of the GSI QP.
 pub const GSI_QKEY: u32 = 0x8001_0000;
 
@@ -180,6 +189,8 @@ pub struct QpCounters {
     /// Responses (ACK, NAK, READ response, atomic ACK) dropped because their PSN is not
     /// before the next PSN the requester would send: they answer something never sent.
     pub ghost_responses: u64,
+    /// Responses the responder dropped because [`MAX_RESP_OUT`] were already waiting.
+    pub responses_dropped: u64,
 }
 
 #[derive(Debug)]

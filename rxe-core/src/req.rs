@@ -257,16 +257,25 @@ fn local_op(q: &Qp, res: &mut Resources, op: SendOp) -> WcStatus {
             pages,
         } => {
             let pd = q.pd;
+            let (used, max) = (res.registered_bytes, res.cfg.max_registered_bytes);
             match res.keys.get_by_index(lkey) {
                 Some((KeyObj::Mr(mr), k)) if mr.pd == pd && mr.state == KeyState::Free => {
+                    // A fast-registration MR holds the registered-bytes budget for the length
+                    // it maps last (until it maps another or is deregistered), as a user MR
+                    // does for its own: a mapping beyond the budget fails.
+                    let fits = (used - mr.length)
+                        .checked_add(length)
+                        .is_some_and(|t| t <= max);
                     match mr.kind {
                         MrKind::FastReg { max_pages }
                             if pages.len() as u32 <= max_pages
                                 && iova.checked_add(length).is_some()
                                 && check_page_list(page_offset, length, page_shift, &pages)
                                     .is_ok()
-                                && access.0 & !Access::ALL.0 == 0 =>
+                                && access.0 & !Access::ALL.0 == 0
+                                && fits =>
                         {
+                            res.registered_bytes = used - mr.length + length;
                             *k = key as u8;
                             mr.iova = iova;
                             mr.length = length;

@@ -36,13 +36,43 @@ fn queue_ack(q: &mut Qp, psn: Psn, syndrome: u8) {
     } else {
         q.counters.naks_sent += 1;
     }
-    q.resp.out.push_back((RespOut::Ack { psn, syndrome }, msn));
+    push_out(q, RespOut::Ack { psn, syndrome });
 }
 
-/// Queues a response carrying the current MSN.
+/// Queues a response carrying the current MSN, unless [`MAX_RESP_OUT`] already wait.
 fn push_out(q: &mut Qp, out: RespOut) {
+    if q.resp.out.len() >= MAX_RESP_OUT {
+        q.counters.responses_dropped += 1;
+        return;
+    }
     let msn = q.resp.msn;
     q.resp.out.push_back((out, msn));
+}
+
+/// The PSNs a resource answers for.
+fn resource_psns(r: &Resource) -> (Psn, Psn) {
+    match *r {
+        Resource::Read {
+            first_psn,
+            last_psn,
+            ..
+        } => (first_psn, last_psn),
+        Resource::Atomic { psn, .. } | Resource::Empty { psn } => (psn, psn),
+    }
+}
+
+/// Drops the queued responses (READ data, atomic ACK, empty READ response) that answer the
+/// resource spanning `first..=last`: its replay is replaced, or the resource itself is gone.
+fn unqueue_resource(q: &mut Qp, (first, last): (Psn, Psn)) {
+    q.resp.out.retain(|(o, _)| {
+        let psn = match *o {
+            RespOut::Read { psn, .. }
+            | RespOut::AtomicAck { psn, .. }
+            | RespOut::EmptyReadResp { psn } => psn,
+            RespOut::Ack { .. } => return true,
+        };
+        psn.before(first) || psn.after(last)
+    });
 }
 
 /// Takes a receive WQE from the SRQ or the RQ; raises the SRQ limit event when it drops below.
@@ -567,6 +597,10 @@ fn execute_checked(
     } else if op == Opcode::RC_RDMA_READ_REQUEST {
         let reth = pkt.reth().expect("read has RETH");
         let (va, rkey, len) = (reth.va(), reth.rkey(), reth.dma_len());
+        // rxe's `check_length()`, before the R_Key: beyond max_msg_sz is an invalid request.
+        if len > MAX_MSG_SZ {
+            return invalid_request();
+        }
         if len > 0
             && res
                 .keys
@@ -667,7 +701,7 @@ fn execute_checked(
         // placement type (`check_rkey`), then the placement itself (`process_flush`).
         let reth = pkt.reth().expect("flush has RETH");
         let feth = pkt.feth().expect("flush has FETH");
-        if reth.dma_len() > 1 << 31 {
+        if reth.dma_len() > MAX_MSG_SZ {
             return invalid_request();
         }
         let placement = feth.placement_type();
@@ -710,10 +744,16 @@ fn execute_checked(
     Exec::Ok
 }
 
+/// Keeps `r` for replays, in place of the oldest resource when all are taken (rxe's
+/// `get_new_resource()`). A requester that keeps to its max_rd_atomic has had the oldest
+/// answered in full by then; for one that does not, what is still queued of it goes too, so
+/// the queued READ data never exceeds one message per resource.
 fn add_resource(q: &mut Qp, r: Resource) {
     let cap = q.attr.max_dest_rd_atomic.max(1) as usize;
     while q.resp.resources.len() >= cap {
-        q.resp.resources.pop_front();
+        if let Some(old) = q.resp.resources.pop_front() {
+            unqueue_resource(q, resource_psns(&old));
+        }
     }
     q.resp.resources.push_back(r);
 }
@@ -728,50 +768,55 @@ fn duplicate(q: &mut Qp, _res: &mut Resources, pkt: &Packet<&[u8]>) -> Result<()
         queue_ack(q, prev, ACK);
         return Err(Drop::Duplicate);
     }
-    let found = q.resp.resources.iter().rev().find_map(|r| match *r {
-        Resource::Read {
-            first_psn,
-            last_psn,
-            va,
-            rkey,
-            len,
-        } if !psn.before(first_psn) && !psn.after(last_psn) => {
-            let reth = pkt.reth()?;
-            let (iova, l) = (reth.va(), reth.dma_len() as u64);
-            (op_is(pkt, Opcode::RC_RDMA_READ_REQUEST)
-                && reth.rkey() == rkey
-                && iova >= va
-                && iova.checked_add(l)? <= va + len as u64)
-                .then_some(RespOut::Read {
-                    psn,
-                    va: iova,
-                    rkey,
-                    len: l as u32,
-                    offset: 0,
-                    // As rxe (`duplicate_request()`: `rdatm_res_state_replay` unless the PSN
-                    // is the READ's first): a replay from inside the message continues it
-                    // with MIDDLE … LAST (LAST alone for its last packet), one from its start
-                    // begins with FIRST (or ONLY).
-                    first: psn == first_psn,
-                })
-        }
-        Resource::Atomic { psn: p, orig } if p == psn && f.contains(OpFlags::ATOMIC) => {
-            Some(RespOut::AtomicAck { psn, orig })
-        }
-        Resource::Empty { psn: p }
-            if p == psn && f.intersects(OpFlags::FLUSH.union(OpFlags::ATOMIC_WRITE)) =>
-        {
-            Some(RespOut::EmptyReadResp { psn })
-        }
-        _ => None,
+    let found = q.resp.resources.iter().rev().find_map(|r| {
+        let span = resource_psns(r);
+        let out = match *r {
+            Resource::Read {
+                first_psn,
+                last_psn,
+                va,
+                rkey,
+                len,
+            } if !psn.before(first_psn) && !psn.after(last_psn) => {
+                let reth = pkt.reth()?;
+                let (iova, l) = (reth.va(), reth.dma_len() as u64);
+                (op_is(pkt, Opcode::RC_RDMA_READ_REQUEST)
+                    && reth.rkey() == rkey
+                    && iova >= va
+                    && iova.checked_add(l)? <= va + len as u64)
+                    .then_some(RespOut::Read {
+                        psn,
+                        va: iova,
+                        rkey,
+                        len: l as u32,
+                        offset: 0,
+                        // As rxe (`duplicate_request()`: `rdatm_res_state_replay` unless the PSN
+                        // is the READ's first): a replay from inside the message continues it
+                        // with MIDDLE … LAST (LAST alone for its last packet), one from its start
+                        // begins with FIRST (or ONLY).
+                        first: psn == first_psn,
+                    })
+            }
+            Resource::Atomic { psn: p, orig } if p == psn && f.contains(OpFlags::ATOMIC) => {
+                Some(RespOut::AtomicAck { psn, orig })
+            }
+            Resource::Empty { psn: p }
+                if p == psn && f.intersects(OpFlags::FLUSH.union(OpFlags::ATOMIC_WRITE)) =>
+            {
+                Some(RespOut::EmptyReadResp { psn })
+            }
+            _ => None,
+        };
+        out.map(|o| (span, o))
     });
-    match found {
-        Some(out) => {
-            push_out(q, out);
-            Err(Drop::Duplicate)
-        }
-        None => Err(Drop::Duplicate),
+    if let Some((span, out)) = found {
+        // One replay per resource, as rxe keeps one replay state per resource: the newest
+        // duplicate is what the requester waits for, so it replaces whatever of the resource
+        // is still queued (the original answer or an earlier replay).
+        unqueue_resource(q, span);
+        push_out(q, out);
     }
+    Err(Drop::Duplicate)
 }
 
 fn op_is(pkt: &Packet<&[u8]>, op: Opcode) -> bool {

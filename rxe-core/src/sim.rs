@@ -43,33 +43,7 @@ const ROCE_PORT: u16 = 4791;
 /// BTH byte 4 (FECN, BECN, resv6a) is replaced by ones in the ICRC computation.
 const ICRC_MASKED_BYTE: usize = 4;
 
-/// A xorshift generator: deterministic, seedable, no dependency.
-#[derive(Clone, Debug)]
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-    pub fn ppm(&mut self, p: u32) -> bool {
-        p > 0 && (self.next_u64() % 1_000_000) < p as u64
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        if n == 0 {
-            0
-        } else {
-            self.next_u64() % n
-        }
-    }
-}
+pub use crate::types::Rng;
 
 /// One simulated host: a device and the memory its MRs point into.
 pub struct Node {
@@ -192,6 +166,7 @@ impl Sim {
         let mk = |i: u8| {
             let mut dev = Device::new(DeviceConfig {
                 mac: [2, 0, 0, 0, 0, i + 1],
+                seed: cfg.seed.map(|s| s ^ i as u64),
                 ..cfg.clone()
             });
             let gid = Gid::from_ipv4([10, 0, 0, i + 1]);

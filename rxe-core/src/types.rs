@@ -162,3 +162,31 @@ mod tests {
         assert_eq!(format!("{ll:?}"), "fe80::5054:ff:fe12:3456");
     }
 }
+
+/// A xorshift generator: deterministic, seedable, no dependency.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+    pub fn ppm(&mut self, p: u32) -> bool {
+        p > 0 && (self.next_u64() % 1_000_000) < p as u64
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.next_u64() % n
+        }
+    }
+}

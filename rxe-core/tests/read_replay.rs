@@ -53,8 +53,13 @@ fn read_req(s: &mut Setup, psn: u32, va: u64, len: u32) {
 
 /// What node 1 sends: (opcode, PSN, payload).
 fn responses(s: &mut Setup) -> Vec<(Opcode, u32, Vec<u8>)> {
+    responses_n(s, usize::MAX)
+}
+
+/// The first `n` packets node 1 has ready.
+fn responses_n(s: &mut Setup, n: usize) -> Vec<(Opcode, u32, Vec<u8>)> {
     s.sim
-        .take(1, usize::MAX)
+        .take(1, n)
         .iter()
         .map(|(_, b)| {
             let p = Packet::new_checked(&b[..]).unwrap();
@@ -203,4 +208,98 @@ fn a_requester_completes_a_read_whose_responses_resume_with_middle() {
             O::RC_RDMA_READ_RESPONSE_LAST,
         ]
     );
+}
+
+/// The AETH syndrome of a response packet.
+fn syndrome(b: &[u8]) -> Option<u8> {
+    Packet::new_checked(b)
+        .ok()?
+        .aeth()
+        .map(|a| a.syndrome_byte())
+}
+
+/// A READ longer than max_msg_sz (2^31) is an invalid request, as in rxe's `check_length()`:
+/// one NAK, no data. 2^32 - 1 bytes at MTU 256 would also span 2^24 PSNs, the whole space.
+#[test]
+fn a_read_longer_than_max_msg_sz_is_naked_invalid_request() {
+    for len in [(1u32 << 31) + 1, u32::MAX] {
+        let mut s = setup();
+        let va = s.va;
+        read_req(&mut s, PSN, va, len);
+        let r = s.sim.take(1, 16);
+        assert_eq!(r.len(), 1, "one NAK, no READ response");
+        let b = &r[0].1;
+        assert_eq!(Opcode(b[0]), O::RC_ACKNOWLEDGE);
+        assert_eq!(syndrome(b), Some(0x61), "NAK invalid request");
+        assert_eq!(s.sim.dev(1).qp(s.ep[1].qpn).unwrap().state(), QpState::Err);
+    }
+    // 2^31 itself is allowed: checked against the MR (far smaller here), an access error.
+    let mut s = setup();
+    let va = s.va;
+    read_req(&mut s, PSN, va, 1 << 31);
+    let r = s.sim.take(1, 16);
+    assert_eq!(r.len(), 1);
+    assert_eq!(syndrome(&r[0].1), Some(0x62), "NAK remote access error");
+}
+
+/// Duplicate READs for one resource keep one replay: each replaces what is still queued of
+/// the resource (the answer or an earlier replay) instead of adding a full copy of it.
+#[test]
+fn duplicate_reads_keep_one_replay_per_resource() {
+    let mut s = setup();
+    let va = s.va;
+    read_req(&mut s, PSN, va, 4 * MTU);
+    // None of the 4 responses went out yet; the requester asks again, ten times.
+    for _ in 0..10 {
+        read_req(&mut s, PSN, va, 4 * MTU);
+    }
+    let r = responses(&mut s);
+    assert_eq!(r.len(), 4, "one answer, not 11");
+    assert_eq!(payload(&r), s.data);
+    assert_eq!(
+        s.sim.dev(1).qp_counters(s.ep[1].qpn).unwrap().duplicates,
+        10
+    );
+
+    // Half of the answer went out; a duplicate from mid-message replaces the rest.
+    read_req(&mut s, PSN, va, 4 * MTU);
+    let first = responses_n(&mut s, 2);
+    assert_eq!(first.len(), 2);
+    for _ in 0..5 {
+        read_req(&mut s, PSN + 2, va + 2 * MTU as u64, 2 * MTU);
+    }
+    let r = responses(&mut s);
+    assert_eq!(
+        ops(&r),
+        [
+            (O::RC_RDMA_READ_RESPONSE_MIDDLE, PSN + 2),
+            (O::RC_RDMA_READ_RESPONSE_LAST, PSN + 3),
+        ]
+    );
+}
+
+/// A requester that ignores its max_rd_atomic and floods READs: the queued answers never hold
+/// more than one READ per responder resource, and the response queue stays bounded whatever
+/// the mix of duplicates.
+#[test]
+fn the_response_queue_is_bounded_under_a_read_flood() {
+    let mut s = setup();
+    let va = s.va;
+    let per = 4u32; // packets per READ
+    let res = ConnOpts::default().max_rd_atomic as u32;
+    for i in 0..4 * res {
+        read_req(&mut s, PSN + i * per, va, per * MTU);
+        // And a duplicate of every READ so far.
+        for j in 0..=i {
+            read_req(&mut s, PSN + j * per, va, per * MTU);
+        }
+    }
+    let r = s.sim.take(1, usize::MAX);
+    assert!(
+        r.len() <= (res * per) as usize,
+        "{} packets queued for {res} resources of {per} packets",
+        r.len()
+    );
+    let c = s.sim.dev(1).qp_counters(s.ep[1].qpn).unwrap();
+    assert!(c.duplicates > 0);
 }

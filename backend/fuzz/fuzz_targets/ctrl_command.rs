@@ -19,8 +19,10 @@ fuzz_target!(|data: &[u8]| {
             max_registered_bytes: 1 << 20,
             ..DeviceConfig::default()
         },
-        netdev_mtu: 1500,
         max_page_list_bytes: 1 << 20,
+        // Every registration path reachable, the DMA MR with remote rights included.
+        allow_remote_dma_mr: true,
+        ..ModelConfig::default()
     });
     // Byte 0: how many 16-byte units of input seed guest memory; the rest is a sequence of
     // requests, each prefixed by a one-byte length (in 8-byte units).

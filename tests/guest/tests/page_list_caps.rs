@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{bin, one_within};
+use common::{bin, one_within, repeated_list};
 use rxe_core::verbs::*;
 use vm_memory::ByteValued;
 use vur_testguest::abi::{op, Status};
@@ -25,23 +25,6 @@ fn counter(n: &Node, key: &str) -> u64 {
 
 fn no_memory<T>(r: Result<T>) -> bool {
     matches!(r, Err(Error::Status(Status::NoMemory)))
-}
-
-/// A page list of `n` entries that all name `page`, with one level of indirection: a top
-/// array of ⌈n/512⌉ pointers, every one to the same list page. Cheap in guest memory
-/// whatever `n` is; the device still reads (and holds) `n` entries.
-fn repeated_list(g: &Guest, page: u64, n: u32) -> abi::PageListDesc {
-    let list_page = g.ram.alloc_contig(PAGE, PAGE).unwrap();
-    let entries: Vec<u8> = (0..512).flat_map(|_| page.to_le_bytes()).collect();
-    g.ram.write(list_page, &entries);
-    let tops = vec![list_page; (n as usize).div_ceil(512)];
-    abi::PageListDesc {
-        gpa: g.page_list(&tops).unwrap(),
-        num_pages: n,
-        page_shift: 12,
-        levels: 1,
-        reserved: 0,
-    }
 }
 
 /// The cap is stated in the config space; commands beyond it are NO_MEMORY whatever they

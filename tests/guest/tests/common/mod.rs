@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use vur_testguest::{loopback_pair, Cq, Guest, Node, Wc};
+use vur_testguest::{abi, loopback_pair, Cq, Guest, Node, Wc, PAGE};
 
 /// How long a test waits for a completion.
 pub const T: Duration = Duration::from_secs(10);
@@ -35,4 +35,21 @@ pub fn one_within(g: &mut Guest, cq: &Cq, t: Duration) -> Wc {
 /// The next completion of `cq`, within [`T`].
 pub fn one(g: &mut Guest, cq: &Cq) -> Wc {
     one_within(g, cq, T)
+}
+
+/// A page list of `n` entries that all name `page`, with one level of indirection: a top
+/// array of ⌈n/512⌉ pointers, every one to the same list page. Cheap in guest memory
+/// whatever `n` is; the device still reads (and holds) `n` entries.
+pub fn repeated_list(g: &Guest, page: u64, n: u32) -> abi::PageListDesc {
+    let list_page = g.ram.alloc_contig(PAGE, PAGE).unwrap();
+    let entries: Vec<u8> = (0..512).flat_map(|_| page.to_le_bytes()).collect();
+    g.ram.write(list_page, &entries);
+    let tops = vec![list_page; (n as usize).div_ceil(512)];
+    abi::PageListDesc {
+        gpa: g.page_list(&tops).unwrap(),
+        num_pages: n,
+        page_shift: 12,
+        levels: 1,
+        reserved: 0,
+    }
 }
