@@ -8,6 +8,13 @@
 # its CQ, the guest's kernel log has no oops, BUG or warning, and once the guest has powered
 # off the daemon holds no device state at all.
 #
+# A kernel ULP rides through the restart too: NVMe over RDMA (nvmet-rdma and nvme-rdma in the
+# guest, over the device) has I/O in flight when the daemon dies; the I/O ends with an error
+# (nvme-rdma drains its queues on the dead device and deletes the controller) instead of
+# hanging, and after the restart a new connection writes and reads back 16 MiB. Last, the guest
+# reboots (a reset, with a context open): the daemon drops everything of the old boot, and
+# the device works in the new one.
+#
 #   sudo tests/vm/device-restart.test.sh
 #
 # Env: VUR_DAEMON, VUR_IMAGES, VUR_QEMU, VUR_DRIVER_KO (a virtio_rdma.ko to load instead of
@@ -84,9 +91,69 @@ pingpong() { # NAME PORT ARGS... : a server and a client on this guest, bounded 
     check "$name" $((s | c)) "server=$s client=$c"
 }
 
+# NVMe over RDMA on this guest's RoCE address, target and host both here (kernel verbs on both
+# ends of the device). nvme_port_on (re)enables the port: a listener does not outlive the
+# device it was bound to. nvme_connect sets $ctrl and $blk.
+nvme_target() {
+    local c=/sys/kernel/config/nvmet s
+    modprobe nvmet-rdma && modprobe nvme-rdma || return 1
+    mountpoint -q /sys/kernel/config || mount -t configfs none /sys/kernel/config || return 1
+    s=$c/subsystems/vur-nvme
+    truncate -s 64M /tmp/nvme.img
+    mkdir "$s" && echo 1 >"$s/attr_allow_any_host" && mkdir "$s/namespaces/1" &&
+        echo /tmp/nvme.img >"$s/namespaces/1/device_path" &&
+        echo 1 >"$s/namespaces/1/buffered_io" && echo 1 >"$s/namespaces/1/enable" &&
+        mkdir "$c/ports/1" && echo rdma >"$c/ports/1/addr_trtype" &&
+        echo ipv4 >"$c/ports/1/addr_adrfam" && echo "$VUR_ADDR" >"$c/ports/1/addr_traddr" &&
+        echo 4420 >"$c/ports/1/addr_trsvcid"
+}
+nvme_port_on() {
+    local c=/sys/kernel/config/nvmet
+    rm -f "$c/ports/1/subsystems/vur-nvme"
+    ln -s "$c/subsystems/vur-nvme" "$c/ports/1/subsystems/vur-nvme"
+}
+nvme_connect() {
+    local i c b
+    ctrl='' blk=''
+    for ((i = 0; i < 50; i++)); do # the listener may take a moment after the port comes up
+        echo "transport=rdma,traddr=$VUR_ADDR,trsvcid=4420,nqn=vur-nvme" >/dev/nvme-fabrics 2>/dev/null && break
+        sleep 0.2
+    done
+    ((i < 50)) || { say "nvme connect to $VUR_ADDR:4420 failed for 10 s"; return 1; }
+    for ((i = 0; i < 100; i++)); do
+        for c in /sys/class/nvme/nvme[0-9]*; do
+            [[ $(cat "$c/transport" 2>/dev/null) == rdma ]] && ctrl=${c##*/}
+        done
+        for b in /sys/block/nvme*; do
+            [[ ${b##*/} =~ ^nvme[0-9]+n[0-9]+$ && -b /dev/${b##*/} ]] && blk=/dev/${b##*/}
+        done
+        [[ -n $ctrl && -n $blk ]] && return 0
+        sleep 0.1
+    done
+    say "no rdma controller with a namespace within 10 s"
+    return 1
+}
+nvme_check() { # NAME: 16 MiB written, read back and compared
+    head -c 16M /dev/urandom >/tmp/pattern
+    dd if=/tmp/pattern of="$blk" bs=1M oflag=direct status=none &&
+        dd if="$blk" of=/tmp/back bs=1M count=16 iflag=direct status=none &&
+        cmp -s /tmp/pattern /tmp/back
+    check "$1" $? "16 MiB through $blk ($ctrl)"
+}
+
+if [[ -f /vur/boot1-fail ]]; then
+    . /vur/boot2.sh
+fi
 device_up 10 || { say "FAIL no active vrdma device"; exit 1; }
 say "before: $dev gid-index=$gid"
 pingpong before 18515 -n 50 -c
+nvme_target && nvme_port_on || { say "FAIL nvmet configuration"; exit 1; }
+nvme_connect || { say "FAIL nvme connect before the restart"; exit 1; }
+nvme_check nvme_before
+# I/O in flight when the daemon dies: writes and reads in a loop until one fails
+timeout 300 bash -c "while :; do dd if=/tmp/pattern of=$blk bs=1M oflag=direct status=none &&
+    dd if=$blk of=/dev/null bs=1M count=16 iflag=direct status=none || exit 1; done" &
+nvme_io=$!
 
 # Traffic in flight when the daemon dies: an event-driven pingpong pair (both sleep in
 # ibv_get_cq_event, which fails once the device is gone); neither may outlive the device by
@@ -114,11 +181,32 @@ wait $p1; r1=$?
 wait $p2; r2=$?
 say "in-flight pingpongs ended: server rc=$r1 ($(tail -1 /tmp/long.s)) client rc=$r2 ($(tail -1 /tmp/long.c)) after $((SECONDS - t0)) s"
 ((r1 != 0 && r2 != 0 && r1 != 124 && r2 != 124)) || { say "FAIL the in-flight pingpongs should have failed with an error"; fail=1; }
-dmesg | grep -E 'virtio_rdma|vrdma' | tail -8 | sed 's/^/DR dmesg: /'
+while kill -0 $nvme_io 2>/dev/null && ((SECONDS - t0 < 60)); do sleep 0.2; done
+if kill -0 $nvme_io 2>/dev/null; then
+    say "FAIL NVMe I/O still ran 60 s after the daemon restart"
+    fail=1
+else
+    wait $nvme_io; r=$?
+    say "in-flight NVMe I/O ended with rc=$r after $((SECONDS - t0)) s"
+    ((r != 0 && r != 124)) || { say "FAIL the NVMe I/O should have ended with an error"; fail=1; }
+fi
+dmesg | grep -E 'virtio_rdma|vrdma|nvme' | tail -30 | sed 's/^/DR dmesg: /'
 
 device_up 30 || { say "FAIL no active vrdma device 30 s after the restart"; exit 1; }
 say "after restart: $dev gid-index=$gid"
 pingpong after_restart 18517 -n 200 -c
+# NVMe again, on the new device: the controller of the old one is gone
+for c in /sys/class/nvme/nvme[0-9]*; do
+    [[ -e $c ]] && { say "FAIL $c outlived the device it ran on"; fail=1; echo 1 >"$c/delete_controller"; }
+done
+nvme_port_on
+if nvme_connect; then
+    nvme_check nvme_after_restart
+    echo 1 >"/sys/class/nvme/$ctrl/delete_controller"
+else
+    check nvme_after_restart 1
+fi
+rm -f /sys/kernel/config/nvmet/ports/1/subsystems/vur-nvme
 # rdma_cm again: the kernel's QP1 of the new device
 timeout 60 rping -s -a "$VUR_ADDR" -C 10 -v >/tmp/rping.s 2>&1 &
 sp=$!
@@ -151,6 +239,29 @@ pingpong after_rebind 18520 -n 200 -c
 if dmesg | grep -E 'BUG:|Oops:|WARNING:|Call Trace:|refcount_t:|general protection' >/tmp/bad; then
     say "FAIL the kernel log has:"; sed 's/^/DR   /' /tmp/bad | head -20; fail=1
 fi
+
+# A reset with a context open (a pingpong server waiting for its client): the next boot finds
+# a device that knows nothing of this one.
+timeout 60 ibv_rc_pingpong -d "$dev" -g "$gid" -p 18521 -n 10 >/tmp/reboot.s 2>&1 &
+sleep 2
+echo "$fail" >/vur/boot1-fail
+say "rebooting (reset) with a context open"
+sync
+echo b >/proc/sysrq-trigger
+sleep 30
+say "FAIL the guest did not reboot"
+exit 1
+EOF
+cat >"$work/boot2.sh" <<'EOF'
+# Sourced by guest.sh at the second boot (after the reset): the device is there and works,
+# nothing of boot 1 is left.
+fail=$(cat /vur/boot1-fail)
+say "boot 2 (boot 1 ended with fail=$fail)"
+device_up 30 || { say "FAIL no active vrdma device after the reboot"; exit 1; }
+pingpong after_reboot 18522 -n 200 -c
+if dmesg | grep -E 'BUG:|Oops:|WARNING:|Call Trace:|refcount_t:|general protection' >/tmp/bad; then
+    say "FAIL the kernel log has:"; sed 's/^/DR   /' /tmp/bad | head -20; fail=1
+fi
 touch /vur/tools-done
 for _ in $(seq 300); do [[ -f /vur/counters-read ]] && break; sleep 0.1; done
 exit $fail
@@ -158,7 +269,7 @@ EOF
 
 vm_rc=0
 "$here/run-vm.sh" --name dr --qemu "$qemu" --images "$images" --rdma-sock "$work/rdma.sock" \
-    --rdma-reconnect 500 --nic-no-peer --mac "$mac" --ip "$addr/24" --no-rxe --shared "$work" \
+    --rdma-reconnect 500 --allow-reboot --nic-no-peer --mac "$mac" --ip "$addr/24" --no-rxe --shared "$work" \
     --smp 2 --scenario "$work/guest.sh" --timeout 600 >"$work/run-vm.log" 2>&1 &
 vm=$!
 

@@ -28,6 +28,8 @@
 #                      (chardev reconnect-ms): a guest that outlives a daemon restart
 #   --nic-no-peer      without --tap: an eth0 (virtio-net, --mac) attached to nothing, so a
 #                      virtio-rdma port has a netdev to pair with and carry its addresses
+#   --allow-reboot     a guest reboot restarts the guest (the scenario runs again at every
+#                      boot) instead of ending QEMU
 #   --tap2 TAP --mac2 MAC  a second NIC (eth1) on TAP, e.g. next to --nic-no-peer: the guest's
 #                      link to other guests while eth0 carries the virtio-rdma addresses
 #
@@ -41,7 +43,7 @@ repo=$(cd "$here/../.." && pwd)
 
 name='' tap='' mac='' ip='' ip6='' mtu='' scenario='' shared='' timeout=300 logf=''
 mem=1024 smp=1 rxe=1 interactive=0 images=${VUR_IMAGES:-} qemu=${VUR_QEMU:-qemu-system-x86_64}
-rdma_sock='' rdma_reconnect='' nic_no_peer=0 tap2='' mac2=''
+rdma_sock='' rdma_reconnect='' nic_no_peer=0 tap2='' mac2='' no_reboot=-no-reboot
 envs=() files=()
 die() { printf '[run-vm] error: %s\n' "$*" >&2; exit 2; }
 while (($#)); do
@@ -67,6 +69,7 @@ while (($#)); do
     --rdma-sock) rdma_sock=$2; shift ;;
     --rdma-reconnect) rdma_reconnect=$2; shift ;;
     --nic-no-peer) nic_no_peer=1 ;;
+    --allow-reboot) no_reboot='' ;;
     --tap2) tap2=$2; shift ;;
     --mac2) mac2=$2; shift ;;
     -h | --help) sed -n '2,/^set -euo/{/^set/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
@@ -129,7 +132,7 @@ for e in "${envs[@]}"; do append+=" vur.env.$e"; done
 args=(
     -L /usr/share/seabios -L /usr/share/qemu
     -accel tcg -machine pc -cpu max -smp "$smp" -m "$mem"
-    -nodefaults -no-user-config -display none -no-reboot
+    -nodefaults -no-user-config -display none ${no_reboot:+"$no_reboot"}
     -kernel "$images/vmlinuz" -initrd "$initrd" -append "$append"
 )
 if [[ -n $tap ]]; then

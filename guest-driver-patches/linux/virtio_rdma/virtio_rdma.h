@@ -57,6 +57,9 @@ struct vrdma_dev {
 	unsigned int ev_num;
 	struct work_struct port_work;
 	bool reprobing; /* a re-probe after DEVICE_FATAL is scheduled */
+	/* DEVICE_FATAL: the device has lost every object and completes nothing; the driver
+	 * completes kernel QPs' outstanding work requests itself (vrdma_poll_cq) */
+	bool dead;
 	unsigned long port_events; /* bit n: ib_event_type n pending for the port */
 
 	struct xarray cqs;
@@ -131,6 +134,9 @@ struct vrdma_qp {
 	struct vrdma_queue sq;
 	struct vrdma_queue rq;
 	bool has_rq;
+	/* kernel QPs: the oldest receive not yet completed (the device takes receives ahead of
+	 * completing them); advanced by polls of the receive CQ, under its lock */
+	u32 rq_done;
 	/* doorbell backlog, under dev->db_lock */
 	struct list_head db_node;
 	bool db_pending;
@@ -172,6 +178,7 @@ void vrdma_db_forget(struct vrdma_dev *dev, struct vrdma_qp *qp);
 
 /* virtio_rdma_verbs.c */
 extern const struct ib_device_ops vrdma_dev_ops;
+void vrdma_kick_cqs(struct vrdma_dev *dev);
 void vrdma_init_attrs(struct vrdma_dev *dev);
 
 #endif

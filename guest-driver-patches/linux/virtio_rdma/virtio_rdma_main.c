@@ -222,6 +222,9 @@ void vrdma_ring_doorbell(struct vrdma_dev *dev, u32 kind, u32 object, u32 index,
 {
 	unsigned long flags;
 
+	if (READ_ONCE(dev->dead))
+		return;	/* it knows none of our queues any more */
+
 	spin_lock_irqsave(&dev->db_lock, flags);
 	if (list_empty(&dev->db_backlog) && db_post(dev, kind, object, index)) {
 		virtqueue_kick(dev->db_vq);
@@ -336,9 +339,11 @@ static void vrdma_handle_event(struct vrdma_dev *dev, const struct vrdma_event *
 			srq->ibsrq.event_handler(&ev, srq->ibsrq.srq_context);
 		}
 		break;
+	case VRDMA_AE_DEVICE_FATAL:
+		WRITE_ONCE(dev->dead, true);
+		fallthrough;
 	case VRDMA_AE_PORT_ACTIVE:
 	case VRDMA_AE_PORT_ERR:
-	case VRDMA_AE_DEVICE_FATAL:
 		/* ib_dispatch_event sleeps: from a work item */
 		set_bit(type, &dev->port_events);
 		schedule_work(&dev->port_work);
@@ -404,8 +409,12 @@ static void vrdma_port_work(struct work_struct *w)
 		else
 			ev.element.port_num = 1;
 		ib_dispatch_event(&ev);
-		if (types[i] == VRDMA_AE_DEVICE_FATAL && reprobe)
-			vrdma_schedule_reprobe(dev);
+		if (types[i] == VRDMA_AE_DEVICE_FATAL) {
+			/* kernel consumers poll and find their work flushed */
+			vrdma_kick_cqs(dev);
+			if (reprobe)
+				vrdma_schedule_reprobe(dev);
+		}
 	}
 }
 

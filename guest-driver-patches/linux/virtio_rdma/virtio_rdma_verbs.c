@@ -529,6 +529,124 @@ static int vrdma_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata)
 	return 0;
 }
 
+static bool ring_full(const struct vrdma_queue *q, u32 prod)
+{
+	return ((prod + 1) & (q->num_slots - 1)) == smp_load_acquire(&q->buf->consumer_index);
+}
+
+static void *ring_slot(const struct vrdma_queue *q, u32 idx)
+{
+	return q->buf->data + ((size_t)(idx & (q->num_slots - 1)) << q->log2);
+}
+
+/*
+ * A dead device (DEVICE_FATAL: it lost every object) completes nothing. For kernel QPs the
+ * driver does what the device does in ERR: every work request still on a send or receive
+ * queue completes with WR_FLUSH_ERR, in order, when the CQ is polled; requests posted after
+ * the death too. So kernel consumers that drain their QPs before destroying them
+ * (ib_drain_qp: move to ERR, post a marker, wait for its completion) finish instead of
+ * waiting for ever. The device no longer reads these rings, so the driver owns their
+ * consumer indices. SRQ receives are not flushed (they belong to no QP), as on a device.
+ */
+static int flush_ring(struct vrdma_qp *qp, struct vrdma_queue *q, bool send,
+		      struct ib_wc *wc, int num)
+{
+	struct rxe_queue_buf *b = q->buf;
+	int n = 0;
+
+	/* the send queue's consumer index is its oldest uncompleted WQE (§7); receives are
+	 * taken ahead of their completion, so the driver keeps that index itself */
+	if (!send)
+		smp_store_release(&b->consumer_index, qp->rq_done);
+	while (n < num) {
+		u32 cons = b->consumer_index & (q->num_slots - 1);
+
+		if (cons == (READ_ONCE(b->producer_index) & (q->num_slots - 1)))
+			break;
+		memset(&wc[n], 0, sizeof(wc[n]));
+		if (send)
+			wc[n].wr_id = ((struct rxe_send_wqe *)ring_slot(q, cons))->wr.wr_id;
+		else
+			wc[n].wr_id = ((struct rxe_recv_wqe *)ring_slot(q, cons))->wr_id;
+		wc[n].status = IB_WC_WR_FLUSH_ERR;
+		wc[n].opcode = send ? IB_WC_SEND : IB_WC_RECV;
+		wc[n].qp = &qp->ibqp;
+		smp_store_release(&b->consumer_index, (cons + 1) & (q->num_slots - 1));
+		n++;
+	}
+	if (!send)
+		qp->rq_done = b->consumer_index;
+	return n;
+}
+
+static bool ring_empty(const struct vrdma_queue *q, u32 cons)
+{
+	return ((cons ^ READ_ONCE(q->buf->producer_index)) & (q->num_slots - 1)) == 0;
+}
+
+/* Flush completions for kernel QPs of @cq (num == 0: only say whether there are any). */
+static int flush_dead(struct vrdma_dev *dev, struct vrdma_cq *cq, struct ib_wc *wc, int num)
+{
+	struct vrdma_qp *qp;
+	unsigned long i, flags;
+	int n = 0;
+
+	/* QPs enter and leave dev->qps under ev_lock with interrupts off, and are freed only
+	 * after leaving it: the xarray's lock keeps every QP found here alive */
+	xa_lock_irqsave(&dev->qps, flags);
+	xa_for_each(&dev->qps, i, qp) {
+		if (qp->is_user)
+			continue;
+		if (qp->ibqp.send_cq == &cq->ibcq) {
+			if (!num && !ring_empty(&qp->sq, READ_ONCE(qp->sq.buf->consumer_index))) {
+				n = 1;
+				break;
+			}
+			spin_lock(&qp->sq_lock);
+			n += flush_ring(qp, &qp->sq, true, wc + n, num - n);
+			spin_unlock(&qp->sq_lock);
+		}
+		if (qp->has_rq && qp->ibqp.recv_cq == &cq->ibcq) {
+			if (!num && !ring_empty(&qp->rq, qp->rq_done)) {
+				n = 1;
+				break;
+			}
+			spin_lock(&qp->rq_lock);
+			n += flush_ring(qp, &qp->rq, false, wc + n, num - n);
+			spin_unlock(&qp->rq_lock);
+		}
+		if (num && n == num)
+			break;
+	}
+	xa_unlock_irqrestore(&dev->qps, flags);
+	return n;
+}
+
+/* A dead device: run the completion handler of @ibcq if it is armed. */
+static bool kick_cq(struct vrdma_cq *cq)
+{
+	if (cq->is_user || !cq->ibcq.comp_handler || !xchg(&cq->armed, false))
+		return false;
+	cq->ibcq.comp_handler(&cq->ibcq, cq->ibcq.cq_context);
+	return true;
+}
+
+void vrdma_kick_cqs(struct vrdma_dev *dev)
+{
+	struct vrdma_cq *cq;
+	unsigned long i, flags;
+	unsigned int n = 0, kicked = 0;
+
+	spin_lock_irqsave(&dev->ev_lock, flags);
+	xa_for_each(&dev->cqs, i, cq) {
+		n++;
+		kicked += kick_cq(cq);
+	}
+	spin_unlock_irqrestore(&dev->ev_lock, flags);
+	dev_warn(&dev->vdev->dev, "device lost: kernel work requests complete as flushed (%u of %u CQs notified)\n",
+		 kicked, n);
+}
+
 /*
  * Arming writes the notify word in the ring header (§8.1): store, full barrier, then look
  * for entries the device published before it could see the arm.
@@ -546,6 +664,12 @@ static int vrdma_req_notify_cq(struct ib_cq *ibcq, enum ib_cq_notify_flags flags
 	if ((flags & IB_CQ_REPORT_MISSED_EVENTS) &&
 	    READ_ONCE(cq->q.buf->producer_index) != READ_ONCE(cq->q.buf->consumer_index))
 		return 1;
+	if (READ_ONCE(to_vdev(ibcq->device)->dead) && !cq->is_user &&
+	    flush_dead(to_vdev(ibcq->device), cq, NULL, 0)) {
+		if (flags & IB_CQ_REPORT_MISSED_EVENTS)
+			return 1;
+		kick_cq(cq);
+	}
 	return 0;
 }
 
@@ -585,11 +709,16 @@ static int vrdma_poll_cq(struct ib_cq *ibcq, int num, struct ib_wc *wc)
 		wc[n].port_num = u->port_num;
 		qp = xa_load(&dev->qps, u->qp_num);
 		wc[n].qp = qp ? &qp->ibqp : NULL;
+		/* receives complete in order (without an SRQ): one more is done */
+		if (qp && qp->has_rq && !qp->is_user && (u->opcode & IB_WC_RECV))
+			qp->rq_done = (qp->rq_done + 1) & (qp->rq.num_slots - 1);
 		if (wc[n].wc_flags & IB_WC_GRH)
 			wc[n].network_hdr_type = RDMA_NETWORK_IPV4;
 		smp_store_release(&b->consumer_index, (cons + 1) & (cq->q.num_slots - 1));
 		n++;
 	}
+	if (n < num && !cq->resizing && READ_ONCE(dev->dead))
+		n += flush_dead(dev, cq, wc + n, num - n);
 	spin_unlock_irqrestore(&cq->lock, flags);
 	return n;
 }
@@ -795,6 +924,14 @@ static int vrdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask
 
 	if (mask & ~IB_QP_ATTR_STANDARD_BITS)
 		return -EOPNOTSUPP;
+	if (READ_ONCE(to_vdev(ibqp->device)->dead)) {
+		/* the device lost the QP: ERR is where it is (the driver flushes it) */
+		if ((mask & IB_QP_STATE) && attr->qp_state == IB_QPS_ERR) {
+			WRITE_ONCE(qp->state, IB_QPS_ERR);
+			return 0;
+		}
+		return -EIO;
+	}
 	c.qpn = cpu_to_le32(qp->qpn);
 	c.attr_mask = cpu_to_le32(mask);
 	c.qp_state = cpu_to_le32(attr->qp_state);
@@ -893,15 +1030,6 @@ static u64 sge_gpa(struct vrdma_qp *qp, const struct ib_sge *sge)
 	return sge->addr;
 }
 
-static bool ring_full(const struct vrdma_queue *q, u32 prod)
-{
-	return ((prod + 1) & (q->num_slots - 1)) == smp_load_acquire(&q->buf->consumer_index);
-}
-
-static void *ring_slot(const struct vrdma_queue *q, u32 idx)
-{
-	return q->buf->data + ((size_t)(idx & (q->num_slots - 1)) << q->log2);
-}
 
 static int build_send_wqe(struct vrdma_qp *qp, const struct ib_send_wr *wr,
 			  struct rxe_send_wqe *wqe)
@@ -1059,7 +1187,10 @@ static int vrdma_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr,
 	spin_unlock_irqrestore(&qp->sq_lock, flags);
 	if (err)
 		*bad_wr = wr;
-	vrdma_ring_doorbell(dev, VRDMA_DB_SQ, qp->qpn, prod, qp);
+	if (READ_ONCE(dev->dead))
+		kick_cq(container_of(ibqp->send_cq, struct vrdma_cq, ibcq));
+	else
+		vrdma_ring_doorbell(dev, VRDMA_DB_SQ, qp->qpn, prod, qp);
 	return err;
 }
 
@@ -1116,8 +1247,11 @@ static int vrdma_post_recv(struct ib_qp *ibqp, const struct ib_recv_wr *wr,
 	err = post_recv_ring(qp, &qp->rq, qp->cap.max_recv_sge, wr, bad_wr);
 	spin_unlock_irqrestore(&qp->rq_lock, flags);
 	/* the device reads RQs when packets arrive; a doorbell flushes them in ERR (§7) */
-	vrdma_ring_doorbell(to_vdev(ibqp->device), VRDMA_DB_RQ, qp->qpn,
-			    READ_ONCE(qp->rq.buf->producer_index), NULL);
+	if (READ_ONCE(to_vdev(ibqp->device)->dead))
+		kick_cq(container_of(ibqp->recv_cq, struct vrdma_cq, ibcq));
+	else
+		vrdma_ring_doorbell(to_vdev(ibqp->device), VRDMA_DB_RQ, qp->qpn,
+				    READ_ONCE(qp->rq.buf->producer_index), NULL);
 	return err;
 }
 
