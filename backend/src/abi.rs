@@ -34,8 +34,8 @@ pub mod caps {
     pub const MEM_WINDOW: u32 = 1 << 3;
     /// SRQs.
     pub const SRQ: u32 = 1 << 4;
-    /// QUERY_GID_SOURCES lists the GIDs the transport can send from; ADD_GID refuses others
-    /// with ADDRESS_NOT_AVAILABLE.
+    /// QUERY_GID_SOURCES lists the GIDs the transport can send from; ADD_GID lists others in
+    /// the table, and an address vector naming one is refused with ADDRESS_NOT_AVAILABLE.
     pub const GID_SOURCES: u32 = 1 << 5;
     /// MRs carry the offset of their first byte in the first page apart from the IOVA:
     /// RegUserMr's `page_offset` (the 48-byte command) and the REG_MR work request's

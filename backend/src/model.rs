@@ -241,8 +241,11 @@ pub struct Model {
     /// QPs with send WQEs in the engine: their SQ consumer index follows completions.
     sq_active: BTreeSet<u32>,
     pub stats: ModelStats,
-    /// GIDs the transport can send from; ADD_GID refuses others. Empty: no restriction.
+    /// GIDs the transport can send from. Empty: no restriction.
     source_gids: Vec<Gid>,
+    /// GID table entries the transport cannot send from (index → GID): listed, so the guest's
+    /// table is what its netdev has, but an address vector that names one is refused.
+    listed_gids: std::collections::BTreeMap<u32, Gid>,
     slot: Vec<u8>,
     /// Scratch list of object numbers (no allocation per pass).
     scratch: Vec<u32>,
@@ -379,6 +382,7 @@ impl Model {
             sq_active: BTreeSet::new(),
             stats: ModelStats::default(),
             source_gids: Vec::new(),
+            listed_gids: Default::default(),
             slot: Vec::new(),
             scratch: Vec::new(),
             lists: PageListBudget::new(cfg.max_page_list_bytes),
@@ -401,6 +405,7 @@ impl Model {
         self.sq_backlog.clear();
         self.sq_active.clear();
         self.lists.used = 0;
+        self.listed_gids.clear();
     }
 
     /// The page lists the device keeps against its cap.
@@ -774,7 +779,7 @@ impl Model {
             }
             op::CREATE_AH => {
                 let c: abi::CmdCreateAh = cmd(b)?;
-                self.egress_allowed(&to_av(&c.attr))?;
+                self.av_allowed(&to_av(&c.attr))?;
                 let id = self.dev.create_ah(c.pdn, to_av(&c.attr)).map_err(verr)?;
                 // AH numbers start at 1: librxe treats ah_num 0 as "AV inline in the WQE".
                 body(abi::Handle {
@@ -797,17 +802,25 @@ impl Model {
                 if g.is_multicast() || c.gid == [0; 16] {
                     return Err(Status::Invalid);
                 }
-                // A GID the transport cannot send from would make a QP that names it send
-                // from another address, which its peer drops.
+                if c.index >= self.cfg.dev.gid_table_len {
+                    return Err(Status::Invalid);
+                }
+                // A GID the transport cannot send from is listed but never used: a QP or AH
+                // naming it would send from another address, which its peer drops.
                 if !self.source_gids.is_empty() && !self.source_gids.contains(&g) {
-                    return Err(Status::AddressNotAvailable);
+                    let _ = self.dev.del_gid(c.index);
+                    self.listed_gids.insert(c.index, g);
+                    return Ok(Vec::new());
                 }
                 self.dev.add_gid(c.index, g).map_err(verr)?;
+                self.listed_gids.remove(&c.index);
                 Ok(Vec::new())
             }
             op::DEL_GID => {
                 let c: abi::Handle = cmd(b)?;
-                self.dev.del_gid(c.handle).map_err(verr)?;
+                if self.listed_gids.remove(&c.handle).is_none() {
+                    self.dev.del_gid(c.handle).map_err(verr)?;
+                }
                 Ok(Vec::new())
             }
             op::ATTACH_MCAST => {
@@ -1062,7 +1075,7 @@ impl Model {
         }
         let attr = to_qp_attr(&c)?;
         if AttrMask(c.attr_mask).has(AttrMask::AV) {
-            self.egress_allowed(&attr.av)?;
+            self.av_allowed(&attr.av)?;
         }
         self.dev
             .modify_qp(Qpn(c.qpn), &attr, AttrMask(c.attr_mask))
@@ -1075,7 +1088,12 @@ impl Model {
 
     /// An address vector the egress policy refuses: PERMISSION, at once, rather than
     /// packets that vanish later.
-    fn egress_allowed(&self, av: &Av) -> Result<(), Status> {
+    /// An address vector may be used: its source GID is one the transport sends from, and
+    /// the egress policy allows its destination.
+    fn av_allowed(&self, av: &Av) -> Result<(), Status> {
+        if self.listed_gids.contains_key(&(av.sgid_index as u32)) {
+            return Err(Status::AddressNotAvailable);
+        }
         let ip = av.dgid.to_ip();
         if self.cfg.egress.allows(ip) {
             Ok(())

@@ -29,7 +29,6 @@ modules=("$@")
 
 # Tests that pass on rxe0 and may not on vrdma0, each with the reason. Nothing else may.
 declare -A known_gaps=(
-    [tests.test_device.DeviceTest.test_query_gid_ex]="GID index 0 is rxe's IPv6 link-local GID; the udp transport cannot send from it, so the device refuses that GID (ADD_GID → ADDRESS_NOT_AVAILABLE) and index 0 stays empty"
     [tests.test_rdmacm.CMTestCase.test_rdmacm_async_multicast_traffic]="UD multicast: not offered by the udp transport (docs/virtio-rdma.md §5.9)"
     [tests.test_rdmacm.CMTestCase.test_rdmacm_async_ex_multicast_traffic]="UD multicast, as above"
     [tests.test_rdmacm.CMTestCase.test_rdmacm_async_ex_leave_multicast_traffic]="UD multicast, as above"

@@ -223,11 +223,12 @@ fn reconnect_that_lost_state_raises_device_fatal() {
     );
 }
 
-/// The udp transport sends from its bound address only: QUERY_GID_SOURCES says which, and
-/// ADD_GID refuses any other GID (a QP naming it would send from the wrong address) with a
-/// status of its own; the config space announces both.
+/// The udp transport sends from its bound address only: QUERY_GID_SOURCES says which. ADD_GID
+/// takes any other GID into the table (the guest's table is what its netdev has), but an AH or
+/// a QP that would send from it is refused with a status of its own (it would send from the
+/// wrong address); the config space announces both.
 #[test]
-fn gid_sources_are_the_bound_address_and_other_gids_are_refused() {
+fn gid_sources_are_the_bound_address_and_other_gids_are_listed_but_never_used() {
     let (aa, _) = loopback_pair(4791);
     let d = Daemon::spawn(bin(), aa, &[]).unwrap();
     let mut g = Guest::connect(&d.socket, GuestOpts::default()).unwrap();
@@ -242,11 +243,60 @@ fn gid_sources_are_the_bound_address_and_other_gids_are_refused() {
             .unwrap()
             .octets(),
     );
+    g.add_gid(0, link_local).unwrap();
+    g.add_gid(1, bound).unwrap();
+    let pd = g.alloc_pd().unwrap();
+    let av = |sgid_index| Av {
+        dgid: rxe_core::Gid::from_ip(aa.ip()),
+        sgid_index,
+        ..Default::default()
+    };
     assert!(matches!(
-        g.add_gid(0, link_local),
+        g.create_ah(pd, &av(0)),
         Err(Error::Status(Status::AddressNotAvailable))
     ));
-    g.add_gid(1, bound).unwrap();
+    g.create_ah(pd, &av(1)).unwrap();
+    // a QP that would send from the listed GID is refused at RTR; from the bound one it works
+    let cq = g.create_cq(16).unwrap();
+    let cap = QpCap {
+        max_send_wr: 4,
+        max_recv_wr: 4,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let qp = g.create_qp(QpType::Rc, pd, &cq, &cq, None, cap).unwrap();
+    let mut attr = QpAttr {
+        qp_state: QpState::Init,
+        qp_access_flags: Access::LOCAL_WRITE,
+        ..Default::default()
+    };
+    g.modify_qp(
+        &qp,
+        &attr,
+        AttrMask::STATE | AttrMask::ACCESS_FLAGS | AttrMask::PKEY_INDEX | AttrMask::PORT,
+    )
+    .unwrap();
+    attr.qp_state = QpState::Rtr;
+    attr.av = av(0);
+    attr.dest_qp_num = 0x11;
+    attr.path_mtu = Mtu::M1024;
+    let rtr = AttrMask::STATE
+        | AttrMask::AV
+        | AttrMask::PATH_MTU
+        | AttrMask::DEST_QPN
+        | AttrMask::RQ_PSN
+        | AttrMask::MAX_DEST_RD_ATOMIC
+        | AttrMask::MIN_RNR_TIMER;
+    assert!(matches!(
+        g.modify_qp(&qp, &attr, rtr),
+        Err(Error::Status(Status::AddressNotAvailable))
+    ));
+    attr.av = av(1);
+    g.modify_qp(&qp, &attr, rtr).unwrap();
+    // deleting the listed entry works like any other; a second delete finds nothing
+    g.del_gid(0).unwrap();
+    assert!(matches!(g.del_gid(0), Err(Error::Status(Status::NotFound))));
 }
 
 #[test]
