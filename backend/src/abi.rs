@@ -41,6 +41,8 @@ pub mod caps {
     /// RegUserMr's `page_offset` (the 48-byte command) and the REG_MR work request's
     /// PAGE_OFFSET flag are honoured, so any IOVA can map any buffer.
     pub const MR_PAGE_OFFSET: u32 = 1 << 6;
+    /// RESIZE_SRQ hands an SRQ a new ring (`ibv_modify_srq(IBV_SRQ_MAX_WR)`).
+    pub const SRQ_RESIZE: u32 = 1 << 7;
 }
 
 macro_rules! byte_valued {
@@ -155,6 +157,8 @@ pub mod op {
     pub const BIND_MW: u32 = 29;
     /// The GIDs the transport can send from (caps GID_SOURCES).
     pub const QUERY_GID_SOURCES: u32 = 30;
+    /// Moves an SRQ to a new ring with a new max_wr (caps SRQ_RESIZE).
+    pub const RESIZE_SRQ: u32 = 31;
 }
 
 /// Response status codes.
@@ -290,6 +294,14 @@ pub struct RespCreateCq {
 pub struct CmdResizeCq {
     pub cqn: u32,
     pub cqe: u32,
+    pub queue: QueueDesc,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CmdResizeSrq {
+    pub srqn: u32,
+    pub max_wr: u32,
     pub queue: QueueDesc,
 }
 
@@ -788,6 +800,7 @@ byte_valued! {
     CmdCreateCq = 40,
     RespCreateCq = 8,
     CmdResizeCq = 40,
+    CmdResizeSrq = 40,
     CmdCreateQp = 112,
     RespCreateQp = 32,
     AhAttr = 48,

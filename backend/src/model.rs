@@ -280,7 +280,7 @@ pub fn resp_size(opcode: u32) -> usize {
         op::CREATE_QP => size_of::<abi::RespCreateQp>(),
         op::QUERY_QP => size_of::<abi::QpAttrs>(),
         op::CREATE_SRQ => size_of::<abi::RespCreateSrq>(),
-        op::QUERY_SRQ => size_of::<abi::RespQuerySrq>(),
+        op::QUERY_SRQ | op::RESIZE_SRQ => size_of::<abi::RespQuerySrq>(),
         op::REG_USER_MR | op::REG_DMA_MR | op::ALLOC_MR => size_of::<abi::RespMr>(),
         op::ALLOC_MW | op::BIND_MW => size_of::<abi::RespMr>(),
         op::CREATE_AH => size_of::<abi::Handle>(),
@@ -441,6 +441,7 @@ impl Model {
                 | abi::caps::MEM_WINDOW
                 | abi::caps::SRQ
                 | abi::caps::MR_PAGE_OFFSET
+                | abi::caps::SRQ_RESIZE
                 | if self.source_gids.is_empty() {
                     0
                 } else {
@@ -657,6 +658,7 @@ impl Model {
                 self.dev.modify_srq(c.srqn, None, limit).map_err(verr)?;
                 Ok(Vec::new())
             }
+            op::RESIZE_SRQ => self.resize_srq(mem, cmd(b)?),
             op::QUERY_SRQ => {
                 let c: abi::Handle = cmd(b)?;
                 let (max_wr, max_sge, limit, _) =
@@ -1131,6 +1133,64 @@ impl Model {
             srqn,
             max_wr: c.max_wr,
             max_sge: c.max_sge,
+            reserved: 0,
+        })
+    }
+
+    /// RESIZE_SRQ: the receives the device has not taken yet move to the start of the new
+    /// ring, which the SRQ uses from then on with the new max_wr; on error the old ring stays.
+    fn resize_srq(&mut self, mem: &GuestMemoryMmap, c: abi::CmdResizeSrq) -> CmdResult {
+        let s = self.srqs.get(&c.srqn).ok_or(Status::NotFound)?;
+        if c.max_wr == 0 || c.max_wr > self.cfg.dev.max_srq_wr {
+            return Err(Status::Invalid);
+        }
+        let max_sge = s.max_sge;
+        let new = Ring::new(mem, &c.queue, ring::recv_wqe_size(max_sge), c.max_wr)?;
+        let old = s.ring.clone();
+        let cons = s.cons;
+        let prod = old
+            .load_index(mem, hdr::PRODUCER_INDEX)
+            .map_err(|_| Status::BadAddress)?;
+        let n = prod.wrapping_sub(cons) & old.mask();
+        // the new ring holds what is queued in it and what the device holds already
+        let (_, _, limit, posted) = self.dev.query_srq(c.srqn).ok_or(Status::NotFound)?;
+        if n > new.mask() || (n as usize + posted) > c.max_wr as usize || limit > c.max_wr {
+            return Err(Status::Invalid);
+        }
+        let lb = ring_list_bytes(&new);
+        self.lists.charge(lb)?;
+        let moved = (|| -> Result<(), Status> {
+            let mut e = vec![0u8; old.elem_size()];
+            e.resize(old.elem_size().max(new.elem_size()), 0);
+            for i in 0..n {
+                old.read_slot(mem, cons.wrapping_add(i), &mut e[..old.elem_size()])
+                    .map_err(|_| Status::BadAddress)?;
+                new.write_slot(mem, i, &e[..new.elem_size()])
+                    .map_err(|_| Status::BadAddress)?;
+            }
+            new.init_header(mem).map_err(|_| Status::BadAddress)?;
+            new.store_index(mem, hdr::PRODUCER_INDEX, n)
+                .map_err(|_| Status::BadAddress)
+        })();
+        if let Err(e) = moved.and_then(|_| {
+            self.dev
+                .modify_srq(c.srqn, Some(c.max_wr), None)
+                .map_err(verr)
+        }) {
+            self.lists.release(lb);
+            return Err(e);
+        }
+        let s = self.srqs.get_mut(&c.srqn).expect("checked");
+        let old_lb = ring_list_bytes(&s.ring);
+        s.ring = new;
+        s.cons = 0;
+        self.lists.release(old_lb);
+        // a bigger SRQ may take receives the old one had no room for
+        self.pull_srq(mem, c.srqn);
+        body(abi::RespQuerySrq {
+            max_wr: c.max_wr,
+            max_sge,
+            srq_limit: limit,
             reserved: 0,
         })
     }

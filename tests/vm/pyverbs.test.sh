@@ -32,7 +32,6 @@ declare -A known_gaps=(
     [tests.test_rdmacm.CMTestCase.test_rdmacm_async_multicast_traffic]="UD multicast: not offered by the udp transport (docs/virtio-rdma.md §5.9)"
     [tests.test_rdmacm.CMTestCase.test_rdmacm_async_ex_multicast_traffic]="UD multicast, as above"
     [tests.test_rdmacm.CMTestCase.test_rdmacm_async_ex_leave_multicast_traffic]="UD multicast, as above"
-    [tests.test_srq.SrqTestCase.test_resize_srq]="ibv_modify_srq(IBV_SRQ_MAX_WR) needs a command that hands the device a new SRQ ring (docs/virtio-rdma.md §5.7); not in version 1"
 )
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/vur-pyverbs.XXXXXX")

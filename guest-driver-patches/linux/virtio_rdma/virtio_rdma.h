@@ -118,6 +118,7 @@ struct vrdma_srq {
 	bool is_user;
 	u32 max_wr;
 	u32 max_sge;
+	bool resizing;		/* RESIZE_SRQ in flight: kernel posters keep off the ring */
 	spinlock_t lock;
 	struct vrdma_queue q;
 };

@@ -33,6 +33,7 @@ enum {
 #define VRDMA_CAP_SRQ			(1U << 4)
 #define VRDMA_CAP_GID_SOURCES		(1U << 5)
 #define VRDMA_CAP_MR_PAGE_OFFSET	(1U << 6)
+#define VRDMA_CAP_SRQ_RESIZE		(1U << 7)
 
 struct vrdma_config {
 	__le32 version;
@@ -113,6 +114,7 @@ enum vrdma_opcode {
 	VRDMA_CMD_RESET = 28,
 	VRDMA_CMD_BIND_MW = 29,
 	VRDMA_CMD_QUERY_GID_SOURCES = 30,
+	VRDMA_CMD_RESIZE_SRQ = 31,
 };
 
 enum vrdma_status {
@@ -183,6 +185,13 @@ struct vrdma_resp_create_cq {
 struct vrdma_cmd_resize_cq {
 	__le32 cqn;
 	__le32 cqe;
+	struct vrdma_queue_desc queue;
+};
+
+/* RESIZE_SRQ (caps SRQ_RESIZE): response vrdma_resp_query_srq */
+struct vrdma_cmd_resize_srq {
+	__le32 srqn;
+	__le32 max_wr;
 	struct vrdma_queue_desc queue;
 };
 
@@ -435,6 +444,7 @@ static inline void vrdma_abi_check(void)
 	BUILD_BUG_ON(sizeof(struct vrdma_resp_query_port) != 32);
 	BUILD_BUG_ON(sizeof(struct vrdma_cmd_create_cq) != 40);
 	BUILD_BUG_ON(sizeof(struct vrdma_cmd_resize_cq) != 40);
+	BUILD_BUG_ON(sizeof(struct vrdma_cmd_resize_srq) != 40);
 	BUILD_BUG_ON(sizeof(struct vrdma_cmd_create_qp) != 112);
 	BUILD_BUG_ON(sizeof(struct vrdma_resp_create_qp) != 32);
 	BUILD_BUG_ON(sizeof(struct vrdma_ah_attr) != 48);

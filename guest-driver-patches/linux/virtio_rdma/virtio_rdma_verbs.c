@@ -231,6 +231,8 @@ void vrdma_init_attrs(struct vrdma_dev *dev)
 		a->device_cap_flags |= IB_DEVICE_MEM_MGT_EXTENSIONS;
 	if (le32_to_cpu(c->caps) & VRDMA_CAP_MEM_WINDOW)
 		a->device_cap_flags |= IB_DEVICE_MEM_WINDOW | IB_DEVICE_MEM_WINDOW_TYPE_2B;
+	if (le32_to_cpu(c->caps) & VRDMA_CAP_SRQ_RESIZE)
+		a->device_cap_flags |= IB_DEVICE_SRQ_RESIZE;
 	/* Flags that need nothing of the driver, taken from the device as it states them:
 	 * ib_core lets MRs have IB_ACCESS_FLUSH_* only with these, and the FLUSH work
 	 * requests go from librxe's ring to the device unchanged. */
@@ -1326,14 +1328,93 @@ err_q:
 	return err;
 }
 
+/*
+ * RESIZE_SRQ (§5.7): a new ring; the device moves the receives it has not taken to its start.
+ * A user SRQ's new ring is mapped as rxe does it: the mmap info goes to the address librxe
+ * gave in its command (it holds its SRQ lock across the call and maps the new ring after).
+ * A kernel SRQ's posters wait on the SRQ lock.
+ */
+static int resize_srq(struct vrdma_srq *srq, u32 max_wr, struct ib_udata *udata)
+{
+	struct vrdma_dev *dev = to_vdev(srq->ibsrq.device);
+	struct vrdma_cmd_resize_srq cmd = {};
+	struct rxe_modify_srq_cmd ucmd = {};
+	struct vrdma_resp_query_srq r;
+	struct vrdma_queue q, old;
+	struct mminfo mi = {};
+	unsigned long flags;
+	struct vrdma_pl pl;
+	u32 slots;
+	int err;
+
+	if (!(le32_to_cpu(dev->cfg.caps) & VRDMA_CAP_SRQ_RESIZE))
+		return -EOPNOTSUPP;
+	if (max_wr < 1 || max_wr > dev->attrs.max_srq_wr)
+		return -EINVAL;
+	if (udata) {
+		if (udata->inlen < sizeof(ucmd))
+			return -EINVAL;
+		err = ib_copy_from_udata(&ucmd, udata, sizeof(ucmd));
+		if (err)
+			return err;
+	}
+	slots = roundup_pow_of_two(max_wr + 1);
+	err = queue_alloc(&q, slots, sizeof(struct rxe_recv_wqe) +
+			  srq->max_sge * sizeof(struct rxe_sge));
+	if (err)
+		return err;
+	err = queue_desc(dev, &q, &pl, &cmd.queue);
+	if (err)
+		goto err_q;
+	if (udata) {
+		/* the mapping first: a failure after the device switched rings is unrecoverable */
+		err = queue_mmap(udata, &q, &mi);
+		if (err) {
+			pl_free(&pl);
+			goto err_q;
+		}
+	}
+	cmd.srqn = cpu_to_le32(srq->srqn);
+	cmd.max_wr = cpu_to_le32(slots - 1);
+	/* vrdma_cmd sleeps: a kernel SRQ's posters are kept off the ring by a flag under the
+	 * lock instead of the lock itself */
+	spin_lock_irqsave(&srq->lock, flags);
+	srq->resizing = true;
+	spin_unlock_irqrestore(&srq->lock, flags);
+	err = vrdma_cmd(dev, VRDMA_CMD_RESIZE_SRQ, &cmd, sizeof(cmd), &r, sizeof(r));
+	pl_free(&pl);
+	spin_lock_irqsave(&srq->lock, flags);
+	old = srq->q;
+	if (!err) {
+		srq->q = q;
+		srq->max_wr = le32_to_cpu(r.max_wr);
+	}
+	srq->resizing = false;
+	spin_unlock_irqrestore(&srq->lock, flags);
+	if (err)
+		goto err_q;
+	queue_free(&old);
+	if (udata && copy_to_user(u64_to_user_ptr(ucmd.mmap_info_addr), &mi, sizeof(mi)))
+		return -EFAULT;
+	return 0;
+
+err_q:
+	queue_free(&q);
+	return err;
+}
+
 static int vrdma_modify_srq(struct ib_srq *ibsrq, struct ib_srq_attr *attr,
 			    enum ib_srq_attr_mask mask, struct ib_udata *udata)
 {
 	struct vrdma_srq *srq = container_of(ibsrq, struct vrdma_srq, ibsrq);
 	struct vrdma_cmd_modify_srq cmd = {};
+	int err;
 
-	if (mask & IB_SRQ_MAX_WR)
-		return -EOPNOTSUPP;	/* §5.7: the ring is sized at creation */
+	if (mask & IB_SRQ_MAX_WR) {
+		err = resize_srq(srq, attr->max_wr, udata);
+		if (err)
+			return err;
+	}
 	if (!(mask & IB_SRQ_LIMIT))
 		return 0;
 	cmd.srqn = cpu_to_le32(srq->srqn);
@@ -1381,15 +1462,21 @@ static int vrdma_post_srq_recv(struct ib_srq *ibsrq, const struct ib_recv_wr *wr
 			       const struct ib_recv_wr **bad_wr)
 {
 	struct vrdma_srq *srq = container_of(ibsrq, struct vrdma_srq, ibsrq);
-	u32 prod = srq->q.buf->producer_index & (srq->q.num_slots - 1);
 	unsigned long flags;
 	int err = 0, i;
+	u32 prod;
 
 	if (srq->is_user) {
 		*bad_wr = wr;
 		return -EINVAL;
 	}
 	spin_lock_irqsave(&srq->lock, flags);
+	if (srq->resizing) {
+		spin_unlock_irqrestore(&srq->lock, flags);
+		*bad_wr = wr;
+		return -EBUSY;
+	}
+	prod = srq->q.buf->producer_index & (srq->q.num_slots - 1);
 	for (; wr; wr = wr->next) {
 		struct rxe_recv_wqe *wqe;
 		u32 len = 0;

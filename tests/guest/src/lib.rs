@@ -1155,6 +1155,26 @@ impl Guest {
         Ok(())
     }
 
+    /// RESIZE_SRQ: a new ring for `srq` with `max_wr`; returns the device's max_wr. On
+    /// success the SRQ uses the new ring (the device moved the receives it had not taken).
+    pub fn resize_srq(&mut self, srq: &mut Srq, max_wr: u32) -> Result<u32> {
+        let ring = QueueBuf::new(
+            self,
+            (max_wr + 1).next_power_of_two(),
+            abi::rwqe::SIZE + srq.max_sge as usize * abi::SGE_SIZE,
+        )?;
+        let r: abi::RespQuerySrq = self.cmd_t(
+            op::RESIZE_SRQ,
+            &abi::CmdResizeSrq {
+                srqn: srq.srqn,
+                max_wr,
+                queue: ring.desc(),
+            },
+        )?;
+        srq.ring = ring;
+        Ok(r.max_wr)
+    }
+
     /// ALLOC_MR: a fast-registration MR; returns its key.
     pub fn alloc_mr(&mut self, pd: u32, max_num_sg: u32) -> Result<u32> {
         let r: abi::RespMr = self.cmd_t(

@@ -372,8 +372,8 @@ fn type1_window_bound_by_command_read_inside_and_outside() {
     assert_eq!(w.status, WcStatus::RemAccessErr as u32, "{w:?}");
 }
 
-/// MODIFY_SRQ: the limit can be set (and arms SRQ_LIMIT_REACHED); MAX_WR is UNSUPPORTED in
-/// version 1 (the ring is sized at creation and there is no command to hand a new one).
+/// MODIFY_SRQ: the limit can be set (and arms SRQ_LIMIT_REACHED); MAX_WR is UNSUPPORTED there
+/// (a new max_wr needs a new ring: RESIZE_SRQ, tests/verbs.rs).
 #[test]
 fn modify_srq_limit_yes_max_wr_no() {
     let (mut a, _b) = pair();

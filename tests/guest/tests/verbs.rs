@@ -342,6 +342,77 @@ fn srq_feeds_two_qps() {
         .all(|w| w.status == 0 && (10..14).contains(&w.wr_id)));
 }
 
+/// RESIZE_SRQ: the receives the device has not taken move to the new ring, in order, and the
+/// SRQ goes on feeding its QP from the new ring with the new max_wr; a max_wr below what is
+/// outstanding is INVALID and leaves the old ring in use.
+#[test]
+fn resize_srq_moves_untaken_receives_in_order() {
+    let (mut a, mut b) = pair();
+    let o = ConnOpts::default();
+    let pa = a.guest.alloc_pd().unwrap();
+    let pb = b.guest.alloc_pd().unwrap();
+    let ca = a.guest.create_cq(255).unwrap();
+    let cb = b.guest.create_cq(255).unwrap();
+    let mut srq = b.guest.create_srq(pb, 3, 1, 0).unwrap();
+    let qa = a
+        .guest
+        .create_qp(QpType::Rc, pa, &ca, &ca, None, o.cap)
+        .unwrap();
+    let cap = QpCap {
+        max_recv_wr: 0,
+        max_recv_sge: 0,
+        ..o.cap
+    };
+    let qb = b
+        .guest
+        .create_qp(QpType::Rc, pb, &cb, &cb, Some(&srq), cap)
+        .unwrap();
+    bring_up(&mut a.guest, &qa, b.gid, qb.qpn, &o).unwrap();
+    bring_up(&mut b.guest, &qb, a.gid, qa.qpn, &o).unwrap();
+    let s = a.guest.reg_mr(pa, 4096, ALL).unwrap();
+    let r = b.guest.reg_mr(pb, 8 * 256, ALL).unwrap();
+    let recv = |b: &mut Node, srq: &Srq, i: u64| {
+        b.guest
+            .post_srq_recv(
+                srq,
+                &RecvWr {
+                    wr_id: 10 + i,
+                    sg_list: vec![r.sge(i as usize * 256, 256)],
+                },
+            )
+            .unwrap()
+    };
+    for i in 0..3 {
+        recv(&mut b, &srq, i);
+    }
+    assert!(matches!(
+        b.guest.resize_srq(&mut srq, 2),
+        Err(Error::Status(abi::Status::Invalid))
+    ));
+    assert_eq!(b.guest.resize_srq(&mut srq, 15).unwrap(), 15);
+    for i in 3..8 {
+        recv(&mut b, &srq, i);
+    }
+    for i in 0..8u64 {
+        s.buf
+            .write(i as usize * 16, format!("message {i}").as_bytes());
+        a.guest
+            .post_send(
+                &qa,
+                &SendWr::new(i, SendOp::Send, vec![s.sge(i as usize * 16, 9)]),
+            )
+            .unwrap();
+    }
+    assert_eq!(a.guest.wait_cq(&ca, 8, T).len(), 8);
+    let w = b.guest.wait_cq(&cb, 8, T);
+    let ids: Vec<u64> = w.iter().map(|w| w.wr_id).collect();
+    assert_eq!(ids, (10..18).collect::<Vec<_>>(), "{w:?}");
+    assert!(w.iter().all(|w| w.status == 0 && w.byte_len == 9));
+    for i in 0..8 {
+        assert_eq!(r.buf.to_vec(i * 256, 9), format!("message {i}").as_bytes());
+    }
+}
+
 #[test]
 fn memory_window_bind_and_remote_access() {
     let (mut a, mut b) = pair();
