@@ -162,7 +162,12 @@ struct QpShadow {
     sq_cons: u32,
     /// Next SQ slot to take into the engine (`sq_cons` + the engine's outstanding WQEs).
     sq_taken: u32,
+    /// RQ consumer index as published: the oldest receive not yet completed (rxe semantics:
+    /// the slot of a receive still in use is not the guest's to overwrite, and a driver that
+    /// must complete the ring's receives itself knows where they start).
     rq_cons: u32,
+    /// Next RQ slot to take into the engine (`rq_cons` + the engine's outstanding receives).
+    rq_taken: u32,
     recv_cq: u32,
     srq: Option<u32>,
     caps: QpCap,
@@ -240,6 +245,8 @@ pub struct Model {
     sq_backlog: BTreeSet<u32>,
     /// QPs with send WQEs in the engine: their SQ consumer index follows completions.
     sq_active: BTreeSet<u32>,
+    /// QPs with receives taken from their RQ ring and not yet completed.
+    rq_active: BTreeSet<u32>,
     pub stats: ModelStats,
     /// GIDs the transport can send from. Empty: no restriction.
     source_gids: Vec<Gid>,
@@ -380,6 +387,7 @@ impl Model {
             events: EventQueue::default(),
             sq_backlog: BTreeSet::new(),
             sq_active: BTreeSet::new(),
+            rq_active: BTreeSet::new(),
             stats: ModelStats::default(),
             source_gids: Vec::new(),
             listed_gids: Default::default(),
@@ -404,6 +412,7 @@ impl Model {
         self.events.clear();
         self.sq_backlog.clear();
         self.sq_active.clear();
+        self.rq_active.clear();
         self.lists.used = 0;
         self.listed_gids.clear();
     }
@@ -641,6 +650,7 @@ impl Model {
                 }
                 self.sq_backlog.remove(&c.handle);
                 self.sq_active.remove(&c.handle);
+                self.rq_active.remove(&c.handle);
                 Ok(Vec::new())
             }
             op::CREATE_SRQ => self.create_srq(mem, cmd(b)?),
@@ -1039,6 +1049,7 @@ impl Model {
                 sq_cons,
                 sq_taken: sq_cons,
                 rq_cons,
+                rq_taken: rq_cons,
                 recv_cq: c.recv_cqn,
                 srq,
                 caps: cap,
@@ -1531,7 +1542,7 @@ impl Model {
             self.qp_ring_fault(mem, qpn);
             return;
         };
-        let mut cons = q.rq_cons;
+        let mut cons = q.rq_taken;
         if cons == prod {
             return;
         }
@@ -1552,10 +1563,33 @@ impl Model {
             cons = (cons + 1) & rq.mask();
         }
         if let Some(q) = self.qps.get_mut(&qpn) {
-            q.rq_cons = cons;
+            q.rq_taken = cons;
         }
-        if rq.store_index(mem, hdr::CONSUMER_INDEX, cons).is_err() {
-            self.qp_ring_fault(mem, qpn);
+        self.rq_active.insert(qpn);
+        // receives with a bad WQE completed at once
+        self.sync_rq_cons(mem, qpn);
+    }
+
+    /// Publishes the RQ consumer index: the oldest receive the engine has not completed.
+    fn sync_rq_cons(&mut self, mem: &GuestMemoryMmap, qpn: u32) {
+        let outstanding = self.dev.rq_outstanding(Qpn(qpn)).unwrap_or(0) as u32;
+        let Some(q) = self.qps.get_mut(&qpn) else {
+            self.rq_active.remove(&qpn);
+            return;
+        };
+        let Some(rq) = &q.rq else {
+            self.rq_active.remove(&qpn);
+            return;
+        };
+        let cons = q.rq_taken.wrapping_sub(outstanding) & rq.mask();
+        if cons != q.rq_cons {
+            q.rq_cons = cons;
+            if rq.store_index(mem, hdr::CONSUMER_INDEX, cons).is_err() {
+                self.qp_ring_fault(mem, qpn);
+            }
+        }
+        if outstanding == 0 {
+            self.rq_active.remove(&qpn);
         }
     }
 
@@ -1865,11 +1899,16 @@ impl Model {
         for &c in &v {
             self.flush_cq(mem, c);
         }
-        // Completions retire send WQEs: the SQ consumer indices follow.
+        // Completions retire send and receive WQEs: the consumer indices follow.
         v.clear();
         v.extend(self.sq_active.iter().copied());
         for &q in &v {
             self.sync_sq_cons(mem, q);
+        }
+        v.clear();
+        v.extend(self.rq_active.iter().copied());
+        for &q in &v {
+            self.sync_rq_cons(mem, q);
         }
         self.scratch = v;
     }

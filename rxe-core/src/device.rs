@@ -954,6 +954,11 @@ impl Device {
         self.qp(qpn).map(|q| q.sq.len())
     }
 
+    /// Receives the QP holds that have not completed (its own receive queue, not an SRQ's).
+    pub fn rq_outstanding(&self, qpn: Qpn) -> Option<usize> {
+        self.qp(qpn).map(|q| q.rq.len())
+    }
+
     pub fn post_recv(&mut self, qpn: Qpn, wr: RecvWr) -> Result<(), VerbError> {
         let q = self
             .qps

@@ -112,11 +112,11 @@ nvme_port_on() {
     rm -f "$c/ports/1/subsystems/vur-nvme"
     ln -s "$c/subsystems/vur-nvme" "$c/ports/1/subsystems/vur-nvme"
 }
-nvme_connect() {
+nvme_connect() { # [OPTIONS]: more nvme-fabrics options, e.g. ctrl_loss_tmo=0
     local i c b
     ctrl='' blk=''
     for ((i = 0; i < 50; i++)); do # the listener may take a moment after the port comes up
-        echo "transport=rdma,traddr=$VUR_ADDR,trsvcid=4420,nqn=vur-nvme" >/dev/nvme-fabrics 2>/dev/null && break
+        echo "transport=rdma,traddr=$VUR_ADDR,trsvcid=4420,nqn=vur-nvme${1:+,$1}" >/dev/nvme-fabrics 2>/dev/null && break
         sleep 0.2
     done
     ((i < 50)) || { say "nvme connect to $VUR_ADDR:4420 failed for 10 s"; return 1; }
@@ -148,7 +148,10 @@ device_up 10 || { say "FAIL no active vrdma device"; exit 1; }
 say "before: $dev gid-index=$gid"
 pingpong before 18515 -n 50 -c
 nvme_target && nvme_port_on || { say "FAIL nvmet configuration"; exit 1; }
-nvme_connect || { say "FAIL nvme connect before the restart"; exit 1; }
+# ctrl_loss_tmo=0: no reconnect after the error, so the outcome does not depend on whether
+# nvme-rdma's error recovery or the device's removal comes first (with reconnects allowed, a
+# controller whose recovery came first connects again over the new device)
+nvme_connect ctrl_loss_tmo=0 || { say "FAIL nvme connect before the restart"; exit 1; }
 nvme_check nvme_before
 # I/O in flight when the daemon dies: writes and reads in a loop until one fails
 timeout 300 bash -c "while :; do dd if=/tmp/pattern of=$blk bs=1M oflag=direct status=none &&
@@ -156,16 +159,21 @@ timeout 300 bash -c "while :; do dd if=/tmp/pattern of=$blk bs=1M oflag=direct s
 nvme_io=$!
 
 # Traffic in flight when the daemon dies: an event-driven pingpong pair (both sleep in
-# ibv_get_cq_event, which fails once the device is gone); neither may outlive the device by
-# more than 30 s. (An application that only polls its CQ in user memory never enters the
-# kernel and waits for ever, as on any device that disappears: docs/virtio-rdma.md §9.)
+# ibv_get_cq_event, which fails once the device is gone) and one that only polls its CQ ring
+# in user memory (it never enters the kernel: the driver writes flush completions into its
+# ring); none may outlive the device by more than 30 s.
 timeout 600 ibv_rc_pingpong -d "$dev" -g "$gid" -p 18516 -n 100000000 -e >/tmp/long.s 2>&1 &
 p1=$!
+timeout 600 ibv_rc_pingpong -d "$dev" -g "$gid" -p 18523 -n 100000000 >/tmp/poll.s 2>&1 &
+p3=$!
 sleep 1
 timeout 600 ibv_rc_pingpong -d "$dev" -g "$gid" -p 18516 -n 100000000 -e 127.0.0.1 >/tmp/long.c 2>&1 &
 p2=$!
+timeout 600 ibv_rc_pingpong -d "$dev" -g "$gid" -p 18523 -n 100000000 127.0.0.1 >/tmp/poll.c 2>&1 &
+p4=$!
 sleep 3
 kill -0 $p1 $p2 2>/dev/null || { say "FAIL the long pingpong did not start: $(tail -3 /tmp/long.c)"; exit 1; }
+kill -0 $p3 $p4 2>/dev/null || { say "FAIL the polling pingpong did not start: $(tail -3 /tmp/poll.c)"; exit 1; }
 touch /vur/traffic
 wait_file /vur/restarted 60 "the host to restart the daemon" || exit 1
 t0=$SECONDS
@@ -181,6 +189,18 @@ wait $p1; r1=$?
 wait $p2; r2=$?
 say "in-flight pingpongs ended: server rc=$r1 ($(tail -1 /tmp/long.s)) client rc=$r2 ($(tail -1 /tmp/long.c)) after $((SECONDS - t0)) s"
 ((r1 != 0 && r2 != 0 && r1 != 124 && r2 != 124)) || { say "FAIL the in-flight pingpongs should have failed with an error"; fail=1; }
+for p in $p3 $p4; do
+    while kill -0 "$p" 2>/dev/null && ((SECONDS - t0 < 30)); do sleep 0.2; done
+done
+if kill -0 $p3 2>/dev/null || kill -0 $p4 2>/dev/null; then
+    say "FAIL a polling pingpong still ran 30 s after the daemon restart (no flush completion in its ring)"
+    kill $p3 $p4 2>/dev/null
+    fail=1
+fi
+wait $p3; r3=$?
+wait $p4; r4=$?
+say "in-flight polling pingpongs ended: server rc=$r3 ($(grep -m1 -i 'fail\|error' /tmp/poll.s)) client rc=$r4 ($(grep -m1 -i 'fail\|error' /tmp/poll.c)) after $((SECONDS - t0)) s"
+((r3 != 0 && r4 != 0 && r3 != 124 && r4 != 124)) || { say "FAIL the polling pingpongs should have failed with an error"; fail=1; }
 while kill -0 $nvme_io 2>/dev/null && ((SECONDS - t0 < 60)); do sleep 0.2; done
 if kill -0 $nvme_io 2>/dev/null; then
     say "FAIL NVMe I/O still ran 60 s after the daemon restart"

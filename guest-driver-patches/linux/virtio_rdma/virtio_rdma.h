@@ -135,9 +135,6 @@ struct vrdma_qp {
 	struct vrdma_queue sq;
 	struct vrdma_queue rq;
 	bool has_rq;
-	/* kernel QPs: the oldest receive not yet completed (the device takes receives ahead of
-	 * completing them); advanced by polls of the receive CQ, under its lock */
-	u32 rq_done;
 	/* doorbell backlog, under dev->db_lock */
 	struct list_head db_node;
 	bool db_pending;
@@ -180,6 +177,7 @@ void vrdma_db_forget(struct vrdma_dev *dev, struct vrdma_qp *qp);
 /* virtio_rdma_verbs.c */
 extern const struct ib_device_ops vrdma_dev_ops;
 void vrdma_kick_cqs(struct vrdma_dev *dev);
+void vrdma_flush_user(struct vrdma_dev *dev);
 void vrdma_init_attrs(struct vrdma_dev *dev);
 
 #endif

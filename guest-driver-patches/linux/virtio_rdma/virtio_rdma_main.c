@@ -361,13 +361,17 @@ static void vrdma_handle_event(struct vrdma_dev *dev, const struct vrdma_event *
  * open the new vrdma device; the guest need not reboot.
  */
 struct vrdma_reprobe {
-	struct work_struct work;
+	struct delayed_work work;
 	struct device *dev;
 };
 
+/* How long applications that only poll their CQ rings have to see the flush completions
+ * before the removal unmaps the rings. */
+#define VRDMA_REPROBE_DELAY_MS 500
+
 static void vrdma_reprobe_work(struct work_struct *w)
 {
-	struct vrdma_reprobe *r = container_of(w, struct vrdma_reprobe, work);
+	struct vrdma_reprobe *r = container_of(to_delayed_work(w), struct vrdma_reprobe, work);
 
 	dev_warn(r->dev, "device state lost: removing and probing the device again\n");
 	if (device_reprobe(r->dev))
@@ -386,10 +390,10 @@ static void vrdma_schedule_reprobe(struct vrdma_dev *dev)
 	if (!r)
 		return;
 	dev->reprobing = true;
-	INIT_WORK(&r->work, vrdma_reprobe_work);
+	INIT_DELAYED_WORK(&r->work, vrdma_reprobe_work);
 	r->dev = get_device(&dev->vdev->dev);
 	/* not on this device's work items: remove() cancels those */
-	schedule_work(&r->work);
+	schedule_delayed_work(&r->work, msecs_to_jiffies(VRDMA_REPROBE_DELAY_MS));
 }
 
 static void vrdma_port_work(struct work_struct *w)
@@ -410,8 +414,10 @@ static void vrdma_port_work(struct work_struct *w)
 			ev.element.port_num = 1;
 		ib_dispatch_event(&ev);
 		if (types[i] == VRDMA_AE_DEVICE_FATAL) {
-			/* kernel consumers poll and find their work flushed */
+			/* kernel consumers poll and find their work flushed; user rings get
+			 * their flush completions written */
 			vrdma_kick_cqs(dev);
+			vrdma_flush_user(dev);
 			if (reprobe)
 				vrdma_schedule_reprobe(dev);
 		}

@@ -556,10 +556,7 @@ static int flush_ring(struct vrdma_qp *qp, struct vrdma_queue *q, bool send,
 	struct rxe_queue_buf *b = q->buf;
 	int n = 0;
 
-	/* the send queue's consumer index is its oldest uncompleted WQE (§7); receives are
-	 * taken ahead of their completion, so the driver keeps that index itself */
-	if (!send)
-		smp_store_release(&b->consumer_index, qp->rq_done);
+	/* a queue's consumer index is its oldest uncompleted WQE (§7) */
 	while (n < num) {
 		u32 cons = b->consumer_index & (q->num_slots - 1);
 
@@ -576,8 +573,6 @@ static int flush_ring(struct vrdma_qp *qp, struct vrdma_queue *q, bool send,
 		smp_store_release(&b->consumer_index, (cons + 1) & (q->num_slots - 1));
 		n++;
 	}
-	if (!send)
-		qp->rq_done = b->consumer_index;
 	return n;
 }
 
@@ -609,7 +604,7 @@ static int flush_dead(struct vrdma_dev *dev, struct vrdma_cq *cq, struct ib_wc *
 			spin_unlock(&qp->sq_lock);
 		}
 		if (qp->has_rq && qp->ibqp.recv_cq == &cq->ibcq) {
-			if (!num && !ring_empty(&qp->rq, qp->rq_done)) {
+			if (!num && !ring_empty(&qp->rq, READ_ONCE(qp->rq.buf->consumer_index))) {
 				n = 1;
 				break;
 			}
@@ -631,6 +626,67 @@ static bool kick_cq(struct vrdma_cq *cq)
 		return false;
 	cq->ibcq.comp_handler(&cq->ibcq, cq->ibcq.cq_context);
 	return true;
+}
+
+/*
+ * User QPs of a dead device: the same flush, written into the CQ rings the applications poll
+ * (they may never enter the kernel), as the device would have written it. Runs once, from the
+ * DEVICE_FATAL work, before the device is removed and the rings unmapped.
+ */
+static void flush_user_ring(struct vrdma_qp *qp, struct vrdma_queue *q, bool send,
+			    struct vrdma_cq *cq)
+{
+	struct rxe_queue_buf *b = q->buf, *c = cq->q.buf;
+	u32 cmask = cq->q.num_slots - 1;
+
+	for (;;) {
+		u32 cons = READ_ONCE(b->consumer_index) & (q->num_slots - 1);
+		u32 prod = READ_ONCE(c->producer_index) & cmask;
+		struct ib_uverbs_wc *u;
+
+		if (cons == (READ_ONCE(b->producer_index) & (q->num_slots - 1)))
+			break;
+		if (((prod + 1) & cmask) == (smp_load_acquire(&c->consumer_index) & cmask))
+			break;	/* a full CQ: the application learns nothing more from it */
+		u = (struct ib_uverbs_wc *)(c->data + ((size_t)prod << cq->q.log2));
+		memset(u, 0, sizeof(*u));
+		u->wr_id = send ? ((struct rxe_send_wqe *)ring_slot(q, cons))->wr.wr_id :
+				  ((struct rxe_recv_wqe *)ring_slot(q, cons))->wr_id;
+		u->status = IB_WC_WR_FLUSH_ERR;
+		u->opcode = send ? IB_WC_SEND : IB_WC_RECV;
+		u->qp_num = qp->qpn;
+		smp_store_release(&c->producer_index, (prod + 1) & cmask);
+		smp_store_release(&b->consumer_index, (cons + 1) & (q->num_slots - 1));
+	}
+}
+
+void vrdma_flush_user(struct vrdma_dev *dev)
+{
+	struct vrdma_qp *qp;
+	struct vrdma_cq *cq;
+	unsigned long i, flags;
+
+	xa_lock_irqsave(&dev->qps, flags);
+	xa_for_each(&dev->qps, i, qp) {
+		if (!qp->is_user)
+			continue;
+		if (qp->sq.buf)
+			flush_user_ring(qp, &qp->sq, true,
+					container_of(qp->ibqp.send_cq, struct vrdma_cq, ibcq));
+		if (qp->has_rq)
+			flush_user_ring(qp, &qp->rq, false,
+					container_of(qp->ibqp.recv_cq, struct vrdma_cq, ibcq));
+	}
+	xa_unlock_irqrestore(&dev->qps, flags);
+	/* an application waiting on a completion channel hears of it too */
+	spin_lock_irqsave(&dev->ev_lock, flags);
+	xa_for_each(&dev->cqs, i, cq) {
+		u32 *notify = (u32 *)((u8 *)cq->q.buf + VRDMA_RING_CQ_NOTIFY);
+
+		if (cq->is_user && cq->ibcq.comp_handler && xchg(notify, 0))
+			cq->ibcq.comp_handler(&cq->ibcq, cq->ibcq.cq_context);
+	}
+	spin_unlock_irqrestore(&dev->ev_lock, flags);
 }
 
 void vrdma_kick_cqs(struct vrdma_dev *dev)
@@ -711,9 +767,6 @@ static int vrdma_poll_cq(struct ib_cq *ibcq, int num, struct ib_wc *wc)
 		wc[n].port_num = u->port_num;
 		qp = xa_load(&dev->qps, u->qp_num);
 		wc[n].qp = qp ? &qp->ibqp : NULL;
-		/* receives complete in order (without an SRQ): one more is done */
-		if (qp && qp->has_rq && !qp->is_user && (u->opcode & IB_WC_RECV))
-			qp->rq_done = (qp->rq_done + 1) & (qp->rq.num_slots - 1);
 		if (wc[n].wc_flags & IB_WC_GRH)
 			wc[n].network_hdr_type = RDMA_NETWORK_IPV4;
 		smp_store_release(&b->consumer_index, (cons + 1) & (cq->q.num_slots - 1));

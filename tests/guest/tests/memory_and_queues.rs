@@ -459,3 +459,45 @@ fn sq_consumer_index_follows_completions() {
     assert_eq!(sq.consumer().load(Ordering::Acquire), 7);
     assert_eq!(b.guest.wait_cq(&eb.cq, 7, T).len(), 7);
 }
+
+/// The RQ consumer index is the oldest receive not yet completed (rxe semantics), not the
+/// device's read position: receives the device has taken but not completed keep their slots,
+/// and a driver that has to complete the ring's receives itself (a dead device) knows where
+/// they start.
+#[test]
+fn rq_consumer_index_follows_completions() {
+    let (mut a, mut b) = pair();
+    let (ea, eb) = connect_qps(&mut a, &mut b, &ConnOpts::default()).unwrap();
+    let src = a.guest.reg_mr(ea.pd, 4096, ALL).unwrap();
+    let dst = b.guest.reg_mr(eb.pd, 4096, ALL).unwrap();
+    for i in 0..3 {
+        b.guest
+            .post_recv(
+                &eb.qp,
+                &RecvWr {
+                    wr_id: i,
+                    sg_list: vec![dst.sge(i as usize * 64, 64)],
+                },
+            )
+            .unwrap();
+    }
+    let rq = eb.qp.rq.as_ref().unwrap();
+    for n in 1..=3u32 {
+        let mut wr = SendWr::new(n as u64, SendOp::Send, vec![src.sge(0, 8)]);
+        wr.flags = SEND_SIGNALED;
+        a.guest.post_send(&ea.qp, &wr).unwrap();
+        assert_eq!(a.guest.wait_cq(&ea.cq, 1, T).len(), 1);
+        assert_eq!(b.guest.wait_cq(&eb.cq, 1, T).len(), 1);
+        let c = b.daemon.counters().unwrap();
+        assert_eq!(
+            json_u64(&c, "device", "rq_wqes"),
+            Some(3),
+            "the device took every posted receive at the first message: {c}"
+        );
+        assert_eq!(
+            rq.consumer().load(Ordering::Acquire),
+            n,
+            "{n} receives completed, the rest still the device's"
+        );
+    }
+}
