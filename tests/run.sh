@@ -52,6 +52,9 @@ script_step() {
 cargo_step "cargo test --workspace --all-targets" test --workspace --all-targets
 # Doc tests too (all-targets skips them).
 cargo_step "cargo test --workspace --doc" test --workspace --doc
+# The short form of the 16k-QP scale benchmark (ignored by plain cargo test: it wants a
+# release build).
+cargo_step "16k-QP scale run (release)" test --release -p vur-testguest --test scale -- --ignored
 echo "rust tests: $((SECONDS - t0)) s"
 
 if [[ -f tests/fuzz.sh ]]; then

@@ -1803,7 +1803,7 @@ impl Model {
         self.dev.handle_timeout(now);
     }
 
-    pub fn poll_timeout(&self) -> Option<Instant> {
+    pub fn poll_timeout(&mut self) -> Option<Instant> {
         self.dev.poll_timeout()
     }
 
@@ -1894,12 +1894,9 @@ impl Model {
 
     fn flush_all_cqs(&mut self, mem: &GuestMemoryMmap) {
         let mut v = std::mem::take(&mut self.scratch);
-        v.clear();
-        v.extend(self.cqs.keys().copied().filter(|&c| self.dev.cq_len(c) > 0));
-        for &c in &v {
-            self.flush_cq(mem, c);
-        }
-        // Completions retire send and receive WQEs: the consumer indices follow.
+        // The engine retired the send and receive WQEs before it produced their completions:
+        // the SQ and RQ consumer indices move first, so a guest that sees a completion and
+        // posts again finds the slot free.
         v.clear();
         v.extend(self.sq_active.iter().copied());
         for &q in &v {
@@ -1909,6 +1906,17 @@ impl Model {
         v.extend(self.rq_active.iter().copied());
         for &q in &v {
             self.sync_rq_cons(mem, q);
+        }
+        // The CQs that received completions, not every CQ.
+        v.clear();
+        self.dev.take_ready_cqs(&mut v);
+        for &c in &v {
+            self.flush_cq(mem, c);
+            if self.dev.cq_len(c) > 0 && self.cqs.contains_key(&c) {
+                // Left in the engine (a ring it could not read): try again next pass, as
+                // before the list existed.
+                self.dev.relist_cq(c);
+            }
         }
         self.scratch = v;
     }

@@ -82,6 +82,8 @@ impl Default for DeviceConfig {
 pub(crate) struct Cq {
     pub cap: u32,
     pub queue: VecDeque<Cqe>,
+    /// In `Resources::ready_cqs`.
+    pub listed: bool,
     /// Armed for the next completion: `Some(solicited_only)`.
     pub armed: Option<bool>,
     pub error: bool,
@@ -177,6 +179,9 @@ pub(crate) struct Resources {
     pub mcast: HashMap<Gid, Vec<Qpn>>,
     pub events: VecDeque<AsyncEvent>,
     pub port: PortCounters,
+    /// CQs that received completions since [`Device::take_ready_cqs`] last looked, each
+    /// once: the caller drains those, not every CQ.
+    pub ready_cqs: Vec<u32>,
 }
 
 impl Resources {
@@ -195,6 +200,10 @@ impl Resources {
             return Err(());
         }
         cq.queue.push_back(cqe);
+        if !cq.listed {
+            cq.listed = true;
+            self.ready_cqs.push(cqn);
+        }
         if let Some(sol_only) = cq.armed {
             if !sol_only || solicited || cqe.status != WcStatus::Success {
                 cq.armed = None;
@@ -227,6 +236,10 @@ pub struct Device {
     pub(crate) res: Resources,
     pub(crate) qps: Vec<Option<Box<Qp>>>,
     pub(crate) sched: VecDeque<Qpn>,
+    /// Retransmission and RNR timers of every QP.
+    timers: crate::timers::TimerQueue,
+    /// QPs that exist (the `max_qp` check without a walk over the table).
+    live_qps: u32,
     next_qpn: u32,
 }
 
@@ -262,6 +275,7 @@ impl Device {
             mcast: HashMap::new(),
             events: VecDeque::new(),
             port: PortCounters::default(),
+            ready_cqs: Vec::new(),
             cfg,
         };
         // The QPN space is FIRST_QPN .. FIRST_QPN + 2 × max_qp, handed out round-robin.
@@ -276,6 +290,8 @@ impl Device {
             res,
             qps: Vec::new(),
             sched: VecDeque::new(),
+            timers: Default::default(),
+            live_qps: 0,
             next_qpn,
         }
     }
@@ -577,6 +593,7 @@ impl Device {
             .insert(Cq {
                 cap: cqe,
                 queue: VecDeque::with_capacity(cqe.min(4096) as usize),
+                listed: false,
                 armed: None,
                 error: false,
                 users: 0,
@@ -590,7 +607,8 @@ impl Device {
             .cqs
             .insert(Cq {
                 cap: u32::MAX,
-                queue: VecDeque::with_capacity(64),
+                queue: VecDeque::new(),
+                listed: false,
                 armed: None,
                 error: false,
                 users: 0,
@@ -749,7 +767,7 @@ impl Device {
             }
             Qpn::GSI
         } else {
-            if self.qps.iter().filter(|q| q.is_some()).count() as u32 >= c.max_qp {
+            if self.live_qps >= c.max_qp {
                 return Err(VerbError::NoResources);
             }
             self.alloc_qpn()?
@@ -763,6 +781,9 @@ impl Device {
             self.qps.resize_with(idx + 1, || None);
         }
         self.qps[idx] = Some(Box::new(qp));
+        if qpn != Qpn::GSI {
+            self.live_qps += 1;
+        }
         self.pd_ref(init.pd, 1)?;
         if let Some(c) = self.res.cqs.get_mut(init.send_cq) {
             c.users += 1;
@@ -806,6 +827,13 @@ impl Device {
             .get_mut(qpn.0 as usize)
             .and_then(|q| q.take())
             .ok_or(VerbError::NotFound)?;
+        if qpn != Qpn::GSI {
+            self.live_qps -= 1;
+        }
+        if q.timer_queued.is_some() {
+            // Its entry is stale now (no QP answers to it); it goes when it comes up.
+            self.timers.live -= 1;
+        }
         for g in &q.mcast {
             if let Some(v) = self.res.mcast.get_mut(g) {
                 v.retain(|x| *x != qpn);
@@ -823,7 +851,9 @@ impl Device {
         if let Some(s) = q.srq.and_then(|s| self.res.srqs.get_mut(s)) {
             s.users -= 1;
         }
-        self.sched.retain(|x| *x != qpn);
+        if q.scheduled {
+            self.sched.retain(|x| *x != qpn);
+        }
         self.pd_ref(q.pd, -1)
     }
 
@@ -1021,6 +1051,7 @@ impl Device {
             let t = crate::resp::next_response(q, &mut self.res, mem, buf)
                 .or_else(|| crate::req::next_request(q, &mut self.res, mem, now, buf));
             crate::comp::drain(q, &mut self.res);
+            crate::timers::note(&mut self.timers, q);
             if let Some(t) = t {
                 q.counters.tx_packets += 1;
                 q.counters.tx_bytes += t.len as u64;
@@ -1125,25 +1156,73 @@ impl Device {
             q.counters.dropped += 1;
         }
         crate::comp::drain(q, &mut self.res);
+        crate::timers::note(&mut self.timers, q);
         let qpn = q.qpn;
         self.schedule(qpn);
         r
     }
 
-    /// The earliest time `handle_timeout` has work to do.
-    pub fn poll_timeout(&self) -> Option<Instant> {
-        self.qps
-            .iter()
-            .flatten()
-            .flat_map(|q| [q.comp.retrans_at, q.req.rnr_until])
-            .flatten()
-            .min()
+    /// The earliest time `handle_timeout` has work to do. O(log n) per timer that moved
+    /// since the last call, whatever the number of QPs (`timers.rs`).
+    pub fn poll_timeout(&mut self) -> Option<Instant> {
+        if self.timers.wants_compaction() {
+            let qps = &self.qps;
+            self.timers.compact(|t, qpn| {
+                qps.get(qpn as usize)
+                    .and_then(|q| q.as_deref())
+                    .is_some_and(|q| q.timer_queued == Some(t))
+            });
+        }
+        while let Some((t, qpn)) = self.timers.peek() {
+            self.timers.pop();
+            let Some(q) = self
+                .qps
+                .get_mut(qpn as usize)
+                .and_then(|q| q.as_deref_mut())
+            else {
+                continue;
+            };
+            if q.timer_queued != Some(t) {
+                continue; // stale: the QP has a later-pushed, earlier entry
+            }
+            match crate::timers::deadline(q) {
+                Some(d) => {
+                    // Put back at the real deadline (== t: the entry is exact).
+                    self.timers.push(d, qpn);
+                    q.timer_queued = Some(d);
+                    if d == t {
+                        return Some(t);
+                    }
+                }
+                None => {
+                    q.timer_queued = None;
+                    self.timers.live -= 1;
+                }
+            }
+        }
+        None
     }
 
     /// Fires the retransmission and RNR timers that are due.
     pub fn handle_timeout(&mut self, now: Instant) {
-        let mut due = Vec::new();
-        for q in self.qps.iter_mut().flatten() {
+        let mut requeue = Vec::new();
+        while let Some((t, qpn)) = self.timers.peek() {
+            if t > now {
+                break;
+            }
+            self.timers.pop();
+            let Some(q) = self
+                .qps
+                .get_mut(qpn as usize)
+                .and_then(|q| q.as_deref_mut())
+            else {
+                continue;
+            };
+            if q.timer_queued != Some(t) {
+                continue;
+            }
+            q.timer_queued = None;
+            self.timers.live -= 1;
             let mut fired = false;
             if q.req.rnr_until.is_some_and(|t| t <= now) {
                 q.req.rnr_until = None;
@@ -1154,12 +1233,50 @@ impl Device {
                 crate::comp::drain(q, &mut self.res);
                 fired = true;
             }
+            // Pushed after the loop, so a deadline that is already due is not fired twice.
+            requeue.push(qpn);
             if fired {
-                due.push(q.qpn);
+                self.schedule(Qpn(qpn));
             }
         }
-        for qpn in due {
-            self.schedule(qpn);
+        for qpn in requeue {
+            if let Some(q) = self
+                .qps
+                .get_mut(qpn as usize)
+                .and_then(|q| q.as_deref_mut())
+            {
+                crate::timers::note(&mut self.timers, q);
+            }
+        }
+    }
+
+    /// Entries in the timer queue, live and stale (a bound for tests: it must not grow with
+    /// the number of timer restarts).
+    pub fn timer_entries(&self) -> usize {
+        self.timers.len()
+    }
+
+    /// Appends the CQs that received completions since the last call to `out` (each once,
+    /// in the order they first received one), so a caller that moves completions elsewhere
+    /// visits those and not every CQ.
+    pub fn take_ready_cqs(&mut self, out: &mut Vec<u32>) {
+        for cqn in self.res.ready_cqs.drain(..) {
+            if let Some(cq) = self.res.cqs.get_mut(cqn) {
+                if cq.listed {
+                    cq.listed = false;
+                    out.push(cqn);
+                }
+            }
+        }
+    }
+
+    /// Lists `cqn` again for [`Self::take_ready_cqs`] (the caller could not drain it all).
+    pub fn relist_cq(&mut self, cqn: u32) {
+        if let Some(cq) = self.res.cqs.get_mut(cqn) {
+            if !cq.listed {
+                cq.listed = true;
+                self.res.ready_cqs.push(cqn);
+            }
         }
     }
 

@@ -20,6 +20,7 @@ pub mod qp;
 mod req;
 mod resp;
 mod slab;
+mod timers;
 
 pub use device::{Device, DeviceConfig, QpInit, RecvMeta, Transmit};
 pub use qp::{QpCounters, VerbError};

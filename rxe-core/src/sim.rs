@@ -262,7 +262,11 @@ impl Sim {
         }
         // Idle now: jump to the next delivery or timer.
         let next_pkt = self.queue.peek().map(|Reverse(p)| p.at);
-        let next_timer = self.nodes.iter().filter_map(|n| n.dev.poll_timeout()).min();
+        let next_timer = self
+            .nodes
+            .iter_mut()
+            .filter_map(|n| n.dev.poll_timeout())
+            .min();
         match (next_pkt, next_timer) {
             (None, None) => false,
             (a, b) => {

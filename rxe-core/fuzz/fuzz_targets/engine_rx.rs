@@ -502,8 +502,8 @@ impl World {
         }
     }
 
-    fn next_timer(&self) -> Option<Instant> {
-        self.nodes.iter().filter_map(|n| n.dev.poll_timeout()).min()
+    fn next_timer(&mut self) -> Option<Instant> {
+        self.nodes.iter_mut().filter_map(|n| n.dev.poll_timeout()).min()
     }
 
     fn inject(&mut self, inp: &mut Input) -> Option<()> {

@@ -30,6 +30,7 @@ use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use vmm_sys_util::eventfd::EventFd;
 
 pub mod cloud_hypervisor;
+pub mod scale;
 
 pub use vhost_user_rdma::abi;
 use vhost_user_rdma::abi::{op, ring as hdr, Status};
@@ -2100,8 +2101,19 @@ impl Node {
         extra: &[&str],
         cpus: Option<&[usize]>,
     ) -> Result<Node> {
+        Self::start_with(bin, addr, extra, cpus, GuestOpts::default())
+    }
+
+    /// As [`Node::start_on`], with the guest's options (memory size, queues).
+    pub fn start_with(
+        bin: &Path,
+        addr: SocketAddr,
+        extra: &[&str],
+        cpus: Option<&[usize]>,
+        opts: GuestOpts,
+    ) -> Result<Node> {
         let daemon = Daemon::spawn_on(bin, addr, extra, cpus)?;
-        let mut guest = Guest::connect(&daemon.socket, GuestOpts::default())?;
+        let mut guest = Guest::connect(&daemon.socket, opts)?;
         let gid = Gid::from_ip(addr.ip());
         guest.add_gid(0, gid)?;
         Ok(Node { daemon, guest, gid })

@@ -12,6 +12,11 @@
 //! `--compare PATH` adds a column for a second daemon binary (e.g. an older build), measured
 //! in the same run; `--only pingpong|write|rate` runs one row; `--wait spin|event` chooses how
 //! the test guest waits for completions (busy polling, or CQ events like `ibv_rc_pingpong -e`).
+//!
+//! `--only scale` runs the scale table instead: 64 B SENDs on 16 RC pairs (16 outstanding on
+//! each) with no other QP, then with 16 384 RC QPs in each daemon (the rest idle, in RTS), in
+//! `--rounds` interleaved rounds; messages/s and the daemons' CPU per message side by side,
+//! the daemon's anonymous memory per idle QP, and the QP create / destroy rates.
 
 use std::path::PathBuf;
 
@@ -29,7 +34,7 @@ struct Args {
     #[arg(long)]
     compare: Option<PathBuf>,
     /// Run one row only.
-    #[arg(long, value_parser = ["pingpong", "write", "rate"])]
+    #[arg(long, value_parser = ["pingpong", "write", "rate", "scale"])]
     only: Option<String>,
     /// How the guest waits for completions.
     #[arg(long, default_value = "spin", value_parser = ["spin", "event"])]
@@ -47,6 +52,19 @@ struct Args {
     /// Messages sent in the message-rate test (and UDP datagrams for the baseline).
     #[arg(long, default_value_t = 200_000)]
     messages: u64,
+    /// Scale table: RC QPs in each daemon, active ones included.
+    #[arg(long, default_value_t = 16_384)]
+    scale_qps: usize,
+    /// Scale table: QP pairs that carry traffic.
+    #[arg(long, default_value_t = 16)]
+    scale_active: usize,
+    /// Scale table: messages per measurement.
+    #[arg(long, default_value_t = 100_000)]
+    scale_messages: u64,
+    /// Scale table: rounds (each: traffic alone, QPs created, traffic again, QPs destroyed);
+    /// medians are reported.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
 }
 
 /// Messages in flight in the message-rate rows, RC and UDP alike.
@@ -126,6 +144,111 @@ fn run_daemon(bin: &std::path::Path, a: &Args, wait: WaitMode) -> Row {
     r
 }
 
+/// Messages in flight on each active pair of the scale table.
+const SCALE_WINDOW: u32 = 16;
+
+/// The scale table (`--only scale`).
+fn scale(bin: &std::path::Path, a: &Args) {
+    use vur_testguest::scale::{self, median};
+    let (aa, ba) = loopback_pair(4791);
+    let cpus = a.daemon_cpu.map(|c| [c]);
+    let cpus = cpus.as_ref().map(|c| &c[..]);
+    let max_qp = a.scale_qps.to_string();
+    let extra = ["--mtu", "9000", "--max-qp", &max_qp];
+    // Room for one SQ page per idle QP, and the active pairs' rings and buffers.
+    let opts = vur_testguest::GuestOpts {
+        mem_size: (64 << 20) + a.scale_qps as u64 * 2 * 4096,
+        ..Default::default()
+    };
+    let mut x = Node::start_with(bin, aa, &extra, cpus, opts.clone()).expect("node a");
+    let mut y = Node::start_with(bin, ba, &extra, cpus, opts).expect("node b");
+    let pairs =
+        scale::connect_active(&mut x, &mut y, a.scale_active, SCALE_WINDOW).expect("active pairs");
+    let idle = a.scale_qps.saturating_sub(a.scale_active);
+    // Warm-up: the first traffic on fresh QPs grows their queues.
+    scale::run_traffic(
+        &mut x,
+        &mut y,
+        &pairs,
+        a.scale_messages / 10 + 1,
+        SCALE_WINDOW,
+    )
+    .expect("warm-up");
+    let rounds: Vec<scale::Round> = (0..a.rounds.max(1))
+        .map(|_| {
+            scale::round(&mut x, &mut y, &pairs, idle, a.scale_messages, SCALE_WINDOW)
+                .unwrap_or_else(|e| {
+                    for n in [&x, &y] {
+                        eprintln!("{}", n.daemon.counters().unwrap_or_default());
+                    }
+                    panic!("scale round: {e}")
+                })
+        })
+        .collect();
+    let m = |f: fn(&scale::Round) -> f64| median(rounds.iter().map(f).collect());
+    let (base_rate, loaded_rate) = (m(|r| r.base.msgs_per_s), m(|r| r.loaded.msgs_per_s));
+    let (base_cpu, loaded_cpu) = (
+        m(|r| r.base.daemon_cpu_ns_per_msg),
+        m(|r| r.loaded.daemon_cpu_ns_per_msg),
+    );
+    let total = a.scale_qps;
+    let act = a.scale_active;
+    println!(
+        "{:<46} {:>14} {:>14} {:>8}",
+        "",
+        format!("{act} QPs"),
+        format!("{total} QPs"),
+        "ratio"
+    );
+    let line = |name: &str, base: f64, loaded: f64, unit: &str, prec: usize| {
+        let ratio = if base > 0.0 { loaded / base } else { 0.0 };
+        println!("{name:<46} {base:>7.prec$} {unit:<6} {loaded:>7.prec$} {unit:<6} {ratio:>7.2}x");
+    };
+    line(
+        &format!("64 B SEND rate, {act} pairs x {SCALE_WINDOW} outstanding"),
+        base_rate / 1e3,
+        loaded_rate / 1e3,
+        "k/s",
+        0,
+    );
+    line(
+        "daemon CPU per message (both daemons)",
+        base_cpu / 1e3,
+        loaded_cpu / 1e3,
+        "us",
+        2,
+    );
+    // The first round grows the daemon's heap; later ones reuse what the destroyed QPs
+    // freed: the largest is the cost of a QP in a fresh daemon.
+    println!(
+        "{:<46} {:>29.0} B",
+        "daemon anonymous memory per idle QP",
+        rounds.iter().map(|r| r.rss_per_idle_qp).fold(0.0, f64::max)
+    );
+    println!(
+        "{:<46} {:>29.0} /s",
+        "QP create (CREATE_QP)",
+        m(|r| r.creates_per_s)
+    );
+    println!(
+        "{:<46} {:>29.0} /s",
+        "QP create + INIT/RTR/RTS",
+        m(|r| r.bring_ups_per_s)
+    );
+    println!(
+        "{:<46} {:>29.0} /s",
+        "QP destroy (DESTROY_QP)",
+        m(|r| r.destroys_per_s)
+    );
+    println!(
+        "medians of {} rounds, {} messages each; {} idle QPs per daemon; daemon: {}",
+        rounds.len(),
+        a.scale_messages,
+        idle,
+        bin.display()
+    );
+}
+
 fn main() {
     let a = Args::parse();
     let Some(bin) = a.daemon.clone().or_else(find_daemon) else {
@@ -144,6 +267,10 @@ fn main() {
         if !others.is_empty() {
             vur_testguest::pin_current_thread(&others).expect("sched_setaffinity");
         }
+    }
+    if a.only.as_deref() == Some("scale") {
+        scale(&bin, &a);
+        return;
     }
     let ours = run_daemon(&bin, &a, wait);
     let other = a.compare.as_ref().map(|c| run_daemon(c, &a, wait));
