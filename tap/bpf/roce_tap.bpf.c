@@ -46,6 +46,12 @@ struct __sk_buff {
 	__u32 priority;
 	__u32 ingress_ifindex;
 	__u32 ifindex;
+	__u32 tc_index;
+	__u32 cb[5];
+	__u32 hash;
+	__u32 tc_classid;
+	__u32 data;
+	__u32 data_end;
 };
 
 // include/uapi/linux/pkt_cls.h: "use the default action", the tcx way to stay out of the way.
@@ -56,12 +62,10 @@ static void *(*bpf_map_lookup_elem)(void *map, const void *key) = (void *)1;
 static __u64 (*bpf_ktime_get_ns)(void) = (void *)5;
 static long (*bpf_skb_load_bytes)(const void *skb, __u32 offset, void *to, __u32 len) = (void *)26;
 static long (*bpf_ringbuf_output)(void *ringbuf, void *data, __u64 size, __u64 flags) = (void *)130;
-static __u64 (*bpf_ringbuf_query)(void *ringbuf, __u64 flags) = (void *)134;
 
-// bpf_ringbuf_output flags and bpf_ringbuf_query's BPF_RB_AVAIL_DATA.
+// bpf_ringbuf_output flags.
 #define BPF_RB_NO_WAKEUP 1
 #define BPF_RB_FORCE_WAKEUP 2
-#define BPF_RB_AVAIL_DATA 0
 
 #define ETH_P_IP 0x0800
 #define ETH_P_IPV6 0x86DD
@@ -85,8 +89,9 @@ struct tap_config {
 	__u32 flags;
 	__u32 qpn;
 	__u32 snaplen;
-	// Wake the reader only once this many bytes wait in the ring (it also polls on a short
-	// timer): one wakeup per frame would cost more than the copy.
+	// A CPU wakes the reader only once it has put this many bytes into the ring since its
+	// last wakeup (the reader also polls on a short timer): one wakeup per frame would cost
+	// more than the copy.
 	__u32 wake_bytes;
 	__u32 ip[4]; // IPv6, or IPv4-mapped ::ffff:a.b.c.d, in network byte order
 	__u8 opcodes[32]; // bitmap over the 8-bit BTH opcode
@@ -170,6 +175,10 @@ _Static_assert(sizeof(struct tap_record) == 160, "tap_record");
 struct scratch {
 	struct tap_record hdr;
 	__u8 data[MAX_SNAPLEN];
+	// Bytes this CPU put into the ring since it last woke the reader. Counted here rather
+	// than asked of the ring (bpf_ringbuf_query) because the ring's consumer position is a
+	// cache line the reader's CPU writes: reading it per packet costs a cross-CPU miss.
+	__u64 unwoken;
 };
 
 // Counters (per CPU, summed by user space).
@@ -213,8 +222,10 @@ struct {
 static __always_inline void count(__u32 which)
 {
 	__u64 *c = bpf_map_lookup_elem(&stats, &which);
+	// Per CPU, and a tcx program is not preempted by another on the same CPU: no atomic
+	// needed (a lock prefix per packet is measurable, see docs/benchmarks.md).
 	if (c)
-		__sync_fetch_and_add(c, 1);
+		*c += 1;
 }
 
 static __always_inline __u16 be16(const __u8 *p)
@@ -361,17 +372,16 @@ truncated:
 	h->hdr_len = off;
 }
 
-static __always_inline int tap(struct __sk_buff *skb, __u8 direction)
+// Finds the UDP header of a RoCEv2 frame with helper calls (VLAN tags, IPv4 options, IPv6, or
+// headers outside the linear part of the skb): sets *off to its offset, the addresses (IPv6,
+// or IPv4-mapped) and hdr to the UDP header + BTH. Non-zero when the frame is not RoCEv2.
+static __always_inline int locate(struct __sk_buff *skb, __u32 *off_out, __u32 *src, __u32 *dst,
+				  __u8 *hdr)
 {
-	__u32 zero = 0;
-	struct tap_config *cfg = bpf_map_lookup_elem(&config, &zero);
-	if (!cfg || !(cfg->flags & F_ENABLED))
-		return TC_ACT_UNSPEC;
-
 	__u8 eth[4];
 	__u32 off = 12;
 	if (bpf_skb_load_bytes(skb, off, eth, 2))
-		return TC_ACT_UNSPEC;
+		return -1;
 	__u16 proto = be16(eth);
 	off += 2;
 #pragma unroll
@@ -379,26 +389,24 @@ static __always_inline int tap(struct __sk_buff *skb, __u8 direction)
 		if (proto != ETH_P_8021Q && proto != ETH_P_8021AD)
 			break;
 		if (bpf_skb_load_bytes(skb, off + 2, eth, 2))
-			return TC_ACT_UNSPEC;
+			return -1;
 		proto = be16(eth);
 		off += 4;
 	}
 
-	// Source and destination as IPv6 (IPv4-mapped for IPv4), for the IP filter.
-	__u32 src[4] = {}, dst[4] = {};
 	if (proto == ETH_P_IP) {
 		__u32 ipw[5];
 		__u8 *ip = (__u8 *)ipw;
 		if (bpf_skb_load_bytes(skb, off, ipw, sizeof(ipw)))
-			return TC_ACT_UNSPEC;
+			return -1;
 		if ((ip[0] >> 4) != 4 || ip[9] != IPPROTO_UDP)
-			return TC_ACT_UNSPEC;
+			return -1;
 		// A fragment other than the first has no UDP header.
 		if (be16(ip + 6) & 0x1fff)
-			return TC_ACT_UNSPEC;
+			return -1;
 		__u32 ihl = (ip[0] & 0xf) * 4;
 		if (ihl < 20)
-			return TC_ACT_UNSPEC;
+			return -1;
 		src[2] = dst[2] = __builtin_bswap32(0xffff); // ::ffff:a.b.c.d
 		src[3] = ipw[3];
 		dst[3] = ipw[4];
@@ -407,23 +415,52 @@ static __always_inline int tap(struct __sk_buff *skb, __u8 direction)
 		__u32 ip6w[10];
 		__u8 *ip6 = (__u8 *)ip6w;
 		if (bpf_skb_load_bytes(skb, off, ip6w, sizeof(ip6w)))
-			return TC_ACT_UNSPEC;
+			return -1;
 		// RoCEv2 puts UDP right after the fixed header (no extension headers).
 		if ((ip6[0] >> 4) != 6 || ip6[6] != IPPROTO_UDP)
-			return TC_ACT_UNSPEC;
+			return -1;
 		__builtin_memcpy(src, &ip6w[2], 16);
 		__builtin_memcpy(dst, &ip6w[6], 16);
 		off += 40;
 	} else {
+		return -1;
+	}
+	if (bpf_skb_load_bytes(skb, off, hdr, 20))
+		return -1;
+	if (be16(hdr + 2) != ROCE_V2_PORT)
+		return -1;
+	*off_out = off;
+	return 0;
+}
+
+static __always_inline int tap(struct __sk_buff *skb, __u8 direction)
+{
+	__u32 zero = 0;
+	struct tap_config *cfg = bpf_map_lookup_elem(&config, &zero);
+	if (!cfg || !(cfg->flags & F_ENABLED))
+		return TC_ACT_UNSPEC;
+
+	// Source and destination as IPv6 (IPv4-mapped for IPv4), for the IP filter; the UDP
+	// header (8) + BTH (12); where the UDP header starts.
+	__u32 src[4] = {}, dst[4] = {};
+	__u8 hdr[20];
+	__u32 off;
+	__u8 *p = (__u8 *)(long)skb->data;
+	__u8 *end = (__u8 *)(long)skb->data_end;
+	if (p + 54 <= end && p[12] == 0x08 && p[13] == 0x00 && p[14] == 0x45) {
+		// The common case read in place, without a helper call: untagged IPv4 without
+		// options, headers in the linear part of the skb.
+		if (p[23] != IPPROTO_UDP || (be16(p + 20) & 0x1fff) || be16(p + 36) != ROCE_V2_PORT)
+			return TC_ACT_UNSPEC;
+		src[2] = dst[2] = __builtin_bswap32(0xffff); // ::ffff:a.b.c.d
+		__builtin_memcpy(&src[3], p + 26, 4);
+		__builtin_memcpy(&dst[3], p + 30, 4);
+		__builtin_memcpy(hdr, p + 34, 20);
+		off = 34;
+	} else if (locate(skb, &off, src, dst, hdr)) {
 		return TC_ACT_UNSPEC;
 	}
-
-	// UDP header (8) + BTH (12).
-	__u8 hdr[20];
-	if (bpf_skb_load_bytes(skb, off, hdr, 20))
-		return TC_ACT_UNSPEC;
-	if (be16(hdr + 2) != ROCE_V2_PORT)
-		return TC_ACT_UNSPEC;
+	__u8 eth[4];
 	__u8 opcode = hdr[8];
 	__u32 dqpn = be24(hdr + 13);
 	__u32 bth_end = off + 20;
@@ -502,9 +539,12 @@ static __always_inline int tap(struct __sk_buff *skb, __u8 direction)
 	if (bpf_skb_load_bytes(skb, 0, s->data, len))
 		return TC_ACT_UNSPEC;
 	__u64 size = sizeof(s->hdr) + len;
-	__u64 wake = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) + size >= cfg->wake_bytes ?
-			     BPF_RB_FORCE_WAKEUP :
-			     BPF_RB_NO_WAKEUP;
+	__u64 wake = BPF_RB_NO_WAKEUP;
+	s->unwoken += size;
+	if (s->unwoken >= cfg->wake_bytes) {
+		wake = BPF_RB_FORCE_WAKEUP;
+		s->unwoken = 0;
+	}
 	if (bpf_ringbuf_output(&events, s, size, wake))
 		count(STAT_RING_FULL);
 	return TC_ACT_UNSPEC;

@@ -67,8 +67,8 @@ pub enum Snap {
 }
 
 impl KernelConfig {
-    /// `wake_bytes`: the reader is woken once this much waits in the ring buffer (it polls
-    /// every [`POLL_INTERVAL`] anyway).
+    /// `wake_bytes`: a CPU wakes the reader once it has put this much into the ring buffer
+    /// since its last wakeup (the reader polls every [`POLL_INTERVAL`] anyway).
     pub fn new(filter: &Filter, snap: Snap, wake_bytes: u32) -> Self {
         let mut c = KernelConfig {
             flags: F_ENABLED,

@@ -395,8 +395,13 @@ pub fn run(cfg: &TapConfig) -> Result<(), RunError> {
     install_signal_handlers();
     let mut tap = Tap::attach(
         &names,
-        // Wake at an eighth full; small bursts wait at most POLL_INTERVAL.
-        &KernelConfig::new(&cfg.filter, cfg.snap, cfg.ring_bytes / 8),
+        // Each CPU wakes the reader after adding its share of an eighth of the ring; small
+        // bursts wait at most POLL_INTERVAL.
+        &KernelConfig::new(
+            &cfg.filter,
+            cfg.snap,
+            (cfg.ring_bytes / 8 / aya::util::nr_cpus().unwrap_or(1).max(1) as u32).max(4096),
+        ),
         cfg.ring_bytes,
     )?;
     let offset = realtime_offset_ns();

@@ -66,10 +66,11 @@ peer=$repo/target/$profile/rxe-peer
 t_start=$SECONDS
 work=$(mktemp -d "${TMPDIR:-/tmp}/vur-tap.XXXXXX")
 far=vur-tapfar-$$
-pids=()
 cleanup() {
     local p
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    # Only children still running: a PID of one that already ended may belong to another
+    # process by now.
+    for p in $(jobs -pr); do kill "$p" 2>/dev/null || true; done
     for p in $(ip netns pids "$far" 2>/dev/null); do kill -9 "$p" 2>/dev/null || true; done
     ip netns del "$far" 2>/dev/null || true
     if [[ ${VUR_TAP_KEEP:-} == 1 ]]; then log "captures kept in $work"; else rm -rf "$work"; fi
@@ -100,7 +101,6 @@ start_tap() {
         "$bin" tap --iface "${tap_if:-vtapA}" "$@" 2>"$work/$name.err" &
     fi
     tap_pid=$!
-    pids+=("$tap_pid")
     for i in $(seq 200); do
         grep -qs '^tap: attached' "$work/$name.err" && return 0
         kill -0 "$tap_pid" 2>/dev/null || break
@@ -225,7 +225,6 @@ ud_tap=$tap_pid
 "$bin" tap --iface vtapA --write - --opcode ud --count 50 --quiet 2>"$work/live.err" |
     tshark -n -r - -T fields -e infiniband.bth.opcode >"$work/live.txt" 2>/dev/null &
 live_pid=$!
-pids+=("$live_pid")
 for _ in $(seq 200); do grep -qs '^tap: attached' "$work/live.err" && break; sleep 0.1; done
 grep -qs '^tap: attached' "$work/live.err" || fail "live tap did not attach within 20 s"
 run_pair ud ud -n 200 -s 1024 -m 1024
