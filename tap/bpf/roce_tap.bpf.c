@@ -460,7 +460,7 @@ static __always_inline int tap(struct __sk_buff *skb, __u8 direction)
 	} else if (locate(skb, &off, src, dst, hdr)) {
 		return TC_ACT_UNSPEC;
 	}
-	__u8 eth[4];
+	__u8 b[4]; // for the few bytes the filters read beyond the BTH
 	__u8 opcode = hdr[8];
 	__u32 dqpn = be24(hdr + 13);
 	__u32 bth_end = off + 20;
@@ -473,8 +473,8 @@ static __always_inline int tap(struct __sk_buff *skb, __u8 direction)
 		int q = dqpn == cfg->qpn;
 		// UD: the DETH's source QPN too (its low three bytes, 5 bytes into the DETH).
 		if (!q && (x & X_DETH) && !(x & X_RDETH) &&
-		    !bpf_skb_load_bytes(skb, bth_end + 4, eth, 4))
-			q = be24(eth + 1) == cfg->qpn;
+		    !bpf_skb_load_bytes(skb, bth_end + 4, b, 4))
+			q = be24(b + 1) == cfg->qpn;
 		keep &= q;
 	}
 	if (keep && (cfg->flags & F_IP))
@@ -482,8 +482,8 @@ static __always_inline int tap(struct __sk_buff *skb, __u8 direction)
 	if (keep && (cfg->flags & F_AETH)) {
 		// The AETH comes right after the BTH, or after the RDETH on RD.
 		__u32 at = bth_end + (x & X_RDETH ? 4 : 0);
-		keep &= (x & X_AETH) && !bpf_skb_load_bytes(skb, at, eth, 1) &&
-			((cfg->aeth_kinds >> (eth[0] >> 5)) & 1);
+		keep &= (x & X_AETH) && !bpf_skb_load_bytes(skb, at, b, 1) &&
+			((cfg->aeth_kinds >> (b[0] >> 5)) & 1);
 	}
 	if (!keep) {
 		count(STAT_FILTERED);

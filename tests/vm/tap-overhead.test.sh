@@ -18,8 +18,8 @@
 # The rate is the receiving veth's rx_packets over the run (what went through the interface).
 # The tap is on the sending veth (tcx egress runs in the sender's context). Runs in a network
 # namespace of its own (tests/vm/net.sh exec) and makes a second one for the far end; the
-# 10.77.8.0/24 addresses exist only there. Prints "SKIP: <reason>" and exits 77 without root or
-# clang (a failure under CI=true).
+# 10.77.8.0/24 addresses exist only there. Prints "SKIP: <reason>" and exits 77 without root,
+# ping, clang or python3 (a failure under CI=true).
 # Env: VUR_TAP_BENCH_ROUNDS (default 9), VUR_TAP_BENCH_SECS (seconds per run, default 1),
 # VUR_TAP_BENCH_STRICT=1 fails when the goal is missed (default: report it),
 # VUR_TAP_PROFILE=debug uses the debug binaries (default release, as tests/run.sh builds).
@@ -36,7 +36,7 @@ fail() { printf '[tap-overhead %s] FAIL: %s\n' "$(date +%T)" "$*"; exit 1; }
 # shellcheck source=tests/vm/lib.sh
 . "$here/lib.sh"
 [[ $(id -u) -eq 0 ]] || vm_missing "tap-overhead: needs root (network namespaces, eBPF tcx)"
-for c in ip clang; do
+for c in ip ping clang /usr/bin/python3; do
     command -v "$c" >/dev/null || vm_missing "tap-overhead: $c not installed (images/host-setup.sh)"
 done
 [[ $rounds =~ ^[1-9][0-9]?$ ]] || fail "VUR_TAP_BENCH_ROUNDS=$rounds: want 1..99"
@@ -166,7 +166,7 @@ for ((r = 0; r < rounds; r++)); do
     log "  round $((r + 1)) done"
 done
 
-python3 - "$work/results" "${VUR_TAP_BENCH_STRICT:-0}" "$rounds" "$secs" <<'PY'
+/usr/bin/python3 - "$work/results" "${VUR_TAP_BENCH_STRICT:-0}" "$rounds" "$secs" <<'PY'
 import statistics, sys
 rows = [l.split() for l in open(sys.argv[1])]
 strict, rounds, secs = sys.argv[2] == "1", sys.argv[3], sys.argv[4]
