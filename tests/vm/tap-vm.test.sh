@@ -6,8 +6,9 @@
 #      rcvd_pkts (hw_counters), and = what rxe-peer received / sent.
 #   2. netkit: a netkit pair in L2 mode (nk0 here, nk1 in a guest namespace), Linux rxe on nk0
 #      (rxenk), rxe-peer in the namespace on nk1, ibv_rc_pingpong over rxenk; a tap on nk0 (the
-#      primary) and one on nk1 (the peer, in its namespace). Frame counts against rxenk's
-#      hw_counters and rxe-peer's.
+#      primary) and one on nk1 (the peer, in its namespace); then ib_write_bw, ib_read_bw and
+#      ib_atomic_bw (both kinds) on rxenk against rxe-perftest on nk1. Frame counts against
+#      rxenk's hw_counters and the peers', and every opcode those tools use is there.
 # On the host, afterwards: tshark decodes every frame of both captures as RoCE, none
 # malformed; every ICRC is right (tests/vm/icrc-check.py); the headers the kernel program
 # parsed (--decode) equal tshark's decoding field by field (tests/vm/tap-headers.py).
@@ -45,7 +46,7 @@ vm_netns tap-vm "$@"
 
 bin=$repo/target/$profile/vhost-user-rdma
 peer=$repo/target/$profile/rxe-peer
-[[ -x $bin && -x $peer ]] || fail "$bin or $peer not built"
+[[ -x $bin && -x $peer && -x ${peer%/*}/rxe-perftest ]] || fail "$bin, $peer or rxe-perftest not built"
 t_start=$SECONDS
 shared=$(mktemp -d "${TMPDIR:-/tmp}/vur-tap-vm.XXXXXX")
 vm_pid=''
@@ -62,7 +63,8 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 "$here/net.sh" up "$tap"
-cp "$bin" "$peer" "$shared/"
+cp "$bin" "$peer" "${peer%/*}/rxe-perftest" "$shared/"
+"${peer%/*}/rxe-perftest" --payload-file >"$shared/payload.txt"
 
 cat >"$shared/tap-vm-guest.sh" <<EOF
 #!/bin/bash
@@ -151,13 +153,35 @@ timeout 120 ibv_rc_pingpong -d rxenk -g "$gid" -n "$iters" -s 4096 -m 1024 10.77
 echo $rc >/tmp/nk.tool-rc
 prc=0
 wait $ppid || prc=$?
+sed 's/^/    /' /tmp/nk.log
+say "netkit: ibv_rc_pingpong rc=$rc, rxe-peer rc=$prc"
+((rc == 0 && prc == 0)) || { cat /vur/netkit.peer; bad "netkit: pingpong failed"; }
+# RDMA WRITE, READ and both atomics of Linux rxe: perftest against rxe-perftest on nk1.
+i=0
+for t in "write_bw|ib_write_bw|8192" "read_bw|ib_read_bw|8192" "atomic_bw -A FETCH_AND_ADD|ib_atomic_bw -A FETCH_AND_ADD|8" \
+    "atomic_bw -A CMP_AND_SWAP|ib_atomic_bw -A CMP_AND_SWAP|8"; do
+    IFS='|' read -r ours tool size <<<"$t"
+    i=$((i + 1))
+    port=$((18800 + i))
+    # shellcheck disable=SC2086 # $ours is words
+    ip netns exec nkpeer timeout 90 /vur/rxe-perftest --local-ip 10.77.10.2 $ours -p $port -n 50 -s $size \
+        -m 1024 --timeout 60 >/vur/netkit.perftest-$i 2>&1 &
+    ppid=$!
+    for _ in $(seq 100); do ip netns exec nkpeer ss -ltn | grep -q ":$port " && break; sleep 0.1; done
+    rc=0
+    # shellcheck disable=SC2086 # $tool is words
+    timeout 90 $tool -d rxenk -x "$gid" -F -n 50 -s $size -p $port --payload_file_path /vur/payload.txt \
+        10.77.10.2 </dev/null >/tmp/nk-$i.log 2>&1 || rc=$?
+    prc=0
+    wait $ppid || prc=$?
+    say "netkit: $tool -s $size rc=$rc, rxe-perftest rc=$prc: $(grep -m1 '^packets:' /vur/netkit.perftest-$i)"
+    ((rc == 0 && prc == 0)) || { cat /tmp/nk-$i.log /vur/netkit.perftest-$i; bad "netkit: $tool failed"; }
+done
 sleep 0.3
 stop_tap netkit
 stop_tap netkit-peer $peer_tap
 echo "$before $(counters rxenk)" >/vur/netkit.counters
-sed 's/^/    /' /tmp/nk.log
-say "netkit: ibv_rc_pingpong rc=$rc, rxe-peer rc=$prc, rxenk sent_pkts/rcvd_pkts before and after: $(cat /vur/netkit.counters)"
-((rc == 0 && prc == 0)) || { cat /vur/netkit.peer; bad "netkit: pingpong failed"; }
+say "netkit: rxenk sent_pkts/rcvd_pkts before and after: $(cat /vur/netkit.counters)"
 say "done"
 EOF
 
@@ -193,18 +217,20 @@ count() {
     shift
     tshark -n -r "$f" "$@" -T fields -e frame.number 2>/dev/null | wc -l
 }
-# check NAME IF SRC_A SRC_B PEERLOG [COUNTERS]: the capture against the rxe counters (of
-# NAME, or of COUNTERS: then the tap is on the far side, and its directions are swapped) and
-# rxe-peer's.
+# check NAME IF SRC_A SRC_B PEERS [COUNTERS]: the capture against the rxe counters (of NAME,
+# or of COUNTERS: then the tap is on the far side, and its directions are swapped) and the
+# packets the host-built peers sent and received (their logs: the files PEERS names).
 check() {
-    local name=$1 ifname=$2 a=$3 b=$4 peerlog=$5 s0 r0 s1 r1 eg in total roce mal psent precv
+    local name=$1 ifname=$2 a=$3 b=$4 peers=$5 s0 r0 s1 r1 eg in total roce mal psent precv
     read -r s0 r0 s1 r1 <"$shared/${6:-$name}.counters"
     [[ -z ${6:-} ]] || read -r r0 s0 r1 s1 <"$shared/$6.counters"
     eg=$(count "$shared/$name.pcapng" -Y 'frame.interface_id == 1')
     in=$(count "$shared/$name.pcapng" -Y 'frame.interface_id == 0')
-    psent=$(sed -n 's/.*; \([0-9]*\) packets sent, \([0-9]*\) received.*/\1/p' "$peerlog")
-    precv=$(sed -n 's/.*; \([0-9]*\) packets sent, \([0-9]*\) received.*/\2/p' "$peerlog")
-    log "$name: tap on $ifname: egress $eg frames, ingress $in; rxe sent_pkts +$((s1 - s0)), rcvd_pkts +$((r1 - r0)); rxe-peer sent $psent, received $precv"
+    # rxe-peer: "...; N packets sent, M received"; rxe-perftest: "packets: sent=N received=M".
+    # shellcheck disable=SC2086 # $peers is a glob
+    read -r psent precv < <(sed -n -e 's/.*; \([0-9]*\) packets sent, \([0-9]*\) received.*/\1 \2/p' \
+        -e 's/^packets: sent=\([0-9]*\) received=\([0-9]*\).*/\1 \2/p' $peers | awk '{s += $1; r += $2} END {print s + 0, r + 0}')
+    log "$name: tap on $ifname: egress $eg frames, ingress $in; rxe sent_pkts +$((s1 - s0)), rcvd_pkts +$((r1 - r0)); the peers on the other side sent $psent, received $precv"
     ((eg == s1 - s0 && in == r1 - r0)) || fail "$name: frame counts differ from rxe's hw_counters"
     if [[ -z ${6:-} ]]; then
         ((eg == precv && in == psent)) || fail "$name: frame counts differ from rxe-peer's"
@@ -227,6 +253,11 @@ check() {
     [[ ${PIPESTATUS[0]} == 0 ]] || fail "$name: the kernel's parse differs from tshark's"
 }
 check eth0 eth0 "$guest4" "$host4" "$shared/eth0.peer"
-check netkit nk0 10.77.10.1 10.77.10.2 "$shared/netkit.peer"
-check netkit-peer nk1 10.77.10.1 10.77.10.2 "$shared/netkit.peer" netkit
+check netkit nk0 10.77.10.1 10.77.10.2 "$shared/netkit.peer $shared/netkit.perftest-*"
+check netkit-peer nk1 10.77.10.1 10.77.10.2 "$shared/netkit.peer $shared/netkit.perftest-*" netkit
+ops=$(tshark -n -r "$shared/netkit.pcapng" -T fields -e infiniband.bth.opcode 2>/dev/null | sort -n | uniq -c | awk '{printf "%s:%s ", $2, $1}')
+log "netkit: opcodes (opcode:frames) $ops"
+for op in 0 1 2 6 7 8 12 13 14 15 17 18 19 20; do # SEND F/M/L, WRITE F/M/L, READ req + resp F/M/L, ACK, ATOMIC ACK, CMP_SWAP, FETCH_ADD
+    [[ " $ops" == *" $op:"* ]] || fail "netkit: opcode $op of Linux rxe missing from the capture"
+done
 log "PASS in $((SECONDS - t_start)) s"
