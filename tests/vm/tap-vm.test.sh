@@ -198,6 +198,10 @@ log "booting guest (image $images)"
     --scenario "$shared/tap-vm-guest.sh" --shared "$shared" --images "$images" --timeout 400 \
     >"$shared/run-vm.log" 2>&1 &
 vm_pid=$!
+# rxe-peer ends when the guest's pingpong is done; if the guest ends first (a failure there),
+# stop waiting for it.
+while kill -0 "$peer_pid" 2>/dev/null && kill -0 "$vm_pid" 2>/dev/null; do sleep 0.2; done
+kill -0 "$peer_pid" 2>/dev/null && kill "$peer_pid"
 peer_rc=0
 wait "$peer_pid" || peer_rc=$?
 echo "$peer_rc" >"$shared/eth0.host-rc"
