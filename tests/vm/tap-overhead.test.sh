@@ -107,7 +107,8 @@ trial() {
             if ! kill -0 "$tap_pid" 2>/dev/null; then
                 rc=0
                 wait "$tap_pid" || rc=$?
-                # Killed by a signal nobody here sent (see the note below): run it again.
+                # Killed by a signal nobody here sent: on a shared machine another job may
+                # signal a PID it once had. Say so; the caller runs the trial again.
                 if ((rc > 128)); then
                     log "  the tap ($case, $size B) was killed by signal $((rc - 128)) before it attached"
                     return 1
@@ -129,8 +130,7 @@ trial() {
         kill -0 "$tap_pid" 2>/dev/null && { kill -9 "$tap_pid"; fail "tap ($case) still running 10 s after SIGINT"; }
         wait "$tap_pid" || { cat "$work/tap.err"; fail "tap ($case) failed"; }
         # A tap that stopped before the run ended (it says how long it ran) was stopped by
-        # someone else: on a shared machine another job may signal a PID it once had. Say so;
-        # the caller runs the trial again.
+        # someone else, as above: the caller runs the trial again.
         if awk -v s="$secs" '/^tap: done after/ { t = $4 + 0; if (t >= s - 0.2) ok = 1 } END { exit !ok }' "$work/tap.err"; then :; else
             log "  the tap ($case, $size B) stopped during the run: $(grep -m1 '^tap: done' "$work/tap.err" | cut -c1-60)"
             return 1
