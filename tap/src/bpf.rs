@@ -22,6 +22,8 @@ static OBJECT: &Aligned<[u8]> =
 const F_QPN: u32 = 1 << 0;
 const F_OPCODE: u32 = 1 << 1;
 const F_IP: u32 = 1 << 2;
+const F_AETH: u32 = 1 << 3;
+const F_HEADERS: u32 = 1 << 4;
 const F_ENABLED: u32 = 1 << 31;
 
 /// The kernel-side filters (`struct tap_config`).
@@ -34,9 +36,11 @@ pub struct KernelConfig {
     wake_bytes: u32,
     ip: [u8; 16],
     opcodes: [u8; 32],
+    aeth_kinds: u8,
+    pad: [u8; 7],
 }
 
-// SAFETY: repr(C), only integers and byte arrays, no padding (4 * 4 + 16 + 32 bytes).
+// SAFETY: repr(C), only integers and byte arrays, no padding (4 * 4 + 16 + 32 + 8 bytes).
 unsafe impl aya::Pod for KernelConfig {}
 
 /// What the in-kernel filters let through. `None` = no filter on that field.
@@ -48,18 +52,34 @@ pub struct Filter {
     pub opcodes: Option<[u8; 32]>,
     /// Source or destination address (IPv4 as IPv4-mapped IPv6).
     pub ip: Option<[u8; 16]>,
+    /// Only frames with an AETH whose syndrome kind (its top three bits: 0 ACK, 1 RNR NAK,
+    /// 3 NAK) has its bit set here.
+    pub aeth_kinds: Option<u8>,
+}
+
+/// How much of each frame the kernel copies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Snap {
+    /// At most this many bytes from the Ethernet header.
+    Bytes(u32),
+    /// Up to the end of the transport headers (BTH and extension headers) the kernel found.
+    Headers,
 }
 
 impl KernelConfig {
-    /// `wake_bytes`: the reader is woken once this much waits in the ring buffer (it polls
-    /// every [`POLL_INTERVAL`] anyway).
-    pub fn new(filter: &Filter, snaplen: u32, wake_bytes: u32) -> Self {
+    /// `wake_bytes`: a CPU wakes the reader once it has put this much into the ring buffer
+    /// since its last wakeup (the reader polls every [`POLL_INTERVAL`] anyway).
+    pub fn new(filter: &Filter, snap: Snap, wake_bytes: u32) -> Self {
         let mut c = KernelConfig {
             flags: F_ENABLED,
-            snaplen: snaplen.clamp(1, MAX_SNAPLEN),
+            snaplen: MAX_SNAPLEN,
             wake_bytes,
             ..Default::default()
         };
+        match snap {
+            Snap::Bytes(n) => c.snaplen = n.clamp(1, MAX_SNAPLEN),
+            Snap::Headers => c.flags |= F_HEADERS,
+        }
         if let Some(q) = filter.qpn {
             c.flags |= F_QPN;
             c.qpn = q;
@@ -72,6 +92,10 @@ impl KernelConfig {
             c.flags |= F_IP;
             c.ip = ip;
         }
+        if let Some(k) = filter.aeth_kinds {
+            c.flags |= F_AETH;
+            c.aeth_kinds = k;
+        }
         c
     }
 }
@@ -83,7 +107,9 @@ pub const POLL_INTERVAL: std::time::Duration = std::time::Duration::from_millis(
 pub const DEFAULT_RING_BYTES: u32 = 4 << 20;
 
 /// Size of `struct tap_record`, which precedes the frame bytes in every ring buffer record.
-pub const RECORD_HEADER: usize = 32;
+pub const RECORD_HEADER: usize = 160;
+/// Where `struct roce_hdrs` starts in it.
+const ROCE_HDRS: usize = 32;
 
 /// Which way a frame went through the interface.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -111,7 +137,105 @@ pub struct Record<'a> {
     pub direction: Direction,
     /// A VLAN tag kept out of the frame bytes by VLAN offload: (TPID, TCI).
     pub vlan: Option<(u16, u16)>,
+    /// The transport headers as the kernel program parsed them.
+    pub roce: RoceHeaders,
     pub data: &'a [u8],
+}
+
+/// Which extension headers follow the BTH (`RoceHeaders::present`), in wire order.
+pub mod ext {
+    pub const RDETH: u16 = 1 << 0;
+    pub const DETH: u16 = 1 << 1;
+    pub const FETH: u16 = 1 << 2;
+    pub const RETH: u16 = 1 << 3;
+    pub const ATOMIC_ETH: u16 = 1 << 4;
+    pub const AETH: u16 = 1 << 5;
+    pub const ATOMIC_ACK_ETH: u16 = 1 << 6;
+    pub const IMM_DT: u16 = 1 << 7;
+    pub const IETH: u16 = 1 << 8;
+    /// The frame ends inside a header its opcode implies; the fields after it are zero.
+    pub const TRUNCATED: u16 = 1 << 15;
+}
+
+/// The BTH and extension headers of one frame, parsed by the kernel program (`struct
+/// roce_hdrs`); fields of absent headers are zero.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RoceHeaders {
+    /// IP source and destination, IPv6 or IPv4-mapped.
+    pub src: [u8; 16],
+    pub dst: [u8; 16],
+    pub opcode: u8,
+    /// BTH byte 1: SE, M, PadCnt, TVer.
+    pub se_m_pad_tver: u8,
+    pub pkey: u16,
+    pub dest_qp: u32,
+    pub ack_req: bool,
+    pub psn: u32,
+    /// `ext::*` bits.
+    pub present: u16,
+    /// Bytes from the start of the frame to the payload.
+    pub hdr_len: u16,
+    /// RDETH end-to-end context.
+    pub ee_ctx: u32,
+    pub qkey: u32,
+    pub src_qp: u32,
+    pub feth: u32,
+    /// RETH or AtomicETH.
+    pub va: u64,
+    /// RETH or AtomicETH.
+    pub rkey: u32,
+    pub dma_len: u32,
+    pub swap_add: u64,
+    pub compare: u64,
+    /// AETH: syndrome << 24 | MSN.
+    pub aeth: u32,
+    /// AtomicAckETH original remote data.
+    pub orig: u64,
+    pub imm: u32,
+    pub ieth_rkey: u32,
+}
+
+impl RoceHeaders {
+    /// From the bytes of `struct roce_hdrs` (128, native byte order).
+    fn from_c(h: &[u8]) -> Self {
+        let u64_at = |o: usize| u64::from_ne_bytes(h[o..o + 8].try_into().unwrap());
+        let u32_at = |o: usize| u32::from_ne_bytes(h[o..o + 4].try_into().unwrap());
+        let u16_at = |o: usize| u16::from_ne_bytes(h[o..o + 2].try_into().unwrap());
+        RoceHeaders {
+            va: u64_at(0),
+            swap_add: u64_at(8),
+            compare: u64_at(16),
+            orig: u64_at(24),
+            rkey: u32_at(32),
+            dma_len: u32_at(36),
+            src: h[40..56].try_into().unwrap(),
+            dst: h[56..72].try_into().unwrap(),
+            dest_qp: u32_at(72),
+            psn: u32_at(76),
+            aeth: u32_at(80),
+            qkey: u32_at(84),
+            src_qp: u32_at(88),
+            imm: u32_at(92),
+            ieth_rkey: u32_at(96),
+            feth: u32_at(100),
+            ee_ctx: u32_at(104),
+            pkey: u16_at(108),
+            present: u16_at(110),
+            hdr_len: u16_at(112),
+            opcode: h[114],
+            se_m_pad_tver: h[115],
+            ack_req: h[116] != 0,
+        }
+    }
+
+    pub fn has(&self, x: u16) -> bool {
+        self.present & x != 0
+    }
+
+    /// The AETH syndrome, when there is an AETH.
+    pub fn syndrome(&self) -> Option<u8> {
+        self.has(ext::AETH).then_some((self.aeth >> 24) as u8)
+    }
 }
 
 impl<'a> Record<'a> {
@@ -135,6 +259,7 @@ impl<'a> Record<'a> {
                     u16::from_ne_bytes([h[22], h[23]]),
                 )
             }),
+            roce: RoceHeaders::from_c(&h[ROCE_HDRS..RECORD_HEADER]),
             data: b.get(RECORD_HEADER..RECORD_HEADER + cap_len)?,
         })
     }
@@ -149,6 +274,14 @@ pub struct KernelStats {
     pub ring_full: u64,
     /// RoCEv2 frames the filters left out.
     pub filtered: u64,
+    /// Of the matched: an AETH with a NAK syndrome.
+    pub naks: u64,
+    /// Of the matched: an AETH with an RNR NAK syndrome.
+    pub rnr_naks: u64,
+    /// Of the matched: CNPs.
+    pub cnps: u64,
+    /// Of the matched: the frame ends inside a header its opcode implies.
+    pub truncated: u64,
 }
 
 #[derive(Debug, Error)]
@@ -260,6 +393,10 @@ impl Tap {
             matched: sum(0)?,
             ring_full: sum(1)?,
             filtered: sum(2)?,
+            naks: sum(3)?,
+            rnr_naks: sum(4)?,
+            cnps: sum(5)?,
+            truncated: sum(6)?,
         })
     }
 }
@@ -270,21 +407,31 @@ mod tests {
 
     #[test]
     fn config_layout_matches_c() {
-        assert_eq!(std::mem::size_of::<KernelConfig>(), 64);
+        assert_eq!(std::mem::size_of::<KernelConfig>(), 72);
         let c = KernelConfig::new(
             &Filter {
                 qpn: Some(0x11),
                 ..Default::default()
             },
-            0,
+            Snap::Bytes(0),
             4096,
         );
         assert_eq!(c.flags, F_ENABLED | F_QPN);
         assert_eq!(c.snaplen, 1);
         assert_eq!(
-            KernelConfig::new(&Filter::default(), u32::MAX, 0).snaplen,
+            KernelConfig::new(&Filter::default(), Snap::Bytes(u32::MAX), 0).snaplen,
             MAX_SNAPLEN
         );
+        let c = KernelConfig::new(
+            &Filter {
+                aeth_kinds: Some(0b1010),
+                ..Default::default()
+            },
+            Snap::Headers,
+            0,
+        );
+        assert_eq!(c.flags, F_ENABLED | F_AETH | F_HEADERS);
+        assert_eq!(c.aeth_kinds, 0b1010);
     }
 
     #[test]
@@ -295,9 +442,23 @@ mod tests {
         b[12..16].copy_from_slice(&100u32.to_ne_bytes());
         b[16..20].copy_from_slice(&3u32.to_ne_bytes());
         b[20] = 1;
+        // struct roce_hdrs: an ACK (0x11) to QP 0x12, PSN 5, AETH NAK (0x60) MSN 9.
+        let h = &mut b[ROCE_HDRS..];
+        h[72..76].copy_from_slice(&0x12u32.to_ne_bytes());
+        h[76..80].copy_from_slice(&5u32.to_ne_bytes());
+        h[80..84].copy_from_slice(&0x6000_0009u32.to_ne_bytes());
+        h[110..112].copy_from_slice(&ext::AETH.to_ne_bytes());
+        h[112..114].copy_from_slice(&58u16.to_ne_bytes());
+        h[114] = 0x11;
         b[RECORD_HEADER..].copy_from_slice(&[1, 2, 3]);
         let r = Record::parse(&b).unwrap();
         assert_eq!((r.ts_ns, r.ifindex, r.orig_len), (7, 3, 100));
+        assert_eq!(
+            (r.roce.opcode, r.roce.dest_qp, r.roce.psn, r.roce.hdr_len),
+            (0x11, 0x12, 5, 58)
+        );
+        assert_eq!(r.roce.syndrome(), Some(0x60));
+        assert!(!r.roce.has(ext::RETH));
         assert_eq!(r.direction, Direction::Egress);
         assert_eq!(r.vlan, None);
         assert_eq!(r.data, &[1, 2, 3]);

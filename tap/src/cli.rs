@@ -13,10 +13,10 @@ use clap::{Parser, ValueEnum};
 use thiserror::Error;
 
 use crate::bpf::{
-    Filter, KernelConfig, Record, Tap, DEFAULT_RING_BYTES, MAX_SNAPLEN, POLL_INTERVAL,
+    Filter, KernelConfig, Record, Snap, Tap, DEFAULT_RING_BYTES, MAX_SNAPLEN, POLL_INTERVAL,
 };
 use crate::pcap::{Format, Frame, Writer};
-use crate::roce::{parse_number, parse_opcode_classes, Summary};
+use crate::roce::{describe, parse_aeth_kinds, parse_number, parse_opcode_classes, Summary};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum FormatArg {
@@ -50,9 +50,18 @@ pub struct TapArgs {
     /// Only frames from or to this IPv4 or IPv6 address.
     #[arg(long)]
     pub ip: Option<IpAddr>,
-    /// Bytes of each frame to keep, from the Ethernet header (at most 9216).
-    #[arg(long, default_value_t = MAX_SNAPLEN)]
-    pub snaplen: u32,
+    /// Only acknowledgements and read responses whose AETH syndrome is of these kinds:
+    /// comma-separated ack, rnr (RNR NAK), nak.
+    #[arg(long)]
+    pub aeth: Option<String>,
+    /// Bytes of each frame to keep, from the Ethernet header (at most 9216), or `headers`: up
+    /// to the end of the BTH and its extension headers, without payload.
+    #[arg(long, default_value_t = MAX_SNAPLEN.to_string())]
+    pub snaplen: String,
+    /// Also write one line per frame with its transport headers as the kernel parsed them
+    /// (- for stdout).
+    #[arg(long)]
+    pub decode: Option<PathBuf>,
     /// Ring buffer size in KiB (a power of two, 4..=1048576); larger rides out longer stalls
     /// of the reader.
     #[arg(long, default_value_t = DEFAULT_RING_BYTES / 1024)]
@@ -78,8 +87,12 @@ pub enum TapConfigError {
     Qpn(String),
     #[error("--opcode: {0}")]
     Opcode(String),
-    #[error("--snaplen {0}: want 1..={MAX_SNAPLEN}")]
-    Snaplen(u32),
+    #[error("--aeth: {0}")]
+    Aeth(String),
+    #[error("--snaplen {0:?}: want 1..={MAX_SNAPLEN} or headers")]
+    Snaplen(String),
+    #[error("--decode - and --write - both want stdout")]
+    BothStdout,
     #[error("--duration {0}: want a positive number of seconds")]
     Duration(f64),
     #[error("--ring-kib {0}: want a power of two from 4 to 1048576")]
@@ -102,7 +115,9 @@ pub struct TapConfig {
     pub ifaces: Vec<(String, u32)>,
     pub output: Output,
     pub filter: Filter,
-    pub snaplen: u32,
+    pub snap: Snap,
+    /// Where the `--decode` lines go (`-` = stdout).
+    pub decode: Option<PathBuf>,
     pub ring_bytes: u32,
     pub count: Option<u64>,
     pub duration: Option<Duration>,
@@ -153,9 +168,20 @@ impl TryFrom<TapArgs> for TapConfig {
             IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
             IpAddr::V6(v6) => v6.octets(),
         });
-        if !(1..=MAX_SNAPLEN).contains(&a.snaplen) {
-            return Err(TapConfigError::Snaplen(a.snaplen));
-        }
+        let aeth_kinds = a
+            .aeth
+            .as_deref()
+            .map(parse_aeth_kinds)
+            .transpose()
+            .map_err(TapConfigError::Aeth)?;
+        let snap = if a.snaplen == "headers" {
+            Snap::Headers
+        } else {
+            match a.snaplen.parse() {
+                Ok(n) if (1..=MAX_SNAPLEN).contains(&n) => Snap::Bytes(n),
+                _ => return Err(TapConfigError::Snaplen(a.snaplen)),
+            }
+        };
         let duration = a
             .duration
             .map(|d| {
@@ -192,11 +218,20 @@ impl TryFrom<TapArgs> for TapConfig {
                 }
             }
         };
+        if matches!(output, Output::Stdout(_)) && a.decode.as_deref() == Some("-".as_ref()) {
+            return Err(TapConfigError::BothStdout);
+        }
         Ok(TapConfig {
             ifaces,
             output,
-            filter: Filter { qpn, opcodes, ip },
-            snaplen: a.snaplen,
+            filter: Filter {
+                qpn,
+                opcodes,
+                ip,
+                aeth_kinds,
+            },
+            snap,
+            decode: a.decode,
             ring_bytes: a.ring_kib * 1024,
             count: a.count,
             duration,
@@ -308,6 +343,24 @@ impl From<crate::bpf::BpfError> for RunError {
 /// Attaches, captures until --count, --duration, SIGINT/SIGTERM or a closed stdout, detaches.
 pub fn run(cfg: &TapConfig) -> Result<(), RunError> {
     let names: Vec<String> = cfg.ifaces.iter().map(|(n, _)| n.clone()).collect();
+    let file_snaplen = match cfg.snap {
+        Snap::Bytes(n) => n,
+        Snap::Headers => MAX_SNAPLEN,
+    };
+    let mut decode: Option<(String, Box<dyn Write>)> = match cfg.decode.as_deref() {
+        None => None,
+        Some(p) if p.as_os_str() == "-" => Some((
+            "stdout".into(),
+            Box::new(BufWriter::new(io::stdout().lock())) as Box<dyn Write>,
+        )),
+        Some(p) => Some((
+            p.display().to_string(),
+            Box::new(BufWriter::with_capacity(
+                1 << 20,
+                File::create(p).map_err(|e| RunError::Io(p.display().to_string(), e))?,
+            )) as Box<dyn Write>,
+        )),
+    };
     let mut writer: Option<Writer<Box<dyn Write>>> = match &cfg.output {
         Output::None => None,
         Output::Stdout(f) => Some(
@@ -315,7 +368,7 @@ pub fn run(cfg: &TapConfig) -> Result<(), RunError> {
                 Box::new(BufWriter::with_capacity(1 << 16, io::stdout().lock())) as Box<dyn Write>,
                 *f,
                 &names,
-                cfg.snaplen,
+                file_snaplen,
             )
             .map_err(|e| RunError::Io("stdout".into(), e))?,
         ),
@@ -326,7 +379,7 @@ pub fn run(cfg: &TapConfig) -> Result<(), RunError> {
                     Box::new(BufWriter::with_capacity(1 << 20, file)) as Box<dyn Write>,
                     *f,
                     &names,
-                    cfg.snaplen,
+                    file_snaplen,
                 )
                 .map_err(|e| RunError::Io(p.display().to_string(), e))?,
             )
@@ -342,8 +395,13 @@ pub fn run(cfg: &TapConfig) -> Result<(), RunError> {
     install_signal_handlers();
     let mut tap = Tap::attach(
         &names,
-        // Wake at an eighth full; small bursts wait at most POLL_INTERVAL.
-        &KernelConfig::new(&cfg.filter, cfg.snaplen, cfg.ring_bytes / 8),
+        // Each CPU wakes the reader after adding its share of an eighth of the ring; small
+        // bursts wait at most POLL_INTERVAL.
+        &KernelConfig::new(
+            &cfg.filter,
+            cfg.snap,
+            (cfg.ring_bytes / 8 / aya::util::nr_cpus().unwrap_or(1).max(1) as u32).max(4096),
+        ),
         cfg.ring_bytes,
     )?;
     let offset = realtime_offset_ns();
@@ -390,13 +448,24 @@ pub fn run(cfg: &TapConfig) -> Result<(), RunError> {
                 }
                 _ => (r.data, r.orig_len),
             };
-            summary.observe(data);
+            summary.observe(r.ifindex, r.direction, &r.roce);
+            let iface = cfg
+                .ifaces
+                .iter()
+                .position(|&(_, i)| i == r.ifindex)
+                .unwrap_or(0);
+            if let Some((name, w)) = decode.as_mut() {
+                if let Err(e) = writeln!(
+                    w,
+                    "{} {} {}",
+                    names[iface],
+                    r.direction.name(),
+                    describe(&r.roce)
+                ) {
+                    write_err = Some(RunError::Io(name.clone(), e));
+                }
+            }
             if let Some(w) = writer.as_mut() {
-                let iface = cfg
-                    .ifaces
-                    .iter()
-                    .position(|&(_, i)| i == r.ifindex)
-                    .unwrap_or(0);
                 let frame = Frame {
                     ts_ns: (r.ts_ns as i128 + offset).max(0) as u64,
                     iface,
@@ -412,6 +481,11 @@ pub fn run(cfg: &TapConfig) -> Result<(), RunError> {
         if live {
             if let Some(Err(e)) = writer.as_mut().map(|w| w.flush()) {
                 write_err.get_or_insert(RunError::Io(out_name.clone(), e));
+            }
+        }
+        if let Some((name, w)) = decode.as_mut().filter(|(n, _)| n == "stdout") {
+            if let Err(e) = w.flush() {
+                write_err.get_or_insert(RunError::Io(name.clone(), e));
             }
         }
         if cfg.count.is_some_and(|c| total >= c) {
@@ -445,6 +519,13 @@ pub fn run(cfg: &TapConfig) -> Result<(), RunError> {
             }
         }
     }
+    if let Some((name, w)) = decode.as_mut() {
+        if let Err(e) = w.flush() {
+            if !is_broken_pipe(&e) {
+                return Err(RunError::Io(name.clone(), e));
+            }
+        }
+    }
     let stats = tap.stats()?;
     eprintln!(
         "{}",
@@ -454,11 +535,15 @@ pub fn run(cfg: &TapConfig) -> Result<(), RunError> {
         )
     );
     eprintln!(
-        "tap: done after {:.1}s: {total} frames written; in kernel: {} matched, {} filtered out, {} lost to a full ring buffer",
+        "tap: done after {:.1}s: {total} frames written; in kernel: {} matched, {} filtered out, {} lost to a full ring buffer; of the matched {} NAKs, {} RNR NAKs, {} CNPs, {} truncated",
         start.elapsed().as_secs_f64(),
         stats.matched,
         stats.filtered,
-        stats.ring_full
+        stats.ring_full,
+        stats.naks,
+        stats.rnr_naks,
+        stats.cnps,
+        stats.truncated
     );
     drop(tap);
     Ok(())
@@ -502,7 +587,25 @@ mod tests {
         ));
         assert_eq!(
             cfg(&["--snaplen", "0"]).unwrap_err(),
-            TapConfigError::Snaplen(0)
+            TapConfigError::Snaplen("0".into())
+        );
+        assert_eq!(
+            cfg(&["--snaplen", "head"]).unwrap_err(),
+            TapConfigError::Snaplen("head".into())
+        );
+        assert_eq!(cfg(&["--snaplen", "headers"]).unwrap().snap, Snap::Headers);
+        assert_eq!(cfg(&["--snaplen", "128"]).unwrap().snap, Snap::Bytes(128));
+        assert_eq!(
+            cfg(&["--aeth", "nak,rnr"]).unwrap().filter.aeth_kinds,
+            Some(0b1010)
+        );
+        assert!(matches!(
+            cfg(&["--aeth", "nack"]),
+            Err(TapConfigError::Aeth(_))
+        ));
+        assert_eq!(
+            cfg(&["--write", "-", "--decode", "-"]).unwrap_err(),
+            TapConfigError::BothStdout
         );
         assert_eq!(
             cfg(&["--duration=-1"]).unwrap_err(),

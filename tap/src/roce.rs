@@ -1,8 +1,11 @@
-//! What user space reads from a captured frame: enough of Ethernet / IP / UDP / BTH / AETH for
-//! the per-second summary, the opcode names, and the `--opcode` classes.
+//! What user space makes of the headers the kernel program parsed: the per-second summary,
+//! the `--decode` lines, the opcode names, and the `--opcode` / `--aeth` classes. No frame
+//! bytes are read here, so all of it works at any snap length.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
+
+use crate::bpf::{ext, Direction, RoceHeaders};
 
 /// BTH opcode names (IBTA 9.2, Table 38; FLUSH and ATOMIC_WRITE from IBTA 1.5).
 pub fn opcode_name(op: u8) -> String {
@@ -96,75 +99,92 @@ pub fn parse_number(s: &str) -> Option<u32> {
     }
 }
 
-/// The fields the summary needs from one RoCEv2 frame.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Headers {
-    pub src: [u8; 16],
-    pub dst: [u8; 16],
-    pub opcode: u8,
-    pub dest_qp: u32,
-    pub psn: u32,
-    /// AETH syndrome, for ACKNOWLEDGE and ATOMIC_ACKNOWLEDGE.
-    pub syndrome: Option<u8>,
+/// The AETH syndrome kinds `--aeth` knows (the syndrome's top three bits, IBTA 9.7.5.1.1).
+const AETH_KINDS: &[(&str, u8)] = &[("ack", 0), ("rnr", 1), ("nak", 3)];
+
+/// Parses `--aeth`: comma-separated ack, rnr, nak; the result is a bitmap over the syndrome's
+/// top three bits.
+pub fn parse_aeth_kinds(s: &str) -> Result<u8, String> {
+    let mut bits = 0u8;
+    for word in s.split(',').map(str::trim) {
+        let w = word.to_ascii_lowercase();
+        match AETH_KINDS.iter().find(|(n, _)| *n == w) {
+            Some((_, k)) => bits |= 1 << k,
+            None => {
+                return Err(format!(
+                    "unknown AETH kind {word:?} (want ack, rnr or nak, comma-separated)"
+                ))
+            }
+        }
+    }
+    Ok(bits)
 }
 
-/// Parses Ethernet (up to two VLAN tags) / IPv4 or IPv6 / UDP 4791 / BTH [/ AETH]; `None` for
-/// anything else or a frame cut before the BTH.
-pub fn parse(f: &[u8]) -> Option<Headers> {
-    let be16 =
-        |o: usize| -> Option<u16> { Some(u16::from_be_bytes(f.get(o..o + 2)?.try_into().ok()?)) };
-    let mut off = 12;
-    let mut proto = be16(off)?;
-    off += 2;
-    for _ in 0..2 {
-        if proto != 0x8100 && proto != 0x88a8 {
-            break;
-        }
-        proto = be16(off + 2)?;
-        off += 4;
+/// One line with the transport headers of a frame as the kernel parsed them: the BTH, then
+/// each extension header present, in wire order (`--decode`).
+pub fn describe(h: &RoceHeaders) -> String {
+    let b1 = h.se_m_pad_tver;
+    let mut s = format!(
+        "op=0x{:02x} {} dqpn=0x{:06x} psn={} a={} se={} m={} pad={} tver={} pkey=0x{:04x}",
+        h.opcode,
+        opcode_name(h.opcode),
+        h.dest_qp,
+        h.psn,
+        u8::from(h.ack_req),
+        b1 >> 7,
+        (b1 >> 6) & 1,
+        (b1 >> 4) & 3,
+        b1 & 0xf,
+        h.pkey
+    );
+    if h.has(ext::RDETH) {
+        let _ = write!(s, " rdeth.ee=0x{:06x}", h.ee_ctx);
     }
-    let (mut src, mut dst) = ([0u8; 16], [0u8; 16]);
-    match proto {
-        0x0800 => {
-            let ip = f.get(off..off + 20)?;
-            if ip[0] >> 4 != 4 || ip[9] != 17 {
-                return None;
-            }
-            src[10..12].copy_from_slice(&[0xff, 0xff]);
-            dst[10..12].copy_from_slice(&[0xff, 0xff]);
-            src[12..].copy_from_slice(&ip[12..16]);
-            dst[12..].copy_from_slice(&ip[16..20]);
-            off += (ip[0] as usize & 0xf) * 4;
-        }
-        0x86dd => {
-            let ip = f.get(off..off + 40)?;
-            if ip[0] >> 4 != 6 || ip[6] != 17 {
-                return None;
-            }
-            src.copy_from_slice(&ip[8..24]);
-            dst.copy_from_slice(&ip[24..40]);
-            off += 40;
-        }
-        _ => return None,
+    if h.has(ext::DETH) {
+        let _ = write!(
+            s,
+            " deth.qkey=0x{:08x} deth.sqpn=0x{:06x}",
+            h.qkey, h.src_qp
+        );
     }
-    if be16(off + 2)? != 4791 {
-        return None;
+    if h.has(ext::FETH) {
+        let _ = write!(s, " feth=0x{:08x}", h.feth);
     }
-    let bth = f.get(off + 8..off + 20)?;
-    let opcode = bth[0];
-    let syndrome = if opcode < 0x80 && matches!(opcode & 0x1f, 0x11 | 0x12) {
-        f.get(off + 20).copied()
-    } else {
-        None
-    };
-    Some(Headers {
-        src,
-        dst,
-        opcode,
-        dest_qp: u32::from_be_bytes([0, bth[5], bth[6], bth[7]]),
-        psn: u32::from_be_bytes([0, bth[9], bth[10], bth[11]]),
-        syndrome,
-    })
+    if h.has(ext::RETH) {
+        let _ = write!(
+            s,
+            " reth.va=0x{:016x} reth.rkey=0x{:08x} reth.len={}",
+            h.va, h.rkey, h.dma_len
+        );
+    }
+    if h.has(ext::ATOMIC_ETH) {
+        let _ = write!(
+            s,
+            " atomic.va=0x{:016x} atomic.rkey=0x{:08x} atomic.swap=0x{:016x} atomic.cmp=0x{:016x}",
+            h.va, h.rkey, h.swap_add, h.compare
+        );
+    }
+    if h.has(ext::AETH) {
+        let _ = write!(
+            s,
+            " aeth.syn=0x{:02x} aeth.msn={}",
+            h.aeth >> 24,
+            h.aeth & 0xff_ffff
+        );
+    }
+    if h.has(ext::ATOMIC_ACK_ETH) {
+        let _ = write!(s, " atomicack.orig=0x{:016x}", h.orig);
+    }
+    if h.has(ext::IMM_DT) {
+        let _ = write!(s, " imm=0x{:08x}", h.imm);
+    }
+    if h.has(ext::IETH) {
+        let _ = write!(s, " ieth.rkey=0x{:08x}", h.ieth_rkey);
+    }
+    if h.has(ext::TRUNCATED) {
+        s.push_str(" truncated");
+    }
+    s
 }
 
 /// Packets that carry a request PSN of their own (not acknowledgements, read responses or
@@ -172,6 +192,9 @@ pub fn parse(f: &[u8]) -> Option<Headers> {
 fn is_request(op: u8) -> bool {
     op < 0x80 && !matches!(op & 0x1f, 0x0d..=0x12)
 }
+
+/// A flow for PSN repeats: interface index, direction, IP source, IP destination, destination QP.
+type Flow = (u32, Direction, [u8; 16], [u8; 16], u32);
 
 /// Counts for the one-line summaries.
 #[derive(Default)]
@@ -183,26 +206,29 @@ pub struct Summary {
     pub naks: u64,
     pub rnr_naks: u64,
     pub cnps: u64,
-    pub not_roce: u64,
-    /// Highest request PSN per (source, destination, destination QP).
-    last_psn: HashMap<([u8; 16], [u8; 16], u32), u32>,
+    /// Frames that end inside a header their opcode implies.
+    pub truncated: u64,
+    /// Highest request PSN per flow: where the tap saw it (interface, direction), source,
+    /// destination, destination QP. (One packet seen at two tap points, e.g. lo egress and
+    /// ingress, is not a repeat.)
+    last_psn: HashMap<Flow, u32>,
 }
 
 /// Bound on the flows remembered for PSN repeats; past it the table starts over.
 const MAX_FLOWS: usize = 1 << 16;
 
 impl Summary {
-    pub fn observe(&mut self, frame: &[u8]) {
+    /// Counts one frame, from the headers the kernel parsed.
+    pub fn observe(&mut self, ifindex: u32, direction: Direction, h: &RoceHeaders) {
         self.frames += 1;
-        let Some(h) = parse(frame) else {
-            self.not_roce += 1;
-            return;
-        };
+        if h.has(ext::TRUNCATED) {
+            self.truncated += 1;
+        }
         *self.per_opcode.entry(h.opcode).or_default() += 1;
         if h.opcode == 0x81 {
             self.cnps += 1;
         }
-        match h.syndrome.map(|s| s >> 5) {
+        match h.syndrome().map(|s| s >> 5) {
             Some(1) => self.rnr_naks += 1,
             Some(3) => self.naks += 1,
             _ => {}
@@ -213,7 +239,7 @@ impl Summary {
             }
             let last = self
                 .last_psn
-                .entry((h.src, h.dst, h.dest_qp))
+                .entry((ifindex, direction, h.src, h.dst, h.dest_qp))
                 .or_insert(h.psn.wrapping_sub(1) & 0xff_ffff);
             // 24-bit serial arithmetic: the sign of the difference in the top 24 bits.
             let diff = ((h.psn.wrapping_sub(*last)) << 8) as i32 >> 8;
@@ -242,15 +268,15 @@ impl Summary {
             " | retransmits={} naks={} rnr_naks={} cnps={} ring_drops={ring_drops}",
             self.retransmits, self.naks, self.rnr_naks, self.cnps
         );
-        if self.not_roce > 0 {
-            let _ = write!(s, " unparsed={}", self.not_roce);
+        if self.truncated > 0 {
+            let _ = write!(s, " truncated={}", self.truncated);
         }
         self.frames = 0;
         self.retransmits = 0;
         self.naks = 0;
         self.rnr_naks = 0;
         self.cnps = 0;
-        self.not_roce = 0;
+        self.truncated = 0;
         s
     }
 }
@@ -259,53 +285,69 @@ impl Summary {
 mod tests {
     use super::*;
 
-    /// Ethernet / IPv4 / UDP 4791 / BTH (+ 4 bytes after it).
-    fn frame(opcode: u8, dqp: u32, psn: u32, after: [u8; 4]) -> Vec<u8> {
-        let mut f = vec![0u8; 12];
-        f.extend_from_slice(&[0x08, 0x00]);
-        let mut ip = [0u8; 20];
-        ip[0] = 0x45;
-        ip[9] = 17;
-        ip[12..16].copy_from_slice(&[10, 0, 0, 1]);
-        ip[16..20].copy_from_slice(&[10, 0, 0, 2]);
-        f.extend_from_slice(&ip);
-        f.extend_from_slice(&[0xc0, 0x00, 0x12, 0xb7, 0, 0, 0, 0]);
-        let d = dqp.to_be_bytes();
-        let p = psn.to_be_bytes();
-        f.extend_from_slice(&[
-            opcode, 0, 0xff, 0xff, 0, d[1], d[2], d[3], 0, p[1], p[2], p[3],
-        ]);
-        f.extend_from_slice(&after);
-        f
+    /// The headers of a frame from 10.0.0.1 to 10.0.0.2 with an AETH of `aeth` if not 0.
+    fn hdrs(opcode: u8, dqp: u32, psn: u32, aeth: u32) -> RoceHeaders {
+        let mut h = RoceHeaders {
+            opcode,
+            dest_qp: dqp,
+            psn,
+            ..Default::default()
+        };
+        h.src[10..].copy_from_slice(&[0xff, 0xff, 10, 0, 0, 1]);
+        h.dst[10..].copy_from_slice(&[0xff, 0xff, 10, 0, 0, 2]);
+        if aeth != 0 {
+            h.present = ext::AETH;
+            h.aeth = aeth;
+        }
+        h
     }
 
     #[test]
-    fn parses_bth_and_aeth() {
-        let h = parse(&frame(0x11, 0x12, 0xabcdef, [0x60, 0, 0, 0])).unwrap();
+    fn describes_every_header() {
+        let mut h = hdrs(0x0b, 0x12, 7, 0);
+        h.se_m_pad_tver = 0xb0;
+        h.ack_req = true;
+        h.pkey = 0xffff;
+        h.present = ext::RETH | ext::IMM_DT;
+        (h.va, h.rkey, h.dma_len, h.imm) = (0x1000, 0xabc, 4096, 0xdeadbeef);
         assert_eq!(
-            (h.opcode, h.dest_qp, h.psn, h.syndrome),
-            (0x11, 0x12, 0xabcdef, Some(0x60))
+            describe(&h),
+            "op=0x0b RC_WRITE_ONLY_IMM dqpn=0x000012 psn=7 a=1 se=1 m=0 pad=3 tver=0 pkey=0xffff \
+             reth.va=0x0000000000001000 reth.rkey=0x00000abc reth.len=4096 imm=0xdeadbeef"
         );
-        assert_eq!(&h.src[10..], &[0xff, 0xff, 10, 0, 0, 1]);
-        let mut vlan = frame(4, 1, 2, [0; 4]);
-        vlan.splice(12..12, [0x81, 0x00, 0x00, 0x05]);
-        assert_eq!(parse(&vlan).unwrap().dest_qp, 1);
-        let mut not = frame(4, 1, 2, [0; 4]);
-        not[14 + 20 + 3] = 0x35; // port 4789
-        assert!(parse(&not).is_none());
-        assert!(parse(&frame(4, 1, 2, [0; 4])[..40]).is_none());
+        let mut h = hdrs(0x12, 1, 2, 0x0000_0003);
+        h.present |= ext::ATOMIC_ACK_ETH | ext::TRUNCATED;
+        h.orig = 5;
+        assert!(describe(&h)
+            .ends_with(" aeth.syn=0x00 aeth.msn=3 atomicack.orig=0x0000000000000005 truncated"));
+        let mut h = hdrs(0x64, 1, 2, 0);
+        h.present = ext::DETH;
+        (h.qkey, h.src_qp) = (0x11111111, 0x22);
+        assert!(describe(&h).ends_with(" deth.qkey=0x11111111 deth.sqpn=0x000022"));
     }
 
     #[test]
     fn summary_counts_repeats_naks_and_cnps() {
         let mut s = Summary::default();
+        let eg = Direction::Egress;
         for psn in [0xfffffe, 0xffffff, 0, 1, 1, 0] {
-            s.observe(&frame(0x04, 0x11, psn, [0; 4]));
+            s.observe(1, eg, &hdrs(0x04, 0x11, psn, 0));
+            // The same packets at another tap point are no repeats.
+            s.observe(1, Direction::Ingress, &hdrs(0x04, 0x11, psn, 0));
         }
-        s.observe(&frame(0x11, 0x12, 1, [0x60, 0, 0, 0]));
-        s.observe(&frame(0x11, 0x12, 1, [0x21, 0, 0, 0]));
-        s.observe(&frame(0x11, 0x12, 1, [0x1f, 0, 0, 0]));
-        s.observe(&frame(0x81, 0x12, 0, [0; 4]));
+        s.observe(1, eg, &hdrs(0x11, 0x12, 1, 0x6000_0000));
+        s.observe(1, eg, &hdrs(0x11, 0x12, 1, 0x2100_0000));
+        s.observe(1, eg, &hdrs(0x11, 0x12, 1, 0x1f00_0000));
+        s.observe(1, eg, &hdrs(0x81, 0x12, 0, 0));
+        assert_eq!((s.retransmits, s.naks, s.rnr_naks, s.cnps), (4, 1, 1, 1));
+        let mut s = Summary::default();
+        for psn in [0xfffffe, 0xffffff, 0, 1, 1, 0] {
+            s.observe(1, eg, &hdrs(0x04, 0x11, psn, 0));
+        }
+        s.observe(1, eg, &hdrs(0x11, 0x12, 1, 0x6000_0000));
+        s.observe(1, eg, &hdrs(0x11, 0x12, 1, 0x2100_0000));
+        s.observe(1, eg, &hdrs(0x11, 0x12, 1, 0x1f00_0000));
+        s.observe(1, eg, &hdrs(0x81, 0x12, 0, 0));
         assert_eq!((s.retransmits, s.naks, s.rnr_naks, s.cnps), (2, 1, 1, 1));
         let line = s.line(1.0, 3);
         assert!(line.contains("RC_SEND_ONLY=6"), "{line}");
@@ -327,6 +369,9 @@ mod tests {
         assert_eq!(parse_opcode_classes("cnp").unwrap(), b);
         assert!(parse_opcode_classes("bogus").is_err());
         assert!(parse_opcode_classes("256").is_err());
+        assert_eq!(parse_aeth_kinds("nak, RNR").unwrap(), 0b1010);
+        assert_eq!(parse_aeth_kinds("ack").unwrap(), 1);
+        assert!(parse_aeth_kinds("nack").is_err());
         assert_eq!(opcode_name(0x64), "UD_SEND_ONLY");
         assert_eq!(opcode_name(0x0c), "RC_READ_REQUEST");
     }

@@ -8,15 +8,23 @@
 #   2. UD, pcap, plus a live tap (--write - | tshark -r -) with --opcode ud --count; UC with
 #      --opcode uc; RC over IPv6 with --ip; raw frames with one and two VLAN tags, seen on
 #      egress (tags in the frame) and on the far ingress (outer tag offloaded, put back); RC on
-#      lo (the udp transport's interface), every frame seen once each way; RC with random loss
-#      both ways (a tc-BPF dropper on the far veth: the host has no netem): frame counts, NAKs
-#      against the client's counters, PSN repeats seen when the peers retransmitted.
+#      lo (the udp transport's interface), every frame seen once each way (and no PSN repeat
+#      counted for that); RC with random loss both ways (a tc-BPF dropper on the far veth: the
+#      host has no netem): frame counts, NAKs against the client's counters, PSN repeats seen
+#      when the peers retransmitted; the same from a tap that keeps no BTH bytes (--snaplen 42:
+#      the summary comes from the headers the kernel parsed), and a tap filtering on the AETH
+#      syndrome in the kernel (--aeth nak,rnr) holds exactly the NAK frames.
 #   3. In-kernel filters, four taps on the same interface at once (tcx multi-program): --qpn of
 #      the RC QP, --qpn and --ip of crafted RoCE frames to an address nobody listens on, and
 #      --opcode ack; each capture holds exactly the frames it should.
 #   4. A reader that stalls (SIGSTOP) with a small ring: the frames lost to the full ring are
 #      counted, and written + lost = what the peers sent.
-#   5. Bad input (unknown interface, bad QPN, bad opcode class) exits 2.
+#   5. The extension headers parsed in the kernel (--decode): crafted frames of every RC, UC,
+#      UD and RD opcode, CNP, FLUSH, ATOMIC_WRITE and frames cut inside a header, with random
+#      field values, against the values sent (tests/vm/tap-headers.py) and against tshark; RDMA
+#      WRITE, READ and both atomics between two rxe-perftest engines with --snaplen headers,
+#      every field against tshark, no payload kept.
+#   6. Bad input (unknown interface, bad QPN, bad opcode class, ...) exits 2.
 #
 #   sudo tests/vm/tap.test.sh
 #
@@ -54,14 +62,15 @@ vm_netns tap "$@"
 
 bin=$repo/target/$profile/vhost-user-rdma
 peer=$repo/target/$profile/rxe-peer
-[[ -x $bin && -x $peer ]] || fail "$bin or $peer not built"
+[[ -x $bin && -x $peer && -x ${peer%/*}/rxe-perftest ]] || fail "$bin, $peer or rxe-perftest not built"
 t_start=$SECONDS
 work=$(mktemp -d "${TMPDIR:-/tmp}/vur-tap.XXXXXX")
 far=vur-tapfar-$$
-pids=()
 cleanup() {
     local p
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    # Only children still running: a PID of one that already ended may belong to another
+    # process by now.
+    for p in $(jobs -pr); do kill "$p" 2>/dev/null || true; done
     for p in $(ip netns pids "$far" 2>/dev/null); do kill -9 "$p" 2>/dev/null || true; done
     ip netns del "$far" 2>/dev/null || true
     if [[ ${VUR_TAP_KEEP:-} == 1 ]]; then log "captures kept in $work"; else rm -rf "$work"; fi
@@ -92,7 +101,6 @@ start_tap() {
         "$bin" tap --iface "${tap_if:-vtapA}" "$@" 2>"$work/$name.err" &
     fi
     tap_pid=$!
-    pids+=("$tap_pid")
     for i in $(seq 200); do
         grep -qs '^tap: attached' "$work/$name.err" && return 0
         kill -0 "$tap_pid" 2>/dev/null || break
@@ -217,7 +225,6 @@ ud_tap=$tap_pid
 "$bin" tap --iface vtapA --write - --opcode ud --count 50 --quiet 2>"$work/live.err" |
     tshark -n -r - -T fields -e infiniband.bth.opcode >"$work/live.txt" 2>/dev/null &
 live_pid=$!
-pids+=("$live_pid")
 for _ in $(seq 200); do grep -qs '^tap: attached' "$work/live.err" && break; sleep 0.1; done
 grep -qs '^tap: attached' "$work/live.err" || fail "live tap did not attach within 20 s"
 run_pair ud ud -n 200 -s 1024 -m 1024
@@ -307,6 +314,12 @@ names=$(fields "$work/lo.pcapng" frame.interface_name frame.interface_descriptio
 log "  interfaces of the frames: $names"
 [[ $names == "lo lo tcx egress lo lo tcx ingress " ]] || fail "lo: frames on other interfaces than lo"
 check_roce "$work/lo.pcapng" 127.0.0.1 127.0.0.2
+# Every frame passes lo twice (egress, then ingress): that is no PSN repeat.
+tap_retx=$(sed -n 's/.* retransmits=\([0-9]*\) .*/\1/p' "$work/lo.err" | awk '{n += $1} END {print n + 0}')
+peer_retx=$(cat "$work/lo.client" "$work/lo.server" | sed -n 's/^counters: retransmits=\([0-9]*\) .*/\1/p' |
+    awk '{n += $1} END {print n + 0}')
+log "  retransmits: the tap saw $tap_retx PSN repeats, the peers counted $peer_retx"
+((peer_retx > 0 || tap_retx == 0)) || fail "lo: the tap counts the second sight of a frame on lo as a retransmit"
 
 loss=${VUR_TAP_LOSS:-3}
 log "2f. RC with loss: ${loss}% of RoCE frames dropped at random on the far veth both ways (tc-BPF); $iters messages"
@@ -335,8 +348,17 @@ for dir in ingress egress; do
 done
 start_tap loss --write "$work/loss.pcapng"
 loss_tap=$tap_pid
+# The same frames with only Ethernet + IPv4 + UDP kept (no BTH in the bytes): its summary
+# can only come from the headers the kernel parsed. And a tap that keeps only NAKs and RNR
+# NAKs, filtered in the kernel on the AETH syndrome.
+start_tap lossnohdr --write "$work/lossnohdr.pcap" --snaplen 42
+lossnohdr_tap=$tap_pid
+start_tap lossnak --write "$work/lossnak.pcap" --aeth nak,rnr
+lossnak_tap=$tap_pid
 run_pair loss rc -n "$iters" -s 4096 -m 1024
 stop_tap "$loss_tap" loss
+stop_tap "$lossnohdr_tap" lossnohdr
+stop_tap "$lossnak_tap" lossnak
 ip netns exec "$far" tc qdisc del dev vtapB clsact
 recv_a=$(sed -n 's/.* packets sent, \([0-9]*\) received.*/\1/p' "$work/loss.client")
 egress=$(count "$work/loss.pcapng" -Y 'frame.interface_id == 1')
@@ -353,6 +375,25 @@ log "  tap: $tap_retx PSN repeats, $tap_naks NAKs; client: retransmits $c_retx n
 ((tap_naks == c_nsent + c_nrecv)) || fail "loss: the tap saw $tap_naks NAKs, the client sent $c_nsent and received $c_nrecv"
 ((c_retx + s_retx == 0 || tap_retx > 0)) || fail "loss: the peers retransmitted but the tap saw no PSN repeat"
 check_roce "$work/loss.pcapng"
+# sums NAME KEY: the per-second summary lines' KEY=N added up.
+sums() { sed -n "s/.* $2=\([0-9]*\).*/\1/p" "$work/$1.err" | awk '{n += $1} END {print n + 0}'; }
+# opcounts NAME: "OPNAME=N ..." over all summary lines, sorted.
+opcounts() {
+    grep -E '^tap: [0-9.]+s [0-9]+ frames \|' "$work/$1.err" | sed 's/ | retransmits=.*//; s/^[^|]*| //' |
+        tr ' ' '\n' | awk -F= 'NF == 2 {n[$1] += $2} END {for (k in n) print k "=" n[k]}' | sort | tr '\n' ' '
+}
+nohdr_naks=$(sums lossnohdr naks) nohdr_retx=$(sums lossnohdr retransmits)
+log "  --snaplen 42 (no BTH in the bytes): $nohdr_naks NAKs, $nohdr_retx PSN repeats; opcodes $(opcounts lossnohdr)"
+[[ $(count "$work/lossnohdr.pcap" -Y 'frame.cap_len != 42') == 0 ]] || fail "--snaplen 42 kept more than 42 bytes"
+((nohdr_naks == tap_naks && nohdr_retx == tap_retx)) ||
+    fail "--snaplen 42: the summary from the kernel's headers differs from the full capture's ($nohdr_naks/$tap_naks NAKs, $nohdr_retx/$tap_retx repeats)"
+[[ $(opcounts lossnohdr) == "$(opcounts loss)" ]] || fail "--snaplen 42: per-opcode counts differ from the full capture's"
+grep -q " of the matched $tap_naks NAKs, 0 RNR NAKs" "$work/lossnohdr.err" || fail "--snaplen 42: the kernel's NAK counter is not $tap_naks"
+nak_frames=$(count "$work/loss.pcapng" -Y 'infiniband.aeth.syndrome >= 32 && infiniband.aeth.syndrome < 128 && !(infiniband.aeth.syndrome >= 64 && infiniband.aeth.syndrome < 96)')
+n=$(count "$work/lossnak.pcap")
+other=$(count "$work/lossnak.pcap" -Y '!(infiniband.aeth.syndrome >= 96 && infiniband.aeth.syndrome < 128) && !(infiniband.aeth.syndrome >= 32 && infiniband.aeth.syndrome < 64)')
+log "  --aeth nak,rnr: $n frames, $other others (tshark finds $nak_frames NAK / RNR NAK frames in the full capture)"
+((n == nak_frames && n == c_nsent + c_nrecv && other == 0)) || fail "--aeth nak,rnr captured the wrong frames"
 
 # --- 3. in-kernel filters, four taps at once -----------------------------------------------
 crafted=20
@@ -411,9 +452,59 @@ log "  peers sent $((sent_a + sent_b)); tap: $written written ($n in the file), 
     fail "ring-full accounting does not add up"
 grep -q "ring_drops=$lost" "$work/full.err" || fail "no summary line reports ring_drops=$lost"
 
-# --- 5. bad input --------------------------------------------------------------------------
-log "5. bad input exits 2 with a message"
+# --- 5. headers parsed in the kernel ---------------------------------------------------------
+log "5. headers: crafted frames of every opcode with random fields (tap --decode vs the crafter's own values and vs tshark)"
+start_tap crafted --ip 10.77.9.3 --decode "$work/crafted.txt" --write "$work/crafted.pcap"
+crafted_tap=$tap_pid
+/usr/bin/python3 "$here/tap-headers.py" craft "$work/crafted.want" --src 10.77.9.1 --dst 10.77.9.3 | sed 's/^/  /'
+sleep 0.5
+stop_tap "$crafted_tap" crafted
+/usr/bin/python3 "$here/tap-headers.py" expect "$work/crafted.txt" "$work/crafted.want" --prefix "vtapA egress" |
+    sed 's/^/  [crafted] /'
+[[ ${PIPESTATUS[0]} == 0 ]] || fail "the kernel's parse of the crafted frames differs from what was sent"
+/usr/bin/python3 "$here/tap-headers.py" tshark "$work/crafted.txt" "$work/crafted.pcap" | sed 's/^/  [crafted] /'
+[[ ${PIPESTATUS[0]} == 0 ]] || fail "the kernel's parse of the crafted frames differs from tshark's"
+
+log "5b. headers: RDMA WRITE, READ, FETCH_ADD, CMP_SWAP between two engines, tap --snaplen headers --decode"
+start_tap hdrs --snaplen headers --decode "$work/hdrs.txt" --write "$work/hdrs.pcapng"
+hdrs_tap=$tap_pid
+# perftest PEERNAME TEST ARGS...: rxe-perftest server in $far, client here; both exit 0.
+perftest() {
+    local name=$1 spid rc=0
+    shift
+    ip netns exec "$far" timeout 60 "$repo/target/$profile/rxe-perftest" --local-ip 10.77.9.2 \
+        --peer-is-rxe-perftest "$@" >"$work/$name.server" 2>&1 &
+    spid=$!
+    sleep 0.3
+    timeout 60 "$repo/target/$profile/rxe-perftest" --local-ip 10.77.9.1 --server 10.77.9.2 \
+        --peer-is-rxe-perftest "$@" >"$work/$name.client" 2>&1 || rc=$?
+    wait "$spid" || rc=$((rc ? rc : $?))
+    ((rc == 0)) || { cat "$work/$name.client" "$work/$name.server"; fail "rxe-perftest $*: rc $rc"; }
+    grep -h '^packets:' "$work/$name.client" | sed "s/^/  [$name client] /"
+}
+perftest write write_bw -n 50 -s 8192 -m 1024
+perftest read read_bw -n 50 -s 8192 -m 1024
+perftest fadd atomic_bw -n 50 -A FETCH_AND_ADD
+perftest cswap atomic_bw -n 50 -A CMP_AND_SWAP
+sleep 0.5
+stop_tap "$hdrs_tap" hdrs
+/usr/bin/python3 "$here/tap-headers.py" tshark "$work/hdrs.txt" "$work/hdrs.pcapng" | sed 's/^/  [hdrs] /'
+[[ ${PIPESTATUS[0]} == 0 ]] || fail "the kernel's parse of the engines' traffic differs from tshark's"
+ops=$(fields "$work/hdrs.pcapng" infiniband.bth.opcode | sort -n | uniq -c | awk '{printf "%s:%s ", $2, $1}')
+log "  opcodes (opcode:frames): $ops"
+for op in 6 7 8 12 13 14 15 17 18 19 20; do # WRITE F/M/L, READ req + resp F/M/L, ACK, ATOMIC ACK, CMP_SWAP, FETCH_ADD
+    [[ " $ops" == *" $op:"* ]] || fail "headers: opcode $op missing"
+done
+# --snaplen headers: each frame kept up to the end of its transport headers, payload cut.
+long=$(count "$work/hdrs.pcapng" -Y 'frame.cap_len > 82')
+cut=$(count "$work/hdrs.pcapng" -Y 'frame.cap_len < frame.len')
+log "  --snaplen headers: $long frames longer than Ethernet + IPv4 + UDP + BTH + AtomicETH (82 B), $cut frames cut"
+((long == 0 && cut > 0)) || fail "--snaplen headers kept payload"
+
+# --- 6. bad input --------------------------------------------------------------------------
+log "6. bad input exits 2 with a message"
 for args in "--iface no-such-if0" "--iface vtapA --qpn 0x1000000" "--iface vtapA --opcode bogus" \
+    "--iface vtapA --aeth nack" "--iface vtapA --snaplen head" "--iface vtapA --write - --decode -" \
     "--iface vtapA --snaplen 0" "--iface vtapA --ring-kib 3" "--iface vtapA --iface vtapA" "--iface"; do
     rc=0
     # shellcheck disable=SC2086 # word-split on purpose
