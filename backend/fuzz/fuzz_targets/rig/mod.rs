@@ -934,14 +934,21 @@ impl Rig {
     fn check_cqe(&mut self, cq: usize, w: &abi::UverbsWc) {
         // The QP the device names.
         let Some(qi) = self.qps.iter().position(|q| q.alive && q.qpn == w.qp_num) else {
-            // A QP destroyed since, or a number the guest's scribbles made up: nothing to check
-            // but that it is not one of ours with a fresh wr_id.
-            if let Some(wr) = self.wrs.get(&w.wr_id) {
+            // A QP destroyed since (its completion was written before), or a number the
+            // guest's scribbles made up. A work request of ours completes here at most once;
+            // one of an RQ only if its QP was destroyed (or the guest meddled), one of the SRQ
+            // also if the destroyed QP had taken it.
+            let srq_tainted = self.srq_tainted;
+            if let Some(wr) = self.wrs.get_mut(&w.wr_id) {
+                let meddled = self.qps[wr.qp].tainted || (wr.srq && srq_tainted);
                 assert!(
-                    wr.state != WrState::Outstanding || self.qps[wr.qp].tainted,
-                    "CQE {w:?} of outstanding wr {wr:?} under qpn {} which is no live QP",
+                    meddled
+                        || wr.state == WrState::Abandoned
+                        || (wr.srq && wr.state == WrState::Outstanding),
+                    "CQE {w:?} of wr {wr:?} under qpn {}, which is no live QP",
                     w.qp_num
                 );
+                wr.state = WrState::Done;
             }
             return;
         };
