@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The project's test command (README "Run the tests"; CI calls it through .ci/run).
 #
-#   tests/run.sh            everything: Rust tests, fuzz smoke runs, then the VM tests
-#   tests/run.sh --no-vm    Rust tests and fuzz smoke runs only
+#   tests/run.sh            everything: Rust tests, the soak, fuzz smoke runs, then the VM tests
+#   tests/run.sh --no-vm    Rust tests, the soak and fuzz smoke runs only
+#
+# VUR_SOAK_SECS sets the soak's duration (default 120 s).
 #
 # VM tests need root, QEMU and the guest images (scripts/setup-host.sh); without them each
 # prints one line saying why it skips (exit 77) — except under CI=true, where a missing
@@ -55,6 +57,11 @@ cargo_step "cargo test --workspace --doc" test --workspace --doc
 # The short form of the 16k-QP scale benchmark (ignored by plain cargo test: it wants a
 # release build).
 cargo_step "16k-QP scale run (release)" test --release -p vur-testguest --test scale -- --ignored
+# The soak (tests/guest/tests/soak.rs) is #[ignore]d so that a plain `cargo test` stays fast;
+# it runs here, for VUR_SOAK_SECS seconds (120 unless set).
+export VUR_SOAK_SECS=${VUR_SOAK_SECS:-120}
+cargo_step "soak, $VUR_SOAK_SECS s (cargo test -p vur-testguest --test soak -- --ignored)" \
+    test -p vur-testguest --test soak -- --ignored --nocapture
 echo "rust tests: $((SECONDS - t0)) s"
 
 if [[ -f tests/fuzz.sh ]]; then

@@ -321,13 +321,25 @@ pub(crate) fn flush(q: &mut Qp, res: &mut Resources) {
     q.comp.retrans_at = None;
     q.req.rnr_until = None;
     q.resp.out.clear();
-    q.resp.in_msg = None;
+    // A receive WQE the responder took for a multi-packet SEND still in progress is the
+    // oldest of the QP's receives: it is flushed first, as rxe flushes it from the head of
+    // its receive queue (and, taken from an SRQ, it is this QP's to complete, IBTA 10.2.9.5),
+    // never dropped without a completion.
+    let in_progress = match q.resp.in_msg.take() {
+        Some(crate::qp::InMsg::Send { wqe, .. }) => Some(wqe.wr_id),
+        _ => None,
+    };
     for w in q.sq.iter_mut() {
         if !matches!(w.state, WqeState::Done(_)) {
             w.state = WqeState::Done(WcStatus::WrFlushErr);
         }
     }
     drain(q, res);
+    if let Some(wr_id) = in_progress {
+        let cqe = Cqe::new(wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, q.qpn);
+        // A full CQ is in error already; the completion is lost with the others.
+        let _ = res.post_cqe(q.recv_cq, cqe, false);
+    }
     while let Some(r) = q.rq.pop_front() {
         let cqe = Cqe::new(r.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, q.qpn);
         if res.post_cqe(q.recv_cq, cqe, false).is_err() {

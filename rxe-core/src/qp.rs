@@ -363,11 +363,12 @@ impl Qp {
             cap,
             sq_sig_all: init.sq_sig_all,
             attr: QpAttr::default(),
-            // Grown as WQEs are posted: an idle QP holds no WQE storage.
-            sq: VecDeque::new(),
+            // Reserved up front: with storage grown only as WQEs are posted, QP create/destroy
+            // churn made the daemon's anonymous memory creep (tests/guest/tests/soak.rs).
+            sq: VecDeque::with_capacity(cap.max_send_wr as usize),
             sq_head: 0,
             reg_mr_list_bytes: 0,
-            rq: VecDeque::new(),
+            rq: VecDeque::with_capacity(cap.max_recv_wr as usize),
             req: ReqState::default(),
             comp: CompState::default(),
             resp: RespState::default(),

@@ -525,6 +525,11 @@ fn execute_checked(
         if f.contains(OpFlags::FIRST) {
             let reth = pkt.reth().expect("first write has RETH");
             let (va, rkey, len) = (reth.va(), reth.rkey(), reth.dma_len() as u64);
+            // rxe's `check_length()`, before the R_Key: beyond max_msg_sz is an invalid
+            // request (C9-94), as for READ.
+            if len > MAX_MSG_SZ as u64 {
+                return invalid_request();
+            }
             if len > 0
                 && res
                     .keys

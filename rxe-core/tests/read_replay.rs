@@ -242,6 +242,44 @@ fn a_read_longer_than_max_msg_sz_is_naked_invalid_request() {
     assert_eq!(syndrome(&r[0].1), Some(0x62), "NAK remote access error");
 }
 
+/// A WRITE whose RETH states more than max_msg_sz (2^31) is an invalid request too, checked
+/// before the R_Key as rxe's `check_length()` does: one NAK, nothing written, the QP in
+/// error. 2^31 itself passes the length check and fails on the (far smaller) MR.
+#[test]
+fn a_write_longer_than_max_msg_sz_is_naked_invalid_request() {
+    let write_first = |s: &mut Setup, len: u32| {
+        let mut buf = vec![0u8; 2048];
+        let bth = BthRepr::new(Opcode::RC_RDMA_WRITE_FIRST, s.ep[1].qpn.0, PSN, true);
+        let ext = ExtRepr {
+            reth: (s.va, s.rkey, len),
+            ..Default::default()
+        };
+        let (n, _) = emit(&mut buf, &bth, &ext, MTU as usize).unwrap();
+        let _ = s.sim.inject(1, &buf[..n]);
+    };
+    for len in [(1u32 << 31) + 1, u32::MAX] {
+        let mut s = setup();
+        write_first(&mut s, len);
+        let r = s.sim.take(1, 16);
+        assert_eq!(r.len(), 1, "one NAK for a {len}-byte WRITE");
+        let b = &r[0].1;
+        assert_eq!(Opcode(b[0]), O::RC_ACKNOWLEDGE);
+        assert_eq!(syndrome(b), Some(0x61), "NAK invalid request");
+        assert_eq!(s.sim.dev(1).qp(s.ep[1].qpn).unwrap().state(), QpState::Err);
+        let va = s.va;
+        assert_eq!(
+            s.sim.nodes[1].mem.slice_mut(va, s.data.len()).to_vec(),
+            s.data,
+            "nothing written"
+        );
+    }
+    let mut s = setup();
+    write_first(&mut s, 1 << 31);
+    let r = s.sim.take(1, 16);
+    assert_eq!(r.len(), 1);
+    assert_eq!(syndrome(&r[0].1), Some(0x62), "NAK remote access error");
+}
+
 /// Duplicate READs for one resource keep one replay: each replaces what is still queued of
 /// the resource (the answer or an earlier replay) instead of adding a full copy of it.
 #[test]

@@ -294,6 +294,63 @@ fn qp_to_error_flushes_everything() {
         .is_err());
 }
 
+/// A receive WQE the responder took for a SEND of several packets, of which only the first
+/// arrived, is flushed when the QP goes to ERR — first, before the receives still queued —
+/// with an RQ and with an SRQ. (It used to be dropped without a completion.)
+#[test]
+fn a_receive_taken_for_a_send_in_progress_is_flushed() {
+    for srq in [false, true] {
+        let mut sim = Sim::new(11);
+        let ep = sim.connect(ConnOpts {
+            mtu: Mtu::M256,
+            srq,
+            ..Default::default()
+        });
+        let (buf, key) = sim.reg(0, ep[0].pd, 1024, LW);
+        let (rbuf, rkey) = sim.reg(1, ep[1].pd, 1024, LW);
+        for i in 10..13 {
+            let wr = RecvWr {
+                wr_id: i,
+                sg_list: sge(rbuf, 1024, rkey),
+            };
+            if srq {
+                let s = sim.dev(1).qp(ep[1].qpn).unwrap().srq.unwrap();
+                sim.dev(1).post_srq_recv(s, wr).unwrap();
+            } else {
+                sim.dev(1).post_recv(ep[1].qpn, wr).unwrap();
+            }
+        }
+        sim.dev(0)
+            .post_send(ep[0].qpn, SendWr::new(1, SendOp::Send, sge(buf, 600, key)))
+            .unwrap();
+        let pkts = sim.take(0, 16);
+        assert_eq!(pkts.len(), 3, "SEND FIRST, MIDDLE, LAST at MTU 256");
+        sim.inject(1, &pkts[0].1).unwrap();
+        let a = QpAttr {
+            qp_state: QpState::Err,
+            ..Default::default()
+        };
+        sim.dev(1)
+            .modify_qp(ep[1].qpn, &a, AttrMask(AttrMask::STATE))
+            .unwrap();
+        let c = sim.poll_all(1, ep[1].cq);
+        // With an SRQ, the receives still in it are the SRQ's, not flushed with the QP.
+        let want: &[(u64, WcStatus)] = if srq {
+            &[(10, WcStatus::WrFlushErr)]
+        } else {
+            &[
+                (10, WcStatus::WrFlushErr),
+                (11, WcStatus::WrFlushErr),
+                (12, WcStatus::WrFlushErr),
+            ]
+        };
+        assert_eq!(statuses(&c), want, "srq: {srq}");
+        assert!(c
+            .iter()
+            .all(|c| c.opcode == WcOpcode::Recv && c.qp_num == ep[1].qpn));
+    }
+}
+
 #[test]
 fn cq_overflow_puts_the_cq_and_qp_in_error() {
     let mut sim = Sim::new(10);
