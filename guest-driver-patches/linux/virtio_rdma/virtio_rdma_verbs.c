@@ -299,6 +299,12 @@ static int vrdma_query_port(struct ib_device *ib, u32 port, struct ib_port_attr 
 	attr->active_speed = r.active_speed;
 	attr->bad_pkey_cntr = 0;
 	attr->qkey_viol_cntr = 0;
+	if (READ_ONCE(dev->dead)) {
+		/* DEVICE_FATAL: this instance carries nothing until the re-probe replaces it (the
+		 * device answers for its new state, which is not this one's) */
+		attr->state = IB_PORT_DOWN;
+		attr->phys_state = IB_PORT_PHYS_STATE_DISABLED;
+	}
 	return 0;
 }
 
