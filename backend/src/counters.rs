@@ -161,7 +161,14 @@ pub fn render(shared: &Shared) -> String {
         // No worker: nothing else takes the transport.
         None => render_body(&lock(&shared.transport).stats, None),
     };
-    format!("{{\"connections\":{connections},{body}}}\n")
+    let heap = match crate::heap::stats() {
+        Some(h) => format!(
+            ",\"heap\":{{\"live_bytes\":{},\"live_blocks\":{},\"allocations\":{}}}",
+            h.live_bytes, h.live_blocks, h.allocations
+        ),
+        None => String::new(),
+    };
+    format!("{{\"connections\":{connections},{body}{heap}}}\n")
 }
 
 /// Serves the counters socket until `shared.shutdown` is set.

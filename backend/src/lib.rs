@@ -20,6 +20,7 @@ pub mod counters;
 pub mod egress;
 pub mod events;
 pub mod guest_mem;
+pub mod heap;
 pub mod model;
 pub mod ring;
 pub mod transport;

@@ -6,6 +6,10 @@ use std::process::ExitCode;
 use clap::Parser;
 use vhost_user_rdma::config::{Args, Config};
 
+/// Counts the live heap for the counters socket (`"heap"`, see `vhost_user_rdma::heap`).
+#[global_allocator]
+static ALLOCATOR: vhost_user_rdma::heap::Counting = vhost_user_rdma::heap::Counting;
+
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     if std::env::args_os().nth(1).is_some_and(|a| a == "tap") {

@@ -248,6 +248,8 @@ pub struct Model {
     /// QPs with receives taken from their RQ ring and not yet completed.
     rq_active: BTreeSet<u32>,
     pub stats: ModelStats,
+    /// A control command freed an object since [`Model::clear_released`].
+    released: bool,
     /// GIDs the transport can send from. Empty: no restriction.
     source_gids: Vec<Gid>,
     /// GID table entries the transport cannot send from (index → GID): listed, so the guest's
@@ -389,6 +391,7 @@ impl Model {
             sq_active: BTreeSet::new(),
             rq_active: BTreeSet::new(),
             stats: ModelStats::default(),
+            released: false,
             source_gids: Vec::new(),
             listed_gids: Default::default(),
             slot: Vec::new(),
@@ -499,6 +502,16 @@ impl Model {
 
     // ------------------------------------------------------------------ control commands
 
+    /// Whether a control command freed an object (destroyed a QP, CQ or SRQ, or deregistered
+    /// an MR) since [`Model::clear_released`]: the worker then returns freed heap to the kernel.
+    pub fn released(&self) -> bool {
+        self.released
+    }
+
+    pub fn clear_released(&mut self) {
+        self.released = false;
+    }
+
     /// Executes one control request (`req` = header + command). `resp_cap` is the size of the
     /// device-writable part. Returns the response header and struct.
     pub fn handle_ctrl(
@@ -524,6 +537,14 @@ impl Model {
         } else {
             self.exec(mem, h.opcode, &req[std::mem::size_of::<abi::CtrlHdr>()..])
         };
+        if r.is_ok()
+            && matches!(
+                h.opcode,
+                op::DESTROY_QP | op::DESTROY_CQ | op::DESTROY_SRQ | op::DEREG_MR
+            )
+        {
+            self.released = true;
+        }
         match r {
             Ok(b) => (
                 abi::RespHdr {

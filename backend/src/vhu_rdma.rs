@@ -42,6 +42,8 @@ const MAX_REQUEST: usize = 64 << 10;
 /// Datagrams handled per UDP wake-up before the engine is pumped (the socket is
 /// level-triggered: what is left wakes us again).
 const RX_LIMIT: usize = 256;
+/// Least time between two returns of freed heap to the kernel (`heap::trim_at_most_every`).
+const TRIM_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
 
 type GM = GuestMemoryAtomic<GuestMemoryMmap>;
 
@@ -701,6 +703,11 @@ impl VhostUserBackend for VhuRdma {
                     out.extend_from_slice(&body);
                     Self::write_out(g, wr, &out)
                 })?;
+                // Objects were freed: give their heap back (rate-limited; a later batch
+                // trims what a limited one left).
+                if model.released() && crate::heap::trim_at_most_every(TRIM_EVERY) {
+                    model.clear_released();
+                }
             }
             VQ_DOORBELL => {
                 self.resume_once(VQ_DOORBELL, vrings, &mem);

@@ -286,9 +286,13 @@ impl Device {
             }
             None => FIRST_QPN,
         };
+        // The QP table is indexed by QPN: its whole span is reserved now (8 bytes a number,
+        // pages the kernel maps only once numbers are reached), so that handing out new
+        // numbers never reallocates it and the heap stays flat while QPs come and go.
+        let qps = Vec::with_capacity((FIRST_QPN + res.cfg.max_qp.saturating_mul(2)) as usize);
         Device {
             res,
-            qps: Vec::new(),
+            qps,
             sched: VecDeque::new(),
             timers: Default::default(),
             live_qps: 0,

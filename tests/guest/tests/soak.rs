@@ -5,8 +5,9 @@
 //! What must hold over the whole run:
 //! - every posted work request completes exactly once (success, or a flush when its QP is
 //!   moved to the error state); a connection that makes no progress for [`STUCK`] fails;
-//! - the daemons' own memory (RssAnon) and fd count stay flat: a least-squares slope over the
-//!   samples after the warm-up, within [`RSS_SLOPE_KIB_PER_MIN`] and [`FD_SLOPE_PER_MIN`];
+//! - the daemons' live heap (their counting allocator's bytes), own memory (RssAnon) and fd
+//!   count stay flat: a least-squares slope over the samples after the warm-up, within
+//!   [`HEAP_SLOPE_BYTES_PER_MIN`], [`RSS_SLOPE_KIB_PER_MIN`] and [`FD_SLOPE_PER_MIN`];
 //! - the counters agree with what the guests saw: CQEs written = completions polled, no ring
 //!   fault, overflow, bad WQE or failed command, no ICRC failure (the relay re-seals every
 //!   datagram), the live objects and page-list bytes back at their values after setup.
@@ -44,6 +45,14 @@ const RSS_SLOPE_KIB_PER_MIN: f64 = 4.0;
 const RSS_PAGES_KIB: f64 = 32.0;
 /// Largest fd-count slope: nothing the guest does opens fds in the daemon.
 const FD_SLOPE_PER_MIN: f64 = 0.5;
+/// Largest slope of the daemon's live heap (its counting allocator's live bytes, `"heap"` in
+/// the counters): exact where RssAnon moves in pages and with the allocator's caching. The
+/// samples catch work in flight (WQEs, packets), so they scatter by a few KiB; a leak of one
+/// byte per work request is tens of KiB a minute, of 100 bytes per churn about 8 KiB a minute.
+const HEAP_SLOPE_BYTES_PER_MIN: f64 = 1024.0;
+/// Fitted live-heap growth allowed whatever the window: over a short run the scatter of the
+/// samples (work in flight, ± 1 KiB) makes a steep slope of a flat line.
+const HEAP_BYTES: f64 = 4096.0;
 /// Send work requests outstanding per QP, receives kept posted per QP.
 const SENDS: usize = 8;
 /// Send work requests each end posts per second at most. UC and UD senders complete at once
@@ -648,6 +657,8 @@ struct Sample {
     rss: [u64; 2],
     vm_rss: [u64; 2],
     fds: [usize; 2],
+    /// Live heap bytes (the daemon's counting allocator).
+    heap: [u64; 2],
 }
 
 #[test]
@@ -739,6 +750,10 @@ fn mixed_traffic_with_loss_and_qp_churn_stays_flat() {
                 rss: pids.map(anon_kib),
                 vm_rss: pids.map(|p| status_kib(p, "VmRSS")),
                 fds: [0, 1].map(|i| s.nodes[i].daemon.fd_count().expect("fd count")),
+                heap: [0, 1].map(|i| {
+                    let j = counters(&s, i);
+                    json_u64(&j, "heap", "live_bytes").unwrap_or_else(|| panic!("heap: {j}"))
+                }),
             });
             next_sample += sample_every;
         }
@@ -787,10 +802,16 @@ fn mixed_traffic_with_loss_and_qp_churn_stays_flat() {
             .map(|x| (x.t / 60.0, x.vm_rss[i] as f64))
             .collect();
         let (v0, v1) = (after[0].vm_rss[i], after[after.len() - 1].vm_rss[i]);
+        let heap: Vec<(f64, f64)> = after
+            .iter()
+            .map(|x| (x.t / 60.0, x.heap[i] as f64))
+            .collect();
+        let hs = slope(&heap);
+        let (h0, h1) = (after[0].heap[i], after[after.len() - 1].heap[i]);
         report.push(format!(
-            "daemon {}: RssAnon {r0} → {r1} KiB, slope {rs:+.1} KiB/min; VmRSS {v0} → {v1} KiB, \
-             slope {:+.1} KiB/min (guest RAM touched included); fds {f0} → {f1}, slope \
-             {fs:+.2}/min",
+            "daemon {}: live heap {h0} → {h1} bytes, slope {hs:+.0} bytes/min; RssAnon {r0} → \
+             {r1} KiB, slope {rs:+.1} KiB/min; VmRSS {v0} → {v1} KiB, slope {:+.1} KiB/min \
+             (guest RAM touched included); fds {f0} → {f1}, slope {fs:+.2}/min",
             ["a", "b"][i],
             slope(&vm)
         ));
@@ -803,6 +824,14 @@ fn mixed_traffic_with_loss_and_qp_churn_stays_flat() {
              {allowed:.0} KiB ({RSS_SLOPE_KIB_PER_MIN} KiB/min, at least {RSS_PAGES_KIB} KiB): \
              {rss:?}",
             rs * window
+        );
+        let allowed = (HEAP_SLOPE_BYTES_PER_MIN * window).max(HEAP_BYTES);
+        assert!(
+            hs * window <= allowed,
+            "daemon {i} live heap grows {hs:.0} bytes/min over {window:.1} min: {:.0} bytes, \
+             more than {allowed:.0} ({HEAP_SLOPE_BYTES_PER_MIN} bytes/min, at least \
+             {HEAP_BYTES}): {heap:?}",
+            hs * window
         );
         assert!(
             fs <= FD_SLOPE_PER_MIN,

@@ -5,6 +5,10 @@
 use clap::Parser;
 use vhost_user_rdma::config::{Args, Config};
 
+/// Counts the live heap, as the `vhost-user-rdma` binary does.
+#[global_allocator]
+static ALLOCATOR: vhost_user_rdma::heap::Counting = vhost_user_rdma::heap::Counting;
+
 fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let config = match Config::try_from(Args::parse()) {
