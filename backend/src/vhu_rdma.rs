@@ -773,7 +773,12 @@ impl VhuRdma {
                 if pass.is_multiple_of(POLL_EVENT_CHECK) && self.other_events_pending() {
                     break;
                 }
-                std::hint::spin_loop();
+                if !found {
+                    // Let a thread waiting for this CPU (the peer daemon, a vCPU) run first:
+                    // polling must not hold up the work it waits for.
+                    // SAFETY: plain syscall without arguments.
+                    unsafe { libc::sched_yield() };
+                }
             }
         }
         loop {
