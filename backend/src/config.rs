@@ -79,7 +79,18 @@ pub struct Args {
     /// of 0600.
     #[arg(long)]
     pub socket_group: Option<String>,
+    /// Poll mode: after doing work, the worker keeps polling its doorbell and control queues
+    /// and its UDP socket for up to this many microseconds before it sleeps, with the guest's
+    /// kicks suppressed meanwhile; the window adapts (halved while polling finds nothing,
+    /// doubled back when it would have). 0 (the default) sleeps in epoll at once. Polling
+    /// needs a core of its own: on a machine where the daemon shares its CPU with the guest's
+    /// vCPUs it only takes time from them (docs/daemon.md, "Poll mode").
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub poll_us: u32,
 }
+
+/// Largest `--poll-us`: one second.
+pub const MAX_POLL_US: u32 = 1_000_000;
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum ConfigError {
@@ -99,6 +110,8 @@ pub enum ConfigError {
     Group(String),
     #[error("--allow-peer {0}")]
     Peer(String),
+    #[error("--poll-us {0} out of range (0..=1000000 microseconds)")]
+    PollUs(u32),
 }
 
 /// The validated configuration.
@@ -112,6 +125,8 @@ pub struct Config {
     pub counters_socket: Option<PathBuf>,
     /// Mode and group of the unix sockets.
     pub socket_access: SocketAccess,
+    /// Poll window in microseconds (0: no polling).
+    pub poll_us: u32,
     pub model: ModelConfig,
 }
 
@@ -153,6 +168,9 @@ impl TryFrom<Args> for Config {
                 Ok(v)
             }
         };
+        if a.poll_us > MAX_POLL_US {
+            return Err(ConfigError::PollUs(a.poll_us));
+        }
         let defaults = DeviceConfig::default();
         let dev = DeviceConfig {
             max_qp: lim("--max-qp", a.max_qp, 1 << 16)?,
@@ -174,6 +192,7 @@ impl TryFrom<Args> for Config {
             peer_port: a.peer_port,
             strict_icrc: a.strict_icrc,
             counters_socket: a.counters_socket,
+            poll_us: a.poll_us,
             socket_access: SocketAccess {
                 group: match &a.socket_group {
                     Some(g) => Some(resolve_group(g).ok_or_else(|| ConfigError::Group(g.clone()))?),
@@ -268,5 +287,32 @@ mod tests {
             Config::try_from(args(&["--socket-group", "no-such-group-here"])),
             Err(ConfigError::Group(_))
         ));
+    }
+
+    #[test]
+    fn poll_us() {
+        assert_eq!(Config::try_from(args(&[])).unwrap().poll_us, 0);
+        assert_eq!(
+            Config::try_from(args(&["--poll-us", "50"]))
+                .unwrap()
+                .poll_us,
+            50
+        );
+        assert_eq!(
+            Config::try_from(args(&["--poll-us", "1000000"]))
+                .unwrap()
+                .poll_us,
+            MAX_POLL_US
+        );
+        let e = Config::try_from(args(&["--poll-us", "1000001"])).unwrap_err();
+        assert_eq!(e, ConfigError::PollUs(1_000_001));
+        assert!(e.to_string().contains("--poll-us 1000001 out of range"));
+        for bad in ["-1", "abc", "1.5", "99999999999"] {
+            assert!(
+                Args::try_parse_from(["vhost-user-rdma", "--socket-path", "/x", "--poll-us", bad])
+                    .is_err(),
+                "{bad}"
+            );
+        }
     }
 }

@@ -226,7 +226,7 @@ mod tests {
             "{doc}"
         );
         assert!(doc.ends_with("}\n") && !doc.contains("\"port\""));
-        let backend = Arc::new(VhuRdma::new(model.clone(), transport).unwrap());
+        let backend = Arc::new(VhuRdma::new(model.clone(), transport, 0).unwrap());
         *lock(&shared.backend) = Some(backend);
         let _held = lock(&model);
         let t0 = std::time::Instant::now();

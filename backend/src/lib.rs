@@ -22,6 +22,7 @@ pub mod events;
 pub mod guest_mem;
 pub mod heap;
 pub mod model;
+pub mod poll;
 pub mod ring;
 pub mod transport;
 pub mod unix_socket;
@@ -151,7 +152,11 @@ pub fn start_backend(config: Config) -> Result<(), Error> {
             .unwrap_or_else(|e| e.into_inner())
             .gid()]);
         let model = Arc::new(Mutex::new(m));
-        let backend = Arc::new(VhuRdma::new(model.clone(), shared.transport.clone())?);
+        let backend = Arc::new(VhuRdma::new(
+            model.clone(),
+            shared.transport.clone(),
+            config.poll_us,
+        )?);
         let mut daemon = VhostUserDaemon::new(
             "vhost-user-rdma".into(),
             backend.clone(),

@@ -4,7 +4,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{fence, AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -23,7 +23,16 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::abi::{self, NUM_QUEUES, VQ_CTRL, VQ_DOORBELL, VQ_EVENT};
 use crate::guest_mem::GuestMemoryMmap;
 use crate::model::{Model, Pump};
+use crate::poll::{bump, PollWindow, WorkerStats};
 use crate::transport::{UdpTransport, RX_BATCH};
+
+/// The queues a poll session polls (and whose kicks it suppresses): the guest's work.
+const POLLED_QUEUES: [u16; 2] = [VQ_DOORBELL, VQ_CTRL];
+/// A poll session looks whether another event of the worker waits (a counters reader, the
+/// daemon stopping) once every this many passes.
+const POLL_EVENT_CHECK: u32 = 64;
+/// virtio's VRING_AVAIL_F_NO_INTERRUPT.
+const VRING_AVAIL_F_NO_INTERRUPT: u16 = 1;
 
 /// Epoll ids of the extra fds (ids up to `NUM_QUEUES` are reserved by vhost-user-backend).
 pub const UDP_EVENT: u16 = NUM_QUEUES as u16 + 1;
@@ -230,6 +239,14 @@ pub struct VhuRdma {
     /// epoll with `into_raw_fd()` and never closes them; closed in [`Self::close_exit_fds`]
     /// once the daemon (and its worker threads) are gone.
     exit_fds: Mutex<Vec<RawFd>>,
+    /// `--poll-us`.
+    poll_us: u32,
+    /// Poll mode's adaptive window.
+    window: Mutex<PollWindow>,
+    /// Polling and notification counters.
+    wstats: WorkerStats,
+    /// Whether the driver acknowledged VIRTIO_F_NOTIFY_ON_EMPTY.
+    notify_on_empty: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -238,7 +255,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl VhuRdma {
-    pub fn new(model: Arc<Mutex<Model>>, transport: Arc<Mutex<UdpTransport>>) -> io::Result<Self> {
+    /// A backend for one frontend connection; `poll_us` is `--poll-us` (0: no polling).
+    pub fn new(
+        model: Arc<Mutex<Model>>,
+        transport: Arc<Mutex<UdpTransport>>,
+        poll_us: u32,
+    ) -> io::Result<Self> {
         let udp_fd = lock(&transport).fd();
         // SAFETY: `udp_fd` is the transport's open socket; F_DUPFD_CLOEXEC makes a new fd.
         let dup = unsafe { libc::fcntl(udp_fd, libc::F_DUPFD_CLOEXEC, 0) };
@@ -264,6 +286,10 @@ impl VhuRdma {
             resumed: Default::default(),
             timer: Timer::new()?,
             exit_fds: Mutex::new(Vec::new()),
+            poll_us,
+            window: Mutex::new(PollWindow::new(poll_us)),
+            wstats: WorkerStats::default(),
+            notify_on_empty: AtomicBool::new(false),
         })
     }
 
@@ -313,7 +339,11 @@ impl VhuRdma {
     fn publish_counters(&self, model: &Model) {
         let _ = self.counters_req.read();
         let t = lock(&self.transport).stats;
-        let body = crate::counters::render_body(&t, Some(model));
+        let mut body = crate::counters::render_body(&t, Some(model));
+        let w = lock(&self.window).window_ns();
+        body.push_str(",\"worker\":{");
+        body.push_str(&self.wstats.render(self.poll_us, w));
+        body.push('}');
         let mut c = lock(&self.counters);
         *c = (c.0 + 1, body);
         self.counters_cv.notify_all();
@@ -442,15 +472,20 @@ impl VhuRdma {
         }
     }
 
-    /// Runs `f` over every available chain of `vring`, with EVENT_IDX's disable → process →
-    /// enable loop, then signals the guest if it asked for it.
+    /// Runs `f` over every available chain of queue `index`, then signals the guest if it
+    /// asked for it; returns whether a chain was used. With `rearm`, EVENT_IDX's disable →
+    /// process → enable loop; without, the guest's kicks are left as they are (a poll session
+    /// suppressed them and re-enables them before the worker sleeps).
     fn process_queue(
         &self,
-        vring: &VringRwLock,
+        index: u16,
+        vrings: &[VringRwLock],
         mem: &GM,
+        rearm: bool,
         mut f: impl FnMut(&GuestMemoryMmap, &[u8], &[(u64, u32)]) -> u32,
-    ) -> io::Result<()> {
-        let event_idx = self.event_idx.load(Ordering::Relaxed);
+    ) -> io::Result<bool> {
+        let vring = &vrings[index as usize];
+        let event_idx = rearm && self.event_idx.load(Ordering::Relaxed);
         let mut any = false;
         loop {
             if event_idx {
@@ -463,7 +498,7 @@ impl VhuRdma {
                     Ok(it) => it.collect(),
                     Err(e) => {
                         log::warn!("virtqueue error: {e}");
-                        return Ok(());
+                        return Ok(any);
                     }
                 }
             };
@@ -505,10 +540,265 @@ impl VhuRdma {
                 break;
             }
         }
-        if any && vring.needs_notification().unwrap_or(true) {
-            vring.signal_used_queue()?;
+        if any {
+            self.notify(index, vring, &mem.memory())?;
         }
-        Ok(())
+        Ok(any)
+    }
+
+    /// After used buffers were added to queue `index`: an interrupt (the call eventfd) if the
+    /// driver wants one — EVENT_IDX's used_event, or without EVENT_IDX the avail ring's
+    /// VRING_AVAIL_F_NO_INTERRUPT flag (overridden, with VIRTIO_F_NOTIFY_ON_EMPTY, once the
+    /// avail ring is empty). Counted either way.
+    fn notify(&self, index: u16, vring: &VringRwLock, mem: &GuestMemoryMmap) -> io::Result<()> {
+        let want = if self.event_idx.load(Ordering::Relaxed) {
+            vring.needs_notification().unwrap_or(true)
+        } else {
+            // The used ring's writes before the flag's read.
+            fence(Ordering::SeqCst);
+            let st = vring.get_ref();
+            let q = st.get_queue();
+            let flags: u16 = mem
+                .load(vm_memory::GuestAddress(q.avail_ring()), Ordering::Acquire)
+                .map(u16::from_le)
+                .unwrap_or(0);
+            flags & VRING_AVAIL_F_NO_INTERRUPT == 0
+                || (self.notify_on_empty.load(Ordering::Relaxed)
+                    && q.avail_idx(mem, Ordering::Acquire)
+                        .is_ok_and(|i| i.0 == q.next_avail()))
+        };
+        let i = index as usize;
+        if want {
+            bump(&self.wstats.interrupts[i]);
+            vring.signal_used_queue()
+        } else {
+            bump(&self.wstats.interrupts_suppressed[i]);
+            Ok(())
+        }
+    }
+
+    /// Serves the control or doorbell queue; returns whether it used a chain.
+    fn serve_queue(
+        &self,
+        index: u16,
+        vrings: &[VringRwLock],
+        mem: &GM,
+        model: &mut Model,
+        rearm: bool,
+    ) -> io::Result<bool> {
+        self.resume_once(index, vrings, mem);
+        if index == VQ_CTRL {
+            let used = self.process_queue(VQ_CTRL, vrings, mem, rearm, |g, req, wr| {
+                let cap: usize = wr.iter().map(|w| w.1 as usize).sum();
+                if cap < std::mem::size_of::<abi::RespHdr>() {
+                    return 0;
+                }
+                let (h, body) = model.handle_ctrl(g, req, cap);
+                let mut out = vm_memory::ByteValued::as_slice(&h).to_vec();
+                out.extend_from_slice(&body);
+                Self::write_out(g, wr, &out)
+            });
+            // Objects were freed: give their heap back (rate-limited; a later batch trims
+            // what a limited one left).
+            if model.released() && crate::heap::trim_at_most_every(TRIM_EVERY) {
+                model.clear_released();
+            }
+            used
+        } else {
+            self.process_queue(VQ_DOORBELL, vrings, mem, rearm, |g, req, _| {
+                for c in req.chunks_exact(std::mem::size_of::<abi::Doorbell>()) {
+                    if let Some(db) = abi::read_struct::<abi::Doorbell>(c) {
+                        model.doorbell(g, &db);
+                    }
+                }
+                0
+            })
+        }
+    }
+
+    /// Receives up to [`RX_LIMIT`] datagrams into the engine; returns how many.
+    fn receive(&self, model: &mut Model, mem: &GM) -> usize {
+        let g = mem.memory();
+        let mut t = lock(&self.transport);
+        let mut total = 0;
+        while total < RX_LIMIT {
+            let n = t.recv_batch();
+            let at = now();
+            for i in 0..n {
+                if let Some((meta, bytes)) = t.packet(i) {
+                    model.handle_packet(&g, at, &meta, bytes);
+                }
+            }
+            total += n;
+            if n < RX_BATCH {
+                break;
+            }
+        }
+        self.rx_health(&t);
+        total
+    }
+
+    /// Sends what the engine has to send and hands the guest the events it has to get.
+    fn pump_and_deliver(
+        &self,
+        vrings: &[VringRwLock],
+        mem: &GM,
+        model: &mut Model,
+    ) -> io::Result<Pump> {
+        let p = {
+            let g = mem.memory();
+            let mut t = lock(&self.transport);
+            model.pump(&g, now(), &mut *t)
+        };
+        self.after_pump(p);
+        self.deliver_events(vrings, mem, model)?;
+        Ok(p)
+    }
+
+    /// Whether queue `index` is set up and the guest made buffers available that the device
+    /// did not take yet.
+    fn has_avail(vring: &VringRwLock, mem: &GM) -> bool {
+        let st = vring.get_ref();
+        let q = st.get_queue();
+        q.ready()
+            && st.is_enabled()
+            && q.avail_idx(&*mem.memory(), Ordering::Acquire)
+                .is_ok_and(|i| i.0 != q.next_avail())
+    }
+
+    /// Asks the guest not to kick `vring`: VRING_USED_F_NO_NOTIFY, or with EVENT_IDX an
+    /// avail event index the guest's avail index has already passed (it kicks when it moves
+    /// onto that index, i.e. not before 65 536 more buffers).
+    fn suppress(vring: &VringRwLock, mem: &GM) {
+        let mut st = vring.get_mut();
+        if !st.get_queue().ready() || !st.is_enabled() {
+            return;
+        }
+        let g = mem.memory();
+        let q = st.get_queue_mut();
+        if q.event_idx_enabled() {
+            let Some(at) = q.used_ring().checked_add(4 + 8 * q.size() as u64) else {
+                return;
+            };
+            let behind = q.next_avail().wrapping_sub(1);
+            let _ = g.store(
+                behind.to_le(),
+                vm_memory::GuestAddress(at),
+                Ordering::Relaxed,
+            );
+        } else {
+            let _ = q.disable_notification(&*g);
+        }
+    }
+
+    /// Asks the guest to kick `vring` again; returns whether it made buffers available in
+    /// the meantime (which the device must then take: the guest saw its kicks suppressed).
+    fn rearm(vring: &VringRwLock) -> bool {
+        {
+            let st = vring.get_ref();
+            if !st.get_queue().ready() || !st.is_enabled() {
+                return false;
+            }
+        }
+        vring.enable_notification().unwrap_or(false)
+    }
+
+    /// One pass of a poll session over the polled queues, the socket and the timers; returns
+    /// whether it found work from the guest or the network.
+    fn poll_once(&self, vrings: &[VringRwLock], mem: &GM) -> io::Result<bool> {
+        let mut model = lock(&self.model);
+        let mut found = false;
+        for q in POLLED_QUEUES {
+            if Self::has_avail(&vrings[q as usize], mem) {
+                found |= self.serve_queue(q, vrings, mem, &mut model, false)?;
+            }
+        }
+        if lock(&self.rx_pause).until.is_none() {
+            found |= self.receive(&mut model, mem) > 0;
+        }
+        let t = now();
+        let due = model.poll_timeout().is_some_and(|d| d <= t);
+        if due {
+            model.handle_timeout(t);
+        }
+        if found || due || !model.events.is_empty() {
+            // A full socket (Pump::Blocked) ends the session: the epoll waits for room.
+            self.pump_and_deliver(vrings, mem, &mut model)?;
+        }
+        if found {
+            // Keep the avail event index behind the guest as the device moves on.
+            for q in POLLED_QUEUES {
+                if self.event_idx.load(Ordering::Relaxed) {
+                    Self::suppress(&vrings[q as usize], mem);
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    /// Whether another event of the worker waits: a counters reader or the daemon stopping
+    /// (which a poll session must not hold up).
+    fn other_events_pending(&self) -> bool {
+        let mut fds: Vec<libc::pollfd> = lock(&self.exit_fds)
+            .iter()
+            .chain(std::iter::once(&self.counters_req.as_raw_fd()))
+            .map(|&fd| libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        // SAFETY: `fds` is a live array of `fds.len()` pollfds; a zero timeout never blocks.
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) };
+        r > 0
+    }
+
+    /// A poll session: with the guest's kicks on the polled queues suppressed, polls them
+    /// and the socket until `window_ns` pass without work (or another event waits), then
+    /// re-enables the kicks and looks once more, as virtio requires: buffers made available
+    /// before the guest could see the kicks enabled are taken now, not at a kick that never
+    /// comes. A window of 0 only does the latter.
+    fn poll_session(&self, vrings: &[VringRwLock], mem: &GM, window_ns: u64) -> io::Result<()> {
+        if window_ns > 0 {
+            bump(&self.wstats.poll_sessions);
+            for q in POLLED_QUEUES {
+                Self::suppress(&vrings[q as usize], mem);
+            }
+            let mut deadline = now().0.saturating_add(window_ns);
+            let mut pass = 0u32;
+            loop {
+                pass = pass.wrapping_add(1);
+                bump(&self.wstats.polls);
+                let found = self.poll_once(vrings, mem)?;
+                let t = now().0;
+                if found {
+                    bump(&self.wstats.poll_hits);
+                    deadline = t.saturating_add(window_ns);
+                }
+                if (!found && t >= deadline) || self.tx_waiting.load(Ordering::Relaxed) {
+                    break;
+                }
+                if pass.is_multiple_of(POLL_EVENT_CHECK) && self.other_events_pending() {
+                    break;
+                }
+                if !found {
+                    // Let a thread waiting for this CPU (the peer daemon, a vCPU) run first:
+                    // polling must not hold up the work it waits for.
+                    // SAFETY: plain syscall without arguments.
+                    unsafe { libc::sched_yield() };
+                }
+            }
+        }
+        loop {
+            let mut more = false;
+            for q in POLLED_QUEUES {
+                more |= Self::rearm(&vrings[q as usize]);
+            }
+            if !more {
+                return Ok(());
+            }
+            self.poll_once(vrings, mem)?;
+        }
     }
 
     /// Writes `data` across writable descriptors; returns bytes written.
@@ -565,8 +855,8 @@ impl VhuRdma {
             let _ = vring.add_used(head, used);
             delivered = true;
         }
-        if delivered && vring.needs_notification().unwrap_or(true) {
-            vring.signal_used_queue()?;
+        if delivered {
+            self.notify(VQ_EVENT, vring, &guard)?;
         }
         Ok(())
     }
@@ -600,6 +890,13 @@ impl VhostUserBackend for VhuRdma {
         log::info!("device reset");
         lock(&self.model).reset();
         self.timer.arm(lock(&self.rx_pause).until);
+    }
+
+    fn acked_features(&self, features: u64) {
+        self.notify_on_empty.store(
+            features & (1 << VIRTIO_F_NOTIFY_ON_EMPTY) != 0,
+            Ordering::Relaxed,
+        );
     }
 
     fn set_event_idx(&self, enabled: bool) {
@@ -672,6 +969,10 @@ impl VhostUserBackend for VhuRdma {
             }
             return Ok(());
         };
+        if let Some(k) = self.wstats.kicks.get(device_event as usize) {
+            bump(k);
+        }
+        let woke_at = now();
         let mut model = lock(&self.model);
         let ctrl_ready = vrings[VQ_CTRL as usize].get_ref().get_queue().ready();
         if (device_event <= VQ_EVENT || (device_event == TIMER_EVENT && ctrl_ready))
@@ -690,75 +991,56 @@ impl VhostUserBackend for VhuRdma {
                 model.device_fatal();
             }
         }
-        match device_event {
-            VQ_CTRL => {
-                self.resume_once(VQ_CTRL, vrings, &mem);
-                self.process_queue(&vrings[VQ_CTRL as usize], &mem, |g, req, wr| {
-                    let cap: usize = wr.iter().map(|w| w.1 as usize).sum();
-                    if cap < std::mem::size_of::<abi::RespHdr>() {
-                        return 0;
-                    }
-                    let (h, body) = model.handle_ctrl(g, req, cap);
-                    let mut out = vm_memory::ByteValued::as_slice(&h).to_vec();
-                    out.extend_from_slice(&body);
-                    Self::write_out(g, wr, &out)
-                })?;
-                // Objects were freed: give their heap back (rate-limited; a later batch
-                // trims what a limited one left).
-                if model.released() && crate::heap::trim_at_most_every(TRIM_EVERY) {
-                    model.clear_released();
-                }
+        // Whether a poll session follows work on the queues: they are then processed without
+        // re-enabling the guest's kicks, which the session does before the worker sleeps.
+        let polling = lock(&self.window).window_ns() > 0;
+        let worked = match device_event {
+            VQ_CTRL | VQ_DOORBELL => {
+                self.serve_queue(device_event, vrings, &mem, &mut model, !polling)?
             }
-            VQ_DOORBELL => {
-                self.resume_once(VQ_DOORBELL, vrings, &mem);
-                self.process_queue(&vrings[VQ_DOORBELL as usize], &mem, |g, req, _| {
-                    for c in req.chunks_exact(std::mem::size_of::<abi::Doorbell>()) {
-                        if let Some(db) = abi::read_struct::<abi::Doorbell>(c) {
-                            model.doorbell(g, &db);
-                        }
-                    }
-                    0
-                })?;
+            VQ_EVENT => {
+                self.resume_once(VQ_EVENT, vrings, &mem);
+                false
             }
-            VQ_EVENT => self.resume_once(VQ_EVENT, vrings, &mem),
-            UDP_EVENT => {
-                let g = mem.memory();
-                let mut t = lock(&self.transport);
-                let mut total = 0;
-                while total < RX_LIMIT {
-                    let n = t.recv_batch();
-                    let at = now();
-                    for i in 0..n {
-                        if let Some((meta, bytes)) = t.packet(i) {
-                            model.handle_packet(&g, at, &meta, bytes);
-                        }
-                    }
-                    total += n;
-                    if n < RX_BATCH {
-                        break;
-                    }
-                }
-                self.rx_health(&t);
-            }
+            UDP_EVENT => self.receive(&mut model, &mem) > 0,
             TIMER_EVENT => {
                 self.timer.consume();
                 model.handle_timeout(now());
+                false
             }
             WORK_EVENT => {
                 let _ = self.work.read();
+                false
             }
             // The pump below sends what waited first.
-            UDP_WRITABLE_EVENT => self.wait_writable(false),
-            COUNTERS_EVENT => self.publish_counters(&model),
-            _ => log::warn!("unexpected event id {device_event}"),
-        }
-        let p = {
-            let g = mem.memory();
-            let mut t = lock(&self.transport);
-            model.pump(&g, now(), &mut *t)
+            UDP_WRITABLE_EVENT => {
+                self.wait_writable(false);
+                false
+            }
+            COUNTERS_EVENT => {
+                self.publish_counters(&model);
+                false
+            }
+            _ => {
+                log::warn!("unexpected event id {device_event}");
+                false
+            }
         };
-        self.after_pump(p);
-        self.deliver_events(vrings, &mem, &mut model)?;
+        self.pump_and_deliver(vrings, &mem, &mut model)?;
+        if worked && lock(&self.window).enabled() {
+            let window = {
+                let mut w = lock(&self.window);
+                w.woke(woke_at.0);
+                w.window_ns()
+            };
+            if polling || window > 0 {
+                drop(model);
+                // A session that finds the window shrunk to 0 only re-enables the kicks.
+                self.poll_session(vrings, &mem, if polling { window } else { 0 })?;
+                model = lock(&self.model);
+            }
+            lock(&self.window).sleeping(now().0);
+        }
         let mut next = model.poll_timeout();
         if let Some(until) = lock(&self.rx_pause).until {
             next = Some(next.map_or(until, |t| t.min(until)));

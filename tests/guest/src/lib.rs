@@ -442,8 +442,13 @@ pub struct Virtq {
     avail_idx: u16,
     last_used: u16,
     event_idx: bool,
-    /// Whether to ask for used-buffer notifications (EVENT_IDX's used_event).
+    /// Whether to ask for used-buffer notifications (EVENT_IDX's used_event; without
+    /// EVENT_IDX, VRING_AVAIL_F_NO_INTERRUPT when false).
     interrupts: bool,
+    /// Buffers added with a kick, and without one because the device suppressed it
+    /// (VRING_USED_F_NO_NOTIFY, or EVENT_IDX's avail event index).
+    pub kicks: u64,
+    pub kicks_suppressed: u64,
     pub kick: EventFd,
     pub call: EventFd,
 }
@@ -466,6 +471,8 @@ impl Virtq {
             last_used: 0,
             event_idx,
             interrupts: true,
+            kicks: 0,
+            kicks_suppressed: 0,
             kick: EventFd::new(libc::EFD_NONBLOCK)?,
             call: EventFd::new(libc::EFD_NONBLOCK)?,
         })
@@ -527,9 +534,24 @@ impl Virtq {
             .store(self.avail_idx, Ordering::Release);
         fence(Ordering::SeqCst);
         if self.needs_kick(old) {
+            self.kicks += 1;
             let _ = self.kick.write(1);
+        } else {
+            self.kicks_suppressed += 1;
         }
         Some(ids[0])
+    }
+
+    /// Asks for used-buffer notifications or not. With EVENT_IDX that is the used_event
+    /// index [`Virtq::poll_used`] moves (or leaves behind); without, the avail ring's
+    /// VRING_AVAIL_F_NO_INTERRUPT flag.
+    fn set_interrupts(&mut self, on: bool) {
+        self.interrupts = on;
+        if !self.event_idx {
+            self.ram
+                .atomic_u16(self.avail)
+                .store(if on { 0 } else { 1 }, Ordering::Release);
+        }
     }
 
     fn needs_kick(&self, old: u16) -> bool {
@@ -855,8 +877,8 @@ impl Guest {
         let ev = qs.pop().expect("3 queues");
         let mut db = qs.pop().expect("3 queues");
         // Doorbells are fire-and-forget: no used-buffer interrupts (EVENT_IDX used_event stays
-        // behind); finished buffers are reclaimed by polling.
-        db.interrupts = false;
+        // behind, or VRING_AVAIL_F_NO_INTERRUPT); finished buffers are reclaimed by polling.
+        db.set_interrupts(false);
         let ctrl = qs.pop().expect("3 queues");
         let ctrl_req = ram.alloc_contig(CTRL_BUF, 4096)?;
         let ctrl_resp = ram.alloc_contig(CTRL_BUF, 4096)?;
@@ -1573,6 +1595,12 @@ impl Guest {
         cq.ring.notify().store(w, Ordering::Release);
         fence(Ordering::SeqCst);
         cq.ring.producer().load(Ordering::Acquire) != cq.ring.consumer().load(Ordering::Relaxed)
+    }
+
+    /// Doorbell kicks so far: (buffers added with a kick, added without one because the
+    /// device had kicks suppressed).
+    pub fn doorbell_kicks(&self) -> (u64, u64) {
+        (self.db.kicks, self.db.kicks_suppressed)
     }
 
     /// Events delivered so far (reposting their buffers).

@@ -11,7 +11,8 @@
 //! Run: `cargo build --release -p vur-testguest && target/release/vur-bench`.
 //! `--compare PATH` adds a column for a second daemon binary (e.g. an older build), measured
 //! in the same run; `--only pingpong|write|rate` runs one row; `--wait spin|event` chooses how
-//! the test guest waits for completions (busy polling, or CQ events like `ibv_rc_pingpong -e`).
+//! the test guest waits for completions (busy polling, or CQ events like `ibv_rc_pingpong -e`);
+//! `--poll-us N` adds a column for the same daemon in poll mode (`--poll-us N`), same run.
 //!
 //! `--only scale` runs the scale table instead: 64 B SENDs on 16 RC pairs (16 outstanding on
 //! each) with no other QP, then with 16 384 RC QPs in each daemon (the rest idle, in RTS), in
@@ -49,6 +50,10 @@ struct Args {
     /// keep vCPU threads and the vhost-user backend apart. Default: no pinning.
     #[arg(long)]
     daemon_cpu: Option<usize>,
+    /// Also measure the daemon in poll mode with this window (`--poll-us N`): an extra
+    /// column, same run.
+    #[arg(long, value_name = "N")]
+    poll_us: Option<u32>,
     /// Messages sent in the message-rate test (and UDP datagrams for the baseline).
     #[arg(long, default_value_t = 200_000)]
     messages: u64,
@@ -121,12 +126,17 @@ struct Row {
     msg_rate: f64,
 }
 
-fn run_daemon(bin: &std::path::Path, a: &Args, wait: WaitMode) -> Row {
+fn run_daemon(bin: &std::path::Path, a: &Args, wait: WaitMode, poll_us: Option<u32>) -> Row {
     let (aa, ba) = loopback_pair(4791);
     let cpus = a.daemon_cpu.map(|c| [c]);
     let cpus = cpus.as_ref().map(|c| &c[..]);
-    let mut x = Node::start_on(bin, aa, &["--mtu", "9000"], cpus).expect("node a");
-    let mut y = Node::start_on(bin, ba, &["--mtu", "9000"], cpus).expect("node b");
+    let poll = poll_us.map(|p| p.to_string());
+    let mut extra = vec!["--mtu", "9000"];
+    if let Some(p) = &poll {
+        extra.extend(["--poll-us", p.as_str()]);
+    }
+    let mut x = Node::start_on(bin, aa, &extra, cpus).expect("node a");
+    let mut y = Node::start_on(bin, ba, &extra, cpus).expect("node b");
     let want = |w: &str| a.only.as_deref().is_none_or(|o| o == w);
     let mut r = Row::default();
     if want("pingpong") {
@@ -272,8 +282,9 @@ fn main() {
         scale(&bin, &a);
         return;
     }
-    let ours = run_daemon(&bin, &a, wait);
-    let other = a.compare.as_ref().map(|c| run_daemon(c, &a, wait));
+    let ours = run_daemon(&bin, &a, wait, None);
+    let polled = a.poll_us.map(|p| run_daemon(&bin, &a, wait, Some(p)));
+    let other = a.compare.as_ref().map(|c| run_daemon(c, &a, wait, None));
     let mut k = Row::default();
     if want("pingpong") {
         k.half_rtt_us = perf::udp_pingpong(64, a.iters).expect("udp").as_secs_f64() * 1e6;
@@ -286,14 +297,24 @@ fn main() {
     }
 
     let cmp_hdr = if other.is_some() { "compare" } else { "" };
+    let poll_hdr = a
+        .poll_us
+        .map_or(String::new(), |p| format!("poll {p} us   ratio"));
     println!(
-        "{:<34} {:>16} {:>16} {:>8} {:>16}",
-        "", "vhost-user-rdma", "kernel", "ratio", cmp_hdr
+        "{:<34} {:>16} {:>16} {:>8} {:>16} {:>24}",
+        "", "vhost-user-rdma", "kernel", "ratio", cmp_hdr, poll_hdr
     );
-    let line = |name: &str, v: f64, kv: f64, o: Option<f64>, unit: &str, prec: usize| {
-        let ratio = if kv > 0.0 { v / kv } else { 0.0 };
-        let o = o.map_or(String::new(), |o| format!("{o:>9.prec$} {unit:<6}"));
-        println!("{name:<34} {v:>9.prec$} {unit:<6} {kv:>9.prec$} {unit:<6} {ratio:>7.2}x {o}");
+    // ours, kernel, ratio; the compare column; the poll-mode column and its ratio to the kernel.
+    let line = |name: &str, v: f64, kv: f64, o: Option<f64>, p: Option<f64>, unit: &str, prec| {
+        let ratio = |x: f64| if kv > 0.0 { x / kv } else { 0.0 };
+        let o = o.map_or(" ".repeat(16), |o| format!("{o:>9.prec$} {unit:<6}"));
+        let p = p.map_or(String::new(), |p| {
+            format!("{p:>9.prec$} {unit:<6} {:>7.2}x", ratio(p))
+        });
+        println!(
+            "{name:<34} {v:>9.prec$} {unit:<6} {kv:>9.prec$} {unit:<6} {:>7.2}x {o} {p}",
+            ratio(v)
+        );
     };
     if want("pingpong") {
         line(
@@ -301,6 +322,7 @@ fn main() {
             ours.half_rtt_us,
             k.half_rtt_us,
             other.map(|o| o.half_rtt_us),
+            polled.map(|o| o.half_rtt_us),
             "us",
             1,
         );
@@ -311,6 +333,7 @@ fn main() {
             ours.write_gbit,
             k.write_gbit,
             other.map(|o| o.write_gbit),
+            polled.map(|o| o.write_gbit),
             "Gbit/s",
             2,
         );
@@ -321,6 +344,7 @@ fn main() {
             ours.msg_rate / 1e3,
             k.msg_rate / 1e3,
             other.map(|o| o.msg_rate / 1e3),
+            polled.map(|o| o.msg_rate / 1e3),
             "k/s",
             0,
         );
@@ -328,5 +352,8 @@ fn main() {
     println!("wait mode: {}; daemon: {}", a.wait, bin.display());
     if let Some(c) = &a.compare {
         println!("compare: {}", c.display());
+    }
+    if let Some(p) = a.poll_us {
+        println!("poll mode column: the same daemon with --poll-us {p}");
     }
 }
