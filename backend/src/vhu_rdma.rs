@@ -332,7 +332,12 @@ impl VhuRdma {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
-        Some(c.1.clone())
+        // Taken, not cloned: a rendering kept here would stay a long-lived block that moves
+        // with every read, in the worker's arena, where it pins freed memory above it (the
+        // resident set crept while the live heap stayed flat). Readers come one at a time
+        // (the counters thread); one that finds it taken gets None ("busy").
+        let body = std::mem::take(&mut c.1);
+        (!body.is_empty()).then_some(body)
     }
 
     /// Renders the counters for the readers waiting (worker thread).
