@@ -593,7 +593,7 @@ impl VhuRdma {
     ) -> io::Result<bool> {
         self.resume_once(index, vrings, mem);
         if index == VQ_CTRL {
-            let used = self.process_queue(VQ_CTRL, vrings, mem, rearm, |g, req, wr| {
+            self.process_queue(VQ_CTRL, vrings, mem, rearm, |g, req, wr| {
                 let cap: usize = wr.iter().map(|w| w.1 as usize).sum();
                 if cap < std::mem::size_of::<abi::RespHdr>() {
                     return 0;
@@ -602,13 +602,7 @@ impl VhuRdma {
                 let mut out = vm_memory::ByteValued::as_slice(&h).to_vec();
                 out.extend_from_slice(&body);
                 Self::write_out(g, wr, &out)
-            });
-            // Objects were freed: give their heap back (rate-limited; a later batch trims
-            // what a limited one left).
-            if model.released() && crate::heap::trim_at_most_every(TRIM_EVERY) {
-                model.clear_released();
-            }
-            used
+            })
         } else {
             self.process_queue(VQ_DOORBELL, vrings, mem, rearm, |g, req, _| {
                 for c in req.chunks_exact(std::mem::size_of::<abi::Doorbell>()) {
@@ -1054,6 +1048,17 @@ impl VhostUserBackend for VhuRdma {
             // the rings are not set up yet: look again
             let check = now().plus_ns(STATE_CHECK_NS);
             next = Some(next.map_or(check, |t| t.min(check)));
+        }
+        // Objects were freed: give their heap back to the kernel, at most every TRIM_EVERY;
+        // one freed within that time is given back when the timer comes, so that nothing
+        // stays resident once the guest is quiet.
+        if model.released() {
+            if crate::heap::trim_at_most_every(TRIM_EVERY) {
+                model.clear_released();
+            } else {
+                let at = now().plus_ns(TRIM_EVERY.as_nanos() as u64);
+                next = Some(next.map_or(at, |t| t.min(at)));
+            }
         }
         self.timer.arm(next);
         Ok(())
