@@ -22,8 +22,9 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::abi::{self, NUM_QUEUES, VQ_CTRL, VQ_DOORBELL, VQ_EVENT};
 use crate::guest_mem::GuestMemoryMmap;
+use crate::link::Transport;
 use crate::model::{Model, Pump};
-use crate::transport::{UdpTransport, RX_BATCH};
+use crate::transport::RX_BATCH;
 
 /// Epoll ids of the extra fds (ids up to `NUM_QUEUES` are reserved by vhost-user-backend).
 pub const UDP_EVENT: u16 = NUM_QUEUES as u16 + 1;
@@ -200,7 +201,7 @@ impl RxBackoff {
 
 pub struct VhuRdma {
     model: Arc<Mutex<Model>>,
-    transport: Arc<Mutex<UdpTransport>>,
+    transport: Arc<Mutex<Transport>>,
     mem: Mutex<Option<GM>>,
     event_idx: AtomicBool,
     /// Whether this connection was checked for a guest that used an earlier device instance.
@@ -238,7 +239,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl VhuRdma {
-    pub fn new(model: Arc<Mutex<Model>>, transport: Arc<Mutex<UdpTransport>>) -> io::Result<Self> {
+    pub fn new(model: Arc<Mutex<Model>>, transport: Arc<Mutex<Transport>>) -> io::Result<Self> {
         let udp_fd = lock(&transport).fd();
         // SAFETY: `udp_fd` is the transport's open socket; F_DUPFD_CLOEXEC makes a new fd.
         let dup = unsafe { libc::fcntl(udp_fd, libc::F_DUPFD_CLOEXEC, 0) };
@@ -312,7 +313,7 @@ impl VhuRdma {
     /// Renders the counters for the readers waiting (worker thread).
     fn publish_counters(&self, model: &Model) {
         let _ = self.counters_req.read();
-        let t = lock(&self.transport).stats;
+        let t = lock(&self.transport).stats();
         let body = crate::counters::render_body(&t, Some(model));
         let mut c = lock(&self.counters);
         *c = (c.0 + 1, body);
@@ -338,7 +339,7 @@ impl VhuRdma {
     /// After a receive: a socket that gave up on errors is left out of the epoll for a while
     /// (longer each time it fails again, up to [`RxBackoff::MAX_NS`]) instead of waking the
     /// worker at once, level-triggered, for ever.
-    fn rx_health(&self, t: &UdpTransport) {
+    fn rx_health(&self, t: &Transport) {
         let mut p = lock(&self.rx_pause);
         if !t.rx_failing() {
             p.ok();
@@ -348,7 +349,7 @@ impl VhuRdma {
         drop(p);
         log::warn!(
             "udp socket: {} receive errors so far; not reading it for {} ms",
-            t.stats.rx_errors,
+            t.stats().rx_errors,
             until.0.saturating_sub(now().0) / 1_000_000
         );
         self.udp_listen(t.fd(), false);
