@@ -21,6 +21,12 @@ pub enum TransportKind {
     Raw,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum RawRing {
+    V3,
+    V2,
+}
+
 /// vhost-user backend for a virtio-rdma (virtio ID 42) soft-RoCE device.
 #[derive(Parser, Debug, Clone)]
 #[command(version, about)]
@@ -55,6 +61,10 @@ pub struct Args {
     /// answers the packets too, with ICMP port unreachable).
     #[arg(long, value_delimiter = ',')]
     pub raw_addr: Vec<std::net::IpAddr>,
+    /// With --iface: the receive ring. v3: blocks of frames handed over full or after 1 ms
+    /// (fewest wake-ups, but a lone packet waits up to that); v2: each frame at once.
+    #[arg(long, value_enum, default_value_t = RawRing::V3)]
+    pub raw_ring: RawRing,
     /// Netdev MTU the port is modelled on (active path MTU = largest IB MTU <= MTU - 80).
     #[arg(long, default_value_t = 1500)]
     pub mtu: u32,
@@ -197,6 +207,10 @@ impl TryFrom<Args> for Config {
                     addrs,
                     mac,
                     mtu: a.mtu,
+                    ring: match a.raw_ring {
+                        RawRing::V3 => crate::raw::RingKind::V3,
+                        RawRing::V2 => crate::raw::RingKind::V2,
+                    },
                 })
             }
         };

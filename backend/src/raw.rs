@@ -45,6 +45,12 @@ const BLOCK_SIZE: usize = 1 << 18;
 const BLOCK_NR: usize = 16;
 /// Nominal frame size the kernel wants for a V3 ring (frames are packed, not slotted).
 const FRAME_SIZE: usize = 2048;
+/// TPACKET_V2 ring: slots of this size (a 9000-byte frame and its header fit)…
+const V2_FRAME: usize = 16384;
+/// …in kernel blocks of this size…
+const V2_BLOCK: usize = 1 << 16;
+/// …this many slots (4 MiB).
+const V2_FRAMES: usize = 256;
 /// A block the kernel has put frames in is handed over at the latest this long after it was
 /// opened (the latency floor of a lone packet).
 pub const BLOCK_TIMEOUT_MS: u32 = 1;
@@ -63,6 +69,7 @@ const PACKET_STATISTICS: i32 = 6;
 const PACKET_VERSION: i32 = 10;
 const PACKET_QDISC_BYPASS: i32 = 20;
 const PACKET_IGNORE_OUTGOING: i32 = 23;
+const TPACKET_V2: i32 = 1;
 const TPACKET_V3: i32 = 2;
 const TP_STATUS_KERNEL: u32 = 0;
 const TP_STATUS_USER: u32 = 1;
@@ -559,16 +566,45 @@ fn block_frame(block: &[u8], at: usize) -> Option<(BlockFrame, u32)> {
     ))
 }
 
+/// Size of `tpacket2_hdr`, aligned: where the `sockaddr_ll` follows.
+const TP2_HDR: usize = 32;
+
+/// Reads the frame of a TPACKET_V2 slot; `None` if its header points outside the slot.
+fn slot_frame_v2(slot: &[u8]) -> Option<BlockFrame> {
+    let status = rd32(slot, 0, 0)?;
+    let wire = rd32(slot, 0, 4)? as usize;
+    let snap = rd32(slot, 0, 8)? as usize;
+    let mac = rd16(slot, 0, 12)? as usize;
+    let pkttype = *slot.get(TP2_HDR + 10)?;
+    let end = mac.checked_add(snap)?;
+    if mac < TP2_HDR || end > slot.len() {
+        return None;
+    }
+    Some(BlockFrame {
+        at: mac,
+        snap,
+        wire,
+        status,
+        outgoing: pkttype == PACKET_OUTGOING,
+    })
+}
+
 /// A block's header: (number of frames, offset of the first).
 fn block_header(block: &[u8]) -> Option<(u32, usize)> {
     Some((rd32(block, 0, 12)?, rd32(block, 0, 16)? as usize))
 }
 
-/// The TPACKET_V3 receive ring: `BLOCK_NR` blocks of `BLOCK_SIZE` bytes shared with the
-/// kernel. A block belongs to us from the moment its status has TP_STATUS_USER until we store
-/// TP_STATUS_KERNEL into it; only then do we read it.
+/// The receive ring shared with the kernel: TPACKET_V3, `BLOCK_NR` blocks of `BLOCK_SIZE`
+/// bytes holding many frames each, or TPACKET_V2, `V2_FRAMES` slots of one frame each (a
+/// "unit" below is a block or a slot). A unit belongs to us from the moment its status has
+/// TP_STATUS_USER until we store TP_STATUS_KERNEL into it; only then do we read it.
 struct Ring {
     base: *mut u8,
+    kind: RingKind,
+    /// Bytes per unit, units, and where a unit's status word is.
+    unit: usize,
+    nr: usize,
+    status_at: usize,
     /// The block to walk next (or being walked).
     cur: usize,
     /// Walking `cur`: (offset of the next frame, frames left).
@@ -585,16 +621,22 @@ const TP_STATUS_LOSING: u32 = 1 << 2;
 
 impl Ring {
     fn status(&self, b: usize) -> &AtomicU32 {
-        // SAFETY: block `b` < BLOCK_NR lies in the mapping; its header starts page-aligned, so
-        // the status word at offset 8 is aligned; the kernel updates it atomically.
-        unsafe { &*self.base.add(b * BLOCK_SIZE + 8).cast::<AtomicU32>() }
+        // SAFETY: unit `b` < nr lies in the mapping; it starts page-aligned (V3) or at a
+        // multiple of 16 KiB (V2), so the status word (offset 8 or 0) is aligned; the kernel
+        // updates it atomically.
+        unsafe {
+            &*self
+                .base
+                .add(b * self.unit + self.status_at)
+                .cast::<AtomicU32>()
+        }
     }
 
     /// Block `b`, which must be ours (TP_STATUS_USER seen with Acquire and not yet handed
     /// back): the kernel does not write it meanwhile.
     fn block(&self, b: usize) -> &[u8] {
         // SAFETY: the block lies in the mapping, and while it is ours nothing else writes it.
-        unsafe { std::slice::from_raw_parts(self.base.add(b * BLOCK_SIZE), BLOCK_SIZE) }
+        unsafe { std::slice::from_raw_parts(self.base.add(b * self.unit), self.unit) }
     }
 
     /// Hands back the blocks the previous batch finished.
@@ -610,7 +652,7 @@ impl Ring {
 impl Drop for Ring {
     fn drop(&mut self) {
         // SAFETY: `base` is the mapping of this size we made; nothing refers to it any more.
-        unsafe { libc::munmap(self.base.cast(), BLOCK_SIZE * BLOCK_NR) };
+        unsafe { libc::munmap(self.base.cast(), self.unit * self.nr) };
     }
 }
 
@@ -625,6 +667,19 @@ pub struct RawConfig {
     pub mac: Option<[u8; 6]>,
     /// The netdev MTU the port is modelled on: must fit the interface's.
     pub mtu: u32,
+    /// The receive ring's kind.
+    pub ring: RingKind,
+}
+
+/// How received frames reach the daemon.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RingKind {
+    /// TPACKET_V3: blocks of many frames, handed over full or after [`BLOCK_TIMEOUT_MS`]; the
+    /// fewest wake-ups under load, but a lone packet waits for its block's timeout.
+    #[default]
+    V3,
+    /// TPACKET_V2: one slot per frame, each handed over (and the worker woken) at once.
+    V2,
 }
 
 /// The raw transport (see the module documentation).
@@ -699,25 +754,45 @@ impl RawTransport {
         };
         setsockopt_raw(raw, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &fprog)
             .map_err(|e| RawError::Io("SO_ATTACH_FILTER", name.to_string(), e))?;
-        setsockopt_raw(raw, libc::SOL_PACKET, PACKET_VERSION, &TPACKET_V3)
+        let version = match cfg.ring {
+            RingKind::V3 => TPACKET_V3,
+            RingKind::V2 => TPACKET_V2,
+        };
+        setsockopt_raw(raw, libc::SOL_PACKET, PACKET_VERSION, &version)
             .map_err(|e| RawError::Io("PACKET_VERSION", name.to_string(), e))?;
-        // struct tpacket_req3.
-        let req: [u32; 7] = [
-            BLOCK_SIZE as u32,
-            BLOCK_NR as u32,
-            FRAME_SIZE as u32,
-            (BLOCK_SIZE * BLOCK_NR / FRAME_SIZE) as u32,
-            BLOCK_TIMEOUT_MS,
-            0,
-            0,
-        ];
-        setsockopt_raw(raw, libc::SOL_PACKET, PACKET_RX_RING, &req)
-            .map_err(|e| RawError::Io("PACKET_RX_RING", name.to_string(), e))?;
+        let ring_err = |e| RawError::Io("PACKET_RX_RING", name.to_string(), e);
+        let (unit, nr, status_at) = match cfg.ring {
+            RingKind::V3 => {
+                // struct tpacket_req3.
+                let req: [u32; 7] = [
+                    BLOCK_SIZE as u32,
+                    BLOCK_NR as u32,
+                    FRAME_SIZE as u32,
+                    (BLOCK_SIZE * BLOCK_NR / FRAME_SIZE) as u32,
+                    BLOCK_TIMEOUT_MS,
+                    0,
+                    0,
+                ];
+                setsockopt_raw(raw, libc::SOL_PACKET, PACKET_RX_RING, &req).map_err(ring_err)?;
+                (BLOCK_SIZE, BLOCK_NR, 8)
+            }
+            RingKind::V2 => {
+                // struct tpacket_req.
+                let req: [u32; 4] = [
+                    V2_BLOCK as u32,
+                    (V2_FRAME * V2_FRAMES / V2_BLOCK) as u32,
+                    V2_FRAME as u32,
+                    V2_FRAMES as u32,
+                ];
+                setsockopt_raw(raw, libc::SOL_PACKET, PACKET_RX_RING, &req).map_err(ring_err)?;
+                (V2_FRAME, V2_FRAMES, 0)
+            }
+        };
         // SAFETY: mapping the ring the kernel just allocated for this socket, of its size.
         let base = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                BLOCK_SIZE * BLOCK_NR,
+                unit * nr,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED,
                 raw,
@@ -729,9 +804,13 @@ impl RawTransport {
         }
         let ring = Ring {
             base: base.cast(),
+            kind: cfg.ring,
+            unit,
+            nr,
+            status_at,
             cur: 0,
             walk: None,
-            done: Vec::with_capacity(BLOCK_NR),
+            done: Vec::with_capacity(RX_BATCH + BLOCK_NR),
         };
         setsockopt_raw(raw, libc::SOL_PACKET, PACKET_QDISC_BYPASS, &1i32)
             .map_err(|e| RawError::Io("PACKET_QDISC_BYPASS", name.to_string(), e))?;
@@ -832,6 +911,9 @@ impl RawTransport {
     pub fn recv_batch(&mut self) -> usize {
         self.ring.release_done();
         self.batch.clear();
+        if self.ring.kind == RingKind::V2 {
+            return self.recv_batch_v2();
+        }
         let mut steps = 0;
         while self.batch.len() < RX_BATCH && steps < RX_BATCH + BLOCK_NR {
             steps += 1;
@@ -870,21 +952,47 @@ impl RawTransport {
             } else if left == 0 {
                 self.finish_block();
             }
-            if f.outgoing {
-                continue;
+            self.take(b, f);
+        }
+        self.batch.len()
+    }
+
+    /// Counts a frame of unit `b` and puts it in the batch unless it is to be dropped.
+    fn take(&mut self, b: usize, f: BlockFrame) {
+        if f.outgoing {
+            return;
+        }
+        self.stats.rx_packets += 1;
+        self.stats.rx_bytes += f.wire as u64;
+        if f.snap < f.wire {
+            self.stats.rx_truncated += 1;
+            return;
+        }
+        if f.status & TP_STATUS_VLAN_VALID != 0 {
+            // The kernel took an 802.1Q tag off: not our (untagged) segment.
+            self.stats.rx_bad_ethertype += 1;
+            return;
+        }
+        self.batch.push((b, f.at, f.snap));
+    }
+
+    /// [`Self::recv_batch`] on a TPACKET_V2 ring: one frame per slot.
+    fn recv_batch_v2(&mut self) -> usize {
+        for _ in 0..RX_BATCH {
+            let s = self.ring.cur;
+            let st = self.ring.status(s).load(Ordering::Acquire);
+            if st & TP_STATUS_USER == 0 {
+                break;
             }
-            self.stats.rx_packets += 1;
-            self.stats.rx_bytes += f.wire as u64;
-            if f.snap < f.wire {
-                self.stats.rx_truncated += 1;
-                continue;
+            if st & TP_STATUS_LOSING != 0 {
+                self.ring_losses();
             }
-            if f.status & TP_STATUS_VLAN_VALID != 0 {
-                // The kernel took an 802.1Q tag off: not our (untagged) segment.
-                self.stats.rx_bad_ethertype += 1;
-                continue;
+            let f = slot_frame_v2(self.ring.block(s));
+            self.finish_block();
+            match f {
+                Some(f) => self.take(s, f),
+                None => self.stats.rx_short += 1,
             }
-            self.batch.push((b, f.at, f.snap));
         }
         self.batch.len()
     }
@@ -892,7 +1000,7 @@ impl RawTransport {
     /// The current block is walked: it goes back to the kernel with the next batch.
     fn finish_block(&mut self) {
         self.ring.done.push(self.ring.cur);
-        self.ring.cur = (self.ring.cur + 1) % BLOCK_NR;
+        self.ring.cur = (self.ring.cur + 1) % self.ring.nr;
         self.ring.walk = None;
     }
 
@@ -1307,6 +1415,22 @@ mod tests {
         assert_eq!(block_frame(&b, usize::MAX - 3), None);
     }
 
+    #[test]
+    fn ring_slot_headers_are_checked_against_the_slot() {
+        let mut s = vec![0u8; 2048];
+        s[4..8].copy_from_slice(&100u32.to_ne_bytes()); // len
+        s[8..12].copy_from_slice(&100u32.to_ne_bytes()); // snaplen
+        s[12..14].copy_from_slice(&66u16.to_ne_bytes()); // mac
+        let f = slot_frame_v2(&s).unwrap();
+        assert_eq!((f.at, f.snap, f.wire), (66, 100, 100));
+        s[8..12].copy_from_slice(&u32::MAX.to_ne_bytes());
+        assert_eq!(slot_frame_v2(&s), None, "frame past the slot end");
+        s[8..12].copy_from_slice(&100u32.to_ne_bytes());
+        s[12..14].copy_from_slice(&4u16.to_ne_bytes());
+        assert_eq!(slot_frame_v2(&s), None, "frame inside its own header");
+        assert_eq!(slot_frame_v2(&s[..20]), None, "slot shorter than a header");
+    }
+
     /// A classic BPF interpreter for the instructions the filter uses.
     fn run_bpf(prog: &[libc::sock_filter], pkt: &[u8]) -> u32 {
         let (mut a, mut x, mut pc) = (0u32, 0u32, 0usize);
@@ -1391,6 +1515,7 @@ mod tests {
             addrs: vec!["10.79.0.1".parse().unwrap()],
             mac: None,
             mtu: 1500,
+            ring: RingKind::V3,
         };
         match RawTransport::open(&cfg) {
             Err(RawError::NoSuchInterface(i)) => assert_eq!(i, "vur-nosuch0"),

@@ -153,3 +153,77 @@ impl Capture {
         }
     }
 }
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// A thread living in a second new network namespace, running what it is given there: the
+/// other end of a veth pair, its addresses and the processes started on it. `tid` names the
+/// namespace to `ip link set DEV netns TID`.
+pub struct NsThread {
+    tx: Option<std::sync::mpsc::Sender<Job>>,
+    handle: Option<std::thread::JoinHandle<()>>,
+    pub tid: i32,
+}
+
+impl NsThread {
+    pub fn new() -> Result<NsThread, String> {
+        let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let handle = std::thread::Builder::new()
+            .name("netns-peer".into())
+            .spawn(move || {
+                // SAFETY: unshare only changes this thread's namespaces; gettid has no
+                // preconditions.
+                let r = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+                if r != 0 {
+                    let _ = ready_tx.send(Err(io::Error::last_os_error().to_string()));
+                    return;
+                }
+                if let Err(e) = ip(&["link", "set", "lo", "up"]) {
+                    let _ = ready_tx.send(Err(e.to_string()));
+                    return;
+                }
+                // SAFETY: as above.
+                let _ = ready_tx.send(Ok(unsafe { libc::gettid() }));
+                while let Ok(job) = rx.recv() {
+                    job();
+                }
+            })
+            .map_err(|e| e.to_string())?;
+        let tid = ready_rx
+            .recv_timeout(Duration::from_secs(10))
+            .map_err(|_| "the namespace thread did not start within 10 s".to_string())??;
+        Ok(NsThread {
+            tx: Some(tx),
+            handle: Some(handle),
+            tid,
+        })
+    }
+
+    /// Runs `f` in the namespace and returns its result (a panic in `f` is passed on).
+    pub fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let job: Job = Box::new(move || {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+            let _ = tx.send(r);
+        });
+        self.tx
+            .as_ref()
+            .expect("namespace thread")
+            .send(job)
+            .expect("namespace thread alive");
+        match rx.recv().expect("namespace thread answers") {
+            Ok(v) => v,
+            Err(p) => std::panic::resume_unwind(p),
+        }
+    }
+}
+
+impl Drop for NsThread {
+    fn drop(&mut self) {
+        self.tx.take();
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}

@@ -1,8 +1,8 @@
 //! The raw transport (`--iface`) end to end, inside a network namespace each test creates:
 //! a veth pair with both ends in it, daemons on its ends, test guests on the daemons.
 //!
-//! - two raw daemons: RC SEND, WRITE and READ, and the frames on the wire carry the MACs
-//!   and addresses expected (captured on the veth);
+//! - two raw daemons (one with each receive ring): RC SEND, WRITE and READ, and the frames
+//!   on the wire carry the MACs and addresses expected (captured on the veth);
 //! - a raw daemon and a udp daemon (`--udp-addr` on an address the namespace's kernel holds):
 //!   the raw daemon's frames are RoCEv2 the kernel's UDP stack takes, and back;
 //! - the errors an operator meets: no such interface, interface down, no CAP_NET_RAW.
@@ -44,9 +44,10 @@ fn run(test: &str, f: impl FnOnce() + Send + 'static) {
     }
 }
 
-fn raw_node(iface: &str, mac: [u8; 6], ip: &str) -> Node {
+fn raw_node(iface: &str, mac: [u8; 6], ip: &str, ring: &str) -> Node {
     let addr: SocketAddr = format!("{ip}:4791").parse().unwrap();
-    let mut n = Node::start(bin(), addr, &["--iface", iface, "--raw-addr", ip]).expect("raw node");
+    let args = ["--iface", iface, "--raw-addr", ip, "--raw-ring", ring];
+    let mut n = Node::start(bin(), addr, &args).expect("raw node");
     n.mac = mac;
     n
 }
@@ -124,8 +125,8 @@ fn two_raw_daemons_over_a_veth_pair() {
     run("two_raw_daemons_over_a_veth_pair", || {
         netns::veth_pair("vra", MAC_A, "vrb", MAC_B).expect("veth pair");
         let cap = Capture::open("vrb").expect("capture socket");
-        let mut a = raw_node("vra", MAC_A, "10.79.0.1");
-        let mut b = raw_node("vrb", MAC_B, "10.79.0.2");
+        let mut a = raw_node("vra", MAC_A, "10.79.0.1", "v3");
+        let mut b = raw_node("vrb", MAC_B, "10.79.0.2", "v2");
         send_write_read(&mut a, &mut b);
         // What went from a to b on the wire: Ethernet from MAC_A to MAC_B, IPv4 with a
         // right header checksum, ID 0 and DF, from 10.79.0.1 to 10.79.0.2, UDP to 4791.
@@ -204,7 +205,7 @@ fn a_raw_daemon_and_a_udp_daemon_talk() {
             "permanent",
         ])
         .unwrap();
-        let mut a = raw_node("vua", MAC_A, "10.79.1.1");
+        let mut a = raw_node("vua", MAC_A, "10.79.1.1", "v2");
         let mut b = Node::start(bin(), "10.79.1.2:4791".parse().unwrap(), &[]).expect("udp node");
         b.mac = MAC_B;
         send_write_read(&mut a, &mut b);
