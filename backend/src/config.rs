@@ -16,6 +16,15 @@ use crate::unix_socket::{resolve_group, SocketAccess};
 pub enum TransportKind {
     /// RoCEv2 over a kernel UDP socket (unprivileged).
     Udp,
+    /// Whole frames on a host interface through an AF_PACKET socket (`--iface`; needs
+    /// CAP_NET_RAW).
+    Raw,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum RawRing {
+    V3,
+    V2,
 }
 
 /// vhost-user backend for a virtio-rdma (virtio ID 42) soft-RoCE device.
@@ -39,9 +48,23 @@ pub struct Args {
     /// Drop IPv4 packets whose ICRC cannot be verified with IP ID 0 (see docs/virtio-rdma.md).
     #[arg(long)]
     pub strict_icrc: bool,
-    /// Port MAC address.
-    #[arg(long, default_value = "02:00:00:00:00:01")]
-    pub mac: String,
+    /// Port MAC address (default 02:00:00:00:00:01; with --iface the interface's MAC).
+    #[arg(long)]
+    pub mac: Option<String>,
+    /// Host interface for the raw transport: the daemon sends and receives whole Ethernet
+    /// frames on it (AF_PACKET, needs CAP_NET_RAW). Selects `--transport raw`.
+    #[arg(long)]
+    pub iface: Option<String>,
+    /// With --iface: an IP address the device sources from and answers to (repeat or
+    /// separate with commas; IPv4 and IPv6). Each is a GID the guest should add. Best an
+    /// address the host itself does not hold on that interface (else its own UDP stack
+    /// answers the packets too, with ICMP port unreachable).
+    #[arg(long, value_delimiter = ',')]
+    pub raw_addr: Vec<std::net::IpAddr>,
+    /// With --iface: the receive ring. v3: blocks of frames handed over full or after 1 ms
+    /// (fewest wake-ups, but a lone packet waits up to that); v2: each frame at once.
+    #[arg(long, value_enum, default_value_t = RawRing::V3)]
+    pub raw_ring: RawRing,
     /// Netdev MTU the port is modelled on (active path MTU = largest IB MTU <= MTU - 80).
     #[arg(long, default_value_t = 1500)]
     pub mtu: u32,
@@ -112,6 +135,14 @@ pub enum ConfigError {
     Peer(String),
     #[error("--poll-us {0} out of range (0..=1000000 microseconds)")]
     PollUs(u32),
+    #[error("--transport raw needs --iface IFNAME")]
+    RawNeedsIface,
+    #[error("--iface needs at least one --raw-addr IP (the addresses the device answers to)")]
+    RawNeedsAddr,
+    #[error("--raw-addr {0}: must be a unicast address (not unspecified, loopback or multicast)")]
+    RawAddr(std::net::IpAddr),
+    #[error("--raw-addr: at most {0} addresses")]
+    RawAddrCount(usize),
 }
 
 /// The validated configuration.
@@ -122,6 +153,8 @@ pub struct Config {
     pub udp_addr: SocketAddr,
     pub peer_port: u16,
     pub strict_icrc: bool,
+    /// The raw transport's setup (`--iface`), when it is the transport.
+    pub raw: Option<crate::raw::RawConfig>,
     pub counters_socket: Option<PathBuf>,
     /// Mode and group of the unix sockets.
     pub socket_access: SocketAccess,
@@ -154,8 +187,54 @@ impl TryFrom<Args> for Config {
     type Error = ConfigError;
 
     fn try_from(a: Args) -> Result<Self, Self::Error> {
-        let mac = parse_mac(&a.mac).ok_or_else(|| ConfigError::Mac(a.mac.clone()))?;
-        if a.udp_addr.ip().is_unspecified() {
+        let mac = match &a.mac {
+            Some(m) => Some(parse_mac(m).ok_or_else(|| ConfigError::Mac(m.clone()))?),
+            None => None,
+        };
+        let transport = if a.iface.is_some() {
+            TransportKind::Raw
+        } else {
+            a.transport
+        };
+        let raw = match (transport, &a.iface) {
+            (TransportKind::Udp, _) => None,
+            (TransportKind::Raw, None) => return Err(ConfigError::RawNeedsIface),
+            (TransportKind::Raw, Some(iface)) => {
+                if a.raw_addr.is_empty() {
+                    return Err(ConfigError::RawNeedsAddr);
+                }
+                if a.raw_addr.len() > 8 {
+                    return Err(ConfigError::RawAddrCount(8));
+                }
+                let mut addrs = Vec::new();
+                for ip in &a.raw_addr {
+                    let ip = ip.to_canonical();
+                    let v4_bcast = matches!(ip, std::net::IpAddr::V4(v) if v.is_broadcast());
+                    if ip.is_unspecified() || ip.is_loopback() || ip.is_multicast() || v4_bcast {
+                        return Err(ConfigError::RawAddr(ip));
+                    }
+                    if !addrs.contains(&ip) {
+                        addrs.push(ip);
+                    }
+                }
+                Some(crate::raw::RawConfig {
+                    iface: iface.clone(),
+                    addrs,
+                    mac,
+                    mtu: a.mtu,
+                    ring: match a.raw_ring {
+                        RawRing::V3 => crate::raw::RingKind::V3,
+                        RawRing::V2 => crate::raw::RingKind::V2,
+                    },
+                })
+            }
+        };
+        let mac = mac.unwrap_or([2, 0, 0, 0, 0, 1]);
+        let local_ip = match &raw {
+            Some(r) => r.addrs[0],
+            None => a.udp_addr.ip(),
+        };
+        if raw.is_none() && a.udp_addr.ip().is_unspecified() {
             return Err(ConfigError::UnspecifiedAddr(a.udp_addr));
         }
         if !(576..=65535).contains(&a.mtu) {
@@ -187,7 +266,8 @@ impl TryFrom<Args> for Config {
         };
         Ok(Config {
             socket_path: a.socket_path,
-            transport: a.transport,
+            transport,
+            raw,
             udp_addr: a.udp_addr,
             peer_port: a.peer_port,
             strict_icrc: a.strict_icrc,
@@ -207,7 +287,7 @@ impl TryFrom<Args> for Config {
                     .ok_or_else(|| ConfigError::PageListBytes(a.max_page_list_bytes.clone()))?,
                 allow_remote_dma_mr: a.allow_remote_dma_mr,
                 egress: EgressPolicy::new(
-                    a.udp_addr.ip(),
+                    local_ip,
                     a.allow_peer
                         .iter()
                         .map(|s| s.parse::<Cidr>().map_err(ConfigError::Peer))
@@ -278,6 +358,8 @@ mod tests {
             Config::try_from(args(&["--allow-peer", "10.0.0.0/40"])),
             Err(ConfigError::Peer(_))
         ));
+        assert_eq!(c.model.dev.mac, [2, 0, 0, 0, 0, 1]);
+        assert!(c.raw.is_none());
         let g = Config::try_from(args(&["--socket-group", "0"])).unwrap();
         assert_eq!(
             (g.socket_access.group, g.socket_access.mode()),
@@ -313,6 +395,47 @@ mod tests {
                     .is_err(),
                 "{bad}"
             );
+        }
+    }
+
+    #[test]
+    fn raw_transport_options() {
+        let c = Config::try_from(args(&[
+            "--iface",
+            "veth0",
+            "--raw-addr",
+            "10.79.0.1,fd79::1",
+        ]))
+        .unwrap();
+        assert_eq!(c.transport, TransportKind::Raw);
+        let r = c.raw.unwrap();
+        assert_eq!(r.iface, "veth0");
+        assert_eq!(r.addrs.len(), 2);
+        assert_eq!(r.mac, None, "the interface's MAC unless --mac");
+        assert!(!c.model.egress.deny_loopback || r.addrs[0].is_ipv4());
+        let m = Config::try_from(args(&[
+            "--iface",
+            "veth0",
+            "--raw-addr",
+            "10.79.0.1",
+            "--mac",
+            "02:00:00:00:00:07",
+        ]))
+        .unwrap();
+        assert_eq!(m.raw.unwrap().mac, Some([2, 0, 0, 0, 0, 7]));
+        assert_eq!(
+            Config::try_from(args(&["--iface", "veth0"])).unwrap_err(),
+            ConfigError::RawNeedsAddr
+        );
+        assert_eq!(
+            Config::try_from(args(&["--transport", "raw"])).unwrap_err(),
+            ConfigError::RawNeedsIface
+        );
+        for bad in ["0.0.0.0", "127.0.0.1", "224.0.0.1", "::", "ff02::1"] {
+            assert!(matches!(
+                Config::try_from(args(&["--iface", "veth0", "--raw-addr", bad])),
+                Err(ConfigError::RawAddr(_))
+            ));
         }
     }
 }

@@ -8,8 +8,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::link::Transport;
 use crate::model::Model;
-use crate::transport::{TransportStats, UdpTransport};
+use crate::transport::TransportStats;
 use crate::unix_socket::SocketAccess;
 use crate::vhu_rdma::VhuRdma;
 
@@ -17,7 +18,7 @@ use crate::vhu_rdma::VhuRdma;
 pub struct Shared {
     /// The connected frontend's backend, which renders the counters on its own thread.
     pub backend: Mutex<Option<Arc<VhuRdma>>>,
-    pub transport: Arc<Mutex<UdpTransport>>,
+    pub transport: Arc<Mutex<Transport>>,
     pub connections: AtomicU64,
     pub shutdown: AtomicBool,
 }
@@ -59,7 +60,16 @@ pub fn render_body(t: &TransportStats, model: Option<&Model>) -> String {
             rx_icrc_bad,
             rx_short,
             rx_errors,
-            rx_unattached
+            rx_unattached,
+            rx_not_ours,
+            rx_bad_ethertype,
+            rx_bad_ip,
+            rx_ip_checksum_bad,
+            rx_bad_udp,
+            rx_truncated,
+            rx_ring_lost,
+            tx_no_dmac,
+            tx_bad_source
         ]
     );
     o.push('}');
@@ -159,7 +169,7 @@ pub fn render(shared: &Shared) -> String {
             .render_counters(RENDER_WAIT)
             .unwrap_or_else(|| "\"busy\":true".to_string()),
         // No worker: nothing else takes the transport.
-        None => render_body(&lock(&shared.transport).stats, None),
+        None => render_body(&lock(&shared.transport).stats(), None),
     };
     let heap = match crate::heap::stats() {
         Some(h) => format!(
@@ -208,12 +218,13 @@ mod tests {
     /// not a hang; without a frontend it gets the transport's counters.
     #[test]
     fn a_reader_does_not_wait_for_the_data_path() {
-        let Ok(t) = UdpTransport::bind("127.0.0.1:0".parse().unwrap(), 0, false) else {
+        let Ok(t) = crate::transport::UdpTransport::bind("127.0.0.1:0".parse().unwrap(), 0, false)
+        else {
             eprintln!("skip: 127.0.0.1 cannot be bound");
             return;
         };
         let model = Arc::new(Mutex::new(Model::new(ModelConfig::default())));
-        let transport = Arc::new(Mutex::new(t));
+        let transport = Arc::new(Mutex::new(Transport::Udp(t)));
         let shared = Shared {
             backend: Mutex::new(None),
             transport: transport.clone(),

@@ -5,7 +5,8 @@
 //! Layout (vhost-device style): [`config`] turns the command line into a validated
 //! [`config::Config`]; [`start_backend`] serves one frontend after another; [`vhu_rdma`] holds
 //! the `VhostUserBackend` impl; [`model`] is the device (commands, rings, engine pumping),
-//! testable without a socket; [`transport`] the UDP socket; [`counters`] the query socket.
+//! testable without a socket; [`link`] the host attachment: [`transport`] the UDP socket or
+//! [`raw`] an interface's frames; [`counters`] the query socket.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
@@ -21,8 +22,10 @@ pub mod egress;
 pub mod events;
 pub mod guest_mem;
 pub mod heap;
+pub mod link;
 pub mod model;
 pub mod poll;
+pub mod raw;
 pub mod ring;
 pub mod transport;
 pub mod unix_socket;
@@ -41,6 +44,7 @@ use vmm_sys_util::epoll::EventSet;
 use crate::config::Config;
 use crate::counters::Shared;
 use crate::guest_mem::GuestMemoryMmap;
+use crate::link::Transport;
 use crate::model::Model;
 use crate::transport::UdpTransport;
 use crate::vhu_rdma::{VhuRdma, COUNTERS_EVENT, TIMER_EVENT, UDP_EVENT, WORK_EVENT};
@@ -49,6 +53,8 @@ use crate::vhu_rdma::{VhuRdma, COUNTERS_EVENT, TIMER_EVENT, UDP_EVENT, WORK_EVEN
 pub enum Error {
     #[error("binding the UDP socket {0}: {1}")]
     Udp(std::net::SocketAddr, std::io::Error),
+    #[error("{0}")]
+    Raw(#[from] raw::RawError),
     #[error("creating the vhost-user socket {0}: {1}")]
     Socket(String, std::io::Error),
     #[error("vhost-user daemon: {0}")]
@@ -91,16 +97,39 @@ fn block_signals() -> libc::sigset_t {
 
 /// Serves frontends on `config.socket_path` one after another until SIGINT or SIGTERM.
 /// A frontend that disconnects is not an error: its state is dropped and the next one served.
-pub fn start_backend(config: Config) -> Result<(), Error> {
+pub fn start_backend(mut config: Config) -> Result<(), Error> {
     let sigset = block_signals();
-    let mut transport = UdpTransport::bind(config.udp_addr, config.peer_port, config.strict_icrc)
-        .map_err(|e| Error::Udp(config.udp_addr, e))?;
+    let mut transport = match &config.raw {
+        None => {
+            let t = UdpTransport::bind(config.udp_addr, config.peer_port, config.strict_icrc)
+                .map_err(|e| Error::Udp(config.udp_addr, e))?;
+            log::info!(
+                "udp transport on {} (peers on port {})",
+                t.local_addr(),
+                config.peer_port
+            );
+            Transport::Udp(t)
+        }
+        Some(r) => {
+            let t = raw::RawTransport::open(r)?;
+            // The port MAC is the one frames go out from.
+            config.model.dev.mac = t.mac();
+            log::info!(
+                "raw transport on {} (index {}, MTU {}), MAC {}, addresses {:?}",
+                t.iface(),
+                t.info().index,
+                t.info().mtu,
+                t.mac()
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect::<Vec<_>>()
+                    .join(":"),
+                r.addrs
+            );
+            Transport::Raw(t)
+        }
+    };
     transport.set_egress(config.model.egress.clone());
-    log::info!(
-        "udp transport on {} (peers on port {})",
-        transport.local_addr(),
-        config.peer_port
-    );
     let shared = Arc::new(Shared {
         backend: Mutex::new(None),
         transport: Arc::new(Mutex::new(transport)),
@@ -146,11 +175,13 @@ pub fn start_backend(config: Config) -> Result<(), Error> {
         let mut mc = config.model.clone();
         mc.dev.seed = Some(random_u64()?);
         let mut m = Model::new(mc);
-        m.set_source_gids(vec![shared
-            .transport
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .gid()]);
+        m.set_source_gids(
+            shared
+                .transport
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .gids(),
+        );
         let model = Arc::new(Mutex::new(m));
         let backend = Arc::new(VhuRdma::new(
             model.clone(),

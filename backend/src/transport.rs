@@ -61,6 +61,24 @@ pub struct TransportStats {
     pub rx_errors: u64,
     /// Datagrams dropped because no guest memory was there to take them yet.
     pub rx_unattached: u64,
+    // The raw transport's own reasons (crate::raw): 0 with the udp transport.
+    /// Frames to a destination MAC or IP address that is not ours.
+    pub rx_not_ours: u64,
+    /// Frames neither IPv4 nor IPv6 (or VLAN-tagged).
+    pub rx_bad_ethertype: u64,
+    /// Bad IP version, header length, total length, protocol, or a fragment.
+    pub rx_bad_ip: u64,
+    pub rx_ip_checksum_bad: u64,
+    /// Bad UDP length, destination port, or non-zero checksum.
+    pub rx_bad_udp: u64,
+    /// Frames the ring held only part of.
+    pub rx_truncated: u64,
+    /// Frames the kernel dropped because the receive ring was full.
+    pub rx_ring_lost: u64,
+    /// Packets whose address vector has no destination MAC.
+    pub tx_no_dmac: u64,
+    /// Packets from a source GID that is none of our addresses.
+    pub tx_bad_source: u64,
 }
 
 pub struct UdpTransport {

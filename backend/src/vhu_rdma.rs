@@ -22,9 +22,10 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::abi::{self, NUM_QUEUES, VQ_CTRL, VQ_DOORBELL, VQ_EVENT};
 use crate::guest_mem::GuestMemoryMmap;
+use crate::link::Transport;
 use crate::model::{Model, Pump};
 use crate::poll::{bump, PollWindow, WorkerStats};
-use crate::transport::{UdpTransport, RX_BATCH};
+use crate::transport::RX_BATCH;
 
 /// The queues a poll session polls (and whose kicks it suppresses): the guest's work.
 const POLLED_QUEUES: [u16; 2] = [VQ_DOORBELL, VQ_CTRL];
@@ -209,7 +210,7 @@ impl RxBackoff {
 
 pub struct VhuRdma {
     model: Arc<Mutex<Model>>,
-    transport: Arc<Mutex<UdpTransport>>,
+    transport: Arc<Mutex<Transport>>,
     mem: Mutex<Option<GM>>,
     event_idx: AtomicBool,
     /// Whether this connection was checked for a guest that used an earlier device instance.
@@ -258,7 +259,7 @@ impl VhuRdma {
     /// A backend for one frontend connection; `poll_us` is `--poll-us` (0: no polling).
     pub fn new(
         model: Arc<Mutex<Model>>,
-        transport: Arc<Mutex<UdpTransport>>,
+        transport: Arc<Mutex<Transport>>,
         poll_us: u32,
     ) -> io::Result<Self> {
         let udp_fd = lock(&transport).fd();
@@ -343,7 +344,7 @@ impl VhuRdma {
     /// Renders the counters for the readers waiting (worker thread).
     fn publish_counters(&self, model: &Model) {
         let _ = self.counters_req.read();
-        let t = lock(&self.transport).stats;
+        let t = lock(&self.transport).stats();
         let mut body = crate::counters::render_body(&t, Some(model));
         let w = lock(&self.window).window_ns();
         body.push_str(",\"worker\":{");
@@ -373,7 +374,7 @@ impl VhuRdma {
     /// After a receive: a socket that gave up on errors is left out of the epoll for a while
     /// (longer each time it fails again, up to [`RxBackoff::MAX_NS`]) instead of waking the
     /// worker at once, level-triggered, for ever.
-    fn rx_health(&self, t: &UdpTransport) {
+    fn rx_health(&self, t: &Transport) {
         let mut p = lock(&self.rx_pause);
         if !t.rx_failing() {
             p.ok();
@@ -383,7 +384,7 @@ impl VhuRdma {
         drop(p);
         log::warn!(
             "udp socket: {} receive errors so far; not reading it for {} ms",
-            t.stats.rx_errors,
+            t.stats().rx_errors,
             until.0.saturating_sub(now().0) / 1_000_000
         );
         self.udp_listen(t.fd(), false);

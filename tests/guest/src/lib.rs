@@ -30,6 +30,7 @@ use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use vmm_sys_util::eventfd::EventFd;
 
 pub mod cloud_hypervisor;
+pub mod netns;
 pub mod scale;
 
 pub use vhost_user_rdma::abi;
@@ -2115,6 +2116,9 @@ pub struct Node {
     pub daemon: Daemon,
     pub guest: Guest,
     pub gid: Gid,
+    /// The MAC peers put in their address vectors for this node (what the raw transport
+    /// sends frames to; zero for the udp transport, which has no use for it).
+    pub mac: [u8; 6],
 }
 
 impl Node {
@@ -2144,7 +2148,12 @@ impl Node {
         let mut guest = Guest::connect(&daemon.socket, opts)?;
         let gid = Gid::from_ip(addr.ip());
         guest.add_gid(0, gid)?;
-        Ok(Node { daemon, guest, gid })
+        Ok(Node {
+            daemon,
+            guest,
+            gid,
+            mac: [0; 6],
+        })
     }
 }
 
@@ -2193,6 +2202,19 @@ impl Default for ConnOpts {
 
 /// Moves a QP through INIT → RTR → RTS towards `(dgid, dqpn)`, the way ibv_rc_pingpong does.
 pub fn bring_up(g: &mut Guest, qp: &Qp, dgid: Gid, dqpn: u32, o: &ConnOpts) -> Result<()> {
+    bring_up_l2(g, qp, dgid, [0; 6], dqpn, o)
+}
+
+/// As [`bring_up`], with the destination MAC the driver resolved for `dgid` in the address
+/// vector (the raw transport puts it on the frames).
+pub fn bring_up_l2(
+    g: &mut Guest,
+    qp: &Qp,
+    dgid: Gid,
+    dmac: [u8; 6],
+    dqpn: u32,
+    o: &ConnOpts,
+) -> Result<()> {
     let ud = matches!(qp.qp_type, QpType::Ud | QpType::Gsi);
     let mut a = QpAttr {
         qp_state: QpState::Init,
@@ -2221,6 +2243,7 @@ pub fn bring_up(g: &mut Guest, qp: &Qp, dgid: Gid, dqpn: u32, o: &ConnOpts) -> R
             dgid,
             sgid_index: 0,
             hop_limit: 64,
+            dmac,
             ..Default::default()
         };
         m |= AttrMask::AV | AttrMask::PATH_MTU | AttrMask::DEST_QPN | AttrMask::RQ_PSN;
@@ -2245,7 +2268,8 @@ pub fn bring_up(g: &mut Guest, qp: &Qp, dgid: Gid, dqpn: u32, o: &ConnOpts) -> R
     g.modify_qp(qp, &a, m)
 }
 
-/// Creates a PD, a CQ and a QP on each node and connects the QPs.
+/// Creates a PD, a CQ and a QP on each node and connects the QPs (each address vector with
+/// the other node's MAC).
 pub fn connect_qps(a: &mut Node, b: &mut Node, o: &ConnOpts) -> Result<(End, End)> {
     let mk = |n: &mut Node| -> Result<End> {
         let pd = n.guest.alloc_pd()?;
@@ -2255,8 +2279,8 @@ pub fn connect_qps(a: &mut Node, b: &mut Node, o: &ConnOpts) -> Result<(End, End
     };
     let ea = mk(a)?;
     let eb = mk(b)?;
-    bring_up(&mut a.guest, &ea.qp, b.gid, eb.qp.qpn, o)?;
-    bring_up(&mut b.guest, &eb.qp, a.gid, ea.qp.qpn, o)?;
+    bring_up_l2(&mut a.guest, &ea.qp, b.gid, b.mac, eb.qp.qpn, o)?;
+    bring_up_l2(&mut b.guest, &eb.qp, a.gid, a.mac, ea.qp.qpn, o)?;
     Ok((ea, eb))
 }
 

@@ -92,7 +92,15 @@ fn ch_node(addr: std::net::SocketAddr) -> (Node, GenericVhostUserDevice) {
     let mut guest = dev.activate_guest(&ch_ram()).expect("activation");
     let gid = rxe_core::Gid::from_ip(addr.ip());
     guest.add_gid(0, gid).expect("add_gid");
-    (Node { daemon, guest, gid }, dev)
+    (
+        Node {
+            daemon,
+            guest,
+            gid,
+            mac: [0; 6],
+        },
+        dev,
+    )
 }
 
 fn fine(d: &mut Daemon) {

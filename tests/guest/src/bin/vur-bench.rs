@@ -18,12 +18,19 @@
 //! each) with no other QP, then with 16 384 RC QPs in each daemon (the rest idle, in RTS), in
 //! `--rounds` interleaved rounds; messages/s and the daemons' CPU per message side by side,
 //! the daemon's anonymous memory per idle QP, and the QP create / destroy rates.
+//!
+//! `--only raw` (root) compares the transports on a veth pair whose ends are in two network
+//! namespaces it creates (and that vanish with it): two `udp` daemons on addresses the
+//! namespaces' kernels hold, then two `raw` daemons (`--iface`) on the same ends, each pair
+//! measuring the 64 B RC SEND half RTT and the 64 KiB RC WRITE throughput, in `--rounds`
+//! interleaved rounds; medians and ranges.
 
 use std::path::PathBuf;
 
 use clap::Parser;
+use rxe_core::Gid;
 use vur_testguest::perf::{self, WaitMode};
-use vur_testguest::{find_daemon, loopback_pair, Node};
+use vur_testguest::{find_daemon, loopback_pair, netns, Daemon, Guest, GuestOpts, Node};
 
 #[derive(Parser, Debug)]
 #[command(about = "vhost-user-rdma benchmarks, side by side with kernel UDP/TCP loopback")]
@@ -35,7 +42,7 @@ struct Args {
     #[arg(long)]
     compare: Option<PathBuf>,
     /// Run one row only.
-    #[arg(long, value_parser = ["pingpong", "write", "rate", "scale"])]
+    #[arg(long, value_parser = ["pingpong", "write", "rate", "scale", "raw"])]
     only: Option<String>,
     /// How the guest waits for completions.
     #[arg(long, default_value = "spin", value_parser = ["spin", "event"])]
@@ -152,6 +159,197 @@ fn run_daemon(bin: &std::path::Path, a: &Args, wait: WaitMode, poll_us: Option<u
             perf::rc_msg_rate(&mut x, &mut y, 64, a.messages, RATE_WINDOW).expect("msg rate");
     }
     r
+}
+
+const VETH_A: (&str, [u8; 6]) = ("vurb-a", [0x02, 0x79, 0xbe, 0, 0, 0x0a]);
+const VETH_B: (&str, [u8; 6]) = ("vurb-b", [0x02, 0x79, 0xbe, 0, 0, 0x0b]);
+
+/// Starts a daemon (in the calling thread's namespace) and attaches a test guest to it.
+fn veth_node(d: std::io::Result<Daemon>, ip: &str, mac: [u8; 6]) -> Node {
+    let daemon = d.expect("daemon");
+    let mut guest = Guest::connect(&daemon.socket, GuestOpts::default()).expect("guest");
+    let gid = Gid::from_ip(ip.parse().unwrap());
+    guest.add_gid(0, gid).expect("add_gid");
+    Node {
+        daemon,
+        guest,
+        gid,
+        mac,
+    }
+}
+
+/// One pair on the veth: (half RTT in µs, WRITE Gbit/s).
+fn veth_pair_run(
+    bin: &std::path::Path,
+    peer: &netns::NsThread,
+    ring: Option<&str>,
+    a: &Args,
+    wait: WaitMode,
+) -> (f64, f64) {
+    let raw = ring.is_some();
+    let (ip_a, ip_b) = if raw {
+        ("10.79.4.1", "10.79.4.2")
+    } else {
+        ("10.79.3.1", "10.79.3.2")
+    };
+    let args = |iface: &str, ip: &str| -> Vec<String> {
+        let mut v = vec!["--mtu".to_string(), "9000".into()];
+        if raw {
+            v.extend([
+                "--iface".into(),
+                iface.into(),
+                "--raw-addr".into(),
+                ip.into(),
+                "--raw-ring".into(),
+                ring.unwrap_or("v3").into(),
+            ]);
+        }
+        v
+    };
+    let cpus = a.daemon_cpu.map(|c| vec![c]);
+    let spawn = |ip: &str, args: Vec<String>, cpus: Option<Vec<usize>>| {
+        let addr = format!("{ip}:4791").parse().unwrap();
+        let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+        Daemon::spawn_on(bin, addr, &args, cpus.as_deref())
+    };
+    let mut x = veth_node(
+        spawn(ip_a, args(VETH_A.0, ip_a), cpus.clone()),
+        ip_a,
+        VETH_A.1,
+    );
+    let (bin_b, args_b, cpus_b, ip_b_s) = (
+        bin.to_path_buf(),
+        args(VETH_B.0, ip_b),
+        cpus.clone(),
+        ip_b.to_string(),
+    );
+    let db = peer.run(move || {
+        let addr = format!("{ip_b_s}:4791").parse().unwrap();
+        let args: Vec<&str> = args_b.iter().map(|s| s.as_str()).collect();
+        Daemon::spawn_on(&bin_b, addr, &args, cpus_b.as_deref())
+    });
+    let mut y = veth_node(db, ip_b, VETH_B.1);
+    let d = perf::rc_pingpong_wait(&mut x, &mut y, 64, a.iters, wait).expect("ping-pong");
+    let bw = perf::rc_write_bw(&mut x, &mut y, 64 << 10, a.write_bytes, 16).expect("write");
+    (d.as_secs_f64() * 1e6, bw * 8.0 / 1e9)
+}
+
+/// Median and range of `v`.
+fn med_range(v: &mut [f64]) -> (f64, f64, f64) {
+    v.sort_by(|a, b| a.total_cmp(b));
+    (v[v.len() / 2], v[0], v[v.len() - 1])
+}
+
+/// The transport table (`--only raw`): udp vs raw daemons on a veth pair between two
+/// namespaces of its own.
+fn raw_vs_udp(bin: &std::path::Path, a: &Args, wait: WaitMode) {
+    if let Some(why) = netns::unavailable() {
+        println!("raw vs udp: skipped: {why}");
+        return;
+    }
+    let (bin, a2) = (
+        bin.to_path_buf(),
+        (a.iters, a.write_bytes, a.rounds, a.daemon_cpu),
+    );
+    let bin_in = bin.clone();
+    let r = netns::run_in_new_netns(move || {
+        let bin = bin_in;
+        let a = Args {
+            iters: a2.0,
+            write_bytes: a2.1,
+            rounds: a2.2.max(1),
+            daemon_cpu: a2.3,
+            ..Args::parse_from(["vur-bench"])
+        };
+        let peer = netns::NsThread::new().expect("second namespace");
+        let (na, ma) = VETH_A;
+        let (nb, mb) = VETH_B;
+        netns::ip(&["link", "add", na, "type", "veth", "peer", "name", nb]).expect("veth");
+        netns::ip(&["link", "set", nb, "netns", &peer.tid.to_string()]).expect("move veth");
+        for (ns_ip, cmds) in [
+            (
+                false,
+                vec![
+                    vec!["link", "set", na, "address", &netns::mac_str(ma)],
+                    vec!["link", "set", na, "mtu", "9000"],
+                    vec!["addr", "add", "10.79.3.1/24", "dev", na],
+                    vec!["link", "set", na, "up"],
+                ],
+            ),
+            (
+                true,
+                vec![
+                    vec!["link", "set", nb, "address", &netns::mac_str(mb)],
+                    vec!["link", "set", nb, "mtu", "9000"],
+                    vec!["addr", "add", "10.79.3.2/24", "dev", nb],
+                    vec!["link", "set", nb, "up"],
+                ],
+            ),
+        ] {
+            let cmds: Vec<Vec<String>> = cmds
+                .into_iter()
+                .map(|c| c.into_iter().map(String::from).collect())
+                .collect();
+            let go = move || {
+                for c in &cmds {
+                    let c: Vec<&str> = c.iter().map(|s| s.as_str()).collect();
+                    netns::ip(&c).expect("ip");
+                }
+            };
+            if ns_ip {
+                peer.run(go);
+            } else {
+                go();
+            }
+        }
+        let kinds = [None, Some("v3"), Some("v2")];
+        let mut lat = vec![vec![]; kinds.len()];
+        let mut bw = vec![vec![]; kinds.len()];
+        for round in 0..a.rounds {
+            let mut line = format!("round {}:", round + 1);
+            for (i, k) in kinds.iter().enumerate() {
+                let (l, b) = veth_pair_run(&bin, &peer, *k, &a, wait);
+                lat[i].push(l);
+                bw[i].push(b);
+                line += &format!(" {} {l:.1} us {b:.2} Gbit/s;", k.unwrap_or("udp"));
+            }
+            eprintln!("{line}");
+        }
+        let lat: Vec<_> = lat.iter_mut().map(|v| med_range(v)).collect();
+        let bw: Vec<_> = bw.iter_mut().map(|v| med_range(v)).collect();
+        (lat, bw)
+    });
+    let Ok((lat, bw)) = r.inspect_err(|why| println!("raw vs udp: skipped: {why}")) else {
+        return;
+    };
+    let cell = |m: (f64, f64, f64), p: usize| format!("{:.p$} ({:.p$}-{:.p$})", m.0, m.1, m.2);
+    println!(
+        "{:<28} {:>22} {:>22} {:>22}",
+        "veth, 2 namespaces", "udp", "raw --raw-ring v3", "raw --raw-ring v2"
+    );
+    println!(
+        "{:<28} {:>22} {:>22} {:>22}",
+        "64 B RC SEND half RTT, us",
+        cell(lat[0], 1),
+        cell(lat[1], 1),
+        cell(lat[2], 1)
+    );
+    println!(
+        "{:<28} {:>22} {:>22} {:>22}",
+        "64 KiB RC WRITE, Gbit/s",
+        cell(bw[0], 2),
+        cell(bw[1], 2),
+        cell(bw[2], 2)
+    );
+    println!("median (min-max) of the rounds");
+    println!(
+        "rounds: {}; iterations: {}; WRITE bytes: {}; wait mode: {}; daemon: {}",
+        a.rounds,
+        a.iters,
+        a.write_bytes,
+        a.wait,
+        bin.display()
+    );
 }
 
 /// Messages in flight on each active pair of the scale table.
@@ -280,6 +478,10 @@ fn main() {
     }
     if a.only.as_deref() == Some("scale") {
         scale(&bin, &a);
+        return;
+    }
+    if a.only.as_deref() == Some("raw") {
+        raw_vs_udp(&bin, &a, wait);
         return;
     }
     let ours = run_daemon(&bin, &a, wait, None);

@@ -1,0 +1,85 @@
+//! The host attachment the worker sends and receives through: the `udp` transport (a kernel
+//! UDP socket, [`crate::transport`]) or the `raw` one (an AF_PACKET socket on an interface,
+//! [`crate::raw`]). Both hand the worker batches of checked RoCE packets and take the
+//! engine's packets through [`PacketSink`].
+
+use std::os::fd::RawFd;
+
+use rxe_core::device::{RecvMeta, Transmit};
+use rxe_core::Gid;
+
+use crate::egress::EgressPolicy;
+use crate::model::PacketSink;
+use crate::raw::RawTransport;
+use crate::transport::{TransportStats, UdpTransport};
+
+pub enum Transport {
+    Udp(UdpTransport),
+    Raw(RawTransport),
+}
+
+macro_rules! each {
+    ($self:expr, $t:ident => $e:expr) => {
+        match $self {
+            Transport::Udp($t) => $e,
+            Transport::Raw($t) => $e,
+        }
+    };
+}
+
+impl Transport {
+    /// The fd the worker waits on for input (and, duplicated, for writability).
+    pub fn fd(&self) -> RawFd {
+        each!(self, t => t.fd())
+    }
+
+    /// The GIDs the device sources from: the UDP socket's address, or the raw addresses.
+    pub fn gids(&self) -> Vec<Gid> {
+        match self {
+            Transport::Udp(t) => vec![t.gid()],
+            Transport::Raw(t) => t.gids(),
+        }
+    }
+
+    pub fn stats(&self) -> TransportStats {
+        each!(self, t => t.stats)
+    }
+
+    pub fn set_egress(&mut self, p: EgressPolicy) {
+        each!(self, t => t.set_egress(p))
+    }
+
+    pub fn recv_batch(&mut self) -> usize {
+        each!(self, t => t.recv_batch())
+    }
+
+    pub fn packet(&mut self, i: usize) -> Option<(RecvMeta, &[u8])> {
+        each!(self, t => t.packet(i))
+    }
+
+    pub fn drop_unattached(&mut self, max: usize) -> usize {
+        each!(self, t => t.drop_unattached(max))
+    }
+
+    pub fn rx_failing(&self) -> bool {
+        each!(self, t => t.rx_failing())
+    }
+}
+
+impl PacketSink for Transport {
+    fn next_buf(&mut self) -> &mut [u8] {
+        each!(self, t => t.next_buf())
+    }
+
+    fn push(&mut self, tx: &Transmit) {
+        each!(self, t => t.push(tx))
+    }
+
+    fn flush(&mut self) {
+        each!(self, t => t.flush())
+    }
+
+    fn blocked(&self) -> bool {
+        each!(self, t => t.blocked())
+    }
+}

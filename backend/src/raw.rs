@@ -1,0 +1,1528 @@
+//! The `raw` transport: RoCEv2 frames on a host interface through an AF_PACKET socket.
+//!
+//! The daemon owns the whole frame: it writes the Ethernet, IP and UDP headers in front of each
+//! RoCE packet the engine built (source MAC: the port MAC; destination MAC: the address
+//! vector's `dmac`, as the guest driver resolved it), fills the ICRC over exactly those headers
+//! (IPv4 ID 0 with DF, as the `udp` transport's kernel socket sends; UDP checksum 0 as rxe
+//! does) and sends them in batches (`sendmmsg` with `PACKET_QDISC_BYPASS`).
+//!
+//! Reception goes through a TPACKET_V3 ring mapped into the daemon: the kernel fills blocks
+//! of frames and hands a block over when it is full or when its retire timer
+//! ([`BLOCK_TIMEOUT_MS`]) fires; the worker walks the frames of every block handed over in
+//! batches and gives each block back once it has walked it. A classic BPF filter in the kernel
+//! keeps only UDP to port 4791 of our addresses (unfragmented). Every frame is checked again
+//! here — Ethernet type and destination, IP version, header length, checksum and total
+//! length, UDP length and port, destination address, and the full ICRC (the IPv4 ID is in the
+//! frame: no solving) — and each reason for a drop is counted ([`TransportStats`]). Nothing in
+//! a frame is trusted: offsets the ring's headers give are checked against the block before a
+//! byte is read.
+
+use std::ffi::CString;
+use std::fmt;
+use std::io;
+use std::net::IpAddr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use rxe_core::device::{RecvMeta, Transmit};
+use rxe_core::Gid;
+
+use crate::egress::EgressPolicy;
+use crate::model::PacketSink;
+use crate::transport::TransportStats;
+
+/// Packets sent with one `sendmmsg`.
+pub const TX_BATCH: usize = 32;
+/// Frames handed to the caller per [`RawTransport::recv_batch`].
+pub const RX_BATCH: usize = 32;
+/// Headers in front of a RoCE packet at most: Ethernet, IPv6, UDP.
+const HDR_ROOM: usize = ETH_LEN + 40 + 8;
+/// Room per transmitted frame: the headers, a 4096-byte path MTU and every RoCE header.
+const TX_SLOT: usize = HDR_ROOM + 4096 + 256;
+/// Bytes per ring block (a multiple of the page size; holds the largest frame many times).
+const BLOCK_SIZE: usize = 1 << 18;
+/// Blocks in the receive ring (4 MiB).
+const BLOCK_NR: usize = 16;
+/// Nominal frame size the kernel wants for a V3 ring (frames are packed, not slotted).
+const FRAME_SIZE: usize = 2048;
+/// TPACKET_V2 ring: slots of this size (a 9000-byte frame and its header fit)…
+const V2_FRAME: usize = 16384;
+/// …in kernel blocks of this size…
+const V2_BLOCK: usize = 1 << 16;
+/// …this many slots (4 MiB).
+const V2_FRAMES: usize = 256;
+/// A block the kernel has put frames in is handed over at the latest this long after it was
+/// opened (the latency floor of a lone packet).
+pub const BLOCK_TIMEOUT_MS: u32 = 1;
+/// Bytes of a frame the kernel copies into the ring at most (the filter's return value).
+const SNAP_LEN: u32 = 65535;
+
+const ETH_LEN: usize = 14;
+const ETH_P_ALL: u16 = 0x0003;
+const ETH_P_IP: u16 = 0x0800;
+const ETH_P_IPV6: u16 = 0x86dd;
+const ROCE_PORT: u16 = 4791;
+
+// linux/if_packet.h
+const PACKET_RX_RING: i32 = 5;
+const PACKET_STATISTICS: i32 = 6;
+const PACKET_VERSION: i32 = 10;
+const PACKET_QDISC_BYPASS: i32 = 20;
+const PACKET_IGNORE_OUTGOING: i32 = 23;
+const TPACKET_V2: i32 = 1;
+const TPACKET_V3: i32 = 2;
+const TP_STATUS_KERNEL: u32 = 0;
+const TP_STATUS_USER: u32 = 1;
+const TP_STATUS_VLAN_VALID: u32 = 1 << 4;
+const PACKET_OUTGOING: u8 = 4;
+
+/// Why the raw transport could not be set up.
+#[derive(Debug)]
+pub enum RawError {
+    NoSuchInterface(String),
+    InterfaceDown(String),
+    /// The interface is not Ethernet (no 6-byte hardware address).
+    NotEthernet(String),
+    MtuTooLarge {
+        iface: String,
+        want: u32,
+        has: u32,
+    },
+    /// `socket(AF_PACKET)` was refused: the process lacks CAP_NET_RAW.
+    NoCapNetRaw(String),
+    Io(&'static str, String, io::Error),
+}
+
+impl fmt::Display for RawError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RawError::NoSuchInterface(i) => write!(f, "--iface {i}: no such interface"),
+            RawError::InterfaceDown(i) => {
+                write!(f, "--iface {i}: the interface is down (ip link set {i} up)")
+            }
+            RawError::NotEthernet(i) => write!(f, "--iface {i}: not an Ethernet interface"),
+            RawError::MtuTooLarge { iface, want, has } => write!(
+                f,
+                "--mtu {want} is larger than the MTU of {iface} ({has}): frames would not fit"
+            ),
+            RawError::NoCapNetRaw(i) => write!(
+                f,
+                "--iface {i}: opening a packet socket needs CAP_NET_RAW, which this process \
+                 does not have (run as root or grant it: setcap cap_net_raw+ep on the binary)"
+            ),
+            RawError::Io(what, i, e) => write!(f, "--iface {i}: {what}: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for RawError {}
+
+/// What the raw transport needs to know of its interface.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IfaceInfo {
+    pub index: i32,
+    pub mac: [u8; 6],
+    pub mtu: u32,
+    pub up: bool,
+}
+
+/// An `ifreq` naming `name` (at most IFNAMSIZ - 1 bytes).
+fn ifreq(name: &str) -> Option<libc::ifreq> {
+    let b = name.as_bytes();
+    if b.is_empty() || b.len() >= libc::IFNAMSIZ || b.contains(&0) {
+        return None;
+    }
+    // SAFETY: ifreq is plain data; all-zero is a valid value.
+    let mut r: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, s) in r.ifr_name.iter_mut().zip(b) {
+        *d = *s as libc::c_char;
+    }
+    Some(r)
+}
+
+/// Looks `name` up: index, MAC, MTU, whether it is up. Needs no privileges.
+pub fn iface_info(name: &str) -> Result<IfaceInfo, RawError> {
+    let none = || RawError::NoSuchInterface(name.to_string());
+    let cname = CString::new(name).map_err(|_| none())?;
+    // SAFETY: `cname` is a valid NUL-terminated string.
+    let index = unsafe { libc::if_nametoindex(cname.as_ptr()) };
+    if index == 0 {
+        return Err(none());
+    }
+    let io = |what, e| RawError::Io(what, name.to_string(), e);
+    // SAFETY: plain syscall; the result is checked and owned below.
+    let s = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if s < 0 {
+        return Err(io("socket for ioctl", io::Error::last_os_error()));
+    }
+    // SAFETY: `s` was just created and is owned by nobody else.
+    let s = unsafe { OwnedFd::from_raw_fd(s) };
+    let call = |req: libc::c_ulong, r: &mut libc::ifreq| -> io::Result<()> {
+        // SAFETY: `r` is a live ifreq naming the interface; the kernel writes its union.
+        if unsafe { libc::ioctl(s.as_raw_fd(), req as _, r as *mut libc::ifreq) } < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    };
+    let mut r = ifreq(name).ok_or_else(none)?;
+    call(libc::SIOCGIFFLAGS, &mut r).map_err(|e| io("SIOCGIFFLAGS", e))?;
+    // SAFETY: SIOCGIFFLAGS filled the flags member of the union.
+    let flags = unsafe { r.ifr_ifru.ifru_flags } as i32;
+    let mut r = ifreq(name).ok_or_else(none)?;
+    call(libc::SIOCGIFMTU, &mut r).map_err(|e| io("SIOCGIFMTU", e))?;
+    // SAFETY: SIOCGIFMTU filled the mtu member.
+    let mtu = unsafe { r.ifr_ifru.ifru_mtu } as u32;
+    let mut r = ifreq(name).ok_or_else(none)?;
+    call(libc::SIOCGIFHWADDR, &mut r).map_err(|e| io("SIOCGIFHWADDR", e))?;
+    // SAFETY: SIOCGIFHWADDR filled the hwaddr member (a sockaddr).
+    let hw = unsafe { r.ifr_ifru.ifru_hwaddr };
+    if hw.sa_family != libc::ARPHRD_ETHER {
+        return Err(RawError::NotEthernet(name.to_string()));
+    }
+    let mut mac = [0u8; 6];
+    for (d, s) in mac.iter_mut().zip(hw.sa_data.iter()) {
+        *d = *s as u8;
+    }
+    Ok(IfaceInfo {
+        index: index as i32,
+        mac,
+        mtu,
+        up: flags & libc::IFF_UP != 0,
+    })
+}
+
+/// One classic BPF instruction with symbolic jump targets, resolved by [`assemble`].
+#[derive(Clone, Copy)]
+enum Op {
+    /// A statement (load, return, …).
+    S(u16, u32),
+    /// A conditional jump: taken to `.1`, not taken to `.2`.
+    J(u16, u32, Target, Target),
+    At(Label),
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Target {
+    Next,
+    /// Over this many instructions.
+    Skip(usize),
+    To(Label),
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Label {
+    V4,
+    V6,
+    V4Port,
+    Accept,
+    Drop,
+}
+
+const BPF_LD_H_ABS: u16 = 0x28;
+const BPF_LD_B_ABS: u16 = 0x30;
+const BPF_LD_W_ABS: u16 = 0x20;
+const BPF_LDX_MSH: u16 = 0xb1;
+const BPF_LD_H_IND: u16 = 0x48;
+const BPF_JEQ_K: u16 = 0x15;
+const BPF_JSET_K: u16 = 0x45;
+const BPF_RET_K: u16 = 0x06;
+
+/// Resolves the labels of `ops` into relative jumps (each within 255 instructions).
+fn assemble(ops: &[Op]) -> Option<Vec<libc::sock_filter>> {
+    let mut at = Vec::new();
+    let mut n = 0usize;
+    for op in ops {
+        match op {
+            Op::At(l) => at.push((*l, n)),
+            _ => n += 1,
+        }
+    }
+    let pos = |l: Label| at.iter().find(|(x, _)| *x == l).map(|&(_, p)| p);
+    let mut out = Vec::with_capacity(n);
+    for op in ops {
+        match *op {
+            Op::At(_) => {}
+            Op::S(code, k) => out.push(libc::sock_filter {
+                code,
+                jt: 0,
+                jf: 0,
+                k,
+            }),
+            Op::J(code, k, t, f) => {
+                let here = out.len();
+                let rel = |t: Target| -> Option<u8> {
+                    match t {
+                        Target::Next => Some(0),
+                        Target::Skip(n) => u8::try_from(n).ok(),
+                        Target::To(l) => u8::try_from(pos(l)?.checked_sub(here + 1)?).ok(),
+                    }
+                };
+                out.push(libc::sock_filter {
+                    code,
+                    jt: rel(t)?,
+                    jf: rel(f)?,
+                    k,
+                });
+            }
+        }
+    }
+    Some(out)
+}
+
+/// The kernel-side filter: untagged IPv4 (unfragmented) or IPv6 UDP to port 4791 of one of
+/// `addrs`; everything else never reaches the ring.
+fn filter_program(addrs: &[IpAddr]) -> Option<Vec<libc::sock_filter>> {
+    use Label::*;
+    use Op::*;
+    use Target::*;
+    let mut p = vec![
+        S(BPF_LD_H_ABS, 12),
+        J(BPF_JEQ_K, ETH_P_IP as u32, To(V4), Next),
+        J(BPF_JEQ_K, ETH_P_IPV6 as u32, To(V6), To(Drop)),
+        At(V4),
+        S(BPF_LD_B_ABS, 23),
+        J(BPF_JEQ_K, 17, Next, To(Drop)),
+        S(BPF_LD_H_ABS, 20),
+        // More fragments or a fragment offset: not for us (a RoCE packet has DF).
+        J(BPF_JSET_K, 0x3fff, To(Drop), Next),
+        S(BPF_LD_W_ABS, 30),
+    ];
+    for a in addrs {
+        if let IpAddr::V4(v4) = a {
+            p.push(J(BPF_JEQ_K, u32::from(*v4), To(V4Port), Next));
+        }
+    }
+    p.extend([
+        S(BPF_RET_K, 0),
+        At(V4Port),
+        S(BPF_LDX_MSH, ETH_LEN as u32),
+        S(BPF_LD_H_IND, ETH_LEN as u32 + 2),
+        J(BPF_JEQ_K, ROCE_PORT as u32, To(Accept), To(Drop)),
+        At(V6),
+        S(BPF_LD_B_ABS, ETH_LEN as u32 + 6),
+        J(BPF_JEQ_K, 17, Next, To(Drop)),
+        S(BPF_LD_H_ABS, ETH_LEN as u32 + 40 + 2),
+        J(BPF_JEQ_K, ROCE_PORT as u32, Next, To(Drop)),
+    ]);
+    for a in addrs {
+        if let IpAddr::V6(v6) = a {
+            let o = v6.octets();
+            for w in 0..4 {
+                let word = u32::from_be_bytes(o[4 * w..4 * w + 4].try_into().expect("4"));
+                p.push(S(BPF_LD_W_ABS, (ETH_LEN + 24 + 4 * w) as u32));
+                // A mismatch goes on with the next address: past the rest of this one's.
+                let t = if w == 3 { To(Accept) } else { Next };
+                p.push(J(BPF_JEQ_K, word, t, Skip((3 - w) * 2)));
+            }
+        }
+    }
+    p.extend([
+        At(Drop),
+        S(BPF_RET_K, 0),
+        At(Accept),
+        S(BPF_RET_K, SNAP_LEN),
+    ]);
+    assemble(&p)
+}
+
+fn setsockopt_raw<T>(fd: RawFd, level: i32, name: i32, v: &T) -> io::Result<()> {
+    // SAFETY: `v` is a live value of the size we pass; the kernel only reads it.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (v as *const T).cast(),
+            std::mem::size_of::<T>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Why a received frame was dropped; each has its counter in [`TransportStats`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RxDrop {
+    /// Shorter than its headers, or a RoCE packet shorter than a BTH and an ICRC
+    /// (`rx_short`).
+    Short,
+    /// Neither IPv4 nor IPv6, or VLAN-tagged (`rx_bad_ethertype`).
+    EtherType,
+    /// Not version 4 with a 20-byte header or version 6 without extension headers; a
+    /// fragment; not UDP; a total length the frame does not hold (`rx_bad_ip`).
+    Ip,
+    /// Wrong IPv4 header checksum (`rx_ip_checksum_bad`).
+    IpChecksum,
+    /// UDP length not the IP payload's, destination port not 4791, or a wrong non-zero UDP
+    /// checksum (`rx_bad_udp`).
+    Udp,
+    /// Destination MAC or IP address not ours (`rx_not_ours`).
+    NotOurs,
+    /// The ICRC does not match (`rx_icrc_bad`).
+    Icrc,
+}
+
+/// Where received frames must be addressed: the MACs and IP addresses we answer to.
+#[derive(Clone, Debug)]
+pub struct Local {
+    pub macs: Vec<[u8; 6]>,
+    pub addrs: Vec<IpAddr>,
+}
+
+fn be16(b: &[u8], at: usize) -> u16 {
+    u16::from_be_bytes([b[at], b[at + 1]])
+}
+
+/// The 16-bit ones' complement sum of `b` (an odd last byte padded with zero), folded.
+fn sum16(mut acc: u32, b: &[u8]) -> u32 {
+    let mut c = b.chunks_exact(2);
+    for w in &mut c {
+        acc += u16::from_be_bytes([w[0], w[1]]) as u32;
+    }
+    if let [last] = c.remainder() {
+        acc += (*last as u32) << 8;
+    }
+    while acc > 0xffff {
+        acc = (acc & 0xffff) + (acc >> 16);
+    }
+    acc
+}
+
+/// Whether a non-zero UDP checksum is right (zero: not computed, as rxe sends).
+fn udp_checksum_ok(src: IpAddr, dst: IpAddr, udp: &[u8]) -> bool {
+    if be16(udp, 6) == 0 {
+        return true;
+    }
+    let mut acc = match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => sum16(sum16(0, &s.octets()), &d.octets()),
+        (IpAddr::V6(s), IpAddr::V6(d)) => sum16(sum16(0, &s.octets()), &d.octets()),
+        _ => return false,
+    };
+    acc = sum16(acc + 17 + udp.len() as u32, udp);
+    acc == 0xffff
+}
+
+/// A checked frame: where its RoCE packet (BTH … ICRC) lies in it, and its addressing.
+#[derive(Clone, Copy, Debug)]
+pub struct RxFrame {
+    pub meta: RecvMeta,
+    pub roce: (usize, usize),
+}
+
+/// Checks one received Ethernet frame completely (see the module documentation). Never
+/// panics: every index is checked against the frame first.
+pub fn check_frame(local: &Local, f: &[u8]) -> Result<RxFrame, RxDrop> {
+    if f.len() < ETH_LEN {
+        return Err(RxDrop::Short);
+    }
+    let dmac: [u8; 6] = f[..6].try_into().expect("6 bytes");
+    if !local.macs.contains(&dmac) {
+        return Err(RxDrop::NotOurs);
+    }
+    let ip = &f[ETH_LEN..];
+    let (src, dst, ihl, total, tc, hop, flow) = match be16(f, 12) {
+        ETH_P_IP => {
+            if ip.len() < 20 {
+                return Err(RxDrop::Short);
+            }
+            // Version 4, no options (RoCEv2 uses none and the ICRC covers exactly 20 bytes).
+            if ip[0] != 0x45 {
+                return Err(RxDrop::Ip);
+            }
+            let total = be16(ip, 2) as usize;
+            if total < 20 + 8 || total > ip.len() || be16(ip, 6) & 0x3fff != 0 || ip[9] != 17 {
+                return Err(RxDrop::Ip);
+            }
+            if sum16(0, &ip[..20]) != 0xffff {
+                return Err(RxDrop::IpChecksum);
+            }
+            let s: [u8; 4] = ip[12..16].try_into().expect("4 bytes");
+            let d: [u8; 4] = ip[16..20].try_into().expect("4 bytes");
+            (IpAddr::from(s), IpAddr::from(d), 20, total, ip[1], ip[8], 0)
+        }
+        ETH_P_IPV6 => {
+            if ip.len() < 40 {
+                return Err(RxDrop::Short);
+            }
+            let total = 40 + be16(ip, 4) as usize;
+            if ip[0] >> 4 != 6 || ip[6] != 17 || total < 40 + 8 || total > ip.len() {
+                return Err(RxDrop::Ip);
+            }
+            let s: [u8; 16] = ip[8..24].try_into().expect("16 bytes");
+            let d: [u8; 16] = ip[24..40].try_into().expect("16 bytes");
+            let tc = (ip[0] << 4) | (ip[1] >> 4);
+            let flow = u32::from_be_bytes([0, ip[1] & 0x0f, ip[2], ip[3]]);
+            (IpAddr::from(s), IpAddr::from(d), 40, total, tc, ip[7], flow)
+        }
+        _ => return Err(RxDrop::EtherType),
+    };
+    if !local.addrs.contains(&dst) {
+        return Err(RxDrop::NotOurs);
+    }
+    // Bytes past the IP total length are Ethernet padding.
+    let l3 = &ip[..total];
+    let udp = &l3[ihl..];
+    if be16(udp, 4) as usize != udp.len() || be16(udp, 2) != ROCE_PORT {
+        return Err(RxDrop::Udp);
+    }
+    if !udp_checksum_ok(src, dst, udp) {
+        return Err(RxDrop::Udp);
+    }
+    let roce = &udp[8..];
+    if roce.len() < 12 + 4 {
+        return Err(RxDrop::Short);
+    }
+    if rxe_core::icrc::verify(&l3[..ihl + 8], roce).is_err() {
+        return Err(RxDrop::Icrc);
+    }
+    let at = ETH_LEN + ihl + 8;
+    Ok(RxFrame {
+        meta: RecvMeta {
+            src: Gid::from_ip(src),
+            dst: Gid::from_ip(dst),
+            sport: be16(udp, 0),
+            traffic_class: tc,
+            hop_limit: hop,
+            flow_label: flow,
+        },
+        roce: (at, at + roce.len()),
+    })
+}
+
+/// Counts a drop.
+fn count(st: &mut TransportStats, d: RxDrop) {
+    match d {
+        RxDrop::Short => st.rx_short += 1,
+        RxDrop::EtherType => st.rx_bad_ethertype += 1,
+        RxDrop::Ip => st.rx_bad_ip += 1,
+        RxDrop::IpChecksum => st.rx_ip_checksum_bad += 1,
+        RxDrop::Udp => st.rx_bad_udp += 1,
+        RxDrop::NotOurs => st.rx_not_ours += 1,
+        RxDrop::Icrc => st.rx_icrc_bad += 1,
+    }
+}
+
+/// One frame of a ring block, as its `tpacket3_hdr` describes it, checked against the block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct BlockFrame {
+    /// Offset of the frame's first byte (the Ethernet header) in the block.
+    at: usize,
+    /// Bytes of it in the ring.
+    snap: usize,
+    /// Bytes the frame had on the wire (more than `snap` when it was cut).
+    wire: usize,
+    /// `tp_status` bits.
+    status: u32,
+    /// The frame left this host (should not be here with PACKET_IGNORE_OUTGOING).
+    outgoing: bool,
+}
+
+/// The native-endian u32 at `at + off` of `b`, if all of it is inside.
+fn rd32(b: &[u8], at: usize, off: usize) -> Option<u32> {
+    let i = at.checked_add(off)?;
+    Some(u32::from_ne_bytes(
+        b.get(i..i.checked_add(4)?)?.try_into().ok()?,
+    ))
+}
+
+fn rd16(b: &[u8], at: usize, off: usize) -> Option<u16> {
+    let i = at.checked_add(off)?;
+    Some(u16::from_ne_bytes(
+        b.get(i..i.checked_add(2)?)?.try_into().ok()?,
+    ))
+}
+
+/// Size of `tpacket3_hdr`, aligned (TPACKET_ALIGN): where the `sockaddr_ll` follows.
+const TP3_HDR: usize = 48;
+
+/// Reads the frame header at `at` of `block`; `None` if any part of it or of the frame it
+/// describes lies outside the block. Returns the frame and the offset of the next one.
+fn block_frame(block: &[u8], at: usize) -> Option<(BlockFrame, u32)> {
+    let next = rd32(block, at, 0)?;
+    let snap = rd32(block, at, 12)? as usize;
+    let wire = rd32(block, at, 16)? as usize;
+    let status = rd32(block, at, 20)?;
+    let mac = rd16(block, at, 24)? as usize;
+    // sockaddr_ll: family, protocol, ifindex, hatype, then pkttype.
+    let pkttype = *block.get(at.checked_add(TP3_HDR + 10)?)?;
+    let start = at.checked_add(mac)?;
+    let end = start.checked_add(snap)?;
+    if mac < TP3_HDR || end > block.len() {
+        return None;
+    }
+    Some((
+        BlockFrame {
+            at: start,
+            snap,
+            wire,
+            status,
+            outgoing: pkttype == PACKET_OUTGOING,
+        },
+        next,
+    ))
+}
+
+/// Size of `tpacket2_hdr`, aligned: where the `sockaddr_ll` follows.
+const TP2_HDR: usize = 32;
+
+/// Reads the frame of a TPACKET_V2 slot; `None` if its header points outside the slot.
+fn slot_frame_v2(slot: &[u8]) -> Option<BlockFrame> {
+    let status = rd32(slot, 0, 0)?;
+    let wire = rd32(slot, 0, 4)? as usize;
+    let snap = rd32(slot, 0, 8)? as usize;
+    let mac = rd16(slot, 0, 12)? as usize;
+    let pkttype = *slot.get(TP2_HDR + 10)?;
+    let end = mac.checked_add(snap)?;
+    if mac < TP2_HDR || end > slot.len() {
+        return None;
+    }
+    Some(BlockFrame {
+        at: mac,
+        snap,
+        wire,
+        status,
+        outgoing: pkttype == PACKET_OUTGOING,
+    })
+}
+
+/// A block's header: (number of frames, offset of the first).
+fn block_header(block: &[u8]) -> Option<(u32, usize)> {
+    Some((rd32(block, 0, 12)?, rd32(block, 0, 16)? as usize))
+}
+
+/// The receive ring shared with the kernel: TPACKET_V3, `BLOCK_NR` blocks of `BLOCK_SIZE`
+/// bytes holding many frames each, or TPACKET_V2, `V2_FRAMES` slots of one frame each (a
+/// "unit" below is a block or a slot). A unit belongs to us from the moment its status has
+/// TP_STATUS_USER until we store TP_STATUS_KERNEL into it; only then do we read it.
+struct Ring {
+    base: *mut u8,
+    kind: RingKind,
+    /// Bytes per unit, units, and where a unit's status word is.
+    unit: usize,
+    nr: usize,
+    status_at: usize,
+    /// The block to walk next (or being walked).
+    cur: usize,
+    /// Walking `cur`: (offset of the next frame, frames left).
+    walk: Option<(usize, u32)>,
+    /// Blocks walked to the end whose frames the last batch may still refer to: handed back
+    /// at the next batch.
+    done: Vec<usize>,
+}
+
+// SAFETY: the mapping is owned by the ring (unmapped on drop) and only used through `&mut`.
+unsafe impl Send for Ring {}
+
+const TP_STATUS_LOSING: u32 = 1 << 2;
+
+impl Ring {
+    fn status(&self, b: usize) -> &AtomicU32 {
+        // SAFETY: unit `b` < nr lies in the mapping; it starts page-aligned (V3) or at a
+        // multiple of 16 KiB (V2), so the status word (offset 8 or 0) is aligned; the kernel
+        // updates it atomically.
+        unsafe {
+            &*self
+                .base
+                .add(b * self.unit + self.status_at)
+                .cast::<AtomicU32>()
+        }
+    }
+
+    /// Block `b`, which must be ours (TP_STATUS_USER seen with Acquire and not yet handed
+    /// back): the kernel does not write it meanwhile.
+    fn block(&self, b: usize) -> &[u8] {
+        // SAFETY: the block lies in the mapping, and while it is ours nothing else writes it.
+        unsafe { std::slice::from_raw_parts(self.base.add(b * self.unit), self.unit) }
+    }
+
+    /// Hands back the blocks the previous batch finished.
+    fn release_done(&mut self) {
+        for i in 0..self.done.len() {
+            let b = self.done[i];
+            self.status(b).store(TP_STATUS_KERNEL, Ordering::Release);
+        }
+        self.done.clear();
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        // SAFETY: `base` is the mapping of this size we made; nothing refers to it any more.
+        unsafe { libc::munmap(self.base.cast(), self.unit * self.nr) };
+    }
+}
+
+/// How the raw transport is set up.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RawConfig {
+    pub iface: String,
+    /// The addresses the device sources from and answers to (its GIDs).
+    pub addrs: Vec<IpAddr>,
+    /// Port MAC: frames go out from it, and frames to it (or the interface MAC) are ours.
+    /// `None`: the interface's MAC.
+    pub mac: Option<[u8; 6]>,
+    /// The netdev MTU the port is modelled on: must fit the interface's.
+    pub mtu: u32,
+    /// The receive ring's kind.
+    pub ring: RingKind,
+}
+
+/// How received frames reach the daemon.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RingKind {
+    /// TPACKET_V3: blocks of many frames, handed over full or after [`BLOCK_TIMEOUT_MS`]; the
+    /// fewest wake-ups under load, but a lone packet waits for its block's timeout.
+    #[default]
+    V3,
+    /// TPACKET_V2: one slot per frame, each handed over (and the worker woken) at once.
+    V2,
+}
+
+/// The raw transport (see the module documentation).
+pub struct RawTransport {
+    fd: OwnedFd,
+    iface: String,
+    info: IfaceInfo,
+    /// Source MAC of every frame.
+    mac: [u8; 6],
+    local: Local,
+    egress: EgressPolicy,
+    pub stats: TransportStats,
+    ring: Ring,
+    /// The last batch: (block, frame offset in it, length).
+    batch: Vec<(usize, usize, usize)>,
+    tx_buf: Vec<u8>,
+    /// Frames waiting for `sendmmsg`: (start in the slot, length, IPv4, destination MAC).
+    tx_pending: Vec<(usize, usize, bool, [u8; 6])>,
+    tx_blocked: bool,
+}
+
+impl RawTransport {
+    /// Opens the packet socket on `cfg.iface`: checks the interface (exists, up, Ethernet,
+    /// MTU), then needs CAP_NET_RAW.
+    pub fn open(cfg: &RawConfig) -> Result<Self, RawError> {
+        let name = cfg.iface.as_str();
+        let info = iface_info(name)?;
+        if !info.up {
+            return Err(RawError::InterfaceDown(name.to_string()));
+        }
+        if cfg.mtu > info.mtu {
+            return Err(RawError::MtuTooLarge {
+                iface: name.to_string(),
+                want: cfg.mtu,
+                has: info.mtu,
+            });
+        }
+        let io = |what| {
+            let e = io::Error::last_os_error();
+            RawError::Io(what, name.to_string(), e)
+        };
+        // Protocol 0: nothing is queued before the filter and the ring are in place and the
+        // socket is bound.
+        // SAFETY: plain syscall; the result is checked and owned below.
+        let fd = unsafe {
+            libc::socket(
+                libc::AF_PACKET,
+                libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                0,
+            )
+        };
+        if fd < 0 {
+            let e = io::Error::last_os_error();
+            return Err(match e.raw_os_error() {
+                Some(libc::EPERM) | Some(libc::EACCES) => RawError::NoCapNetRaw(name.to_string()),
+                _ => RawError::Io("socket(AF_PACKET)", name.to_string(), e),
+            });
+        }
+        // SAFETY: `fd` was just created and is owned by nobody else.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let raw = fd.as_raw_fd();
+        let mut prog = filter_program(&cfg.addrs).ok_or_else(|| {
+            RawError::Io(
+                "building the packet filter",
+                name.to_string(),
+                io::Error::other("too many addresses"),
+            )
+        })?;
+        let fprog = libc::sock_fprog {
+            len: prog.len() as u16,
+            filter: prog.as_mut_ptr(),
+        };
+        setsockopt_raw(raw, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &fprog)
+            .map_err(|e| RawError::Io("SO_ATTACH_FILTER", name.to_string(), e))?;
+        let version = match cfg.ring {
+            RingKind::V3 => TPACKET_V3,
+            RingKind::V2 => TPACKET_V2,
+        };
+        setsockopt_raw(raw, libc::SOL_PACKET, PACKET_VERSION, &version)
+            .map_err(|e| RawError::Io("PACKET_VERSION", name.to_string(), e))?;
+        let ring_err = |e| RawError::Io("PACKET_RX_RING", name.to_string(), e);
+        let (unit, nr, status_at) = match cfg.ring {
+            RingKind::V3 => {
+                // struct tpacket_req3.
+                let req: [u32; 7] = [
+                    BLOCK_SIZE as u32,
+                    BLOCK_NR as u32,
+                    FRAME_SIZE as u32,
+                    (BLOCK_SIZE * BLOCK_NR / FRAME_SIZE) as u32,
+                    BLOCK_TIMEOUT_MS,
+                    0,
+                    0,
+                ];
+                setsockopt_raw(raw, libc::SOL_PACKET, PACKET_RX_RING, &req).map_err(ring_err)?;
+                (BLOCK_SIZE, BLOCK_NR, 8)
+            }
+            RingKind::V2 => {
+                // struct tpacket_req.
+                let req: [u32; 4] = [
+                    V2_BLOCK as u32,
+                    (V2_FRAME * V2_FRAMES / V2_BLOCK) as u32,
+                    V2_FRAME as u32,
+                    V2_FRAMES as u32,
+                ];
+                setsockopt_raw(raw, libc::SOL_PACKET, PACKET_RX_RING, &req).map_err(ring_err)?;
+                (V2_FRAME, V2_FRAMES, 0)
+            }
+        };
+        // SAFETY: mapping the ring the kernel just allocated for this socket, of its size.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                unit * nr,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                raw,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(io("mmap of the receive ring"));
+        }
+        let ring = Ring {
+            base: base.cast(),
+            kind: cfg.ring,
+            unit,
+            nr,
+            status_at,
+            cur: 0,
+            walk: None,
+            done: Vec::with_capacity(RX_BATCH + BLOCK_NR),
+        };
+        setsockopt_raw(raw, libc::SOL_PACKET, PACKET_QDISC_BYPASS, &1i32)
+            .map_err(|e| RawError::Io("PACKET_QDISC_BYPASS", name.to_string(), e))?;
+        // Our own frames (and those of other sockets) leaving the interface are not input;
+        // older kernels lack the option and the ring walk skips them instead.
+        let _ = setsockopt_raw(raw, libc::SOL_PACKET, PACKET_IGNORE_OUTGOING, &1i32);
+        let _ = setsockopt_raw(raw, libc::SOL_SOCKET, libc::SO_SNDBUF, &(4i32 << 20));
+        // SAFETY: sockaddr_ll is plain data; all-zero is a valid value.
+        let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        sll.sll_family = libc::AF_PACKET as u16;
+        sll.sll_protocol = ETH_P_ALL.to_be();
+        sll.sll_ifindex = info.index;
+        // SAFETY: `sll` is a valid sockaddr_ll of the size passed.
+        let r = unsafe {
+            libc::bind(
+                raw,
+                (&sll as *const libc::sockaddr_ll).cast(),
+                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+            )
+        };
+        if r < 0 {
+            return Err(io("bind"));
+        }
+        let mac = cfg.mac.unwrap_or(info.mac);
+        let mut macs = vec![mac];
+        if info.mac != mac {
+            macs.push(info.mac);
+        }
+        Ok(RawTransport {
+            fd,
+            iface: name.to_string(),
+            info,
+            mac,
+            local: Local {
+                macs,
+                addrs: cfg.addrs.clone(),
+            },
+            egress: EgressPolicy::default(),
+            stats: TransportStats::default(),
+            ring,
+            batch: Vec::with_capacity(RX_BATCH),
+            tx_buf: vec![0; TX_BATCH * TX_SLOT],
+            tx_pending: Vec::with_capacity(TX_BATCH),
+            tx_blocked: false,
+        })
+    }
+
+    /// Where packets may go ([`EgressPolicy`]).
+    pub fn set_egress(&mut self, p: EgressPolicy) {
+        self.egress = p;
+    }
+
+    pub fn fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    pub fn iface(&self) -> &str {
+        &self.iface
+    }
+
+    pub fn info(&self) -> IfaceInfo {
+        self.info
+    }
+
+    /// Source MAC of the frames sent.
+    pub fn mac(&self) -> [u8; 6] {
+        self.mac
+    }
+
+    /// The GIDs of our addresses.
+    pub fn gids(&self) -> Vec<Gid> {
+        self.local.addrs.iter().map(|a| Gid::from_ip(*a)).collect()
+    }
+
+    /// Frames the kernel could not put in the ring (it was full) since the last call.
+    fn ring_losses(&mut self) {
+        // struct tpacket_stats_v3: packets, drops, freeze_q_cnt (reset by reading).
+        let mut s = [0u32; 3];
+        let mut len = std::mem::size_of_val(&s) as libc::socklen_t;
+        // SAFETY: `s` is a live buffer of `len` bytes the kernel writes.
+        let r = unsafe {
+            libc::getsockopt(
+                self.fd.as_raw_fd(),
+                libc::SOL_PACKET,
+                PACKET_STATISTICS,
+                s.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        if r == 0 {
+            self.stats.rx_ring_lost += s[1] as u64;
+        }
+    }
+
+    /// Collects up to [`RX_BATCH`] frames from the blocks the kernel handed over, handing
+    /// back the blocks the previous batch finished; returns how many (0: none waiting). Read
+    /// them with [`Self::packet`].
+    pub fn recv_batch(&mut self) -> usize {
+        self.ring.release_done();
+        self.batch.clear();
+        if self.ring.kind == RingKind::V2 {
+            return self.recv_batch_v2();
+        }
+        let mut steps = 0;
+        while self.batch.len() < RX_BATCH && steps < RX_BATCH + BLOCK_NR {
+            steps += 1;
+            let b = self.ring.cur;
+            let (off, left) = match self.ring.walk {
+                Some(w) => w,
+                None => {
+                    let st = self.ring.status(b).load(Ordering::Acquire);
+                    if st & TP_STATUS_USER == 0 {
+                        break;
+                    }
+                    if st & TP_STATUS_LOSING != 0 {
+                        self.ring_losses();
+                    }
+                    match block_header(self.ring.block(b)) {
+                        Some((n, first)) => (first, n),
+                        None => (0, 0),
+                    }
+                }
+            };
+            if left == 0 {
+                self.finish_block();
+                continue;
+            }
+            let Some((f, next)) = block_frame(self.ring.block(b), off) else {
+                // A header that points outside the block: give the rest of it up.
+                self.stats.rx_short += left as u64;
+                self.finish_block();
+                continue;
+            };
+            let left = left - 1;
+            self.ring.walk = Some((off.saturating_add(next as usize), left));
+            if left > 0 && next == 0 {
+                self.stats.rx_short += left as u64;
+                self.finish_block();
+            } else if left == 0 {
+                self.finish_block();
+            }
+            self.take(b, f);
+        }
+        self.batch.len()
+    }
+
+    /// Counts a frame of unit `b` and puts it in the batch unless it is to be dropped.
+    fn take(&mut self, b: usize, f: BlockFrame) {
+        if f.outgoing {
+            return;
+        }
+        self.stats.rx_packets += 1;
+        self.stats.rx_bytes += f.wire as u64;
+        if f.snap < f.wire {
+            self.stats.rx_truncated += 1;
+            return;
+        }
+        if f.status & TP_STATUS_VLAN_VALID != 0 {
+            // The kernel took an 802.1Q tag off: not our (untagged) segment.
+            self.stats.rx_bad_ethertype += 1;
+            return;
+        }
+        self.batch.push((b, f.at, f.snap));
+    }
+
+    /// [`Self::recv_batch`] on a TPACKET_V2 ring: one frame per slot.
+    fn recv_batch_v2(&mut self) -> usize {
+        for _ in 0..RX_BATCH {
+            let s = self.ring.cur;
+            let st = self.ring.status(s).load(Ordering::Acquire);
+            if st & TP_STATUS_USER == 0 {
+                break;
+            }
+            if st & TP_STATUS_LOSING != 0 {
+                self.ring_losses();
+            }
+            let f = slot_frame_v2(self.ring.block(s));
+            self.finish_block();
+            match f {
+                Some(f) => self.take(s, f),
+                None => self.stats.rx_short += 1,
+            }
+        }
+        self.batch.len()
+    }
+
+    /// The current block is walked: it goes back to the kernel with the next batch.
+    fn finish_block(&mut self) {
+        self.ring.done.push(self.ring.cur);
+        self.ring.cur = (self.ring.cur + 1) % self.ring.nr;
+        self.ring.walk = None;
+    }
+
+    /// Receives and drops at most `max` frames (no guest memory to take them); returns how
+    /// many.
+    pub fn drop_unattached(&mut self, max: usize) -> usize {
+        let mut total = 0;
+        while total < max {
+            let n = self.recv_batch();
+            self.stats.rx_unattached += n as u64;
+            total += n;
+            if n < RX_BATCH {
+                break;
+            }
+        }
+        total
+    }
+
+    /// Frame `i` of the last [`Self::recv_batch`], checked; `None` if it was dropped
+    /// (counted).
+    pub fn packet(&mut self, i: usize) -> Option<(RecvMeta, &[u8])> {
+        let &(b, at, len) = self.batch.get(i)?;
+        let frame = &self.ring.block(b)[at..at + len];
+        match check_frame(&self.local, frame) {
+            Ok(f) => {
+                self.stats.rx_icrc_ok += 1;
+                Some((f.meta, &frame[f.roce.0..f.roce.1]))
+            }
+            Err(d) => {
+                count(&mut self.stats, d);
+                None
+            }
+        }
+    }
+
+    /// The raw transport does not give up on errors (a ring has none to report).
+    pub fn rx_failing(&self) -> bool {
+        false
+    }
+
+    /// Builds the headers in front of the packet in slot `i` and fills the ICRC; returns
+    /// (frame start in the slot, frame length, IPv4).
+    fn prepare(&mut self, t: &Transmit, i: usize) -> Option<(usize, usize, bool)> {
+        let (src, dst) = (t.src.to_ip(), t.dst.to_ip());
+        if src.is_ipv4() != dst.is_ipv4() {
+            self.stats.tx_wrong_family += 1;
+            return None;
+        }
+        if !self.local.addrs.contains(&src) {
+            self.stats.tx_bad_source += 1;
+            return None;
+        }
+        if !self.egress.allows(dst) {
+            self.stats.tx_denied += 1;
+            return None;
+        }
+        if t.dmac == [0; 6] {
+            self.stats.tx_no_dmac += 1;
+            return None;
+        }
+        let mut m =
+            rxe_core::wire::frame::FrameMeta::new(src, dst, t.sport).with_eth(self.mac, t.dmac);
+        m.traffic_class = t.traffic_class;
+        // A hop limit of 0 would be dropped by the first router: rxe's default instead.
+        m.hop_limit = if t.hop_limit == 0 { 64 } else { t.hop_limit };
+        m.flow_label = t.flow_label;
+        let h = m.header_len().ok()?;
+        let len = t.len.min(TX_SLOT - HDR_ROOM);
+        let start = HDR_ROOM - h;
+        let slot = &mut self.tx_buf[i * TX_SLOT + start..(i + 1) * TX_SLOT];
+        match rxe_core::wire::frame::encap(slot, &m, len) {
+            Ok(n) => Some((start, n, src.is_ipv4())),
+            Err(_) => {
+                self.stats.tx_dropped += 1;
+                None
+            }
+        }
+    }
+
+    /// Sends the queued frames with as few `sendmmsg` calls as the kernel allows.
+    fn send_pending(&mut self) {
+        let n = self.tx_pending.len();
+        if n == 0 {
+            self.tx_blocked = false;
+            return;
+        }
+        let mut names: [libc::sockaddr_ll; TX_BATCH] =
+            // SAFETY: sockaddr_ll is plain data; all-zero is a valid value.
+            unsafe { std::mem::zeroed() };
+        let mut iov: [libc::iovec; TX_BATCH] =
+            // SAFETY: iovec is a pointer and a length; all-zero is a valid (empty) value.
+            unsafe { std::mem::zeroed() };
+        let mut msgs: [libc::mmsghdr; TX_BATCH] =
+            // SAFETY: mmsghdr is plain data and pointers; all-zero is a valid (empty) value.
+            unsafe { std::mem::zeroed() };
+        for (i, &(start, len, v4, dmac)) in self.tx_pending.iter().enumerate() {
+            let s = &mut names[i];
+            s.sll_family = libc::AF_PACKET as u16;
+            s.sll_protocol = if v4 { ETH_P_IP } else { ETH_P_IPV6 }.to_be();
+            s.sll_ifindex = self.info.index;
+            s.sll_halen = 6;
+            s.sll_addr[..6].copy_from_slice(&dmac);
+            iov[i].iov_base = self.tx_buf[i * TX_SLOT + start..].as_mut_ptr().cast();
+            iov[i].iov_len = len;
+            msgs[i].msg_hdr.msg_name = (s as *mut libc::sockaddr_ll).cast();
+            msgs[i].msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_ll>() as u32;
+            msgs[i].msg_hdr.msg_iov = &mut iov[i];
+            msgs[i].msg_hdr.msg_iovlen = 1;
+        }
+        let mut done = 0usize;
+        let mut tries = 0;
+        while done < n && tries < 4 * TX_BATCH {
+            tries += 1;
+            // SAFETY: `msgs[done..n]` are initialised headers whose name, iovec and data
+            // pointers point into `names`, `iov` and `self.tx_buf`, all alive and unmoved for
+            // the duration of the call.
+            let r = unsafe {
+                libc::sendmmsg(
+                    self.fd.as_raw_fd(),
+                    msgs[done..].as_mut_ptr(),
+                    (n - done) as libc::c_uint,
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if r > 0 {
+                for &(_, len, _, _) in &self.tx_pending[done..done + r as usize] {
+                    self.stats.tx_packets += 1;
+                    self.stats.tx_bytes += len as u64;
+                }
+                done += r as usize;
+                continue;
+            }
+            let e = io::Error::last_os_error();
+            if r < 0 && e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            if r < 0 && e.kind() == io::ErrorKind::WouldBlock {
+                self.stats.tx_blocked += 1;
+                self.tx_blocked = true;
+                self.keep_unsent(done);
+                return;
+            }
+            // The device refused this frame (queue full with the qdisc bypassed, link down,
+            // too large): it is lost and the engine's retransmission covers it.
+            self.stats.tx_dropped += 1;
+            done += 1;
+        }
+        self.stats.tx_dropped += (n - done) as u64;
+        self.tx_pending.clear();
+        self.tx_blocked = false;
+    }
+
+    /// Moves the frames from `done` on to the front of the batch.
+    fn keep_unsent(&mut self, done: usize) {
+        for i in done..self.tx_pending.len() {
+            let (start, len, _, _) = self.tx_pending[i];
+            let from = i * TX_SLOT + start;
+            self.tx_buf
+                .copy_within(from..from + len, (i - done) * TX_SLOT + start);
+        }
+        self.tx_pending.drain(..done);
+    }
+}
+
+impl PacketSink for RawTransport {
+    fn next_buf(&mut self) -> &mut [u8] {
+        let i = self.tx_pending.len();
+        &mut self.tx_buf[i * TX_SLOT + HDR_ROOM..(i + 1) * TX_SLOT]
+    }
+
+    fn push(&mut self, t: &Transmit) {
+        let i = self.tx_pending.len();
+        if let Some((start, len, v4)) = self.prepare(t, i) {
+            self.tx_pending.push((start, len, v4, t.dmac));
+            if self.tx_pending.len() == TX_BATCH {
+                self.send_pending();
+            }
+        }
+    }
+
+    fn flush(&mut self) {
+        self.send_pending();
+    }
+
+    fn blocked(&self) -> bool {
+        self.tx_blocked
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rxe_core::wire::frame::{encap, FrameMeta};
+    use rxe_core::wire::{emit, BthRepr, ExtRepr, Opcode};
+
+    const MAC_A: [u8; 6] = [2, 0x79, 0, 0, 0, 1];
+    const MAC_B: [u8; 6] = [2, 0x79, 0, 0, 0, 2];
+
+    fn local(ip: &str) -> Local {
+        Local {
+            macs: vec![MAC_B],
+            addrs: vec![ip.parse().unwrap(), "fd79::2".parse().unwrap()],
+        }
+    }
+
+    /// A RoCE SEND from `src` to `dst` inside Ethernet, as the transport builds it.
+    fn frame(src: &str, dst: &str, payload: usize) -> Vec<u8> {
+        let m = FrameMeta::new(src.parse().unwrap(), dst.parse().unwrap(), 0xc001)
+            .with_eth(MAC_A, MAC_B);
+        let h = m.header_len().unwrap();
+        let mut buf = vec![0u8; h + 64 + payload];
+        let bth = BthRepr::new(Opcode::RC_SEND_ONLY, 0x12, 7, true);
+        let (n, pr) = emit(&mut buf[h..], &bth, &ExtRepr::default(), payload).unwrap();
+        for (i, b) in buf[h + pr.start..h + pr.end].iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        let len = encap(&mut buf, &m, n).unwrap();
+        buf.truncate(len);
+        buf
+    }
+
+    fn fix_ipv4_checksum(f: &mut [u8]) {
+        f[24] = 0;
+        f[25] = 0;
+        let c = !(sum16(0, &f[14..34]) as u16);
+        f[24..26].copy_from_slice(&c.to_be_bytes());
+    }
+
+    #[test]
+    fn a_good_frame_passes_with_its_addressing() {
+        let l = local("10.79.0.2");
+        for (s, d) in [("10.79.0.1", "10.79.0.2"), ("fd79::1", "fd79::2")] {
+            let f = frame(s, d, 40);
+            let r = check_frame(&l, &f).expect("good frame");
+            assert_eq!(r.meta.src, Gid::from_ip(s.parse().unwrap()));
+            assert_eq!(r.meta.dst, Gid::from_ip(d.parse().unwrap()));
+            assert_eq!(r.meta.sport, 0xc001);
+            assert_eq!(r.meta.hop_limit, 64);
+            assert_eq!(r.roce.1, f.len());
+            assert_eq!(f[r.roce.0], Opcode::RC_SEND_ONLY.0);
+            // Ethernet padding after the datagram is not part of it.
+            let mut padded = f.clone();
+            padded.extend_from_slice(&[0; 20]);
+            let p = check_frame(&l, &padded).unwrap();
+            assert_eq!(p.roce, r.roce);
+        }
+    }
+
+    /// Each check on its own, with the reason it is counted under.
+    #[test]
+    fn every_bad_field_has_its_reason() {
+        let l = local("10.79.0.2");
+        let good = frame("10.79.0.1", "10.79.0.2", 40);
+        let case = |f: &dyn Fn(&mut Vec<u8>), want: RxDrop| {
+            let mut b = good.clone();
+            f(&mut b);
+            assert_eq!(check_frame(&l, &b).err(), Some(want));
+        };
+        case(&|b| b.truncate(10), RxDrop::Short);
+        case(&|b| b.truncate(30), RxDrop::Short);
+        case(&|b| b[0] = 0x04, RxDrop::NotOurs);
+        case(
+            &|b| b[12..14].copy_from_slice(&[0x08, 0x06]),
+            RxDrop::EtherType,
+        );
+        case(&|b| b[14] = 0x46, RxDrop::Ip);
+        case(&|b| b[14] = 0x65, RxDrop::Ip);
+        case(&|b| b[23] = 6, RxDrop::Ip);
+        case(
+            &|b| b[16..18].copy_from_slice(&9000u16.to_be_bytes()),
+            RxDrop::Ip,
+        );
+        case(&|b| b[20] |= 0x20, RxDrop::Ip);
+        case(&|b| b[25] ^= 1, RxDrop::IpChecksum);
+        case(
+            &|b| {
+                b[33] = 9;
+                fix_ipv4_checksum(b);
+            },
+            RxDrop::NotOurs,
+        );
+        case(
+            &|b| b[36..38].copy_from_slice(&4792u16.to_be_bytes()),
+            RxDrop::Udp,
+        );
+        case(&|b| b[39] ^= 1, RxDrop::Udp);
+        case(&|b| b[40..42].copy_from_slice(&[0x12, 0x34]), RxDrop::Udp);
+        case(&|b| *b.last_mut().unwrap() ^= 1, RxDrop::Icrc);
+        case(&|b| b[50] ^= 0x80, RxDrop::Icrc);
+        // The source address and the IP ID are covered by the ICRC.
+        case(
+            &|b| {
+                b[29] = 7;
+                fix_ipv4_checksum(b);
+            },
+            RxDrop::Icrc,
+        );
+        case(
+            &|b| {
+                b[19] ^= 1;
+                fix_ipv4_checksum(b);
+            },
+            RxDrop::Icrc,
+        );
+        // TTL is not: a router may change it.
+        let mut b = good.clone();
+        b[22] = 3;
+        fix_ipv4_checksum(&mut b);
+        assert_eq!(check_frame(&l, &b).unwrap().meta.hop_limit, 3);
+    }
+
+    /// A tiny xorshift generator: the fuzz test needs no crate.
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n as u64) as usize
+        }
+    }
+
+    /// Random bytes, truncations, byte and bit flips of good frames: never a panic, a
+    /// RoCE packet inside the frame whenever one is accepted, and no corruption of the
+    /// covered bytes accepted.
+    #[test]
+    fn fuzzed_frames_never_panic_and_corruption_is_caught() {
+        let l = local("10.79.0.2");
+        let goods = [
+            frame("10.79.0.1", "10.79.0.2", 0),
+            frame("10.79.0.1", "10.79.0.2", 300),
+            frame("fd79::1", "fd79::2", 17),
+        ];
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let mut st = TransportStats::default();
+        let mut accepted_bad = 0;
+        for round in 0..200_000 {
+            let g = &goods[round % goods.len()];
+            let mut f = g.clone();
+            match rng.below(5) {
+                0 => {
+                    let n = rng.below(200);
+                    f = (0..n).map(|_| rng.next() as u8).collect();
+                }
+                1 => f.truncate(rng.below(g.len() + 1)),
+                2 => {
+                    for _ in 0..1 + rng.below(4) {
+                        let i = rng.below(f.len());
+                        f[i] = rng.next() as u8;
+                    }
+                }
+                3 => {
+                    let i = rng.below(f.len() * 8);
+                    f[i / 8] ^= 1 << (i % 8);
+                }
+                _ => {
+                    let extra = rng.below(64);
+                    f.extend((0..extra).map(|_| rng.next() as u8));
+                }
+            }
+            match check_frame(&l, &f) {
+                Ok(r) => {
+                    assert!(r.roce.0 < r.roce.1 && r.roce.1 <= f.len());
+                    // Accepted: every byte must be the good frame's but those the ICRC masks
+                    // or no check covers (source MAC, TOS/traffic class, flow label, TTL/hop
+                    // limit, IPv4 header checksum, UDP checksum, the FECN/BECN byte) and
+                    // padding after the datagram.
+                    let free: &[usize] = if g[14] == 0x45 {
+                        &[15, 22, 24, 25, 40, 41, 46]
+                    } else {
+                        &[14, 15, 16, 17, 21, 60, 61, 66]
+                    };
+                    let differs = (0..g.len()).any(|i| {
+                        f.get(i) != Some(&g[i]) && !(6..12).contains(&i) && !free.contains(&i)
+                    });
+                    if differs {
+                        accepted_bad += 1;
+                    }
+                }
+                Err(d) => count(&mut st, d),
+            }
+        }
+        assert_eq!(accepted_bad, 0, "corrupted frames accepted");
+        assert!(st.rx_icrc_bad > 0 && st.rx_short > 0 && st.rx_not_ours > 0);
+    }
+
+    /// Ring block headers that point outside the block are refused before a byte of the
+    /// frame is read.
+    #[test]
+    fn ring_frame_headers_are_checked_against_the_block() {
+        let mut b = vec![0u8; 4096];
+        let put32 = |b: &mut Vec<u8>, at: usize, v: u32| {
+            b[at..at + 4].copy_from_slice(&v.to_ne_bytes());
+        };
+        let at = 64;
+        put32(&mut b, at, 0); // next
+        put32(&mut b, at + 12, 100); // snaplen
+        put32(&mut b, at + 16, 100); // len
+        b[at + 24..at + 26].copy_from_slice(&(TP3_HDR as u16 + 18).to_ne_bytes());
+        let (f, _) = block_frame(&b, at).unwrap();
+        assert_eq!((f.at, f.snap, f.wire), (at + 66, 100, 100));
+        assert!(!f.outgoing);
+        put32(&mut b, at + 12, 4096);
+        assert_eq!(block_frame(&b, at), None, "frame past the block end");
+        put32(&mut b, at + 12, 100);
+        b[at + 24..at + 26].copy_from_slice(&8u16.to_ne_bytes());
+        assert_eq!(block_frame(&b, at), None, "frame inside its own header");
+        assert_eq!(block_frame(&b, 4090), None, "header past the block end");
+        assert_eq!(block_frame(&b, usize::MAX - 3), None);
+    }
+
+    #[test]
+    fn ring_slot_headers_are_checked_against_the_slot() {
+        let mut s = vec![0u8; 2048];
+        s[4..8].copy_from_slice(&100u32.to_ne_bytes()); // len
+        s[8..12].copy_from_slice(&100u32.to_ne_bytes()); // snaplen
+        s[12..14].copy_from_slice(&66u16.to_ne_bytes()); // mac
+        let f = slot_frame_v2(&s).unwrap();
+        assert_eq!((f.at, f.snap, f.wire), (66, 100, 100));
+        s[8..12].copy_from_slice(&u32::MAX.to_ne_bytes());
+        assert_eq!(slot_frame_v2(&s), None, "frame past the slot end");
+        s[8..12].copy_from_slice(&100u32.to_ne_bytes());
+        s[12..14].copy_from_slice(&4u16.to_ne_bytes());
+        assert_eq!(slot_frame_v2(&s), None, "frame inside its own header");
+        assert_eq!(slot_frame_v2(&s[..20]), None, "slot shorter than a header");
+    }
+
+    /// A classic BPF interpreter for the instructions the filter uses.
+    fn run_bpf(prog: &[libc::sock_filter], pkt: &[u8]) -> u32 {
+        let (mut a, mut x, mut pc) = (0u32, 0u32, 0usize);
+        let ld = |at: usize, n: usize| -> Option<u32> {
+            let b = pkt.get(at..at + n)?;
+            Some(b.iter().fold(0u32, |v, &c| (v << 8) | c as u32))
+        };
+        for _ in 0..prog.len() {
+            let i = prog[pc];
+            pc += 1;
+            let k = i.k as usize;
+            match i.code {
+                BPF_LD_H_ABS => a = ld(k, 2).unwrap_or(0),
+                BPF_LD_B_ABS => a = ld(k, 1).unwrap_or(0),
+                BPF_LD_W_ABS => a = ld(k, 4).unwrap_or(0),
+                BPF_LDX_MSH => x = (ld(k, 1).unwrap_or(0) & 0xf) * 4,
+                BPF_LD_H_IND => a = ld(x as usize + k, 2).unwrap_or(0),
+                BPF_RET_K => return i.k,
+                BPF_JEQ_K | BPF_JSET_K => {
+                    let hit = if i.code == BPF_JEQ_K {
+                        a == i.k
+                    } else {
+                        a & i.k != 0
+                    };
+                    pc += if hit { i.jt } else { i.jf } as usize;
+                }
+                c => panic!("unexpected opcode {c:#x}"),
+            }
+            assert!(pc < prog.len(), "ran off the program");
+        }
+        panic!("no return")
+    }
+
+    #[test]
+    fn the_kernel_filter_keeps_roce_to_our_addresses_only() {
+        let addrs: Vec<IpAddr> = vec![
+            "10.79.0.2".parse().unwrap(),
+            "fd79::2".parse().unwrap(),
+            "10.79.0.3".parse().unwrap(),
+            "fd79::3".parse().unwrap(),
+        ];
+        let prog = filter_program(&addrs).unwrap();
+        for (s, d, want) in [
+            ("10.79.0.1", "10.79.0.2", true),
+            ("10.79.0.1", "10.79.0.3", true),
+            ("10.79.0.1", "10.79.0.4", false),
+            ("fd79::1", "fd79::2", true),
+            ("fd79::1", "fd79::3", true),
+            ("fd79::1", "fd79::4", false),
+            ("fd79::1", "fd78::2", false),
+        ] {
+            let f = frame(s, d, 8);
+            assert_eq!(run_bpf(&prog, &f) != 0, want, "{s} -> {d}");
+        }
+        let mut f = frame("10.79.0.1", "10.79.0.2", 8);
+        f[36..38].copy_from_slice(&4792u16.to_be_bytes());
+        assert_eq!(run_bpf(&prog, &f), 0, "other port");
+        let mut f = frame("10.79.0.1", "10.79.0.2", 8);
+        f[20] |= 0x20;
+        assert_eq!(run_bpf(&prog, &f), 0, "fragment");
+        let mut f = frame("fd79::1", "fd79::2", 8);
+        f[20] = 6;
+        assert_eq!(run_bpf(&prog, &f), 0, "not UDP");
+        assert_eq!(run_bpf(&prog, &[0u8; 10]), 0, "runt");
+        // Eight addresses of each family still assemble (jumps within 255).
+        let many: Vec<IpAddr> = (0..8)
+            .flat_map(|i| {
+                [
+                    format!("10.79.1.{i}").parse().unwrap(),
+                    format!("fd79::1:{i}").parse().unwrap(),
+                ]
+            })
+            .collect();
+        assert!(filter_program(&many).is_some());
+    }
+
+    /// Missing and down interfaces are told apart before any privilege is needed.
+    #[test]
+    fn a_missing_interface_is_named() {
+        let cfg = RawConfig {
+            iface: "vur-nosuch0".into(),
+            addrs: vec!["10.79.0.1".parse().unwrap()],
+            mac: None,
+            mtu: 1500,
+            ring: RingKind::V3,
+        };
+        match RawTransport::open(&cfg) {
+            Err(RawError::NoSuchInterface(i)) => assert_eq!(i, "vur-nosuch0"),
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("opened a missing interface"),
+        }
+        assert!(iface_info("").is_err());
+        assert!(iface_info("a-name-longer-than-ifnamsiz").is_err());
+    }
+}

@@ -1,0 +1,273 @@
+//! The raw transport (`--iface`) end to end, inside a network namespace each test creates:
+//! a veth pair with both ends in it, daemons on its ends, test guests on the daemons.
+//!
+//! - two raw daemons (one with each receive ring): RC SEND, WRITE and READ, and the frames
+//!   on the wire carry the MACs and addresses expected (captured on the veth);
+//! - a raw daemon and a udp daemon (`--udp-addr` on an address the namespace's kernel holds):
+//!   the raw daemon's frames are RoCEv2 the kernel's UDP stack takes, and back;
+//! - the errors an operator meets: no such interface, interface down, no CAP_NET_RAW.
+//!
+//! Skipped (one line saying why) when not root or without iproute2.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use rxe_core::verbs::*;
+use vur_testguest::netns::{self, Capture};
+use vur_testguest::*;
+
+fn bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_vur-daemon"))
+}
+
+const MAC_A: [u8; 6] = [0x02, 0x79, 0, 0, 0, 0x0a];
+const MAC_B: [u8; 6] = [0x02, 0x79, 0, 0, 0, 0x0b];
+
+fn skip(test: &str) -> bool {
+    match netns::unavailable() {
+        Some(why) => {
+            eprintln!("SKIP {test}: {why}");
+            true
+        }
+        None => false,
+    }
+}
+
+fn run(test: &str, f: impl FnOnce() + Send + 'static) {
+    if skip(test) {
+        return;
+    }
+    if let Err(why) = netns::run_in_new_netns(f) {
+        eprintln!("SKIP {test}: cannot create a network namespace: {why}");
+    }
+}
+
+fn raw_node(iface: &str, mac: [u8; 6], ip: &str, ring: &str) -> Node {
+    let addr: SocketAddr = format!("{ip}:4791").parse().unwrap();
+    let args = ["--iface", iface, "--raw-addr", ip, "--raw-ring", ring];
+    let mut n = Node::start(bin(), addr, &args).expect("raw node");
+    n.mac = mac;
+    n
+}
+
+fn counter(n: &Node, key: &str) -> u64 {
+    let c = n.daemon.counters().expect("counters");
+    json_u64(&c, "transport", key).unwrap_or_else(|| panic!("no {key} in {c}"))
+}
+
+/// RC SEND (3 packets), WRITE and READ of 64 KiB from `a` to `b`, data checked.
+fn send_write_read(a: &mut Node, b: &mut Node) {
+    let (ea, eb) = connect_qps(a, b, &ConnOpts::default()).expect("connect");
+    let access = Access::LOCAL_WRITE.union(Access::REMOTE);
+    let len = 64 << 10;
+    let sa = a.guest.reg_mr(ea.pd, len, access).unwrap();
+    let sb = b.guest.reg_mr(eb.pd, len, access).unwrap();
+    let wait = Duration::from_secs(10);
+    // SEND of 3000 bytes (three packets at MTU 1024).
+    let msg: Vec<u8> = (0..3000u32).map(|i| (i * 7) as u8).collect();
+    sa.buf.write(0, &msg);
+    b.guest
+        .post_recv(
+            &eb.qp,
+            &RecvWr {
+                wr_id: 42,
+                sg_list: vec![sb.sge(0, len as u32)],
+            },
+        )
+        .unwrap();
+    a.guest
+        .post_send(&ea.qp, &SendWr::new(1, SendOp::Send, vec![sa.sge(0, 3000)]))
+        .unwrap();
+    let wa = a.guest.wait_cq(&ea.cq, 1, wait);
+    let wb = b.guest.wait_cq(&eb.cq, 1, wait);
+    assert_eq!(wa.len(), 1, "send completion");
+    assert_eq!((wa[0].wr_id, wa[0].status), (1, 0));
+    assert_eq!(wb.len(), 1, "receive completion");
+    assert_eq!((wb[0].wr_id, wb[0].status, wb[0].byte_len), (42, 0, 3000));
+    assert_eq!(sb.buf.to_vec(0, 3000), msg);
+    // WRITE 64 KiB into b.
+    let data: Vec<u8> = (0..len as u32).map(|i| (i % 251) as u8).collect();
+    sa.buf.write(0, &data);
+    let write = SendOp::Write {
+        remote_addr: sb.iova,
+        rkey: sb.rkey,
+    };
+    a.guest
+        .post_send(&ea.qp, &SendWr::new(2, write, vec![sa.sge(0, len as u32)]))
+        .unwrap();
+    let w = a.guest.wait_cq(&ea.cq, 1, wait);
+    assert_eq!(w.len(), 1, "write completion");
+    assert_eq!((w[0].wr_id, w[0].status), (2, 0));
+    assert!(sb.buf.to_vec(0, len) == data, "written data");
+    // READ it back into a fresh buffer of a.
+    let ra = a.guest.reg_mr(ea.pd, len, access).unwrap();
+    let read = SendOp::Read {
+        remote_addr: sb.iova,
+        rkey: sb.rkey,
+    };
+    a.guest
+        .post_send(&ea.qp, &SendWr::new(3, read, vec![ra.sge(0, len as u32)]))
+        .unwrap();
+    let w = a.guest.wait_cq(&ea.cq, 1, wait);
+    assert_eq!(w.len(), 1, "read completion");
+    assert_eq!((w[0].wr_id, w[0].status), (3, 0));
+    assert!(ra.buf.to_vec(0, len) == data, "read data");
+}
+
+fn be16(b: &[u8], at: usize) -> u16 {
+    u16::from_be_bytes([b[at], b[at + 1]])
+}
+
+#[test]
+fn two_raw_daemons_over_a_veth_pair() {
+    run("two_raw_daemons_over_a_veth_pair", || {
+        netns::veth_pair("vra", MAC_A, "vrb", MAC_B).expect("veth pair");
+        let cap = Capture::open("vrb").expect("capture socket");
+        let mut a = raw_node("vra", MAC_A, "10.79.0.1", "v3");
+        let mut b = raw_node("vrb", MAC_B, "10.79.0.2", "v2");
+        send_write_read(&mut a, &mut b);
+        // What went from a to b on the wire: Ethernet from MAC_A to MAC_B, IPv4 with a
+        // right header checksum, ID 0 and DF, from 10.79.0.1 to 10.79.0.2, UDP to 4791.
+        let frames = cap.frames(Duration::from_secs(1));
+        let roce: Vec<&Vec<u8>> = frames
+            .iter()
+            .filter(|f| f.len() > 42 && be16(f, 12) == 0x0800 && f[23] == 17)
+            .collect();
+        assert!(roce.len() >= 64 + 3, "captured {} RoCE frames", roce.len());
+        let mut from_a = 0;
+        for f in &roce {
+            assert_eq!(be16(f, 36), 4791, "UDP destination port");
+            assert_eq!(f[14], 0x45);
+            assert_eq!(be16(f, 16) as usize, f.len() - 14, "IP total length");
+            let mut sum = 0u32;
+            for w in f[14..34].chunks(2) {
+                sum += be16(w, 0) as u32;
+            }
+            while sum > 0xffff {
+                sum = (sum & 0xffff) + (sum >> 16);
+            }
+            assert_eq!(sum, 0xffff, "IPv4 header checksum");
+            if f[..6] == MAC_B {
+                from_a += 1;
+                assert_eq!(f[6..12], MAC_A);
+                assert_eq!(f[26..30], [10, 79, 0, 1]);
+                assert_eq!(f[30..34], [10, 79, 0, 2]);
+                assert_eq!(be16(f, 18), 0, "IP ID");
+                assert_eq!(be16(f, 20), 0x4000, "DF, no fragment");
+                assert_eq!(be16(f, 38) as usize, f.len() - 34, "UDP length");
+                assert_ne!(be16(f, 34), 0, "UDP source port");
+            } else {
+                assert_eq!(f[..6], MAC_A);
+                assert_eq!(f[6..12], MAC_B);
+                assert_eq!(f[26..30], [10, 79, 0, 2]);
+            }
+        }
+        assert!(from_a >= 64, "{from_a} frames from a");
+        for n in [&a, &b] {
+            assert!(counter(n, "tx_packets") > 0);
+            assert!(counter(n, "rx_icrc_ok") > 0);
+            for k in [
+                "rx_icrc_bad",
+                "rx_not_ours",
+                "rx_bad_ip",
+                "rx_bad_udp",
+                "rx_ip_checksum_bad",
+                "rx_short",
+                "rx_truncated",
+                "tx_no_dmac",
+                "tx_dropped",
+            ] {
+                assert_eq!(counter(n, k), 0, "{k}");
+            }
+        }
+    });
+}
+
+#[test]
+fn a_raw_daemon_and_a_udp_daemon_talk() {
+    run("a_raw_daemon_and_a_udp_daemon_talk", || {
+        netns::veth_pair("vua", MAC_A, "vub", MAC_B).expect("veth pair");
+        // The kernel on the udp side holds 10.79.1.2 and knows the raw side's MAC (the raw
+        // daemon answers no ARP); the raw side's address is on no interface.
+        netns::ip(&["addr", "add", "10.79.1.2/24", "dev", "vub"]).unwrap();
+        let mac_a = netns::mac_str(MAC_A);
+        netns::ip(&[
+            "neigh",
+            "add",
+            "10.79.1.1",
+            "lladdr",
+            &mac_a,
+            "dev",
+            "vub",
+            "nud",
+            "permanent",
+        ])
+        .unwrap();
+        let mut a = raw_node("vua", MAC_A, "10.79.1.1", "v2");
+        let mut b = Node::start(bin(), "10.79.1.2:4791".parse().unwrap(), &[]).expect("udp node");
+        b.mac = MAC_B;
+        send_write_read(&mut a, &mut b);
+        send_write_read(&mut b, &mut a);
+        // The udp daemon verified the raw daemon's ICRCs with IP ID 0: exact, not solved.
+        assert!(counter(&b, "rx_icrc_ok") > 0);
+        assert_eq!(counter(&b, "rx_icrc_id_solved"), 0);
+        assert_eq!(counter(&b, "rx_icrc_bad"), 0);
+        assert!(counter(&a, "rx_icrc_ok") > 0);
+        assert_eq!(counter(&a, "rx_icrc_bad"), 0);
+    });
+}
+
+/// Runs the daemon with `args`; returns its exit code and stderr (it must exit by itself).
+fn daemon_fails(args: &[&str], drop_net_raw: bool) -> (Option<i32>, String) {
+    let dir = std::env::temp_dir().join(format!("vur-raw-err-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut cmd = Command::new(bin());
+    cmd.arg("--socket-path").arg(dir.join("s.sock")).args(args);
+    if drop_net_raw {
+        // SAFETY: the closure runs in the child between fork and exec and only calls
+        // prctl, a plain syscall.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+                const CAP_NET_RAW: libc::c_ulong = 13;
+                if libc::prctl(libc::PR_CAPBSET_DROP, CAP_NET_RAW, 0, 0, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    let out = cmd.output().expect("run the daemon");
+    let _ = std::fs::remove_dir_all(&dir);
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn raw_transport_errors_say_what_is_wrong() {
+    run("raw_transport_errors_say_what_is_wrong", || {
+        let (code, err) = daemon_fails(&["--iface", "vnosuch", "--raw-addr", "10.79.2.1"], false);
+        assert_eq!(code, Some(1), "{err}");
+        assert!(err.contains("vnosuch: no such interface"), "{err}");
+        netns::ip(&["link", "add", "vea", "type", "veth", "peer", "name", "veb"]).unwrap();
+        let (code, err) = daemon_fails(&["--iface", "vea", "--raw-addr", "10.79.2.1"], false);
+        assert_eq!(code, Some(1), "{err}");
+        assert!(err.contains("the interface is down"), "{err}");
+        netns::ip(&["link", "set", "vea", "up"]).unwrap();
+        let (code, err) = daemon_fails(&["--iface", "vea", "--raw-addr", "10.79.2.1"], true);
+        assert_eq!(code, Some(1), "{err}");
+        assert!(err.contains("needs CAP_NET_RAW"), "{err}");
+        let (code, err) = daemon_fails(
+            &["--iface", "vea", "--raw-addr", "10.79.2.1", "--mtu", "9000"],
+            false,
+        );
+        assert_eq!(code, Some(1), "{err}");
+        assert!(err.contains("larger than the MTU of vea"), "{err}");
+        let (code, err) = daemon_fails(&["--iface", "vea"], false);
+        assert_eq!(code, Some(2), "{err}");
+        assert!(err.contains("--raw-addr"), "{err}");
+    });
+}
