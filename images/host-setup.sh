@@ -7,6 +7,7 @@
 # - qemu-system-x86 from bookworm-backports (QEMU 10) : tests/vm/run-vm.sh
 # - iproute2, iputils-ping               : tests/vm/net.sh (bridge + taps), smoke.test.sh
 # - tshark (dumpcap), python3-scapy      : tests/vm/capture-rxe.sh and ICRC checks of captures
+# - nftables                             : tests/vm/soak.test.sh (loss between the daemons)
 #
 # bookworm-backports is added in a private apt state directory (sources file and
 # package lists under $VUR_APT_DIR, default <repo>/.cache/apt-host), derived at run time
@@ -29,7 +30,7 @@ installed() { # pkg -> 0 when dpkg says "install ok installed"
 }
 
 # Packages from the host's own suite (bookworm).
-base_pkgs=(debootstrap zstd cpio xz-utils iproute2 iputils-ping tshark python3-scapy procps clang)
+base_pkgs=(debootstrap zstd cpio xz-utils iproute2 iputils-ping tshark python3-scapy procps clang nftables)
 # Packages taken from bookworm-backports.
 bpo_pkgs=(qemu-system-x86 qemu-utils)
 

@@ -6,7 +6,14 @@
 #   rxe      a guest with the virtio-rdma device against a guest running Linux rdma_rxe on its
 #            virtio-net: every tool in both directions
 #
-#   sudo tests/vm/guest-pair.test.sh [devices|rxe|all] [TOOL...]     default: all, every tool
+#   soak     the devices pair with every tool, round after round, for VUR_SOAK_SECS seconds
+#            (default 120), while every 400th RC packet (but plain ACKs) between the daemons is dropped
+#            (nftables on the namespace's loopback; VUR_SOAK_DROP_EVERY): every tool run must
+#            succeed, the daemons' memory (RssAnon) and fd count stay flat after the warm-up,
+#            and at the end they hold exactly what the guests' kernels hold. tests/vm/soak.test.sh
+#
+#   sudo tests/vm/guest-pair.test.sh [devices|rxe|all|soak] [TOOL...]   default: all (devices
+#   and rxe), every tool; soak: rc uc ud srq send_bw write_bw read_bw atomic_bw rping udaddy nvme
 #
 # Tools: rc uc ud srq (libibverbs examples with --chk data checks), send_lat send_bw write_lat
 # write_bw read_bw atomic_bw (perftest), rping (rdma_cm with data verification, the CM over
@@ -36,12 +43,20 @@ vm_netns guest-pair "$@"
 
 modes=(devices rxe)
 case ${1:-all} in
-devices | rxe) modes=("$1"); shift ;;
+devices | rxe | soak) modes=("$1"); shift ;;
 all) shift || true ;;
--*) echo "usage: $0 [devices|rxe|all] [TOOL...]" >&2; exit 2 ;;
+-*) echo "usage: $0 [devices|rxe|all|soak] [TOOL...]" >&2; exit 2 ;;
 esac
 all_tools=(rc uc ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw rping ucmatose udaddy rdma_server send_lat_cm nvme)
 tools=("$@")
+if [[ ${modes[*]} == soak ]]; then
+    command -v nft >/dev/null || vm_missing "guest-pair soak: nft not installed (nftables; images/host-setup.sh)"
+    ((${#tools[@]})) || tools=(rc uc ud srq send_bw write_bw read_bw atomic_bw rping udaddy nvme)
+    soak_secs=${VUR_SOAK_SECS:-120}
+    drop_every=${VUR_SOAK_DROP_EVERY:-400}
+    [[ $soak_secs =~ ^[1-9][0-9]*$ && $drop_every =~ ^[1-9][0-9]*$ ]] ||
+        { echo "VUR_SOAK_SECS and VUR_SOAK_DROP_EVERY must be positive integers" >&2; exit 2; }
+fi
 ((${#tools[@]})) || tools=("${all_tools[@]}")
 for t in "${tools[@]}"; do
     [[ " ${all_tools[*]} " == *" $t "* ]] || { echo "unknown tool $t (${all_tools[*]})" >&2; exit 2; }
@@ -64,6 +79,7 @@ trap 'exit 143' TERM
 
 "$here/net.sh" up vurtapA vurtapB
 iters=${VUR_PAIR_ITERS:-200}
+guest_timeout=1200
 
 # daemon NAME ADDR MAC: start the daemon of guest NAME (directory $dir/daemon-NAME)
 daemon() {
@@ -78,7 +94,7 @@ guest() {
     local name=$1
     shift
     { "$here/run-vm.sh" --name "$name" --qemu "$qemu" --images "$images" --shared "$dir/share" \
-        --scenario "$here/pair-guest.sh" --timeout 1200 --env "PAIR_ITERS=$iters" \
+        --scenario "$here/pair-guest.sh" --timeout "$guest_timeout" --env "PAIR_ITERS=$iters" \
         --env "PAIR_STEPS=$steps" "$@" >"$dir/$name.run.log" 2>&1; echo $? >"$dir/$name.rc"; } &
     vm_pids+=($!)
 }
@@ -91,20 +107,32 @@ run_mode() {
     vm_pids=()
     daemons=()
     case $mode in
-    devices)
-        for t in "${tools[@]}"; do steps+="${steps:+,}$t@a"; done
+    devices | soak)
+        local soak_env=()
+        if [[ $mode == devices ]]; then
+            for t in "${tools[@]}"; do steps+="${steps:+,}$t@a"; done
+        else
+            # servers alternate between the guests, so that both directions carry each kind
+            n=0
+            for t in "${tools[@]}"; do
+                if ((n++ % 2 == 0)); then steps+="${steps:+,}$t@a"; else steps+="${steps:+,}$t@b"; fi
+            done
+            soak_env=(--env PAIR_SOAK=1 --env PAIR_ACK_TIMEOUT=14)
+            guest_timeout=$((soak_secs + 900))
+            soak_drop || return 1
+        fi
         daemon a 10.77.0.2 52:54:00:77:00:02 || return 1
         daemon b 10.77.0.3 52:54:00:77:00:03 || return 1
         guest a --rdma-sock "$dir/daemon-a/rdma.sock" --nic-no-peer --mac 52:54:00:77:00:02 \
             --ip 10.77.0.2/24 --no-rxe --tap2 vurtapA --mac2 52:54:00:78:00:02 \
             --env PAIR_DEV=vrdma0 --env PAIR_OOB=10.78.0.2/24 --env PAIR_OOB_MAC=52:54:00:78:00:02 \
             --env PAIR_PEER_OOB=10.78.0.3 --env PAIR_PEER_ROCE=10.77.0.3 \
-            --env PAIR_PEER_MAC=52:54:00:77:00:03
+            --env PAIR_PEER_MAC=52:54:00:77:00:03 "${soak_env[@]}"
         guest b --rdma-sock "$dir/daemon-b/rdma.sock" --nic-no-peer --mac 52:54:00:77:00:03 \
             --ip 10.77.0.3/24 --no-rxe --tap2 vurtapB --mac2 52:54:00:78:00:03 \
             --env PAIR_DEV=vrdma0 --env PAIR_OOB=10.78.0.3/24 --env PAIR_OOB_MAC=52:54:00:78:00:03 \
             --env PAIR_PEER_OOB=10.78.0.2 --env PAIR_PEER_ROCE=10.77.0.2 \
-            --env PAIR_PEER_MAC=52:54:00:77:00:02
+            --env PAIR_PEER_MAC=52:54:00:77:00:02 "${soak_env[@]}"
         ;;
     rxe)
         for t in "${tools[@]}"; do steps+="${steps:+,}$t@dev,$t@rxe"; done
@@ -137,7 +165,7 @@ run_mode() {
     log "$mode: two guests booting; steps: $steps"
     # The daemons' counters once both guests have run every tool (they are still connected).
     (
-        for _ in $(seq 12000); do
+        for _ in $(seq $((guest_timeout * 10))); do
             n=$(find "$dir/share/sync" -maxdepth 1 -name 'tools-done.*' | wc -l)
             ((n >= 2)) && break
             sleep 0.1
@@ -147,8 +175,18 @@ run_mode() {
         done
         touch "$dir/share/sync/counters-read"
     ) &
-    local watcher=$!
+    local watcher=$! sampler=''
+    if [[ $mode == soak ]]; then
+        soak_sample "$dir" &
+        sampler=$!
+        pids+=("$sampler")
+    fi
     wait "${vm_pids[@]}" || true
+    if [[ -n $sampler ]]; then
+        kill "$sampler" 2>/dev/null || true
+        wait "$sampler" 2>/dev/null || true
+        soak_check "$dir" || fail=1
+    fi
     kill "$watcher" 2>/dev/null || true
     wait "$watcher" 2>/dev/null || true
     for n in "$dir"/share/*.console.log; do
@@ -214,6 +252,139 @@ tap_check() {
     grep '^tap: done' "$dir/tap.err" | sed "s/^/  /"
     ((roce == total && egress + ${lost:-0} == tx && egress > 0)) ||
         { log "$mode: FAIL: the capture does not hold what the daemons sent"; return 1; }
+}
+
+# soak_drop: drop every $drop_every-th RC packet (BTH opcode 0x00–0x1f) to UDP 4791 as it is
+# received on this namespace's loopback: a loss the sender does not see (a drop on output would
+# fail its sendmsg). UC and UD traffic, and the CM's MADs on QP1, pass: their applications do
+# not recover from loss. So do plain ACKs (0x11): the pingpongs end without a handshake, and
+# when the last ACK of a run is lost its sender retransmits to a QP the peer has already
+# destroyed and ends with RETRY_EXC_ERR, as it would on any RC fabric (every lost request is
+# still answered by an ACK after its retransmission; READ responses and atomic ACKs are lost
+# too).
+soak_drop() {
+    nft -f - <<EOF || { log "soak: FAIL: could not install the nftables drop rule"; return 1; }
+table inet vur_soak {
+    chain in {
+        type filter hook input priority 0; policy accept;
+        udp dport 4791 @th,64,3 0 @th,64,8 != 0x11 numgen inc mod $drop_every 0 counter drop
+    }
+}
+EOF
+}
+
+# soak_dropped: how many packets the rule has dropped.
+soak_dropped() {
+    nft list table inet vur_soak 2>/dev/null | sed -n 's/.*counter packets \([0-9]*\) .*/\1/p'
+}
+
+# soak_heap NAME: "LIVE-BYTES LIVE-BLOCKS" of daemon NAME's heap, from its counters socket.
+soak_heap() {
+    vm_daemon_counters "$dir/daemon-$1/counters.sock" | python3 -c 'import json,sys
+h = json.load(sys.stdin).get("heap", {})
+print(h.get("live_bytes", -1), h.get("live_blocks", -1))' 2>/dev/null || echo "-1 -1"
+}
+
+# soak_sample DIR: from the guests' first round on, sample every daemon's RssAnon (KiB) and fd
+# count every 2 s into DIR/NAME.samples ("SECONDS RSSANON FDS"), and, whenever the guests say
+# that nothing runs (quiet.R, before round R), its RssAnon and live heap into DIR/NAME.quiet
+# ("ROUND SECONDS RSSANON VMDATA HEAP-BYTES HEAP-BLOCKS") before letting them go on (sampled.R).
+# Creates the guests' stop file after $soak_secs; ends when both guests are done.
+soak_sample() {
+    local dir=$1 sync=$1/share/sync t0 t d name pid r=0 next=0
+    for _ in $(seq 6000); do [[ -e $sync/quiet.0 ]] && break; sleep 0.1; done
+    [[ -e $sync/quiet.0 ]] || return 0
+    t0=$SECONDS
+    log "soak: traffic starts; $soak_secs s, every ${drop_every}th RC packet dropped"
+    while :; do
+        t=$((SECONDS - t0))
+        if [[ -e $sync/quiet.$r ]]; then
+            for d in "${daemons[@]}"; do
+                name=${d%%:*} pid=${d#*:}
+                echo "$r $t $(awk '/^RssAnon:/{r = $2} /^VmData:/{d = $2} END {print r, d}' "/proc/$pid/status" 2>/dev/null) $(soak_heap "$name")" >>"$dir/$name.quiet"
+            done
+            touch "$sync/sampled.$r"
+            r=$((r + 1))
+        fi
+        if ((t >= next)); then
+            next=$((t + 2))
+            for d in "${daemons[@]}"; do
+                name=${d%%:*} pid=${d#*:}
+                echo "$t $(awk '/^RssAnon:/{print $2}' "/proc/$pid/status" 2>/dev/null) $(find "/proc/$pid/fd" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l)" >>"$dir/$name.samples"
+            done
+        fi
+        if ((t >= soak_secs)) && [[ ! -e $sync/stop ]]; then
+            touch "$sync/stop"
+            log "soak: $t s: stop after this round; $(soak_dropped) RC packets dropped so far"
+        fi
+        (($(find "$sync" -maxdepth 1 -name 'tools-done.*' | wc -l) >= 2)) && break
+        sleep 0.1
+    done
+}
+
+# soak_check DIR: after the warm-up (the first round and a third of the others), at the quiet
+# points, the daemons' live
+# heap (what they hold: a leak) grows by at most 1 KiB a minute (at least 4 KiB over the run)
+# and their VmData (what the allocator has mapped) by at most 4 KiB a minute (at least 32 KiB:
+# pages); their fd count by at most 0.5 a minute; all least-squares fits. RssAnon is reported:
+# it moves inside VmData as the allocator reuses and gives back freed pages (docs/daemon.md,
+# "Memory"). The drop rule really dropped; the guests ran at least two rounds.
+soak_check() {
+    local dir=$1 d name rc=0 dropped rounds
+    for d in "${daemons[@]}"; do
+        name=${d%%:*}
+        python3 - "$name" "$dir/$name.quiet" "$dir/$name.samples" <<'PY' || rc=1
+import sys
+name, quiet, periodic = sys.argv[1], sys.argv[2], sys.argv[3]
+q = [list(map(float, l.split())) for l in open(quiet) if l.strip()]
+p = [list(map(float, l.split())) for l in open(periodic) if l.strip()]
+def fit(pts):
+    """least-squares slope per minute and the window in minutes of (seconds, value) points"""
+    n = len(pts)
+    xs = [x / 60 for x, _ in pts]
+    ys = [y for _, y in pts]
+    mx, my = sum(xs) / n, sum(ys) / n
+    den = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den, xs[-1] - xs[0]
+# the warm-up: the first round and the first third of the others (the first rounds reach the
+# heap's high-water marks: the largest QPs, MRs and page lists the tools make)
+q = [r for r in q if r[0] >= 1]
+q = q[len(q) // 3:]
+if len(q) < 3 or min(r[4] for r in q) < 0:
+    print(f"soak: FAIL: daemon {name}: {len(q)} quiet points after the warm-up, or no heap counters")
+    sys.exit(1)
+warm = q[0][1]
+p = [r for r in p if r[0] >= warm]
+fail = []
+hs, win = fit([(r[1], r[4]) for r in q])
+ds, _ = fit([(r[1], r[3]) for r in q])
+rs, _ = fit([(r[1], r[2]) for r in q])
+fs, _ = fit([(r[0], r[2]) for r in p]) if len(p) >= 2 else (0.0, 0.0)
+heap_ok = max(1024 * win, 4096)
+data_ok = max(4 * win, 32)
+print(f"soak: daemon {name}: {len(q)} quiet points over {win:.1f} min after a {warm:.0f} s warm-up: "
+      f"live heap {q[0][4]:.0f} -> {q[-1][4]:.0f} bytes in {q[0][5]:.0f} -> {q[-1][5]:.0f} blocks, "
+      f"slope {hs:+.0f} bytes/min ({hs * win:.0f} fitted, {heap_ok:.0f} allowed); "
+      f"VmData {q[0][3]:.0f} -> {q[-1][3]:.0f} KiB, slope {ds:+.1f} KiB/min ({ds * win:.0f} fitted, "
+      f"{data_ok:.0f} allowed); RssAnon {q[0][2]:.0f} -> {q[-1][2]:.0f} KiB, slope {rs:+.1f} KiB/min; "
+      f"fds {p[0][2]:.0f} -> {p[-1][2]:.0f}, slope {fs:+.2f}/min")
+if hs * win > heap_ok:
+    fail.append("live heap grows")
+if ds * win > data_ok:
+    fail.append("VmData grows")
+if fs > 0.5:
+    fail.append("fd count grows")
+if fail:
+    print(f"soak: FAIL: daemon {name}: " + ", ".join(fail))
+    sys.exit(1)
+PY
+    done
+    dropped=$(soak_dropped)
+    rounds=$(find "$dir/share/sync" -maxdepth 1 -name 'round.*' | wc -l)
+    log "soak: $((rounds - 1)) rounds of ${#tools[@]} tools; ${dropped:-?} RC packets dropped and recovered from"
+    ((${dropped:-0} > 0)) || { log "soak: FAIL: no packet was dropped: the loss was not real"; rc=1; }
+    ((rounds >= 3)) || { log "soak: FAIL: fewer than two rounds"; rc=1; }
+    return "$rc"
 }
 
 failed=()

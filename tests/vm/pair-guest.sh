@@ -14,6 +14,9 @@
 #   PAIR_STEPS      comma-separated TOOL@GUEST (GUEST: the VUR_NAME running the server)
 #   PAIR_ITERS      iterations per tool (default 200)
 #   PAIR_MTU        path MTU for perftest and the pingpongs (default 1024)
+#   PAIR_ACK_TIMEOUT perftest's ACK timeout exponent -u (default 20: 4 s)
+#   PAIR_SOAK       when set, run the steps round after round until the host creates
+#                   /vur/sync/stop (tests/vm/soak.test.sh)
 set -uo pipefail
 
 # Runs only inside a test guest (booted by tests/vm/run-vm.sh, whose kernel command line names
@@ -26,6 +29,7 @@ me=$VUR_NAME
 dev=${PAIR_DEV:?}
 iters=${PAIR_ITERS:-200}
 mtu=${PAIR_MTU:-1024}
+ack_to=${PAIR_ACK_TIMEOUT:-20}
 sync=/vur/sync
 mkdir -p "$sync"
 say() { echo "PAIR $me $*"; }
@@ -84,12 +88,13 @@ tool_cmds() {
     case $1 in
     rc | uc | srq) echo "$p|ibv_$1_pingpong -d $dev -g $gid -n $iters -m $mtu -p $p $(chk "ibv_$1_pingpong")|" ;;
     ud) echo "$p|ibv_ud_pingpong -d $dev -g $gid -n $iters -s $((mtu < 2048 ? mtu : 2048)) -p $p $(chk ibv_ud_pingpong)|" ;;
-    # -u 20: a 4 s ACK timeout (perftest's default is 67 ms): under TCG a busy guest misses
-    # 67 ms often, and a retransmitting rxe 6.12 requester can hang on its completer bug
-    # (docs/interop.md); the device's own retransmission is tested by the interop suites.
-    send_lat | write_lat) echo "$p|ib_$1 -d $dev -x $gid -F -m $mtu -u 20 -n $iters -s 64 -p $p|" ;;
-    send_bw | write_bw | read_bw) echo "$p|ib_$1 -d $dev -x $gid -F -m $mtu -u 20 -n $iters -s 65536 -p $p|" ;;
-    atomic_bw) echo "$p|ib_atomic_bw -d $dev -x $gid -F -m $mtu -u 20 -n $iters -p $p|" ;;
+    # -u 20 (PAIR_ACK_TIMEOUT's default): a 4 s ACK timeout (perftest's default is 67 ms):
+    # under TCG a busy guest misses 67 ms often, and a retransmitting rxe 6.12 requester can
+    # hang on its completer bug (docs/interop.md). Two devices retransmit in their daemons,
+    # on the host: the soak, which drops packets, runs them with -u 14.
+    send_lat | write_lat) echo "$p|ib_$1 -d $dev -x $gid -F -m $mtu -u $ack_to -n $iters -s 64 -p $p|" ;;
+    send_bw | write_bw | read_bw) echo "$p|ib_$1 -d $dev -x $gid -F -m $mtu -u $ack_to -n $iters -s 65536 -p $p|" ;;
+    atomic_bw) echo "$p|ib_atomic_bw -d $dev -x $gid -F -m $mtu -u $ack_to -n $iters -p $p|" ;;
     # rdma_cm: addresses resolved through eth0, connections set up by the CM over QP1
     rping) echo "$p|rping -s -a @SELF@ -p $p -C 20 -S 1000 -v|rping -c -a @PEER@ -p $p -C 20 -S 1000 -v -V" ;;
     ucmatose) echo "7471|ucmatose -b @SELF@ -c 2 -C 20|ucmatose -s @PEER@ -c 2 -C 20" ;;
@@ -158,11 +163,11 @@ nvme_host() {
 export -f nvme_target nvme_host
 export sync VUR_ADDR
 
-IFS=, read -ra steps <<<"${PAIR_STEPS:?}"
-failed=0
-for i in "${!steps[@]}"; do
-    tool=${steps[i]%@*} srv=${steps[i]#*@}
-    port=$((18515 + i))
+# run_step I TOOL SERVER: step I (unique across rounds: it names the sync files) runs TOOL's
+# server on guest SERVER and its client on the other; counts a failure in $failed.
+run_step() {
+    local i=$1 tool=$2 srv=$3 port cmds lport scmd ccmd rc t0 role cmd pid ms res argv
+    port=$((18515 + i % 20000))
     cmds=$(tool_cmds "$tool" "$port") || { say "FAIL unknown tool $tool"; exit 1; }
     IFS='|' read -r lport scmd ccmd <<<"$cmds"
     scmd=${scmd//@SELF@/$VUR_ADDR}
@@ -208,8 +213,6 @@ for i in "${!steps[@]}"; do
         wait_file "$sync/$i.server.done" 180 "the server of step $i to end" || rc=99
     fi
     ms=$(((${EPOCHREALTIME/./} - t0) / 1000))
-    echo "== step $i $tool $role: $cmd"
-    tail -n 12 "/tmp/$i.log"
     # the client's figure: perftest's t_avg (usec) or BW average (MB/s)
     res=''
     if [[ $role == client ]]; then
@@ -218,8 +221,46 @@ for i in "${!steps[@]}"; do
         *_bw) res=$(awk '/^ *[0-9]+ +[0-9]+ +[0-9.]+ +[0-9.]+ /{print "bw_avg_MBps=" $4; exit}' "/tmp/$i.log") ;;
         esac
     fi
-    say "STEP $i $tool server=$srv role=$role rc=$rc wall=${ms}ms${res:+ $res}"
+    if [[ -z $soak ]] || ((rc != 0)); then
+        echo "== step $i $tool $role: $cmd"
+        grep -vE '^ *(local|remote) address: ' "/tmp/$i.log" | tail -n 12
+        say "STEP $i $tool server=$srv role=$role rc=$rc wall=${ms}ms${res:+ $res}"
+    fi
+    rm -f "/tmp/$i.log"
     ((rc == 0)) || failed=$((failed + 1))
+}
+
+IFS=, read -ra steps <<<"${PAIR_STEPS:?}"
+failed=0
+# PAIR_SOAK=1: the step list again and again, until the host creates $sync/stop. The guest that
+# serves the first step decides at the start of each round whether there is another, and
+# writes it down for the other (round.R: go or stop); a round always runs to its end. Before
+# each decision it says the devices are quiet (quiet.R) and waits for the host's sample
+# (sampled.R).
+soak=${PAIR_SOAK:-}
+n=0 round=0 t_soak=$SECONDS
+while :; do
+    if [[ -n $soak ]]; then
+        if [[ ${steps[0]#*@} == "$me" ]]; then
+            # Nothing runs now (the last step ended on both guests): the host samples the
+            # daemons' heap at this quiet point before the round starts.
+            touch "$sync/quiet.$round"
+            wait_file "$sync/sampled.$round" 30 "the host's sample before round $round" || true
+            if [[ -e $sync/stop ]]; then echo stop; else echo go; fi >"$sync/round.$round.tmp"
+            mv "$sync/round.$round.tmp" "$sync/round.$round"
+        else
+            wait_file "$sync/round.$round" 600 "the decision on round $round" ||
+                { failed=$((failed + 1)); break; }
+        fi
+        [[ $(cat "$sync/round.$round") == go ]] || break
+    fi
+    for s in "${steps[@]}"; do
+        run_step "$n" "${s%@*}" "${s#*@}"
+        n=$((n + 1))
+    done
+    round=$((round + 1))
+    [[ -n $soak ]] || break
+    say "SOAK round $round done: $n steps, $failed failed, $((SECONDS - t_soak)) s"
 done
 # Stay up until the other guest has finished too: powering off drops this guest's device, and
 # the other side may still wait for the last ACK.
