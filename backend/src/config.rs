@@ -61,9 +61,10 @@ pub struct Args {
     /// answers the packets too, with ICMP port unreachable).
     #[arg(long, value_delimiter = ',')]
     pub raw_addr: Vec<std::net::IpAddr>,
-    /// With --iface: the receive ring. v3: blocks of frames handed over full or after 1 ms
-    /// (fewest wake-ups, but a lone packet waits up to that); v2: each frame at once.
-    #[arg(long, value_enum, default_value_t = RawRing::V3)]
+    /// With --iface: the receive ring. v2: each frame handed over at once (the default: as
+    /// fast as the UDP socket); v3: blocks of frames handed over full or after 1 ms (fewer
+    /// wake-ups for a steady stream, but a lone packet waits up to 1 ms).
+    #[arg(long, value_enum, default_value_t = RawRing::V2)]
     pub raw_ring: RawRing,
     /// Netdev MTU the port is modelled on (active path MTU = largest IB MTU <= MTU - 80).
     #[arg(long, default_value_t = 1500)]
@@ -412,6 +413,11 @@ mod tests {
         assert_eq!(r.iface, "veth0");
         assert_eq!(r.addrs.len(), 2);
         assert_eq!(r.mac, None, "the interface's MAC unless --mac");
+        assert_eq!(
+            r.ring,
+            crate::raw::RingKind::V2,
+            "one slot per frame unless --raw-ring v3"
+        );
         assert!(!c.model.egress.deny_loopback || r.addrs[0].is_ipv4());
         let m = Config::try_from(args(&[
             "--iface",
