@@ -363,12 +363,13 @@ impl Qp {
             cap,
             sq_sig_all: init.sq_sig_all,
             attr: QpAttr::default(),
-            // Reserved up front: with storage grown only as WQEs are posted, QP create/destroy
-            // churn made the daemon's anonymous memory creep (tests/guest/tests/soak.rs).
-            sq: VecDeque::with_capacity(cap.max_send_wr as usize),
+            // Grown as WQEs are posted (an idle QP holds none): QP create/destroy churn keeps
+            // the daemon's live heap flat (tests/guest/tests/soak.rs); its resident set moves
+            // with the allocator's reuse of freed pages (docs/daemon.md, "Memory").
+            sq: VecDeque::new(),
             sq_head: 0,
             reg_mr_list_bytes: 0,
-            rq: VecDeque::with_capacity(cap.max_recv_wr as usize),
+            rq: VecDeque::new(),
             req: ReqState::default(),
             comp: CompState::default(),
             resp: RespState::default(),
