@@ -38,11 +38,13 @@ const STUCK: Duration = Duration::from_secs(15);
 /// a minute, one of 100 bytes per QP churn about 8 KiB a minute; allocator noise over a
 /// least-squares fit of one-second samples is below 1 KiB a minute.
 const RSS_SLOPE_KIB_PER_MIN: f64 = 4.0;
-/// RssAnon counts pages, and the allocator still takes a few in the first minutes (early page
-/// steps of 4–8 KiB were seen in every long run): a fitted growth of eight pages is allowed
+/// RssAnon counts pages, and in the first minutes it creeps as the allocator reuses pages of
+/// freed WQE queues and objects for others (up to 28 KiB in a two-minute run, while the live
+/// heap stayed flat; docs/daemon.md, "Memory"): a fitted growth of sixteen pages is allowed
 /// whatever the window. A leak per work request (MiB a minute) is far above it even in the
-/// two-minute CI run; a leak per churn needs the long run's slope to show.
-const RSS_PAGES_KIB: f64 = 32.0;
+/// two-minute CI run, and the live heap check ([`HEAP_SLOPE_BYTES_PER_MIN`]) sees leaks of
+/// bytes; the long run's slope bounds the creep.
+const RSS_PAGES_KIB: f64 = 64.0;
 /// Largest fd-count slope: nothing the guest does opens fds in the daemon.
 const FD_SLOPE_PER_MIN: f64 = 0.5;
 /// Largest slope of the daemon's live heap (its counting allocator's live bytes, `"heap"` in
