@@ -124,10 +124,11 @@ fn check_pages(mem: &GuestMemoryMmap, pages: Vec<u64>, shift: u8) -> Result<Vec<
     Ok(pages)
 }
 
-/// A buffer of `len` bytes spread over guest pages (a ring, an rxe_queue_buf).
+/// A buffer of `len` bytes spread over guest pages (a ring, an rxe_queue_buf). The page list
+/// is shared: a clone (the worker takes one per ring visit) allocates nothing.
 #[derive(Clone, Debug)]
 pub struct PagedBuf {
-    pub pages: Vec<u64>,
+    pub pages: std::sync::Arc<[u64]>,
     pub shift: u32,
     pub len: u64,
 }
@@ -272,7 +273,7 @@ mod tests {
     fn paged_buf_crosses_pages() {
         let m = mem();
         let b = PagedBuf {
-            pages: vec![0x20_0000, 0x10_0000],
+            pages: vec![0x20_0000, 0x10_0000].into(),
             shift: 12,
             len: 0x2000,
         };

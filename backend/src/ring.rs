@@ -61,7 +61,7 @@ impl Ring {
         let pages = resolve_page_list(mem, &d.pages, need as u32)?;
         Ok(Ring {
             buf: PagedBuf {
-                pages,
+                pages: pages.into(),
                 shift: d.pages.page_shift as u32,
                 len,
             },

@@ -56,6 +56,8 @@ const RX_LIMIT: usize = 256;
 const TRIM_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
 
 type GM = GuestMemoryAtomic<GuestMemoryMmap>;
+type Chain =
+    virtio_queue::DescriptorChain<vm_memory::atomic::GuestMemoryLoadGuard<GuestMemoryMmap>>;
 
 /// Engine time: CLOCK_MONOTONIC in nanoseconds.
 pub fn now() -> rxe_core::Instant {
@@ -242,6 +244,11 @@ pub struct VhuRdma {
     exit_fds: Mutex<Vec<RawFd>>,
     /// `--poll-us`.
     poll_us: u32,
+    /// [`Self::process_queue`]'s buffers, kept between visits: the chains taken, a request's
+    /// readable bytes, a chain's writable buffers.
+    scratch_heads: Mutex<Vec<Chain>>,
+    scratch_readable: Mutex<Vec<u8>>,
+    scratch_writable: Mutex<Vec<(u64, u32)>>,
     /// Poll mode's adaptive window.
     window: Mutex<PollWindow>,
     /// Polling and notification counters.
@@ -285,6 +292,9 @@ impl VhuRdma {
             event_idx: AtomicBool::new(false),
             state_checked: AtomicBool::new(false),
             resumed: Default::default(),
+            scratch_heads: Mutex::default(),
+            scratch_readable: Mutex::default(),
+            scratch_writable: Mutex::default(),
             timer: Timer::new()?,
             exit_fds: Mutex::new(Vec::new()),
             poll_us,
@@ -498,20 +508,26 @@ impl VhuRdma {
                 let _ = vring.disable_notification();
             }
             let guard = mem.memory();
-            let chains: Vec<_> = {
+            // the heads first (the queue's lock is not held while `f` runs), into buffers
+            // kept between visits: a visit allocates nothing once they have grown
+            let mut heads = std::mem::take(&mut *lock(&self.scratch_heads));
+            let mut readable = std::mem::take(&mut *lock(&self.scratch_readable));
+            let mut writable = std::mem::take(&mut *lock(&self.scratch_writable));
+            heads.clear();
+            {
                 let mut st = vring.get_mut();
                 match st.get_queue_mut().iter(guard.clone()) {
-                    Ok(it) => it.collect(),
+                    Ok(it) => heads.extend(it),
                     Err(e) => {
                         log::warn!("virtqueue error: {e}");
                         return Ok(any);
                     }
                 }
-            };
-            for chain in chains {
+            }
+            for chain in heads.drain(..) {
                 let head = chain.head_index();
-                let mut readable = Vec::new();
-                let mut writable = Vec::new();
+                readable.clear();
+                writable.clear();
                 let mut ok = true;
                 for d in chain {
                     if d.is_write_only() {
@@ -542,6 +558,9 @@ impl VhuRdma {
                 let _ = vring.add_used(head, used);
                 any = true;
             }
+            *lock(&self.scratch_heads) = heads;
+            *lock(&self.scratch_readable) = readable;
+            *lock(&self.scratch_writable) = writable;
             if !event_idx || !vring.enable_notification().unwrap_or(false) {
                 break;
             }
