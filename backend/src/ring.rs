@@ -147,7 +147,7 @@ pub struct SqCaps {
     pub ud: bool,
 }
 
-fn sges(slot: &[u8], base: usize, n: u32) -> Vec<Sge> {
+fn sges(slot: &[u8], base: usize, n: u32) -> SgList {
     (0..n as usize)
         .map(|i| {
             let o = base + i * abi::SGE_SIZE;
@@ -313,15 +313,15 @@ pub fn decode_send_wqe(
     let (sg_list, inline_data) = if let Some(d) = atomic_wr {
         // to the engine these 8 bytes are inline data
         flags |= SEND_INLINE;
-        (Vec::new(), d.to_vec())
+        (SgList::new(), d.to_vec())
     } else if flags & SEND_INLINE != 0 && !no_data {
         if length > caps.max_inline || length as usize > room {
             return Err(bad(BadWqe::Length));
         }
         let d = &slot[swqe::DMA_DATA..swqe::DMA_DATA + length as usize];
-        (Vec::new(), d.to_vec())
+        (SgList::new(), d.to_vec())
     } else if no_data {
-        (Vec::new(), Vec::new())
+        (SgList::new(), Vec::new())
     } else {
         if num_sge > caps.max_sge || num_sge as usize * abi::SGE_SIZE > room {
             return Err(bad(BadWqe::NumSge));

@@ -134,7 +134,7 @@ fn run_engine(op_len: usize, write: bool, until: Until) -> Result {
                         ep[1].qpn,
                         RecvWr {
                             wr_id: posted,
-                            sg_list: rsge.clone(),
+                            sg_list: rsge.clone().into(),
                         },
                     )
                     .unwrap();

@@ -53,7 +53,7 @@ pub(crate) struct SendWqe {
 #[derive(Clone, Debug)]
 pub(crate) struct RecvWqe {
     pub wr_id: u64,
-    pub sges: Vec<Sge>,
+    pub sges: crate::verbs::SgList,
     pub len: u64,
 }
 

@@ -125,7 +125,7 @@ mod tests {
                         ep[1].qpn,
                         RecvWr {
                             wr_id: round,
-                            sg_list: vec![],
+                            sg_list: vec![].into(),
                         },
                     );
                 }
@@ -167,7 +167,7 @@ mod tests {
                     ep[1].qpn,
                     RecvWr {
                         wr_id: i,
-                        sg_list: vec![],
+                        sg_list: vec![].into(),
                     },
                 )
                 .unwrap();

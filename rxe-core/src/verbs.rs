@@ -71,6 +71,121 @@ pub struct Sge {
     pub lkey: u32,
 }
 
+/// A scatter/gather list. Up to [`SgList::INLINE`] elements live in place, so a work request
+/// with one or two SGEs (nearly all of them) costs no allocation on the data path; longer
+/// lists go to the heap. Reads as a slice.
+#[derive(Clone)]
+pub struct SgList(SgRepr);
+
+#[derive(Clone)]
+enum SgRepr {
+    Inline(u8, [Sge; SgList::INLINE]),
+    Heap(Vec<Sge>),
+}
+
+impl SgList {
+    /// Elements kept in place.
+    pub const INLINE: usize = 2;
+
+    pub const fn new() -> Self {
+        SgList(SgRepr::Inline(
+            0,
+            [Sge {
+                addr: 0,
+                length: 0,
+                lkey: 0,
+            }; SgList::INLINE],
+        ))
+    }
+
+    pub fn push(&mut self, sge: Sge) {
+        match &mut self.0 {
+            SgRepr::Inline(n, a) if (*n as usize) < SgList::INLINE => {
+                a[*n as usize] = sge;
+                *n += 1;
+            }
+            SgRepr::Inline(n, a) => {
+                let mut v = Vec::with_capacity(*n as usize + 1);
+                v.extend_from_slice(&a[..*n as usize]);
+                v.push(sge);
+                self.0 = SgRepr::Heap(v);
+            }
+            SgRepr::Heap(v) => v.push(sge),
+        }
+    }
+}
+
+impl Default for SgList {
+    fn default() -> Self {
+        SgList::new()
+    }
+}
+
+impl std::ops::Deref for SgList {
+    type Target = [Sge];
+    fn deref(&self) -> &[Sge] {
+        match &self.0 {
+            SgRepr::Inline(n, a) => &a[..*n as usize],
+            SgRepr::Heap(v) => v,
+        }
+    }
+}
+
+impl std::ops::DerefMut for SgList {
+    fn deref_mut(&mut self) -> &mut [Sge] {
+        match &mut self.0 {
+            SgRepr::Inline(n, a) => &mut a[..*n as usize],
+            SgRepr::Heap(v) => v,
+        }
+    }
+}
+
+impl PartialEq for SgList {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for SgList {}
+
+impl std::fmt::Debug for SgList {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+impl FromIterator<Sge> for SgList {
+    fn from_iter<I: IntoIterator<Item = Sge>>(it: I) -> Self {
+        let mut l = SgList::new();
+        for s in it {
+            l.push(s);
+        }
+        l
+    }
+}
+
+impl From<Vec<Sge>> for SgList {
+    fn from(v: Vec<Sge>) -> Self {
+        if v.len() <= SgList::INLINE {
+            v.into_iter().collect()
+        } else {
+            SgList(SgRepr::Heap(v))
+        }
+    }
+}
+
+impl From<&[Sge]> for SgList {
+    fn from(v: &[Sge]) -> Self {
+        v.iter().copied().collect()
+    }
+}
+
+impl<const N: usize> From<[Sge; N]> for SgList {
+    fn from(v: [Sge; N]) -> Self {
+        v.into_iter().collect()
+    }
+}
+
 /// Work completion status (`ibv_wc_status`).
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
 #[repr(u8)]
@@ -316,19 +431,19 @@ pub struct SendWr {
     pub wr_id: u64,
     pub op: SendOp,
     pub flags: u32,
-    pub sg_list: Vec<Sge>,
+    pub sg_list: SgList,
     /// Inline payload (when `SEND_INLINE` is set the SGEs are not used).
     pub inline_data: Vec<u8>,
     pub ud: Option<UdDest>,
 }
 
 impl SendWr {
-    pub fn new(wr_id: u64, op: SendOp, sg_list: Vec<Sge>) -> Self {
+    pub fn new(wr_id: u64, op: SendOp, sg_list: impl Into<SgList>) -> Self {
         SendWr {
             wr_id,
             op,
             flags: SEND_SIGNALED,
-            sg_list,
+            sg_list: sg_list.into(),
             inline_data: Vec::new(),
             ud: None,
         }
@@ -339,7 +454,7 @@ impl SendWr {
 #[derive(Clone, PartialEq, Eq, Debug, Default)]
 pub struct RecvWr {
     pub wr_id: u64,
-    pub sg_list: Vec<Sge>,
+    pub sg_list: SgList,
 }
 
 /// QP transport type.

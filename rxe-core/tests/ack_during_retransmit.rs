@@ -47,7 +47,7 @@ fn an_ack_that_arrives_mid_retransmission_completes_the_send() {
             ep[1].qpn,
             RecvWr {
                 wr_id: 9,
-                sg_list: sge(dst, dkey),
+                sg_list: sge(dst, dkey).into(),
             },
         )
         .unwrap();

@@ -29,7 +29,8 @@ fn setup(recvs: u64) -> (Sim, [Endpoint; 2], u64) {
                         addr: dst,
                         length: 4 * MTU as u32,
                         lkey: dkey,
-                    }],
+                    }]
+                    .into(),
                 },
             )
             .unwrap();

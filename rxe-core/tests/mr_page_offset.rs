@@ -134,7 +134,7 @@ fn write_read_and_send_hit_the_buffer_bytes() {
             qpn1,
             RecvWr {
                 wr_id: 9,
-                sg_list: sge(IOVA + LEN - 0x1800, 0x1800, s.key),
+                sg_list: sge(IOVA + LEN - 0x1800, 0x1800, s.key).into(),
             },
         )
         .unwrap();
@@ -159,7 +159,7 @@ fn write_read_and_send_hit_the_buffer_bytes() {
             qpn0,
             RecvWr {
                 wr_id: 10,
-                sg_list: sge(rbuf, 64, rkey),
+                sg_list: sge(rbuf, 64, rkey).into(),
             },
         )
         .unwrap();

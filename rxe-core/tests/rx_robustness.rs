@@ -35,7 +35,8 @@ fn traffic(seed: u64) -> (Sim, [Endpoint; 2], Vec<Traced>, Mrs) {
                         addr: b,
                         length: 4096,
                         lkey: bk,
-                    }],
+                    }]
+                    .into(),
                 },
             )
             .unwrap();
@@ -119,7 +120,8 @@ fn send_one(sim: &mut Sim, ep: &[Endpoint; 2], mrs: Mrs, fill: u8) -> [Vec<Cqe>;
                     addr: b,
                     length: 4096,
                     lkey: bk,
-                }],
+                }]
+                .into(),
             },
         )
         .unwrap();

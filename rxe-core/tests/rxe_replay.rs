@@ -191,7 +191,8 @@ fn replay_with(first: usize, last: usize, qp_type: QpType, drain_each: bool) -> 
                     addr: rbuf,
                     length: 65536,
                     lkey: rkey_local,
-                }],
+                }]
+                .into(),
             },
         )
         .unwrap();

@@ -34,7 +34,8 @@ fn rc_send_one_message() {
                     addr: dst,
                     length: 100,
                     lkey: dkey,
-                }],
+                }]
+                .into(),
             },
         )
         .unwrap();
@@ -88,7 +89,8 @@ fn rc_multi_packet_send_write_read() {
                     addr: dst,
                     length: len as u32,
                     lkey: dkey,
-                }],
+                }]
+                .into(),
             },
         )
         .unwrap();

@@ -131,7 +131,7 @@ fn rnr_then_success_when_a_receive_arrives() {
             ep[1].qpn,
             RecvWr {
                 wr_id: 7,
-                sg_list: sge(dst, 16, dkey),
+                sg_list: sge(dst, 16, dkey).into(),
             },
         )
         .unwrap();
@@ -198,7 +198,7 @@ fn psn_wraps_across_2_pow_24() {
                 ep[1].qpn,
                 RecvWr {
                     wr_id: i,
-                    sg_list: sge(dst, 2000, dkey),
+                    sg_list: sge(dst, 2000, dkey).into(),
                 },
             )
             .unwrap();
@@ -246,7 +246,7 @@ fn qp_to_error_flushes_everything() {
                 ep[0].qpn,
                 RecvWr {
                     wr_id: i,
-                    sg_list: sge(buf, 64, key),
+                    sg_list: sge(buf, 64, key).into(),
                 },
             )
             .unwrap();
@@ -311,7 +311,7 @@ fn a_receive_taken_for_a_send_in_progress_is_flushed() {
         for i in 10..13 {
             let wr = RecvWr {
                 wr_id: i,
-                sg_list: sge(rbuf, 1024, rkey),
+                sg_list: sge(rbuf, 1024, rkey).into(),
             };
             if srq {
                 let s = sim.dev(1).qp(ep[1].qpn).unwrap().srq.unwrap();
@@ -430,7 +430,7 @@ fn send_with_invalidate_and_type2_window() {
             ep[1].qpn,
             RecvWr {
                 wr_id: 7,
-                sg_list: sge(rbuf, 256, rkey),
+                sg_list: sge(rbuf, 256, rkey).into(),
             },
         )
         .unwrap();
@@ -635,7 +635,7 @@ fn srq_shared_receives_and_limit_event() {
                 srq,
                 RecvWr {
                     wr_id: i,
-                    sg_list: sge(dst + 64 * i, 64, dkey),
+                    sg_list: sge(dst + 64 * i, 64, dkey).into(),
                 },
             )
             .unwrap();
@@ -720,7 +720,7 @@ fn ud_qkey_gsi_and_multicast() {
             b.2,
             RecvWr {
                 wr_id: 1,
-                sg_list: sge(dst, 100, dkey),
+                sg_list: sge(dst, 100, dkey).into(),
             },
         )
         .unwrap();
@@ -729,7 +729,7 @@ fn ud_qkey_gsi_and_multicast() {
             b.2,
             RecvWr {
                 wr_id: 2,
-                sg_list: sge(dst + 100, 100, dkey),
+                sg_list: sge(dst + 100, 100, dkey).into(),
             },
         )
         .unwrap();
@@ -738,7 +738,7 @@ fn ud_qkey_gsi_and_multicast() {
             g.2,
             RecvWr {
                 wr_id: 3,
-                sg_list: sge(gdst, 100, gkey),
+                sg_list: sge(gdst, 100, gkey).into(),
             },
         )
         .unwrap();
@@ -790,7 +790,7 @@ fn ud_qkey_gsi_and_multicast() {
             c2.2,
             RecvWr {
                 wr_id: 4,
-                sg_list: sge(d2, 100, k2),
+                sg_list: sge(d2, 100, k2).into(),
             },
         )
         .unwrap();
@@ -1022,7 +1022,7 @@ fn staging_cq_has_no_limit_and_receives_report_solicited() {
                 ep[1].qpn,
                 RecvWr {
                     wr_id: i,
-                    sg_list: sge(dst, 16, dkey),
+                    sg_list: sge(dst, 16, dkey).into(),
                 },
             )
             .unwrap();
@@ -1258,7 +1258,7 @@ fn sequence_naks_behind_an_rnr_nak_spend_no_retries() {
                 ep[1].qpn,
                 RecvWr {
                     wr_id: 10 + i,
-                    sg_list: sge(dst + 64 * i, 64, dkey),
+                    sg_list: sge(dst + 64 * i, 64, dkey).into(),
                 },
             )
             .unwrap();

@@ -203,7 +203,7 @@ proptest! {
             let sop = match w.op {
                 Op::Send(_) | Op::SendImm(..) => {
                     let (dst, dkey) = sim.reg(t, ep[t].pd, len.max(1), Access::LOCAL_WRITE);
-                    sim.dev(t).post_recv(ep[t].qpn, RecvWr { wr_id, sg_list: vec![Sge { addr: dst, length: len as u32, lkey: dkey }] }).unwrap();
+                    sim.dev(t).post_recv(ep[t].qpn, RecvWr { wr_id, sg_list: vec![Sge { addr: dst, length: len as u32, lkey: dkey }].into() }).unwrap();
                     ex.recvs[t].push(Recv { wr_id, buf: dst, data: data.clone(), imm, opcode: WcOpcode::Recv });
                     match imm { Some(m) => SendOp::SendWithImm(m), None => SendOp::Send }
                 }
@@ -212,7 +212,7 @@ proptest! {
                     ex.mem.push((t, dst, data.clone()));
                     match imm {
                         Some(m) => {
-                            sim.dev(t).post_recv(ep[t].qpn, RecvWr { wr_id, sg_list: vec![] }).unwrap();
+                            sim.dev(t).post_recv(ep[t].qpn, RecvWr { wr_id, sg_list: vec![].into() }).unwrap();
                             ex.recvs[t].push(Recv { wr_id, buf: dst, data: data.clone(), imm: Some(m), opcode: WcOpcode::RecvRdmaWithImm });
                             SendOp::WriteWithImm { remote_addr: dst, rkey: dkey, imm: m }
                         }
@@ -301,7 +301,7 @@ proptest! {
             sim.nodes[f].mem.slice_mut(src, len).copy_from_slice(&data);
             let (dst, dkey) = sim.reg(t, ep[t].pd, 5000, Access::LOCAL_WRITE);
             let rid = 1000 + i as u64;
-            sim.dev(t).post_recv(ep[t].qpn, RecvWr { wr_id: rid, sg_list: vec![Sge { addr: dst, length: 5000, lkey: dkey }] }).unwrap();
+            sim.dev(t).post_recv(ep[t].qpn, RecvWr { wr_id: rid, sg_list: vec![Sge { addr: dst, length: 5000, lkey: dkey }].into() }).unwrap();
             let npkts = len.div_ceil(per_pkt).max(1) as u32;
             let psns = (0..npkts).map(|k| (next_psn[f] + k) & 0xff_ffff).collect();
             next_psn[f] = (next_psn[f] + npkts) & 0xff_ffff;
@@ -376,7 +376,7 @@ proptest! {
             sim.nodes[f].mem.slice_mut(src, len).copy_from_slice(&data);
             let room = if small { 40 + len / 2 } else { 40 + 1024 };
             let (dst, dkey) = sim.reg(t, ep[t].0, room, Access::LOCAL_WRITE);
-            sim.dev(t).post_recv(ep[t].2, RecvWr { wr_id: i as u64, sg_list: vec![Sge { addr: dst, length: room as u32, lkey: dkey }] }).unwrap();
+            sim.dev(t).post_recv(ep[t].2, RecvWr { wr_id: i as u64, sg_list: vec![Sge { addr: dst, length: room as u32, lkey: dkey }].into() }).unwrap();
             wqes[t].push((i as u64, dst, room));
             sent[f].push(data);
             let dgid = sim.nodes[t].gid;

@@ -111,7 +111,7 @@ fn recv(sim: &mut Sim, node: usize, qpn: Qpn, wr_id: u64, addr: u64, len: usize,
             qpn,
             RecvWr {
                 wr_id,
-                sg_list: sge(addr, len, key),
+                sg_list: sge(addr, len, key).into(),
             },
         )
         .unwrap();

@@ -394,7 +394,8 @@ impl World {
                 addr: r.rbuf + (id % 8) * RECV_LEN as u64,
                 length: len,
                 lkey: r.key,
-            }],
+            }]
+            .into(),
         };
         let d = &mut self.nodes[node].dev;
         let (ok, target) = if role == RC_SRQ {
@@ -503,7 +504,10 @@ impl World {
     }
 
     fn next_timer(&mut self) -> Option<Instant> {
-        self.nodes.iter_mut().filter_map(|n| n.dev.poll_timeout()).min()
+        self.nodes
+            .iter_mut()
+            .filter_map(|n| n.dev.poll_timeout())
+            .min()
     }
 
     fn inject(&mut self, inp: &mut Input) -> Option<()> {

@@ -2383,14 +2383,14 @@ pub mod perf {
                 &eb.qp,
                 &RecvWr {
                     wr_id: 1,
-                    sg_list: vec![mb.sge(0, 4096)],
+                    sg_list: vec![mb.sge(0, 4096)].into(),
                 },
             )?;
             a.guest.post_recv(
                 &ea.qp,
                 &RecvWr {
                     wr_id: 2,
-                    sg_list: vec![ma.sge(2048, 2048)],
+                    sg_list: vec![ma.sge(2048, 2048)].into(),
                 },
             )?;
             a.guest
@@ -2486,7 +2486,7 @@ pub mod perf {
                     &eb.qp,
                     &RecvWr {
                         wr_id: rposted,
-                        sg_list: vec![mb.sge(0, 4096)],
+                        sg_list: vec![mb.sge(0, 4096)].into(),
                     },
                 )?;
                 rposted += 1;

@@ -119,7 +119,7 @@ pub fn run_traffic(
                     &eb.qp,
                     &RecvWr {
                         wr_id: rposted[i],
-                        sg_list: vec![p.rbuf.sge(0, 64)],
+                        sg_list: vec![p.rbuf.sge(0, 64)].into(),
                     },
                 )?;
                 rposted[i] += 1;

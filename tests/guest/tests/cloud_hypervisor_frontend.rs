@@ -163,7 +163,7 @@ fn generic_vhost_user_sequence_then_rc_traffic_then_teardown() {
             &eb.qp,
             &RecvWr {
                 wr_id: 42,
-                sg_list: vec![rbuf.sge(0, 256 << 10)],
+                sg_list: vec![rbuf.sge(0, 256 << 10)].into(),
             },
         )
         .unwrap();
@@ -327,7 +327,7 @@ fn hotplugged_memory_arrives_with_add_mem_reg() {
             &eb.qp,
             &RecvWr {
                 wr_id: 2,
-                sg_list: vec![bbuf.sge(0, 64 << 10)],
+                sg_list: vec![bbuf.sge(0, 64 << 10)].into(),
             },
         )
         .unwrap();

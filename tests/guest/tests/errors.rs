@@ -69,7 +69,7 @@ fn qp_to_error_flushes_posted_work() {
                 &eb.qp,
                 &RecvWr {
                     wr_id: i,
-                    sg_list: vec![rb.sge(0, 64)],
+                    sg_list: vec![rb.sge(0, 64)].into(),
                 },
             )
             .unwrap();
@@ -145,7 +145,7 @@ fn cq_notification_through_the_notify_word() {
             &eb.qp,
             &RecvWr {
                 wr_id: 1,
-                sg_list: vec![rb.sge(0, 64)],
+                sg_list: vec![rb.sge(0, 64)].into(),
             },
         )
         .unwrap();
@@ -173,7 +173,7 @@ fn cq_notification_through_the_notify_word() {
                 &eb.qp,
                 &RecvWr {
                     wr_id: i,
-                    sg_list: vec![rb.sge(0, 64)],
+                    sg_list: vec![rb.sge(0, 64)].into(),
                 },
             )
             .unwrap();

@@ -265,7 +265,7 @@ fn gsi_qp1_send_and_receive_with_the_gsi_qkey() {
                 &qpb,
                 &RecvWr {
                     wr_id: 50 + i,
-                    sg_list: vec![dst.sge(0, 4096)],
+                    sg_list: vec![dst.sge(0, 4096)].into(),
                 },
             )
             .unwrap();
@@ -444,7 +444,7 @@ fn sq_consumer_index_follows_completions() {
                 &eb.qp,
                 &RecvWr {
                     wr_id: i,
-                    sg_list: vec![dst.sge(0, 64)],
+                    sg_list: vec![dst.sge(0, 64)].into(),
                 },
             )
             .unwrap();
@@ -476,7 +476,7 @@ fn rq_consumer_index_follows_completions() {
                 &eb.qp,
                 &RecvWr {
                     wr_id: i,
-                    sg_list: vec![dst.sge(i as usize * 64, 64)],
+                    sg_list: vec![dst.sge(i as usize * 64, 64)].into(),
                 },
             )
             .unwrap();

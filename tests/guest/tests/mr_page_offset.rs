@@ -107,7 +107,7 @@ fn write_read_send_through_an_iova_apart_from_the_buffer() {
             &eb.qp,
             &RecvWr {
                 wr_id: 9,
-                sg_list: vec![mr.sge(LEN - 0x1800, 0x1800)],
+                sg_list: vec![mr.sge(LEN - 0x1800, 0x1800)].into(),
             },
         )
         .unwrap();
@@ -128,7 +128,7 @@ fn write_read_send_through_an_iova_apart_from_the_buffer() {
             &ea.qp,
             &RecvWr {
                 wr_id: 10,
-                sg_list: vec![rbuf.sge(0, 64)],
+                sg_list: vec![rbuf.sge(0, 64)].into(),
             },
         )
         .unwrap();

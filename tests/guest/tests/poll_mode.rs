@@ -60,7 +60,7 @@ fn pingpong(a: &mut Node, b: &mut Node, iters: u32, mode: WaitMode) {
                 &eb.qp,
                 &RecvWr {
                     wr_id: 1,
-                    sg_list: vec![mb.sge(0, 4096)],
+                    sg_list: vec![mb.sge(0, 4096)].into(),
                 },
             )
             .expect("post_recv b");
@@ -69,7 +69,7 @@ fn pingpong(a: &mut Node, b: &mut Node, iters: u32, mode: WaitMode) {
                 &ea.qp,
                 &RecvWr {
                     wr_id: 2,
-                    sg_list: vec![ma.sge(2048, 2048)],
+                    sg_list: vec![ma.sge(2048, 2048)].into(),
                 },
             )
             .expect("post_recv a");

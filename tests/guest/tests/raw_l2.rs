@@ -73,7 +73,7 @@ fn send_write_read(a: &mut Node, b: &mut Node) {
             &eb.qp,
             &RecvWr {
                 wr_id: 42,
-                sg_list: vec![sb.sge(0, len as u32)],
+                sg_list: vec![sb.sge(0, len as u32)].into(),
             },
         )
         .unwrap();

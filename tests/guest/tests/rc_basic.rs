@@ -40,7 +40,7 @@ fn rc_send_recv() {
             &eb.qp,
             &RecvWr {
                 wr_id: 42,
-                sg_list: vec![rbuf.sge(0, 4096)],
+                sg_list: vec![rbuf.sge(0, 4096)].into(),
             },
         )
         .unwrap();

@@ -26,7 +26,7 @@ fn send_with_imm_and_with_invalidate() {
                 &eb.qp,
                 &RecvWr {
                     wr_id: 100 + i,
-                    sg_list: vec![r.sge(0, 4096)],
+                    sg_list: vec![r.sge(0, 4096)].into(),
                 },
             )
             .unwrap();
@@ -134,7 +134,7 @@ fn write_with_imm_read_and_atomics() {
             &eb.qp,
             &RecvWr {
                 wr_id: 9,
-                sg_list: vec![],
+                sg_list: vec![].into(),
             },
         )
         .unwrap();
@@ -235,7 +235,7 @@ fn ud_send_with_inline_av_and_with_ah() {
                 &eb.qp,
                 &RecvWr {
                     wr_id: i,
-                    sg_list: vec![r.sge(i as usize * 1024, 1024)],
+                    sg_list: vec![r.sge(i as usize * 1024, 1024)].into(),
                 },
             )
             .unwrap();
@@ -312,7 +312,7 @@ fn srq_feeds_two_qps() {
                 &srq,
                 &RecvWr {
                     wr_id: 10 + i,
-                    sg_list: vec![r.sge(i as usize * 2048, 2048)],
+                    sg_list: vec![r.sge(i as usize * 2048, 2048)].into(),
                 },
             )
             .unwrap();
@@ -377,7 +377,7 @@ fn resize_srq_moves_untaken_receives_in_order() {
                 srq,
                 &RecvWr {
                     wr_id: 10 + i,
-                    sg_list: vec![r.sge(i as usize * 256, 256)],
+                    sg_list: vec![r.sge(i as usize * 256, 256)].into(),
                 },
             )
             .unwrap()
@@ -507,7 +507,7 @@ fn stream_of_10000_messages_byte_checked() {
                     &eb.qp,
                     &RecvWr {
                         wr_id: posted_r,
-                        sg_list: vec![r.sge(slot, 512)],
+                        sg_list: vec![r.sge(slot, 512)].into(),
                     },
                 )
                 .unwrap();

@@ -958,7 +958,8 @@ fn send_lat(
             addr: rbuf,
             length: o.size as u32,
             lkey: q.mr,
-        }],
+        }]
+        .into(),
     };
     let depth = o.iters.min(512);
     for _ in 0..depth {

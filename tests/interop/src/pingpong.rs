@@ -164,7 +164,8 @@ pub fn run(p: &mut Peer, o: &Opts) -> io::Result<Report> {
             addr: rbuf,
             length: buf_len as u32,
             lkey: mr,
-        }],
+        }]
+        .into(),
     };
     for _ in 0..o.rx_depth {
         ok(d.post_recv(qpn, recv.clone()), "post_recv")?;

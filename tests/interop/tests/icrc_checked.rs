@@ -384,7 +384,8 @@ fn a_send_with_a_corrupted_icrc_reaches_no_application() {
                     addr: base,
                     length: 4096,
                     lkey,
-                }],
+                }]
+                .into(),
             },
         )
         .unwrap();
