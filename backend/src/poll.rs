@@ -88,6 +88,9 @@ pub struct WorkerStats {
     /// Used buffers added on each queue without a notification: the guest did not want one
     /// (EVENT_IDX's used_event, or VRING_AVAIL_F_NO_INTERRUPT without EVENT_IDX).
     pub interrupts_suppressed: [AtomicU64; NUM_QUEUES],
+    /// Times the control queue was served ahead of the event at hand (commands that came
+    /// while the worker was busy with other work).
+    pub ctrl_first: AtomicU64,
 }
 
 /// Adds one to a counter.
@@ -101,10 +104,11 @@ impl WorkerStats {
         let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let mut o = format!(
             "\"poll_us\":{poll_us},\"poll_window_ns\":{window_ns},\"poll_sessions\":{},\
-             \"polls\":{},\"poll_hits\":{}",
+             \"polls\":{},\"poll_hits\":{},\"ctrl_first\":{}",
             g(&self.poll_sessions),
             g(&self.polls),
-            g(&self.poll_hits)
+            g(&self.poll_hits),
+            g(&self.ctrl_first)
         );
         for (i, q) in ["ctrl", "doorbell", "event"].iter().enumerate() {
             o.push_str(&format!(

@@ -23,7 +23,7 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::abi::{self, NUM_QUEUES, VQ_CTRL, VQ_DOORBELL, VQ_EVENT};
 use crate::guest_mem::GuestMemoryMmap;
 use crate::link::Transport;
-use crate::model::{Model, Pump};
+use crate::model::{Model, Pump, TX_BUDGET};
 use crate::poll::{bump, PollWindow, WorkerStats};
 use crate::transport::RX_BATCH;
 
@@ -52,6 +52,9 @@ const MAX_REQUEST: usize = 64 << 10;
 /// Datagrams handled per UDP wake-up before the engine is pumped (the socket is
 /// level-triggered: what is left wakes us again).
 const RX_LIMIT: usize = 256;
+/// Packets a pump sends before it looks at the control queue again (64 KiB of WRITE at a
+/// 4096-byte path MTU is 16).
+const CTRL_SLICE: usize = 64;
 /// Least time between two returns of freed heap to the kernel (`heap::trim_at_most_every`).
 const TRIM_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
 
@@ -602,6 +605,16 @@ impl VhuRdma {
         }
     }
 
+    /// Whether the guest made control commands available that the worker has not taken (a
+    /// load of the avail index; false before the queue is ready).
+    fn ctrl_pending(&self, vrings: &[VringRwLock], mem: &GM) -> bool {
+        let st = vrings[VQ_CTRL as usize].get_ref();
+        let q = st.get_queue();
+        q.ready()
+            && q.avail_idx(&*mem.memory(), Ordering::Acquire)
+                .is_ok_and(|i| i.0 != q.next_avail())
+    }
+
     /// Serves the control or doorbell queue; returns whether it used a chain.
     fn serve_queue(
         &self,
@@ -658,16 +671,34 @@ impl VhuRdma {
     }
 
     /// Sends what the engine has to send and hands the guest the events it has to get.
+    /// Runs the engine for up to [`TX_BUDGET`] packets, in slices of [`CTRL_SLICE`]: between
+    /// two slices the control commands the guest made available meanwhile are served, so a
+    /// command waits behind at most one slice of bulk data (`rearm` as for
+    /// [`Self::serve_queue`]: false only inside a poll session, which re-arms the guest's
+    /// kicks before the worker sleeps). Then delivers the events.
     fn pump_and_deliver(
         &self,
         vrings: &[VringRwLock],
         mem: &GM,
         model: &mut Model,
+        rearm: bool,
     ) -> io::Result<Pump> {
-        let p = {
-            let g = mem.memory();
-            let mut t = lock(&self.transport);
-            model.pump(&g, now(), &mut *t)
+        let mut left = TX_BUDGET;
+        let p = loop {
+            let slice = left.min(CTRL_SLICE);
+            let p = {
+                let g = mem.memory();
+                let mut t = lock(&self.transport);
+                model.pump_budget(&g, now(), &mut *t, slice)
+            };
+            left -= slice;
+            if p != Pump::Budget || left == 0 {
+                break p;
+            }
+            if self.ctrl_pending(vrings, mem) {
+                bump(&self.wstats.ctrl_first);
+                self.serve_queue(VQ_CTRL, vrings, mem, model, rearm)?;
+            }
         };
         self.after_pump(p);
         self.deliver_events(vrings, mem, model)?;
@@ -742,7 +773,7 @@ impl VhuRdma {
         }
         if found || due || !model.events.is_empty() {
             // A full socket (Pump::Blocked) ends the session: the epoll waits for room.
-            self.pump_and_deliver(vrings, mem, &mut model)?;
+            self.pump_and_deliver(vrings, mem, &mut model, false)?;
         }
         if found {
             // Keep the avail event index behind the guest as the device moves on.
@@ -1013,6 +1044,14 @@ impl VhostUserBackend for VhuRdma {
         // Whether a poll session follows work on the queues: they are then processed without
         // re-enabling the guest's kicks, which the session does before the worker sleeps.
         let polling = lock(&self.window).window_ns() > 0;
+        // Control commands go before bulk work: a kick of the control queue that came while
+        // the worker was busy waits behind at most the one event at hand, not behind every
+        // packet and doorbell event the same epoll wake-up returned before it.
+        // (With the guest's kicks re-armed: no poll session need follow this event.)
+        if device_event != VQ_CTRL && self.ctrl_pending(vrings, &mem) {
+            bump(&self.wstats.ctrl_first);
+            self.serve_queue(VQ_CTRL, vrings, &mem, &mut model, true)?;
+        }
         let worked = match device_event {
             VQ_CTRL | VQ_DOORBELL => {
                 self.serve_queue(device_event, vrings, &mem, &mut model, !polling)?
@@ -1045,7 +1084,7 @@ impl VhostUserBackend for VhuRdma {
                 false
             }
         };
-        self.pump_and_deliver(vrings, &mem, &mut model)?;
+        self.pump_and_deliver(vrings, &mem, &mut model, true)?;
         if worked && lock(&self.window).enabled() {
             let window = {
                 let mut w = lock(&self.window);

@@ -504,6 +504,16 @@ impl Virtq {
     /// Adds a chain of (gpa, len, device-writable) buffers; returns the head, or None if the
     /// table is full.
     pub fn add(&mut self, bufs: &[(u64, u32, bool)]) -> Option<u16> {
+        self.add_kick(bufs, true)
+    }
+
+    /// [`Self::add`] without the kick the device may want: it finds the chain when it looks
+    /// at the ring for another reason.
+    pub fn add_unkicked(&mut self, bufs: &[(u64, u32, bool)]) -> Option<u16> {
+        self.add_kick(bufs, false)
+    }
+
+    fn add_kick(&mut self, bufs: &[(u64, u32, bool)], kick: bool) -> Option<u16> {
         if bufs.is_empty() || self.free.len() < bufs.len() {
             return None;
         }
@@ -534,7 +544,7 @@ impl Virtq {
             .atomic_u16(self.avail + 2)
             .store(self.avail_idx, Ordering::Release);
         fence(Ordering::SeqCst);
-        if self.needs_kick(old) {
+        if kick && self.needs_kick(old) {
             self.kicks += 1;
             let _ = self.kick.write(1);
         } else {
@@ -949,6 +959,43 @@ impl Guest {
             .unwrap_or_default()
             .to_vec();
         Ok((h.status, body))
+    }
+
+    /// Puts a control command (header + `cmd`, room for the response) on the control queue
+    /// without kicking it; [`Self::wait_unkicked_cmd`] waits for it. One at a time.
+    pub fn post_unkicked_cmd(&mut self, opcode: u32, cmd: &[u8]) -> Result<u16> {
+        self.seq += 1;
+        let h = abi::CtrlHdr {
+            opcode,
+            flags: 0,
+            seq: self.seq,
+        };
+        let mut req = vm_memory::ByteValued::as_slice(&h).to_vec();
+        req.extend_from_slice(cmd);
+        self.ram.write(self.ctrl_req, &req);
+        self.ram.write(self.ctrl_resp, &[0xEE; 16]);
+        let chain = [
+            (self.ctrl_req, req.len() as u32, false),
+            (self.ctrl_resp, 16 + 256, true),
+        ];
+        self.ctrl.add_unkicked(&chain).ok_or(Error::NoMemory)
+    }
+
+    /// Waits up to `timeout` for the command [`Self::post_unkicked_cmd`] put on the queue;
+    /// returns its status.
+    pub fn wait_unkicked_cmd(&mut self, head: u16, timeout: Duration) -> Result<u32> {
+        loop {
+            match self.ctrl.wait_used(timeout) {
+                Some((id, _)) if id == head => {
+                    let mut out = [0u8; 16];
+                    self.ram.read(self.ctrl_resp, &mut out);
+                    let h: abi::RespHdr = abi::read_struct(&out).unwrap_or_default();
+                    return Ok(h.status);
+                }
+                Some(_) => continue,
+                None => return Err(Error::Timeout("an unkicked control command")),
+            }
+        }
     }
 
     /// Submits an arbitrary descriptor chain on the control queue and waits for it.
@@ -2452,6 +2499,76 @@ pub mod perf {
         }
         let _ = eb;
         Ok((n * size as u64) as f64 / start.elapsed().as_secs_f64())
+    }
+
+    /// Round trips of a control command (QUERY_PORT) on the device of `a`: `n` with nothing
+    /// else to do, then `n` while `a` keeps `depth` RC WRITEs of `size` bytes in flight to
+    /// `b` (one command after each top-up of the send queue). Returns the sorted round trips,
+    /// idle and under load: whether the control queue waits behind bulk data.
+    pub fn ctrl_under_write(
+        a: &mut Node,
+        b: &mut Node,
+        size: u32,
+        depth: u32,
+        n: usize,
+    ) -> Result<(Vec<Duration>, Vec<Duration>)> {
+        let mtu = Mtu::from_enum(a.guest.config.active_mtu).unwrap_or(Mtu::M1024);
+        let o = ConnOpts {
+            cqe: 4095,
+            mtu,
+            ..Default::default()
+        };
+        let (ea, eb) = connect_qps(a, b, &o)?;
+        let ma = a.guest.reg_mr(ea.pd, size as usize, ALL)?;
+        let mb = b.guest.reg_mr(eb.pd, size as usize, ALL)?;
+        let timed = |g: &mut Guest| -> Result<Duration> {
+            let t0 = Instant::now();
+            g.query_port()?;
+            Ok(t0.elapsed())
+        };
+        let mut idle = Vec::with_capacity(n);
+        for _ in 0..n {
+            idle.push(timed(&mut a.guest)?);
+        }
+        let mut loaded = Vec::with_capacity(n);
+        let (mut posted, mut done) = (0u64, 0u64);
+        let t = Duration::from_secs(30);
+        while loaded.len() < n {
+            while posted - done < depth as u64 {
+                let wr = SendWr::new(
+                    posted,
+                    SendOp::Write {
+                        remote_addr: mb.addr(0),
+                        rkey: mb.rkey,
+                    },
+                    vec![ma.sge(0, size)],
+                );
+                a.guest.post_send(&ea.qp, &wr)?;
+                posted += 1;
+            }
+            loaded.push(timed(&mut a.guest)?);
+            let w = a.guest.wait_cq(&ea.cq, 1, t);
+            if w.is_empty() {
+                return Err(Error::Timeout("write completion"));
+            }
+            if w[0].status != 0 {
+                return Err(Error::BadStatus(w[0].status));
+            }
+            done += 1;
+            done += a.guest.poll_cq(&ea.cq, 64).len() as u64;
+        }
+        // the rest of the WRITEs, so that the QPs go down quiet
+        while done < posted {
+            let w = a.guest.wait_cq(&ea.cq, 1, t);
+            if w.is_empty() {
+                return Err(Error::Timeout("write completion"));
+            }
+            done += w.len() as u64;
+        }
+        let _ = eb;
+        idle.sort();
+        loaded.sort();
+        Ok((idle, loaded))
     }
 
     /// 64-byte RC SENDs with `depth` outstanding; returns messages/s.

@@ -13,6 +13,8 @@
 //! in the same run; `--only pingpong|write|rate` runs one row; `--wait spin|event` chooses how
 //! the test guest waits for completions (busy polling, or CQ events like `ibv_rc_pingpong -e`);
 //! `--poll-us N` adds a column for the same daemon in poll mode (`--poll-us N`), same run.
+//! The `ctrl` row times a control command (QUERY_PORT) on the idle device and again while
+//! 16 RC WRITEs of 64 KiB are in flight: how long the control queue waits behind bulk data.
 //!
 //! `--only scale` runs the scale table instead: 64 B SENDs on 16 RC pairs (16 outstanding on
 //! each) with no other QP, then with 16 384 RC QPs in each daemon (the rest idle, in RTS), in
@@ -42,7 +44,7 @@ struct Args {
     #[arg(long)]
     compare: Option<PathBuf>,
     /// Run one row only.
-    #[arg(long, value_parser = ["pingpong", "write", "rate", "scale", "raw"])]
+    #[arg(long, value_parser = ["pingpong", "write", "rate", "ctrl", "scale", "raw"])]
     only: Option<String>,
     /// How the guest waits for completions.
     #[arg(long, default_value = "spin", value_parser = ["spin", "event"])]
@@ -131,6 +133,8 @@ struct Row {
     half_rtt_us: f64,
     write_gbit: f64,
     msg_rate: f64,
+    /// QUERY_PORT round trip, µs: median idle, median and 99th percentile under WRITEs.
+    ctrl_us: [f64; 3],
 }
 
 fn run_daemon(bin: &std::path::Path, a: &Args, wait: WaitMode, poll_us: Option<u32>) -> Row {
@@ -158,8 +162,19 @@ fn run_daemon(bin: &std::path::Path, a: &Args, wait: WaitMode, poll_us: Option<u
         r.msg_rate =
             perf::rc_msg_rate(&mut x, &mut y, 64, a.messages, RATE_WINDOW).expect("msg rate");
     }
+    if want("ctrl") {
+        let (idle, loaded) =
+            perf::ctrl_under_write(&mut x, &mut y, 64 << 10, 16, CTRL_SAMPLES).expect("ctrl");
+        let us = |v: &[std::time::Duration], q: f64| {
+            v[((v.len() - 1) as f64 * q) as usize].as_secs_f64() * 1e6
+        };
+        r.ctrl_us = [us(&idle, 0.5), us(&loaded, 0.5), us(&loaded, 0.99)];
+    }
     r
 }
+
+/// Control commands timed idle and under WRITEs (`ctrl` row).
+const CTRL_SAMPLES: usize = 2000;
 
 const VETH_A: (&str, [u8; 6]) = ("vurb-a", [0x02, 0x79, 0xbe, 0, 0, 0x0a]);
 const VETH_B: (&str, [u8; 6]) = ("vurb-b", [0x02, 0x79, 0xbe, 0, 0, 0x0b]);
@@ -550,6 +565,27 @@ fn main() {
             "k/s",
             0,
         );
+    }
+    if want("ctrl") {
+        // no kernel counterpart: the reference is the same command on the idle device
+        let c = |r: &Row| {
+            format!(
+                "{:.1} us idle, {:.1} us (p99 {:.1}) loaded",
+                r.ctrl_us[0], r.ctrl_us[1], r.ctrl_us[2]
+            )
+        };
+        println!(
+            "{:<34} {}  ratio {:.2}x",
+            "QUERY_PORT under 16 x 64 KiB WRITEs",
+            c(&ours),
+            ours.ctrl_us[1] / ours.ctrl_us[0].max(1e-9)
+        );
+        if let Some(o) = &other {
+            println!("{:<34} {}", "  compare", c(o));
+        }
+        if let Some(p) = &polled {
+            println!("{:<34} {}", "  poll mode", c(p));
+        }
     }
     println!("wait mode: {}; daemon: {}", a.wait, bin.display());
     if let Some(c) = &a.compare {
