@@ -69,7 +69,9 @@ pub fn render_body(t: &TransportStats, model: Option<&Model>) -> String {
             rx_truncated,
             rx_ring_lost,
             tx_no_dmac,
-            tx_bad_source
+            tx_bad_source,
+            arp_replies,
+            rx_arp_ignored
         ]
     );
     o.push('}');

@@ -61,6 +61,9 @@ const ETH_LEN: usize = 14;
 const ETH_P_ALL: u16 = 0x0003;
 const ETH_P_IP: u16 = 0x0800;
 const ETH_P_IPV6: u16 = 0x86dd;
+const ETH_P_ARP: u16 = 0x0806;
+/// An ARP packet for IPv4 over Ethernet.
+const ARP_LEN: usize = 28;
 const ROCE_PORT: u16 = 4791;
 
 // linux/if_packet.h
@@ -212,6 +215,7 @@ enum Target {
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Label {
+    Arp,
     V4,
     V6,
     V4Port,
@@ -271,7 +275,7 @@ fn assemble(ops: &[Op]) -> Option<Vec<libc::sock_filter>> {
 }
 
 /// The kernel-side filter: untagged IPv4 (unfragmented) or IPv6 UDP to port 4791 of one of
-/// `addrs`; everything else never reaches the ring.
+/// `addrs`, and ARP for one of the IPv4 ones; everything else never reaches the ring.
 fn filter_program(addrs: &[IpAddr]) -> Option<Vec<libc::sock_filter>> {
     use Label::*;
     use Op::*;
@@ -279,7 +283,19 @@ fn filter_program(addrs: &[IpAddr]) -> Option<Vec<libc::sock_filter>> {
     let mut p = vec![
         S(BPF_LD_H_ABS, 12),
         J(BPF_JEQ_K, ETH_P_IP as u32, To(V4), Next),
+        J(BPF_JEQ_K, ETH_P_ARP as u32, To(Arp), Next),
         J(BPF_JEQ_K, ETH_P_IPV6 as u32, To(V6), To(Drop)),
+        At(Arp),
+        // ARP whose target protocol address is one of ours (answered, see `arp_reply`)
+        S(BPF_LD_W_ABS, (ETH_LEN + 24) as u32),
+    ];
+    for a in addrs {
+        if let IpAddr::V4(v4) = a {
+            p.push(J(BPF_JEQ_K, u32::from(*v4), To(Accept), Next));
+        }
+    }
+    p.extend([
+        S(BPF_RET_K, 0),
         At(V4),
         S(BPF_LD_B_ABS, 23),
         J(BPF_JEQ_K, 17, Next, To(Drop)),
@@ -287,7 +303,7 @@ fn filter_program(addrs: &[IpAddr]) -> Option<Vec<libc::sock_filter>> {
         // More fragments or a fragment offset: not for us (a RoCE packet has DF).
         J(BPF_JSET_K, 0x3fff, To(Drop), Next),
         S(BPF_LD_W_ABS, 30),
-    ];
+    ]);
     for a in addrs {
         if let IpAddr::V4(v4) = a {
             p.push(J(BPF_JEQ_K, u32::from(*v4), To(V4Port), Next));
@@ -411,6 +427,36 @@ fn udp_checksum_ok(src: IpAddr, dst: IpAddr, udp: &[u8]) -> bool {
 pub struct RxFrame {
     pub meta: RecvMeta,
     pub roce: (usize, usize),
+}
+
+/// The answer to an ARP request (Ethernet, IPv4) whose target is one of our IPv4 addresses:
+/// our MAC for it, sent to the asker, as the host's own stack answers for its addresses (the
+/// device's addresses are on no host interface, so nothing else would). `None` for any other
+/// frame, ARP reply or request for another address. Never panics.
+pub fn arp_reply(local: &Local, mac: [u8; 6], f: &[u8]) -> Option<[u8; ETH_LEN + ARP_LEN]> {
+    let a = f.get(ETH_LEN..ETH_LEN + ARP_LEN)?;
+    // hardware Ethernet, protocol IPv4, lengths 6 and 4, operation request
+    if be16(f, 12) != ETH_P_ARP || a[..8] != [0, 1, 8, 0, 6, 4, 0, 1] {
+        return None;
+    }
+    let sha: [u8; 6] = a[8..14].try_into().expect("6 bytes");
+    let spa = &a[14..18];
+    let tpa: [u8; 4] = a[24..28].try_into().expect("4 bytes");
+    // a multicast or broadcast sender hardware address is no one to answer
+    if sha[0] & 1 != 0 || !local.addrs.contains(&IpAddr::from(tpa)) {
+        return None;
+    }
+    let mut r = [0u8; ETH_LEN + ARP_LEN];
+    r[..6].copy_from_slice(&sha);
+    r[6..12].copy_from_slice(&mac);
+    r[12..14].copy_from_slice(&ETH_P_ARP.to_be_bytes());
+    let b = &mut r[ETH_LEN..];
+    b[..8].copy_from_slice(&[0, 1, 8, 0, 6, 4, 0, 2]);
+    b[8..14].copy_from_slice(&mac);
+    b[14..18].copy_from_slice(&tpa);
+    b[18..24].copy_from_slice(&sha);
+    b[24..28].copy_from_slice(spa);
+    Some(r)
 }
 
 /// Checks one received Ethernet frame completely (see the module documentation). Never
@@ -973,6 +1019,14 @@ impl RawTransport {
             self.stats.rx_bad_ethertype += 1;
             return;
         }
+        let frame = &self.ring.block(b)[f.at..f.at + f.snap];
+        if frame.len() >= ETH_LEN && be16(frame, 12) == ETH_P_ARP {
+            match arp_reply(&self.local, self.mac, frame) {
+                Some(r) => self.send_arp(&r),
+                None => self.stats.rx_arp_ignored += 1,
+            }
+            return;
+        }
         self.batch.push((b, f.at, f.snap));
     }
 
@@ -1081,6 +1135,35 @@ impl RawTransport {
     }
 
     /// Sends the queued frames with as few `sendmmsg` calls as the kernel allows.
+    /// Sends an ARP reply at once (one frame, not batched: it answers a peer that waits to
+    /// send to us). A reply the device refuses is lost; the peer asks again.
+    fn send_arp(&mut self, frame: &[u8]) {
+        // SAFETY: sockaddr_ll is plain data; all-zero is a valid value.
+        let mut s: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        s.sll_family = libc::AF_PACKET as u16;
+        s.sll_protocol = ETH_P_ARP.to_be();
+        s.sll_ifindex = self.info.index;
+        s.sll_halen = 6;
+        s.sll_addr[..6].copy_from_slice(&frame[..6]);
+        // SAFETY: `frame` and `s` are alive for the call; the kernel reads `frame.len()` bytes
+        // and a sockaddr_ll of the size given.
+        let r = unsafe {
+            libc::sendto(
+                self.fd.as_raw_fd(),
+                frame.as_ptr().cast(),
+                frame.len(),
+                libc::MSG_DONTWAIT,
+                (&s as *const libc::sockaddr_ll).cast(),
+                std::mem::size_of::<libc::sockaddr_ll>() as u32,
+            )
+        };
+        if r == frame.len() as isize {
+            self.stats.arp_replies += 1;
+        } else {
+            self.stats.tx_dropped += 1;
+        }
+    }
+
     fn send_pending(&mut self) {
         let n = self.tx_pending.len();
         if n == 0 {
@@ -1505,6 +1588,55 @@ mod tests {
             })
             .collect();
         assert!(filter_program(&many).is_some());
+    }
+
+    /// An ARP request (Ethernet, IPv4) from `sha`/`spa` for `tpa`.
+    fn arp_request(sha: [u8; 6], spa: &str, tpa: &str) -> Vec<u8> {
+        let spa: std::net::Ipv4Addr = spa.parse().unwrap();
+        let tpa: std::net::Ipv4Addr = tpa.parse().unwrap();
+        let mut f = vec![0xff; 6];
+        f.extend_from_slice(&sha);
+        f.extend_from_slice(&ETH_P_ARP.to_be_bytes());
+        f.extend_from_slice(&[0, 1, 8, 0, 6, 4, 0, 1]);
+        f.extend_from_slice(&sha);
+        f.extend_from_slice(&spa.octets());
+        f.extend_from_slice(&[0; 6]);
+        f.extend_from_slice(&tpa.octets());
+        f.resize(60, 0); // Ethernet padding
+        f
+    }
+
+    #[test]
+    fn arp_requests_for_our_addresses_are_answered_with_our_mac() {
+        let l = local("10.79.0.2");
+        let ours = [0x02, 0x79, 0, 0, 0, 0x0a];
+        let peer = [0x02, 0x79, 0, 0, 0, 0x0b];
+        let r = arp_reply(&l, ours, &arp_request(peer, "10.79.0.1", "10.79.0.2")).expect("reply");
+        let mut want = peer.to_vec();
+        want.extend_from_slice(&ours);
+        want.extend_from_slice(&[0x08, 0x06, 0, 1, 8, 0, 6, 4, 0, 2]);
+        want.extend_from_slice(&ours);
+        want.extend_from_slice(&[10, 79, 0, 2]);
+        want.extend_from_slice(&peer);
+        want.extend_from_slice(&[10, 79, 0, 1]);
+        assert_eq!(r.to_vec(), want);
+        // another target, a reply, a broadcast sender, cut short, not ARP: no answer
+        assert!(arp_reply(&l, ours, &arp_request(peer, "10.79.0.1", "10.79.0.3")).is_none());
+        let mut rep = arp_request(peer, "10.79.0.1", "10.79.0.2");
+        rep[21] = 2;
+        assert!(arp_reply(&l, ours, &rep).is_none(), "an ARP reply");
+        assert!(arp_reply(&l, ours, &arp_request([0xff; 6], "10.79.0.1", "10.79.0.2")).is_none());
+        let f = arp_request(peer, "10.79.0.1", "10.79.0.2");
+        for n in 0..ETH_LEN + ARP_LEN {
+            assert!(arp_reply(&l, ours, &f[..n]).is_none(), "cut at {n}");
+        }
+        assert!(arp_reply(&l, ours, &frame("10.79.0.1", "10.79.0.2", 8)).is_none());
+        // the kernel filter lets exactly the ARP for our IPv4 addresses through
+        let addrs: Vec<IpAddr> = vec!["10.79.0.2".parse().unwrap(), "fd79::2".parse().unwrap()];
+        let prog = filter_program(&addrs).unwrap();
+        assert_ne!(run_bpf(&prog, &f), 0, "ARP for 10.79.0.2");
+        let other = arp_request(peer, "10.79.0.1", "10.79.0.3");
+        assert_eq!(run_bpf(&prog, &other), 0, "ARP for 10.79.0.3");
     }
 
     /// Missing and down interfaces are told apart before any privilege is needed.

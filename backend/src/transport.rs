@@ -79,6 +79,10 @@ pub struct TransportStats {
     pub tx_no_dmac: u64,
     /// Packets from a source GID that is none of our addresses.
     pub tx_bad_source: u64,
+    /// ARP requests for one of our IPv4 addresses answered with our MAC.
+    pub arp_replies: u64,
+    /// ARP frames that reached us but asked nothing we answer (replies, other targets).
+    pub rx_arp_ignored: u64,
 }
 
 pub struct UdpTransport {

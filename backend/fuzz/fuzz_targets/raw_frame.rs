@@ -1,7 +1,8 @@
 //! Ethernet frames as the network sends them to the raw-L2 transport's receive check
 //! (`raw::check_frame`): it must never panic, and a frame it accepts must be what it says —
 //! addressed to one of our MACs and addresses, its RoCE packet inside the frame and within
-//! the IP total length, its ICRC good.
+//! the IP total length, its ICRC good. The same frames go to the ARP responder
+//! (`raw::arp_reply`): it answers only a request for our IPv4 address, to its asker.
 //!
 //! Input layout:
 //! - byte 0, bit 0: repair the frame before the check (the IPv4 header checksum, a zero UDP
@@ -17,7 +18,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use libfuzzer_sys::fuzz_target;
-use vhost_user_rdma::raw::{check_frame, Local};
+use vhost_user_rdma::raw::{arp_reply, check_frame, Local};
 
 const MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x07];
 const V4: Ipv4Addr = Ipv4Addr::new(10, 79, 0, 1);
@@ -85,6 +86,17 @@ fuzz_target!(|data: &[u8]| {
         macs: vec![MAC],
         addrs: vec![IpAddr::V4(V4), IpAddr::V6(V6)],
     };
+    if let Some(r) = arp_reply(&local, MAC, &f) {
+        assert_eq!(&f[12..14], &[8, 6], "answered a frame that is not ARP");
+        assert_eq!(&f[ETH + 6..ETH + 8], &[0, 1], "answered an ARP reply");
+        assert_eq!(
+            &f[ETH + 24..ETH + 28],
+            &V4.octets(),
+            "answered for another address"
+        );
+        assert_eq!(&r[..6], &f[ETH + 8..ETH + 14], "reply not to the asker");
+        assert_eq!(&r[ETH + 8..ETH + 14], &MAC, "reply without our MAC");
+    }
     if let Ok(r) = check_frame(&local, &f) {
         let (a, b) = r.roce;
         assert!(

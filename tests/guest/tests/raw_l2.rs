@@ -4,7 +4,8 @@
 //! - two raw daemons (one with each receive ring): RC SEND, WRITE and READ, and the frames
 //!   on the wire carry the MACs and addresses expected (captured on the veth);
 //! - a raw daemon and a udp daemon (`--udp-addr` on an address the namespace's kernel holds):
-//!   the raw daemon's frames are RoCEv2 the kernel's UDP stack takes, and back;
+//!   the raw daemon's frames are RoCEv2 the kernel's UDP stack takes, and back, the kernel
+//!   finding the raw daemon's MAC by ARP (the daemon answers for its addresses);
 //! - the errors an operator meets: no such interface, interface down, no CAP_NET_RAW.
 //!
 //! Skipped (one line saying why) when not root or without iproute2.
@@ -189,22 +190,9 @@ fn two_raw_daemons_over_a_veth_pair() {
 fn a_raw_daemon_and_a_udp_daemon_talk() {
     run("a_raw_daemon_and_a_udp_daemon_talk", || {
         netns::veth_pair("vua", MAC_A, "vub", MAC_B).expect("veth pair");
-        // The kernel on the udp side holds 10.79.1.2 and knows the raw side's MAC (the raw
-        // daemon answers no ARP); the raw side's address is on no interface.
+        // The kernel on the udp side holds 10.79.1.2 and learns the raw side's MAC by ARP,
+        // which the raw daemon answers; the raw side's address is on no interface.
         netns::ip(&["addr", "add", "10.79.1.2/24", "dev", "vub"]).unwrap();
-        let mac_a = netns::mac_str(MAC_A);
-        netns::ip(&[
-            "neigh",
-            "add",
-            "10.79.1.1",
-            "lladdr",
-            &mac_a,
-            "dev",
-            "vub",
-            "nud",
-            "permanent",
-        ])
-        .unwrap();
         let mut a = raw_node("vua", MAC_A, "10.79.1.1", "v2");
         let mut b = Node::start(bin(), "10.79.1.2:4791".parse().unwrap(), &[]).expect("udp node");
         b.mac = MAC_B;
@@ -216,6 +204,20 @@ fn a_raw_daemon_and_a_udp_daemon_talk() {
         assert_eq!(counter(&b, "rx_icrc_bad"), 0);
         assert!(counter(&a, "rx_icrc_ok") > 0);
         assert_eq!(counter(&a, "rx_icrc_bad"), 0);
+        // The kernel resolved the raw daemon's address to its MAC through its ARP replies.
+        assert!(
+            counter(&a, "arp_replies") >= 1,
+            "the raw daemon answered no ARP"
+        );
+        let neigh = Command::new("ip")
+            .args(["neigh", "show", "10.79.1.1", "dev", "vub"])
+            .output()
+            .expect("ip neigh");
+        let neigh = String::from_utf8_lossy(&neigh.stdout);
+        assert!(
+            neigh.contains(&netns::mac_str(MAC_A)),
+            "the kernel's neighbour entry for 10.79.1.1: {neigh:?}"
+        );
     });
 }
 
