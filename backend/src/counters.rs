@@ -71,6 +71,7 @@ pub fn render_body(t: &TransportStats, model: Option<&Model>) -> String {
             tx_no_dmac,
             tx_bad_source,
             arp_replies,
+            nd_adverts,
             rx_arp_ignored
         ]
     );

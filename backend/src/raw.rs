@@ -64,6 +64,14 @@ const ETH_P_IPV6: u16 = 0x86dd;
 const ETH_P_ARP: u16 = 0x0806;
 /// An ARP packet for IPv4 over Ethernet.
 const ARP_LEN: usize = 28;
+/// A neighbour advertisement: IPv6 header, ICMPv6 NA with the target link-layer address.
+const NA_LEN: usize = 40 + 24 + 8;
+const ICMPV6: u8 = 58;
+const ND_SOLICIT: u8 = 135;
+const ND_ADVERT: u8 = 136;
+// linux/if_packet.h
+const PACKET_ADD_MEMBERSHIP: i32 = 1;
+const PACKET_MR_MULTICAST: u16 = 0;
 const ROCE_PORT: u16 = 4791;
 
 // linux/if_packet.h
@@ -216,6 +224,7 @@ enum Target {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Label {
     Arp,
+    Nd,
     V4,
     V6,
     V4Port,
@@ -275,7 +284,8 @@ fn assemble(ops: &[Op]) -> Option<Vec<libc::sock_filter>> {
 }
 
 /// The kernel-side filter: untagged IPv4 (unfragmented) or IPv6 UDP to port 4791 of one of
-/// `addrs`, and ARP for one of the IPv4 ones; everything else never reaches the ring.
+/// `addrs`, ARP for one of the IPv4 ones and neighbour solicitations for one of the IPv6
+/// ones; everything else never reaches the ring.
 fn filter_program(addrs: &[IpAddr]) -> Option<Vec<libc::sock_filter>> {
     use Label::*;
     use Op::*;
@@ -317,6 +327,7 @@ fn filter_program(addrs: &[IpAddr]) -> Option<Vec<libc::sock_filter>> {
         J(BPF_JEQ_K, ROCE_PORT as u32, To(Accept), To(Drop)),
         At(V6),
         S(BPF_LD_B_ABS, ETH_LEN as u32 + 6),
+        J(BPF_JEQ_K, ICMPV6 as u32, To(Nd), Next),
         J(BPF_JEQ_K, 17, Next, To(Drop)),
         S(BPF_LD_H_ABS, ETH_LEN as u32 + 40 + 2),
         J(BPF_JEQ_K, ROCE_PORT as u32, Next, To(Drop)),
@@ -328,6 +339,24 @@ fn filter_program(addrs: &[IpAddr]) -> Option<Vec<libc::sock_filter>> {
                 let word = u32::from_be_bytes(o[4 * w..4 * w + 4].try_into().expect("4"));
                 p.push(S(BPF_LD_W_ABS, (ETH_LEN + 24 + 4 * w) as u32));
                 // A mismatch goes on with the next address: past the rest of this one's.
+                let t = if w == 3 { To(Accept) } else { Next };
+                p.push(J(BPF_JEQ_K, word, t, Skip((3 - w) * 2)));
+            }
+        }
+    }
+    p.extend([
+        S(BPF_RET_K, 0),
+        // ICMPv6 neighbour solicitation whose target is one of ours (see `nd_reply`)
+        At(Nd),
+        S(BPF_LD_B_ABS, (ETH_LEN + 40) as u32),
+        J(BPF_JEQ_K, ND_SOLICIT as u32, Next, To(Drop)),
+    ]);
+    for a in addrs {
+        if let IpAddr::V6(v6) = a {
+            let o = v6.octets();
+            for w in 0..4 {
+                let word = u32::from_be_bytes(o[4 * w..4 * w + 4].try_into().expect("4"));
+                p.push(S(BPF_LD_W_ABS, (ETH_LEN + 40 + 8 + 4 * w) as u32));
                 let t = if w == 3 { To(Accept) } else { Next };
                 p.push(J(BPF_JEQ_K, word, t, Skip((3 - w) * 2)));
             }
@@ -457,6 +486,97 @@ pub fn arp_reply(local: &Local, mac: [u8; 6], f: &[u8]) -> Option<[u8; ETH_LEN +
     b[18..24].copy_from_slice(&sha);
     b[24..28].copy_from_slice(spa);
     Some(r)
+}
+
+/// The answer to an IPv6 neighbour solicitation (RFC 4861 7.2.4) whose target is one of our
+/// IPv6 addresses: a neighbour advertisement from that address with our MAC (solicited and
+/// override set; to the all-nodes group when the solicitation came from the unspecified
+/// address, duplicate address detection). The solicitation must be well formed (hop limit
+/// 255, code 0, a good checksum, options of non-zero length). `None` for any other frame.
+/// Never panics.
+pub fn nd_reply(local: &Local, mac: [u8; 6], f: &[u8]) -> Option<[u8; ETH_LEN + NA_LEN]> {
+    if f.len() < ETH_LEN + 40 || be16(f, 12) != ETH_P_IPV6 {
+        return None;
+    }
+    let ip = &f[ETH_LEN..];
+    let plen = be16(ip, 4) as usize;
+    if ip[0] >> 4 != 6 || ip[6] != ICMPV6 || ip[7] != 255 || plen < 24 || ip.len() < 40 + plen {
+        return None;
+    }
+    let src: [u8; 16] = ip[8..24].try_into().expect("16 bytes");
+    let dst: [u8; 16] = ip[24..40].try_into().expect("16 bytes");
+    let icmp = &ip[40..40 + plen];
+    if icmp[0] != ND_SOLICIT || icmp[1] != 0 || icmpv6_sum(&src, &dst, icmp) != 0xffff {
+        return None;
+    }
+    let target: [u8; 16] = icmp[8..24].try_into().expect("16 bytes");
+    if !local.addrs.contains(&IpAddr::from(target)) {
+        return None;
+    }
+    // options: the source link-layer address if there is one; none may have length 0
+    let mut asker = None;
+    let mut o = &icmp[24..];
+    while o.len() >= 2 {
+        let len = o[1] as usize * 8;
+        if len == 0 || len > o.len() {
+            return None;
+        }
+        if o[0] == 1 && len >= 8 {
+            asker = Some(<[u8; 6]>::try_from(&o[2..8]).expect("6 bytes"));
+        }
+        o = &o[len..];
+    }
+    let dad = src == [0; 16];
+    let (to_ip, to_mac) = if dad {
+        let all_nodes = std::net::Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1).octets();
+        (all_nodes, [0x33, 0x33, 0, 0, 0, 1])
+    } else {
+        let m = asker.unwrap_or_else(|| f[6..12].try_into().expect("6 bytes"));
+        if m[0] & 1 != 0 {
+            return None;
+        }
+        (src, m)
+    };
+    let mut r = [0u8; ETH_LEN + NA_LEN];
+    r[..6].copy_from_slice(&to_mac);
+    r[6..12].copy_from_slice(&mac);
+    r[12..14].copy_from_slice(&ETH_P_IPV6.to_be_bytes());
+    let ip = &mut r[ETH_LEN..];
+    ip[0] = 0x60;
+    ip[4..6].copy_from_slice(&32u16.to_be_bytes());
+    ip[6] = ICMPV6;
+    ip[7] = 255;
+    ip[8..24].copy_from_slice(&target);
+    ip[24..40].copy_from_slice(&to_ip);
+    let (hdr, na) = ip.split_at_mut(40);
+    na[0] = ND_ADVERT;
+    // solicited (not for DAD) and override
+    na[4] = if dad { 0x20 } else { 0x60 };
+    na[8..24].copy_from_slice(&target);
+    na[24] = 2; // target link-layer address
+    na[25] = 1;
+    na[26..32].copy_from_slice(&mac);
+    let s: [u8; 16] = hdr[8..24].try_into().expect("16 bytes");
+    let d: [u8; 16] = hdr[24..40].try_into().expect("16 bytes");
+    let sum = !icmpv6_sum(&s, &d, na);
+    na[2..4].copy_from_slice(&sum.to_be_bytes());
+    Some(r)
+}
+
+/// The ones'-complement sum of the ICMPv6 pseudo-header and `msg` (0xffff: a good checksum).
+fn icmpv6_sum(src: &[u8; 16], dst: &[u8; 16], msg: &[u8]) -> u16 {
+    let mut ph = [0u8; 8];
+    ph[..4].copy_from_slice(&(msg.len() as u32).to_be_bytes());
+    ph[7] = ICMPV6;
+    let acc = sum16(sum16(sum16(0, src), dst), &ph);
+    sum16(acc, msg) as u16
+}
+
+/// The Ethernet group a node joins for the solicitations of an IPv6 address (33:33:ff +
+/// its last three bytes).
+fn solicited_node_mac(a: &std::net::Ipv6Addr) -> [u8; 6] {
+    let o = a.octets();
+    [0x33, 0x33, 0xff, o[13], o[14], o[15]]
 }
 
 /// Checks one received Ethernet frame completely (see the module documentation). Never
@@ -863,6 +983,21 @@ impl RawTransport {
         // Our own frames (and those of other sockets) leaving the interface are not input;
         // older kernels lack the option and the ring walk skips them instead.
         let _ = setsockopt_raw(raw, libc::SOL_PACKET, PACKET_IGNORE_OUTGOING, &1i32);
+        // The solicited-node groups of our IPv6 addresses, where neighbour solicitations for
+        // them come (a NIC filters other multicast out).
+        for a in &cfg.addrs {
+            if let IpAddr::V6(v6) = a {
+                // SAFETY: packet_mreq is plain data; all-zero is a valid value.
+                let mut mr: libc::packet_mreq = unsafe { std::mem::zeroed() };
+                mr.mr_ifindex = info.index;
+                mr.mr_type = PACKET_MR_MULTICAST;
+                mr.mr_alen = 6;
+                mr.mr_address[..6].copy_from_slice(&solicited_node_mac(v6));
+                setsockopt_raw(raw, libc::SOL_PACKET, PACKET_ADD_MEMBERSHIP, &mr).map_err(|e| {
+                    RawError::Io("joining the solicited-node group", name.to_string(), e)
+                })?;
+            }
+        }
         let _ = setsockopt_raw(raw, libc::SOL_SOCKET, libc::SO_SNDBUF, &(4i32 << 20));
         // SAFETY: sockaddr_ll is plain data; all-zero is a valid value.
         let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
@@ -1022,7 +1157,17 @@ impl RawTransport {
         let frame = &self.ring.block(b)[f.at..f.at + f.snap];
         if frame.len() >= ETH_LEN && be16(frame, 12) == ETH_P_ARP {
             match arp_reply(&self.local, self.mac, frame) {
-                Some(r) => self.send_arp(&r),
+                Some(r) => self.send_answer(&r, ETH_P_ARP),
+                None => self.stats.rx_arp_ignored += 1,
+            }
+            return;
+        }
+        if frame.len() > ETH_LEN + 6
+            && be16(frame, 12) == ETH_P_IPV6
+            && frame[ETH_LEN + 6] == ICMPV6
+        {
+            match nd_reply(&self.local, self.mac, frame) {
+                Some(r) => self.send_answer(&r, ETH_P_IPV6),
                 None => self.stats.rx_arp_ignored += 1,
             }
             return;
@@ -1135,13 +1280,14 @@ impl RawTransport {
     }
 
     /// Sends the queued frames with as few `sendmmsg` calls as the kernel allows.
-    /// Sends an ARP reply at once (one frame, not batched: it answers a peer that waits to
-    /// send to us). A reply the device refuses is lost; the peer asks again.
-    fn send_arp(&mut self, frame: &[u8]) {
+    /// Sends an ARP reply or a neighbour advertisement at once (one frame, not batched: it
+    /// answers a peer that waits to send to us). An answer the device refuses is lost; the
+    /// peer asks again.
+    fn send_answer(&mut self, frame: &[u8], ethertype: u16) {
         // SAFETY: sockaddr_ll is plain data; all-zero is a valid value.
         let mut s: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
         s.sll_family = libc::AF_PACKET as u16;
-        s.sll_protocol = ETH_P_ARP.to_be();
+        s.sll_protocol = ethertype.to_be();
         s.sll_ifindex = self.info.index;
         s.sll_halen = 6;
         s.sll_addr[..6].copy_from_slice(&frame[..6]);
@@ -1158,7 +1304,11 @@ impl RawTransport {
             )
         };
         if r == frame.len() as isize {
-            self.stats.arp_replies += 1;
+            if ethertype == ETH_P_ARP {
+                self.stats.arp_replies += 1;
+            } else {
+                self.stats.nd_adverts += 1;
+            }
         } else {
             self.stats.tx_dropped += 1;
         }
@@ -1637,6 +1787,97 @@ mod tests {
         assert_ne!(run_bpf(&prog, &f), 0, "ARP for 10.79.0.2");
         let other = arp_request(peer, "10.79.0.1", "10.79.0.3");
         assert_eq!(run_bpf(&prog, &other), 0, "ARP for 10.79.0.3");
+    }
+
+    /// A neighbour solicitation from `sha`/`src` for `target` (with the source link-layer
+    /// address option unless `src` is unspecified), to the target's solicited-node group.
+    fn nd_solicit(sha: [u8; 6], src: &str, target: &str) -> Vec<u8> {
+        let src: std::net::Ipv6Addr = src.parse().unwrap();
+        let target: std::net::Ipv6Addr = target.parse().unwrap();
+        let t = target.octets();
+        let dst = std::net::Ipv6Addr::from([
+            0xff, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0xff, t[13], t[14], t[15],
+        ]);
+        let mut icmp = vec![ND_SOLICIT, 0, 0, 0, 0, 0, 0, 0];
+        icmp.extend_from_slice(&t);
+        if !src.is_unspecified() {
+            icmp.extend_from_slice(&[1, 1]);
+            icmp.extend_from_slice(&sha);
+        }
+        let sum = !icmpv6_sum(&src.octets(), &dst.octets(), &icmp);
+        icmp[2..4].copy_from_slice(&sum.to_be_bytes());
+        let mut f = solicited_node_mac(&target).to_vec();
+        f.extend_from_slice(&sha);
+        f.extend_from_slice(&ETH_P_IPV6.to_be_bytes());
+        f.extend_from_slice(&[0x60, 0, 0, 0]);
+        f.extend_from_slice(&(icmp.len() as u16).to_be_bytes());
+        f.extend_from_slice(&[ICMPV6, 255]);
+        f.extend_from_slice(&src.octets());
+        f.extend_from_slice(&dst.octets());
+        f.extend_from_slice(&icmp);
+        f
+    }
+
+    #[test]
+    fn neighbour_solicitations_for_our_addresses_are_answered_with_our_mac() {
+        let l = local("10.79.0.2"); // and fd79::2
+        let ours = [0x02, 0x79, 0, 0, 0, 0x0a];
+        let peer = [0x02, 0x79, 0, 0, 0, 0x0b];
+        let ns = nd_solicit(peer, "fd79::1", "fd79::2");
+        let r = nd_reply(&l, ours, &ns).expect("advertisement");
+        assert_eq!(&r[..6], &peer, "to the asker's MAC");
+        assert_eq!(&r[6..12], &ours);
+        assert_eq!(be16(&r, 12), ETH_P_IPV6);
+        let ip = &r[ETH_LEN..];
+        assert_eq!((ip[0], be16(ip, 4), ip[6], ip[7]), (0x60, 32, ICMPV6, 255));
+        let fd79 = |s: &str| s.parse::<std::net::Ipv6Addr>().unwrap().octets();
+        assert_eq!(ip[8..24], fd79("fd79::2"), "from the target");
+        assert_eq!(ip[24..40], fd79("fd79::1"), "to the asker");
+        let na = &ip[40..];
+        assert_eq!(
+            (na[0], na[1], na[4]),
+            (ND_ADVERT, 0, 0x60),
+            "solicited, override"
+        );
+        assert_eq!(na[8..24], fd79("fd79::2"));
+        assert_eq!(
+            &na[24..32],
+            &[2, 1, ours[0], ours[1], ours[2], ours[3], ours[4], ours[5]]
+        );
+        let (s16, d16) = (
+            ip[8..24].try_into().unwrap(),
+            ip[24..40].try_into().unwrap(),
+        );
+        assert_eq!(icmpv6_sum(&s16, &d16, na), 0xffff, "checksum");
+        // duplicate address detection: to all nodes, not solicited
+        let r = nd_reply(&l, ours, &nd_solicit(peer, "::", "fd79::2")).expect("DAD answer");
+        assert_eq!(&r[..6], &[0x33, 0x33, 0, 0, 0, 1]);
+        assert_eq!(r[ETH_LEN + 24..ETH_LEN + 40], fd79("ff02::1"));
+        assert_eq!(r[ETH_LEN + 40 + 4], 0x20);
+        // another target, a bad checksum, a forwarded one (hop limit), a zero-length option
+        assert!(nd_reply(&l, ours, &nd_solicit(peer, "fd79::1", "fd79::3")).is_none());
+        let mut bad = ns.clone();
+        bad[ETH_LEN + 40 + 2] ^= 1;
+        assert!(nd_reply(&l, ours, &bad).is_none(), "bad checksum");
+        let mut fwd = ns.clone();
+        fwd[ETH_LEN + 7] = 254;
+        assert!(nd_reply(&l, ours, &fwd).is_none(), "hop limit 254");
+        let mut zero = ns.clone();
+        zero[ETH_LEN + 40 + 25] = 0;
+        assert!(nd_reply(&l, ours, &zero).is_none(), "option of length 0");
+        for n in 0..ns.len() {
+            assert!(nd_reply(&l, ours, &ns[..n]).is_none(), "cut at {n}");
+        }
+        assert!(nd_reply(&l, ours, &frame("fd79::1", "fd79::2", 8)).is_none());
+        // the kernel filter lets exactly the solicitations for our IPv6 addresses through
+        let addrs: Vec<IpAddr> = vec!["10.79.0.2".parse().unwrap(), "fd79::2".parse().unwrap()];
+        let prog = filter_program(&addrs).unwrap();
+        assert_ne!(run_bpf(&prog, &ns), 0, "NS for fd79::2");
+        let other = nd_solicit(peer, "fd79::1", "fd79::3");
+        assert_eq!(run_bpf(&prog, &other), 0, "NS for fd79::3");
+        let mut echo = ns.clone();
+        echo[ETH_LEN + 40] = 128;
+        assert_eq!(run_bpf(&prog, &echo), 0, "an echo request");
     }
 
     /// Missing and down interfaces are told apart before any privilege is needed.

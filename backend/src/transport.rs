@@ -81,7 +81,10 @@ pub struct TransportStats {
     pub tx_bad_source: u64,
     /// ARP requests for one of our IPv4 addresses answered with our MAC.
     pub arp_replies: u64,
-    /// ARP frames that reached us but asked nothing we answer (replies, other targets).
+    /// IPv6 neighbour solicitations for one of our addresses answered with our MAC.
+    pub nd_adverts: u64,
+    /// ARP and ICMPv6 frames that reached us but asked nothing we answer (replies, other
+    /// targets, malformed solicitations).
     pub rx_arp_ignored: u64,
 }
 

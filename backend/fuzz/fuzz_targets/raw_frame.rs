@@ -1,8 +1,9 @@
 //! Ethernet frames as the network sends them to the raw-L2 transport's receive check
 //! (`raw::check_frame`): it must never panic, and a frame it accepts must be what it says —
 //! addressed to one of our MACs and addresses, its RoCE packet inside the frame and within
-//! the IP total length, its ICRC good. The same frames go to the ARP responder
-//! (`raw::arp_reply`): it answers only a request for our IPv4 address, to its asker.
+//! the IP total length, its ICRC good. The same frames go to the ARP and neighbour-discovery
+//! responders (`raw::arp_reply`, `raw::nd_reply`): they answer only a request or a
+//! solicitation for our own address, with our MAC.
 //!
 //! Input layout:
 //! - byte 0, bit 0: repair the frame before the check (the IPv4 header checksum, a zero UDP
@@ -18,7 +19,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use libfuzzer_sys::fuzz_target;
-use vhost_user_rdma::raw::{arp_reply, check_frame, Local};
+use vhost_user_rdma::raw::{arp_reply, check_frame, nd_reply, Local};
 
 const MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x07];
 const V4: Ipv4Addr = Ipv4Addr::new(10, 79, 0, 1);
@@ -96,6 +97,33 @@ fuzz_target!(|data: &[u8]| {
         );
         assert_eq!(&r[..6], &f[ETH + 8..ETH + 14], "reply not to the asker");
         assert_eq!(&r[ETH + 8..ETH + 14], &MAC, "reply without our MAC");
+    }
+    if let Some(r) = nd_reply(&local, MAC, &f) {
+        assert_eq!(
+            &f[12..14],
+            &[0x86, 0xdd],
+            "answered a frame that is not IPv6"
+        );
+        assert_eq!(
+            f[ETH + 40],
+            135,
+            "answered something else than a solicitation"
+        );
+        assert_eq!(
+            &f[ETH + 48..ETH + 64],
+            &V6.octets(),
+            "answered for another address"
+        );
+        assert_eq!(
+            &r[ETH + 8..ETH + 24],
+            &V6.octets(),
+            "advertised from another address"
+        );
+        assert_eq!(
+            &r[ETH + 40 + 26..ETH + 40 + 32],
+            &MAC,
+            "advertised another MAC"
+        );
     }
     if let Ok(r) = check_frame(&local, &f) {
         let (a, b) = r.roce;

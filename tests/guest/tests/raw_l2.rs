@@ -46,7 +46,7 @@ fn run(test: &str, f: impl FnOnce() + Send + 'static) {
 }
 
 fn raw_node(iface: &str, mac: [u8; 6], ip: &str, ring: &str) -> Node {
-    let addr: SocketAddr = format!("{ip}:4791").parse().unwrap();
+    let addr = SocketAddr::new(ip.parse().unwrap(), 4791);
     let args = ["--iface", iface, "--raw-addr", ip, "--raw-ring", ring];
     let mut n = Node::start(bin(), addr, &args).expect("raw node");
     n.mac = mac;
@@ -217,6 +217,37 @@ fn a_raw_daemon_and_a_udp_daemon_talk() {
         assert!(
             neigh.contains(&netns::mac_str(MAC_A)),
             "the kernel's neighbour entry for 10.79.1.1: {neigh:?}"
+        );
+    });
+}
+
+/// The same over IPv6: the kernel finds the raw daemon's MAC by neighbour discovery, which
+/// the raw daemon answers (a solicitation to its solicited-node group).
+#[test]
+fn a_raw_daemon_and_a_udp_daemon_talk_over_ipv6() {
+    run("a_raw_daemon_and_a_udp_daemon_talk_over_ipv6", || {
+        netns::veth_pair("vua", MAC_A, "vub", MAC_B).expect("veth pair");
+        netns::ip(&["addr", "add", "fd79:1::2/64", "dev", "vub", "nodad"]).unwrap();
+        let mut a = raw_node("vua", MAC_A, "fd79:1::1", "v2");
+        let mut b = Node::start(bin(), "[fd79:1::2]:4791".parse().unwrap(), &[]).expect("udp node");
+        b.mac = MAC_B;
+        send_write_read(&mut a, &mut b);
+        send_write_read(&mut b, &mut a);
+        assert!(counter(&b, "rx_icrc_ok") > 0);
+        assert_eq!(counter(&b, "rx_icrc_bad"), 0);
+        assert!(counter(&a, "rx_icrc_ok") > 0);
+        assert!(
+            counter(&a, "nd_adverts") >= 1,
+            "the raw daemon answered no solicitation"
+        );
+        let neigh = Command::new("ip")
+            .args(["-6", "neigh", "show", "fd79:1::1", "dev", "vub"])
+            .output()
+            .expect("ip neigh");
+        let neigh = String::from_utf8_lossy(&neigh.stdout);
+        assert!(
+            neigh.contains(&netns::mac_str(MAC_A)),
+            "the kernel's neighbour entry for fd79:1::1: {neigh:?}"
         );
     });
 }
