@@ -111,6 +111,13 @@ pub struct Args {
     /// vCPUs it only takes time from them (docs/daemon.md, "Poll mode").
     #[arg(long, default_value_t = 0, value_name = "N")]
     pub poll_us: u32,
+    /// Serve the guest's virtio-net too, on this vhost-user socket (QEMU `-netdev
+    /// vhost-user`): the daemon is then the guest's RoCE NIC on --iface. Frames that are not
+    /// RoCEv2 to a --raw-addr pass between the interface and the guest untouched; the guest's
+    /// stack answers ARP and ND. Needs --iface and --mac, the MAC the VMM gives the guest's
+    /// virtio-net (RoCE frames leave from it too).
+    #[arg(long)]
+    pub net_socket: Option<PathBuf>,
 }
 
 /// Largest `--poll-us`: one second.
@@ -144,6 +151,12 @@ pub enum ConfigError {
     RawAddr(std::net::IpAddr),
     #[error("--raw-addr: at most {0} addresses")]
     RawAddrCount(usize),
+    #[error("--net-socket needs --iface IFNAME (the host interface the guest's NIC is on)")]
+    NetNeedsIface,
+    #[error("--net-socket needs --mac, the MAC the VMM gives the guest's virtio-net")]
+    NetNeedsMac,
+    #[error("--net-socket and --socket-path must be different paths")]
+    NetSamePath,
 }
 
 /// The validated configuration.
@@ -161,6 +174,9 @@ pub struct Config {
     pub socket_access: SocketAccess,
     /// Poll window in microseconds (0: no polling).
     pub poll_us: u32,
+    /// The guest's virtio-net socket (`--net-socket`): the raw transport's interface is then
+    /// shared with it.
+    pub net_socket: Option<PathBuf>,
     pub model: ModelConfig,
 }
 
@@ -227,9 +243,22 @@ impl TryFrom<Args> for Config {
                         RawRing::V3 => crate::raw::RingKind::V3,
                         RawRing::V2 => crate::raw::RingKind::V2,
                     },
+                    // Beside a virtio-net the guest's own stack answers for its addresses.
+                    answer_neighbours: a.net_socket.is_none(),
                 })
             }
         };
+        if let Some(p) = &a.net_socket {
+            if a.iface.is_none() {
+                return Err(ConfigError::NetNeedsIface);
+            }
+            if mac.is_none() {
+                return Err(ConfigError::NetNeedsMac);
+            }
+            if *p == a.socket_path {
+                return Err(ConfigError::NetSamePath);
+            }
+        }
         let mac = mac.unwrap_or([2, 0, 0, 0, 0, 1]);
         let local_ip = match &raw {
             Some(r) => r.addrs[0],
@@ -274,6 +303,7 @@ impl TryFrom<Args> for Config {
             strict_icrc: a.strict_icrc,
             counters_socket: a.counters_socket,
             poll_us: a.poll_us,
+            net_socket: a.net_socket,
             socket_access: SocketAccess {
                 group: match &a.socket_group {
                     Some(g) => Some(resolve_group(g).ok_or_else(|| ConfigError::Group(g.clone()))?),
@@ -443,5 +473,41 @@ mod tests {
                 Err(ConfigError::RawAddr(_))
             ));
         }
+    }
+
+    #[test]
+    fn nic_options() {
+        let nic = [
+            "--iface",
+            "vh0",
+            "--raw-addr",
+            "10.79.0.2",
+            "--mac",
+            "52:54:00:79:00:02",
+            "--net-socket",
+            "/n",
+        ];
+        let c = Config::try_from(args(&nic)).unwrap();
+        assert_eq!(c.net_socket.as_deref(), Some(std::path::Path::new("/n")));
+        let r = c.raw.unwrap();
+        assert_eq!(r.mac, Some([0x52, 0x54, 0, 0x79, 0, 2]));
+        assert!(!r.answer_neighbours, "the guest's stack answers ARP and ND");
+        let plain = Config::try_from(args(&nic[..6])).unwrap();
+        assert!(plain.raw.unwrap().answer_neighbours);
+        assert_eq!(
+            Config::try_from(args(&["--net-socket", "/n"])).unwrap_err(),
+            ConfigError::NetNeedsIface
+        );
+        let no_mac = [&nic[..4], &nic[6..]].concat();
+        assert_eq!(
+            Config::try_from(args(&no_mac)).unwrap_err(),
+            ConfigError::NetNeedsMac
+        );
+        let mut same = nic.to_vec();
+        same[7] = "/tmp/x.sock";
+        assert_eq!(
+            Config::try_from(args(&same)).unwrap_err(),
+            ConfigError::NetSamePath
+        );
     }
 }

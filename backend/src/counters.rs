@@ -21,6 +21,8 @@ pub struct Shared {
     pub transport: Arc<Mutex<Transport>>,
     pub connections: AtomicU64,
     pub shutdown: AtomicBool,
+    /// The virtio-net device's counters (`--net-socket`), read without a lock.
+    pub net: Option<Arc<crate::vhu_net::NetStats>>,
 }
 
 /// How long a reader waits for the worker thread to render the counters.
@@ -181,7 +183,11 @@ pub fn render(shared: &Shared) -> String {
         ),
         None => String::new(),
     };
-    format!("{{\"connections\":{connections},{body}{heap}}}\n")
+    let net = match &shared.net {
+        Some(n) => format!(",\"net\":{{{}}}", n.render()),
+        None => String::new(),
+    };
+    format!("{{\"connections\":{connections},{body}{net}{heap}}}\n")
 }
 
 /// Serves the counters socket until `shared.shutdown` is set.
@@ -233,6 +239,7 @@ mod tests {
             transport: transport.clone(),
             connections: AtomicU64::new(3),
             shutdown: AtomicBool::new(false),
+            net: None,
         };
         let doc = render(&shared);
         assert!(

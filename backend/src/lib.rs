@@ -24,11 +24,13 @@ pub mod guest_mem;
 pub mod heap;
 pub mod link;
 pub mod model;
+pub mod net_port;
 pub mod poll;
 pub mod raw;
 pub mod ring;
 pub mod transport;
 pub mod unix_socket;
+pub mod vhu_net;
 pub mod vhu_rdma;
 
 use std::os::unix::net::UnixStream;
@@ -130,11 +132,31 @@ pub fn start_backend(mut config: Config) -> Result<(), Error> {
         }
     };
     transport.set_egress(config.model.egress.clone());
+    // The guest's virtio-net on the same interface: every frame the raw transport's filter
+    // does not take.
+    let net = match (&config.net_socket, &config.raw) {
+        (Some(p), Some(r)) => {
+            let port = net_port::NetPort::open(&r.iface, &r.addrs)?;
+            log::info!(
+                "virtio-net on {} (MTU {}): every frame but RoCEv2 to {:?}",
+                port.iface(),
+                port.mtu(),
+                r.addrs
+            );
+            Some((
+                p.clone(),
+                Arc::new(port),
+                Arc::new(vhu_net::NetStats::default()),
+            ))
+        }
+        _ => None,
+    };
     let shared = Arc::new(Shared {
         backend: Mutex::new(None),
         transport: Arc::new(Mutex::new(transport)),
         connections: std::sync::atomic::AtomicU64::new(0),
         shutdown: std::sync::atomic::AtomicBool::new(false),
+        net: net.as_ref().map(|n| n.2.clone()),
     });
     let counters = match &config.counters_socket {
         Some(p) => Some(counters::spawn(p, config.socket_access, shared.clone())?),
@@ -142,10 +164,14 @@ pub fn start_backend(mut config: Config) -> Result<(), Error> {
     };
     let shutdown_handle: Arc<Mutex<Option<vhost_user_backend::ShutdownHandle>>> =
         Arc::new(Mutex::new(None));
+    let net_handle: Arc<Mutex<Option<vhost_user_backend::ShutdownHandle>>> =
+        Arc::new(Mutex::new(None));
     {
         let shared = shared.clone();
         let handle = shutdown_handle.clone();
+        let net_handle = net_handle.clone();
         let sock = config.socket_path.clone();
+        let net_sock = config.net_socket.clone();
         std::thread::Builder::new()
             .name("signals".into())
             .spawn(move || {
@@ -154,13 +180,34 @@ pub fn start_backend(mut config: Config) -> Result<(), Error> {
                 unsafe { libc::sigwait(&sigset, &mut sig) };
                 log::info!("signal {sig}: shutting down");
                 shared.shutdown.store(true, Ordering::SeqCst);
-                if let Some(h) = handle.lock().unwrap_or_else(|e| e.into_inner()).take() {
-                    h.shutdown();
+                for h in [&handle, &net_handle] {
+                    if let Some(h) = h.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                        h.shutdown();
+                    }
                 }
-                // Wake a listener blocked in accept().
+                // Wake the listeners blocked in accept().
                 let _ = UnixStream::connect(&sock);
+                if let Some(n) = &net_sock {
+                    let _ = UnixStream::connect(n);
+                }
             })?;
     }
+    let net_thread = match net {
+        Some((path, port, stats)) => {
+            let listener = unix_socket::bind_private(&path, config.socket_access, || {
+                Listener::new(&path, false).map_err(|e| std::io::Error::other(e.to_string()))
+            })
+            .map_err(|e| Error::Socket(path.to_string_lossy().to_string(), e))?;
+            let shared = shared.clone();
+            let handle = net_handle.clone();
+            Some(
+                std::thread::Builder::new()
+                    .name("vhost-user-net".into())
+                    .spawn(move || serve_net(&path, listener, port, stats, &shared, &handle))?,
+            )
+        }
+        None => None,
+    };
     let path = config.socket_path.to_string_lossy().to_string();
     let mut listener = unix_socket::bind_private(&config.socket_path, config.socket_access, || {
         Listener::new(&config.socket_path, false).map_err(|e| std::io::Error::other(e.to_string()))
@@ -248,8 +295,76 @@ pub fn start_backend(mut config: Config) -> Result<(), Error> {
     };
     shared.shutdown.store(true, Ordering::SeqCst);
     let _ = unix_socket::remove_socket(&config.socket_path);
+    if let (Some(t), Some(p)) = (net_thread, &config.net_socket) {
+        // Its listener may sit in accept(): wake it.
+        let _ = UnixStream::connect(p);
+        match t.join() {
+            Ok(Err(e)) => log::warn!("virtio-net: {e}"),
+            Err(_) => log::error!("virtio-net thread panicked"),
+            Ok(Ok(())) => {}
+        }
+        let _ = unix_socket::remove_socket(p);
+    }
     if let Some(c) = counters {
         let _ = c.join();
     }
     result
+}
+
+/// Serves the guest's virtio-net on `path`, one frontend after another, until shutdown.
+fn serve_net(
+    path: &std::path::Path,
+    mut listener: Listener,
+    port: Arc<net_port::NetPort>,
+    stats: Arc<vhu_net::NetStats>,
+    shared: &Shared,
+    handle: &Mutex<Option<vhost_user_backend::ShutdownHandle>>,
+) -> Result<(), Error> {
+    let shown = path.display();
+    while !shared.shutdown.load(Ordering::SeqCst) {
+        let backend = Arc::new(vhu_net::VhuNet::new(port.clone(), stats.clone())?);
+        let mut daemon = VhostUserDaemon::new(
+            "vhost-user-net".into(),
+            backend.clone(),
+            GuestMemoryAtomic::new(GuestMemoryMmap::new()),
+        )
+        .map_err(|e| Error::Daemon(e.to_string()))?;
+        {
+            let handlers = daemon.get_epoll_handlers();
+            handlers[0]
+                .register_listener(
+                    backend.port_fd(),
+                    EventSet::IN | EventSet::EDGE_TRIGGERED,
+                    vhu_net::PORT_EVENT as u64,
+                )
+                .map_err(Error::Io)?;
+            handlers[0]
+                .register_listener(backend.more_fd(), EventSet::IN, vhu_net::MORE_EVENT as u64)
+                .map_err(Error::Io)?;
+        }
+        log::info!("waiting for a virtio-net frontend on {shown}");
+        if let Err(e) = daemon.start(&mut listener) {
+            if shared.shutdown.load(Ordering::SeqCst) {
+                break;
+            }
+            log::error!("accepting a virtio-net frontend: {e}");
+            continue;
+        }
+        *handle.lock().unwrap_or_else(|e| e.into_inner()) = daemon.shutdown_handle();
+        if shared.shutdown.load(Ordering::SeqCst) {
+            daemon.request_shutdown();
+        }
+        log::info!("virtio-net frontend connected");
+        match daemon.wait() {
+            Ok(())
+            | Err(vhost_user_backend::Error::HandleRequest(
+                vhost::vhost_user::Error::Disconnected | vhost::vhost_user::Error::PartialMessage,
+            )) => log::info!("virtio-net frontend disconnected"),
+            Err(e) => log::warn!("virtio-net frontend connection ended: {e}"),
+        }
+        handle.lock().unwrap_or_else(|e| e.into_inner()).take();
+        drop(daemon);
+        backend.close_exit_fds();
+    }
+    Ok(())
 }

@@ -283,29 +283,55 @@ fn assemble(ops: &[Op]) -> Option<Vec<libc::sock_filter>> {
     Some(out)
 }
 
-/// The kernel-side filter: untagged IPv4 (unfragmented) or IPv6 UDP to port 4791 of one of
-/// `addrs`, ARP for one of the IPv4 ones and neighbour solicitations for one of the IPv6
-/// ones; everything else never reaches the ring.
-fn filter_program(addrs: &[IpAddr]) -> Option<Vec<libc::sock_filter>> {
+/// Which frames a packet filter keeps (see [`filter_program`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FilterKind {
+    /// RoCEv2 to our addresses, ARP for our IPv4 ones and neighbour solicitations for our
+    /// IPv6 ones: the raw transport that answers for its addresses itself.
+    RoceAndNeighbours,
+    /// RoCEv2 to our addresses only: the raw transport beside a guest's virtio-net, where the
+    /// guest's own stack answers ARP and ND.
+    Roce,
+    /// Everything [`FilterKind::Roce`] does not keep: what the guest's virtio-net receives.
+    NotRoce,
+}
+
+/// The kernel-side filter. RoCEv2 is untagged IPv4 (unfragmented) or IPv6 UDP to port 4791
+/// of one of `addrs`; with [`FilterKind::RoceAndNeighbours`] also ARP for one of the IPv4
+/// ones and neighbour solicitations for one of the IPv6 ones; [`FilterKind::NotRoce`] keeps
+/// exactly what [`FilterKind::Roce`] drops.
+pub(crate) fn filter_program(addrs: &[IpAddr], kind: FilterKind) -> Option<Vec<libc::sock_filter>> {
     use Label::*;
     use Op::*;
     use Target::*;
+    let neighbours = kind == FilterKind::RoceAndNeighbours;
+    // What a frame that is ours (RoCE for our addresses) and one that is not return.
+    let (yes, no) = match kind {
+        FilterKind::NotRoce => (0, SNAP_LEN),
+        _ => (SNAP_LEN, 0),
+    };
     let mut p = vec![
         S(BPF_LD_H_ABS, 12),
         J(BPF_JEQ_K, ETH_P_IP as u32, To(V4), Next),
-        J(BPF_JEQ_K, ETH_P_ARP as u32, To(Arp), Next),
+        J(
+            BPF_JEQ_K,
+            ETH_P_ARP as u32,
+            if neighbours { To(Arp) } else { To(Drop) },
+            Next,
+        ),
         J(BPF_JEQ_K, ETH_P_IPV6 as u32, To(V6), To(Drop)),
-        At(Arp),
-        // ARP whose target protocol address is one of ours (answered, see `arp_reply`)
-        S(BPF_LD_W_ABS, (ETH_LEN + 24) as u32),
     ];
-    for a in addrs {
-        if let IpAddr::V4(v4) = a {
-            p.push(J(BPF_JEQ_K, u32::from(*v4), To(Accept), Next));
+    if neighbours {
+        // ARP whose target protocol address is one of ours (answered, see `arp_reply`)
+        p.extend([At(Arp), S(BPF_LD_W_ABS, (ETH_LEN + 24) as u32)]);
+        for a in addrs {
+            if let IpAddr::V4(v4) = a {
+                p.push(J(BPF_JEQ_K, u32::from(*v4), To(Accept), Next));
+            }
         }
+        p.push(S(BPF_RET_K, no));
     }
     p.extend([
-        S(BPF_RET_K, 0),
         At(V4),
         S(BPF_LD_B_ABS, 23),
         J(BPF_JEQ_K, 17, Next, To(Drop)),
@@ -320,14 +346,19 @@ fn filter_program(addrs: &[IpAddr]) -> Option<Vec<libc::sock_filter>> {
         }
     }
     p.extend([
-        S(BPF_RET_K, 0),
+        S(BPF_RET_K, no),
         At(V4Port),
         S(BPF_LDX_MSH, ETH_LEN as u32),
         S(BPF_LD_H_IND, ETH_LEN as u32 + 2),
         J(BPF_JEQ_K, ROCE_PORT as u32, To(Accept), To(Drop)),
         At(V6),
         S(BPF_LD_B_ABS, ETH_LEN as u32 + 6),
-        J(BPF_JEQ_K, ICMPV6 as u32, To(Nd), Next),
+        J(
+            BPF_JEQ_K,
+            ICMPV6 as u32,
+            if neighbours { To(Nd) } else { To(Drop) },
+            Next,
+        ),
         J(BPF_JEQ_K, 17, Next, To(Drop)),
         S(BPF_LD_H_ABS, ETH_LEN as u32 + 40 + 2),
         J(BPF_JEQ_K, ROCE_PORT as u32, Next, To(Drop)),
@@ -344,34 +375,61 @@ fn filter_program(addrs: &[IpAddr]) -> Option<Vec<libc::sock_filter>> {
             }
         }
     }
-    p.extend([
-        S(BPF_RET_K, 0),
+    p.push(S(BPF_RET_K, no));
+    if neighbours {
         // ICMPv6 neighbour solicitation whose target is one of ours (see `nd_reply`)
-        At(Nd),
-        S(BPF_LD_B_ABS, (ETH_LEN + 40) as u32),
-        J(BPF_JEQ_K, ND_SOLICIT as u32, Next, To(Drop)),
-    ]);
-    for a in addrs {
-        if let IpAddr::V6(v6) = a {
-            let o = v6.octets();
-            for w in 0..4 {
-                let word = u32::from_be_bytes(o[4 * w..4 * w + 4].try_into().expect("4"));
-                p.push(S(BPF_LD_W_ABS, (ETH_LEN + 40 + 8 + 4 * w) as u32));
-                let t = if w == 3 { To(Accept) } else { Next };
-                p.push(J(BPF_JEQ_K, word, t, Skip((3 - w) * 2)));
+        p.extend([
+            At(Nd),
+            S(BPF_LD_B_ABS, (ETH_LEN + 40) as u32),
+            J(BPF_JEQ_K, ND_SOLICIT as u32, Next, To(Drop)),
+        ]);
+        for a in addrs {
+            if let IpAddr::V6(v6) = a {
+                let o = v6.octets();
+                for w in 0..4 {
+                    let word = u32::from_be_bytes(o[4 * w..4 * w + 4].try_into().expect("4"));
+                    p.push(S(BPF_LD_W_ABS, (ETH_LEN + 40 + 8 + 4 * w) as u32));
+                    let t = if w == 3 { To(Accept) } else { Next };
+                    p.push(J(BPF_JEQ_K, word, t, Skip((3 - w) * 2)));
+                }
             }
         }
     }
-    p.extend([
-        At(Drop),
-        S(BPF_RET_K, 0),
-        At(Accept),
-        S(BPF_RET_K, SNAP_LEN),
-    ]);
+    p.extend([At(Drop), S(BPF_RET_K, no), At(Accept), S(BPF_RET_K, yes)]);
     assemble(&p)
 }
 
-fn setsockopt_raw<T>(fd: RawFd, level: i32, name: i32, v: &T) -> io::Result<()> {
+/// Binds the packet socket `fd` to every protocol of the interface `index`.
+pub(crate) fn bind_all(fd: RawFd, index: i32) -> io::Result<()> {
+    // SAFETY: sockaddr_ll is plain data; all-zero is a valid value.
+    let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    sll.sll_family = libc::AF_PACKET as u16;
+    sll.sll_protocol = ETH_P_ALL.to_be();
+    sll.sll_ifindex = index;
+    // SAFETY: `sll` is a valid sockaddr_ll of the size passed.
+    let r = unsafe {
+        libc::bind(
+            fd,
+            (&sll as *const libc::sockaddr_ll).cast(),
+            std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Attaches `prog` to the socket `fd`.
+pub(crate) fn attach_filter(fd: RawFd, prog: &mut [libc::sock_filter]) -> io::Result<()> {
+    let fprog = libc::sock_fprog {
+        len: u16::try_from(prog.len()).map_err(|_| io::Error::other("filter too long"))?,
+        filter: prog.as_mut_ptr(),
+    };
+    setsockopt_raw(fd, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &fprog)
+}
+
+pub(crate) fn setsockopt_raw<T>(fd: RawFd, level: i32, name: i32, v: &T) -> io::Result<()> {
     // SAFETY: `v` is a live value of the size we pass; the kernel only reads it.
     let r = unsafe {
         libc::setsockopt(
@@ -423,7 +481,7 @@ fn be16(b: &[u8], at: usize) -> u16 {
 }
 
 /// The 16-bit ones' complement sum of `b` (an odd last byte padded with zero), folded.
-fn sum16(mut acc: u32, b: &[u8]) -> u32 {
+pub(crate) fn sum16(mut acc: u32, b: &[u8]) -> u32 {
     let mut c = b.chunks_exact(2);
     for w in &mut c {
         acc += u16::from_be_bytes([w[0], w[1]]) as u32;
@@ -835,6 +893,9 @@ pub struct RawConfig {
     pub mtu: u32,
     /// The receive ring's kind.
     pub ring: RingKind,
+    /// Answer ARP and neighbour solicitations for `addrs` with `mac`. Off when a guest's
+    /// virtio-net shares the interface ([`crate::vhu_net`]): the guest's stack answers.
+    pub answer_neighbours: bool,
 }
 
 /// How received frames reach the daemon.
@@ -865,6 +926,7 @@ pub struct RawTransport {
     /// Frames waiting for `sendmmsg`: (start in the slot, length, IPv4, destination MAC).
     tx_pending: Vec<(usize, usize, bool, [u8; 6])>,
     tx_blocked: bool,
+    answer_neighbours: bool,
 }
 
 impl RawTransport {
@@ -907,18 +969,19 @@ impl RawTransport {
         // SAFETY: `fd` was just created and is owned by nobody else.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         let raw = fd.as_raw_fd();
-        let mut prog = filter_program(&cfg.addrs).ok_or_else(|| {
+        let kind = if cfg.answer_neighbours {
+            FilterKind::RoceAndNeighbours
+        } else {
+            FilterKind::Roce
+        };
+        let mut prog = filter_program(&cfg.addrs, kind).ok_or_else(|| {
             RawError::Io(
                 "building the packet filter",
                 name.to_string(),
                 io::Error::other("too many addresses"),
             )
         })?;
-        let fprog = libc::sock_fprog {
-            len: prog.len() as u16,
-            filter: prog.as_mut_ptr(),
-        };
-        setsockopt_raw(raw, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &fprog)
+        attach_filter(raw, &mut prog)
             .map_err(|e| RawError::Io("SO_ATTACH_FILTER", name.to_string(), e))?;
         let version = match cfg.ring {
             RingKind::V3 => TPACKET_V3,
@@ -985,7 +1048,7 @@ impl RawTransport {
         let _ = setsockopt_raw(raw, libc::SOL_PACKET, PACKET_IGNORE_OUTGOING, &1i32);
         // The solicited-node groups of our IPv6 addresses, where neighbour solicitations for
         // them come (a NIC filters other multicast out).
-        for a in &cfg.addrs {
+        for a in cfg.addrs.iter().filter(|_| cfg.answer_neighbours) {
             if let IpAddr::V6(v6) = a {
                 // SAFETY: packet_mreq is plain data; all-zero is a valid value.
                 let mut mr: libc::packet_mreq = unsafe { std::mem::zeroed() };
@@ -999,22 +1062,7 @@ impl RawTransport {
             }
         }
         let _ = setsockopt_raw(raw, libc::SOL_SOCKET, libc::SO_SNDBUF, &(4i32 << 20));
-        // SAFETY: sockaddr_ll is plain data; all-zero is a valid value.
-        let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-        sll.sll_family = libc::AF_PACKET as u16;
-        sll.sll_protocol = ETH_P_ALL.to_be();
-        sll.sll_ifindex = info.index;
-        // SAFETY: `sll` is a valid sockaddr_ll of the size passed.
-        let r = unsafe {
-            libc::bind(
-                raw,
-                (&sll as *const libc::sockaddr_ll).cast(),
-                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-            )
-        };
-        if r < 0 {
-            return Err(io("bind"));
-        }
+        bind_all(raw, info.index).map_err(|e| RawError::Io("bind", name.to_string(), e))?;
         let mac = cfg.mac.unwrap_or(info.mac);
         let mut macs = vec![mac];
         if info.mac != mac {
@@ -1036,6 +1084,7 @@ impl RawTransport {
             tx_buf: vec![0; TX_BATCH * TX_SLOT],
             tx_pending: Vec::with_capacity(TX_BATCH),
             tx_blocked: false,
+            answer_neighbours: cfg.answer_neighbours,
         })
     }
 
@@ -1155,14 +1204,15 @@ impl RawTransport {
             return;
         }
         let frame = &self.ring.block(b)[f.at..f.at + f.snap];
-        if frame.len() >= ETH_LEN && be16(frame, 12) == ETH_P_ARP {
+        if !self.answer_neighbours {
+            // (The filter passes RoCE only.)
+        } else if frame.len() >= ETH_LEN && be16(frame, 12) == ETH_P_ARP {
             match arp_reply(&self.local, self.mac, frame) {
                 Some(r) => self.send_answer(&r, ETH_P_ARP),
                 None => self.stats.rx_arp_ignored += 1,
             }
             return;
-        }
-        if frame.len() > ETH_LEN + 6
+        } else if frame.len() > ETH_LEN + 6
             && be16(frame, 12) == ETH_P_IPV6
             && frame[ETH_LEN + 6] == ICMPV6
         {
@@ -1705,7 +1755,7 @@ mod tests {
             "10.79.0.3".parse().unwrap(),
             "fd79::3".parse().unwrap(),
         ];
-        let prog = filter_program(&addrs).unwrap();
+        let prog = filter_program(&addrs, FilterKind::RoceAndNeighbours).unwrap();
         for (s, d, want) in [
             ("10.79.0.1", "10.79.0.2", true),
             ("10.79.0.1", "10.79.0.3", true),
@@ -1737,7 +1787,44 @@ mod tests {
                 ]
             })
             .collect();
-        assert!(filter_program(&many).is_some());
+        assert!(filter_program(&many, FilterKind::RoceAndNeighbours).is_some());
+    }
+
+    #[test]
+    fn beside_a_virtio_net_the_two_filters_split_every_frame() {
+        let addrs: Vec<IpAddr> = vec!["10.79.0.2".parse().unwrap(), "fd79::2".parse().unwrap()];
+        let roce = filter_program(&addrs, FilterKind::Roce).unwrap();
+        let rest = filter_program(&addrs, FilterKind::NotRoce).unwrap();
+        let peer = [0x02, 0x79, 0, 0, 0, 0x0b];
+        let mut frames = vec![
+            ("roce v4", frame("10.79.0.1", "10.79.0.2", 8), true),
+            ("roce v6", frame("fd79::1", "fd79::2", 8), true),
+            (
+                "udp v4 to another",
+                frame("10.79.0.1", "10.79.0.3", 8),
+                false,
+            ),
+            ("udp v6 to another", frame("fd79::1", "fd79::3", 8), false),
+            ("arp", arp_request(peer, "10.79.0.1", "10.79.0.2"), false),
+            ("nd", nd_solicit(peer, "fd79::1", "fd79::2"), false),
+            ("runt", vec![0u8; 10], false),
+        ];
+        let mut port = frame("10.79.0.1", "10.79.0.2", 8);
+        port[36..38].copy_from_slice(&4792u16.to_be_bytes());
+        frames.push(("udp v4 other port", port, false));
+        let mut frag = frame("10.79.0.1", "10.79.0.2", 8);
+        frag[20] |= 0x20;
+        frames.push(("fragment", frag, false));
+        let mut tcp = frame("fd79::1", "fd79::2", 8);
+        tcp[20] = 6;
+        frames.push(("tcp v6", tcp, false));
+        let mut vlan = frame("10.79.0.1", "10.79.0.2", 8);
+        vlan[12..14].copy_from_slice(&0x8100u16.to_be_bytes());
+        frames.push(("tagged", vlan, false));
+        for (what, f, is_roce) in frames {
+            assert_eq!(run_bpf(&roce, &f) != 0, is_roce, "{what}: raw transport");
+            assert_eq!(run_bpf(&rest, &f) != 0, !is_roce, "{what}: virtio-net");
+        }
     }
 
     /// An ARP request (Ethernet, IPv4) from `sha`/`spa` for `tpa`.
@@ -1783,7 +1870,7 @@ mod tests {
         assert!(arp_reply(&l, ours, &frame("10.79.0.1", "10.79.0.2", 8)).is_none());
         // the kernel filter lets exactly the ARP for our IPv4 addresses through
         let addrs: Vec<IpAddr> = vec!["10.79.0.2".parse().unwrap(), "fd79::2".parse().unwrap()];
-        let prog = filter_program(&addrs).unwrap();
+        let prog = filter_program(&addrs, FilterKind::RoceAndNeighbours).unwrap();
         assert_ne!(run_bpf(&prog, &f), 0, "ARP for 10.79.0.2");
         let other = arp_request(peer, "10.79.0.1", "10.79.0.3");
         assert_eq!(run_bpf(&prog, &other), 0, "ARP for 10.79.0.3");
@@ -1871,7 +1958,7 @@ mod tests {
         assert!(nd_reply(&l, ours, &frame("fd79::1", "fd79::2", 8)).is_none());
         // the kernel filter lets exactly the solicitations for our IPv6 addresses through
         let addrs: Vec<IpAddr> = vec!["10.79.0.2".parse().unwrap(), "fd79::2".parse().unwrap()];
-        let prog = filter_program(&addrs).unwrap();
+        let prog = filter_program(&addrs, FilterKind::RoceAndNeighbours).unwrap();
         assert_ne!(run_bpf(&prog, &ns), 0, "NS for fd79::2");
         let other = nd_solicit(peer, "fd79::1", "fd79::3");
         assert_eq!(run_bpf(&prog, &other), 0, "NS for fd79::3");
@@ -1889,6 +1976,7 @@ mod tests {
             mac: None,
             mtu: 1500,
             ring: RingKind::V3,
+            answer_neighbours: true,
         };
         match RawTransport::open(&cfg) {
             Err(RawError::NoSuchInterface(i)) => assert_eq!(i, "vur-nosuch0"),

@@ -30,6 +30,7 @@ use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
 use vmm_sys_util::eventfd::EventFd;
 
 pub mod cloud_hypervisor;
+pub mod net;
 pub mod netns;
 pub mod scale;
 

@@ -11,17 +11,14 @@
 //! Skipped (one line saying why) when not root or without iproute2.
 
 use std::net::SocketAddr;
-use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use rxe_core::verbs::*;
+use common::{bin, send_write_read};
 use vur_testguest::netns::{self, Capture};
 use vur_testguest::*;
 
-fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_vur-daemon"))
-}
+mod common;
 
 const MAC_A: [u8; 6] = [0x02, 0x79, 0, 0, 0, 0x0a];
 const MAC_B: [u8; 6] = [0x02, 0x79, 0, 0, 0, 0x0b];
@@ -56,65 +53,6 @@ fn raw_node(iface: &str, mac: [u8; 6], ip: &str, ring: &str) -> Node {
 fn counter(n: &Node, key: &str) -> u64 {
     let c = n.daemon.counters().expect("counters");
     json_u64(&c, "transport", key).unwrap_or_else(|| panic!("no {key} in {c}"))
-}
-
-/// RC SEND (3 packets), WRITE and READ of 64 KiB from `a` to `b`, data checked.
-fn send_write_read(a: &mut Node, b: &mut Node) {
-    let (ea, eb) = connect_qps(a, b, &ConnOpts::default()).expect("connect");
-    let access = Access::LOCAL_WRITE.union(Access::REMOTE);
-    let len = 64 << 10;
-    let sa = a.guest.reg_mr(ea.pd, len, access).unwrap();
-    let sb = b.guest.reg_mr(eb.pd, len, access).unwrap();
-    let wait = Duration::from_secs(10);
-    // SEND of 3000 bytes (three packets at MTU 1024).
-    let msg: Vec<u8> = (0..3000u32).map(|i| (i * 7) as u8).collect();
-    sa.buf.write(0, &msg);
-    b.guest
-        .post_recv(
-            &eb.qp,
-            &RecvWr {
-                wr_id: 42,
-                sg_list: vec![sb.sge(0, len as u32)].into(),
-            },
-        )
-        .unwrap();
-    a.guest
-        .post_send(&ea.qp, &SendWr::new(1, SendOp::Send, vec![sa.sge(0, 3000)]))
-        .unwrap();
-    let wa = a.guest.wait_cq(&ea.cq, 1, wait);
-    let wb = b.guest.wait_cq(&eb.cq, 1, wait);
-    assert_eq!(wa.len(), 1, "send completion");
-    assert_eq!((wa[0].wr_id, wa[0].status), (1, 0));
-    assert_eq!(wb.len(), 1, "receive completion");
-    assert_eq!((wb[0].wr_id, wb[0].status, wb[0].byte_len), (42, 0, 3000));
-    assert_eq!(sb.buf.to_vec(0, 3000), msg);
-    // WRITE 64 KiB into b.
-    let data: Vec<u8> = (0..len as u32).map(|i| (i % 251) as u8).collect();
-    sa.buf.write(0, &data);
-    let write = SendOp::Write {
-        remote_addr: sb.iova,
-        rkey: sb.rkey,
-    };
-    a.guest
-        .post_send(&ea.qp, &SendWr::new(2, write, vec![sa.sge(0, len as u32)]))
-        .unwrap();
-    let w = a.guest.wait_cq(&ea.cq, 1, wait);
-    assert_eq!(w.len(), 1, "write completion");
-    assert_eq!((w[0].wr_id, w[0].status), (2, 0));
-    assert!(sb.buf.to_vec(0, len) == data, "written data");
-    // READ it back into a fresh buffer of a.
-    let ra = a.guest.reg_mr(ea.pd, len, access).unwrap();
-    let read = SendOp::Read {
-        remote_addr: sb.iova,
-        rkey: sb.rkey,
-    };
-    a.guest
-        .post_send(&ea.qp, &SendWr::new(3, read, vec![ra.sge(0, len as u32)]))
-        .unwrap();
-    let w = a.guest.wait_cq(&ea.cq, 1, wait);
-    assert_eq!(w.len(), 1, "read completion");
-    assert_eq!((w[0].wr_id, w[0].status), (3, 0));
-    assert!(ra.buf.to_vec(0, len) == data, "read data");
 }
 
 fn be16(b: &[u8], at: usize) -> u16 {

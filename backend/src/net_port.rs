@@ -1,0 +1,146 @@
+//! The guest's virtio-net side of a host interface: an AF_PACKET socket on the interface the
+//! raw transport uses, whose kernel filter keeps exactly what the raw transport's drops
+//! ([`FilterKind::NotRoce`]): RoCEv2 to the guest's addresses is the engine's, every other
+//! frame the guest's. Frames carry a virtio-net header both ways (`PACKET_VNET_HDR`), so
+//! checksum offload and TSO pass between the guest and the host's stack unchanged.
+
+use std::io;
+use std::net::IpAddr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+use crate::raw::{
+    attach_filter, bind_all, filter_program, iface_info, setsockopt_raw, FilterKind, RawError,
+};
+
+const PACKET_ADD_MEMBERSHIP: i32 = 1;
+const PACKET_MR_PROMISC: u16 = 1;
+const PACKET_VNET_HDR: i32 = 15;
+const PACKET_IGNORE_OUTGOING: i32 = 23;
+
+/// Length of the header `PACKET_VNET_HDR` puts before a frame (`struct virtio_net_hdr`).
+pub const VNET_HDR: usize = 10;
+/// Largest frame either way: a 64 KiB TSO frame and its Ethernet header (VLAN tag included).
+pub const MAX_FRAME: usize = 65535 + 18;
+/// Longest a send waits for room in the socket's buffer before the frame is dropped.
+const SEND_TIMEOUT_MS: i64 = 100;
+
+/// The packet socket (see the module documentation).
+pub struct NetPort {
+    fd: OwnedFd,
+    iface: String,
+    mtu: u32,
+}
+
+impl NetPort {
+    /// Opens the socket on `iface`, keeping every frame but RoCEv2 to `roce_addrs`, and puts
+    /// the interface in promiscuous mode for as long as the socket lives (the guest's MAC is
+    /// not the interface's).
+    pub fn open(iface: &str, roce_addrs: &[IpAddr]) -> Result<Self, RawError> {
+        let info = iface_info(iface)?;
+        if !info.up {
+            return Err(RawError::InterfaceDown(iface.to_string()));
+        }
+        let err = |what, e| RawError::Io(what, iface.to_string(), e);
+        // Blocking (sends wait for room, up to SEND_TIMEOUT_MS); receives use MSG_DONTWAIT.
+        // Protocol 0 until bound: nothing is queued before the filter is in place.
+        // SAFETY: plain syscall; the result is checked and owned below.
+        let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+        if fd < 0 {
+            let e = io::Error::last_os_error();
+            return Err(match e.raw_os_error() {
+                Some(libc::EPERM) | Some(libc::EACCES) => RawError::NoCapNetRaw(iface.to_string()),
+                _ => err("socket(AF_PACKET)", e),
+            });
+        }
+        // SAFETY: `fd` was just created and is owned by nobody else.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let raw = fd.as_raw_fd();
+        let mut prog = filter_program(roce_addrs, FilterKind::NotRoce).ok_or_else(|| {
+            err(
+                "building the packet filter",
+                io::Error::other("too many addresses"),
+            )
+        })?;
+        attach_filter(raw, &mut prog).map_err(|e| err("SO_ATTACH_FILTER", e))?;
+        setsockopt_raw(raw, libc::SOL_PACKET, PACKET_VNET_HDR, &1i32)
+            .map_err(|e| err("PACKET_VNET_HDR", e))?;
+        // Frames any local socket sends out of the interface (ours, the raw transport's) are
+        // not input.
+        setsockopt_raw(raw, libc::SOL_PACKET, PACKET_IGNORE_OUTGOING, &1i32)
+            .map_err(|e| err("PACKET_IGNORE_OUTGOING", e))?;
+        let _ = setsockopt_raw(raw, libc::SOL_SOCKET, libc::SO_RCVBUF, &(4i32 << 20));
+        let _ = setsockopt_raw(raw, libc::SOL_SOCKET, libc::SO_SNDBUF, &(4i32 << 20));
+        let tv = libc::timeval {
+            tv_sec: 0,
+            tv_usec: SEND_TIMEOUT_MS * 1000,
+        };
+        setsockopt_raw(raw, libc::SOL_SOCKET, libc::SO_SNDTIMEO, &tv)
+            .map_err(|e| err("SO_SNDTIMEO", e))?;
+        bind_all(raw, info.index).map_err(|e| err("bind", e))?;
+        // SAFETY: packet_mreq is plain data; all-zero is a valid value.
+        let mut mr: libc::packet_mreq = unsafe { std::mem::zeroed() };
+        mr.mr_ifindex = info.index;
+        mr.mr_type = PACKET_MR_PROMISC;
+        setsockopt_raw(raw, libc::SOL_PACKET, PACKET_ADD_MEMBERSHIP, &mr)
+            .map_err(|e| err("promiscuous mode (PACKET_ADD_MEMBERSHIP)", e))?;
+        Ok(NetPort {
+            fd,
+            iface: iface.to_string(),
+            mtu: info.mtu,
+        })
+    }
+
+    pub fn fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    pub fn iface(&self) -> &str {
+        &self.iface
+    }
+
+    /// The interface's MTU.
+    pub fn mtu(&self) -> u32 {
+        self.mtu
+    }
+
+    /// Receives one frame, its [`VNET_HDR`]-byte header first, into `buf`: `Ok(None)` when
+    /// none is waiting, else its whole length (more than `buf.len()`: cut short).
+    pub fn recv(&self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+        loop {
+            // SAFETY: the kernel writes at most `buf.len()` bytes into the live buffer.
+            let r = unsafe {
+                libc::recv(
+                    self.fd(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    libc::MSG_DONTWAIT | libc::MSG_TRUNC,
+                )
+            };
+            if r >= 0 {
+                return Ok(Some(r as usize));
+            }
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::WouldBlock => return Ok(None),
+                io::ErrorKind::Interrupted => continue,
+                _ => return Err(e),
+            }
+        }
+    }
+
+    /// Sends one frame, its [`VNET_HDR`]-byte header first (the kernel checks the header:
+    /// a bad one is `InvalidInput`). Waits up to 100 ms for room in the socket's buffer.
+    pub fn send(&self, buf: &[u8]) -> io::Result<()> {
+        loop {
+            // SAFETY: the kernel reads at most `buf.len()` bytes of the live buffer.
+            let r = unsafe { libc::send(self.fd(), buf.as_ptr().cast(), buf.len(), 0) };
+            if r >= 0 {
+                return Ok(());
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+}

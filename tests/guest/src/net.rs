@@ -1,0 +1,172 @@
+//! A virtio-net driver for tests: connects to the daemon's `--net-socket` as a VMM and a guest
+//! driver would, with a receive and a transmit queue in its own guest memory.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost::vhost_user::{Frontend, VhostUserFrontend};
+use vhost::VhostBackend;
+
+use crate::{Error, GuestRam, Result, Virtq};
+
+pub const VIRTIO_NET_F_CSUM: u32 = 0;
+pub const VIRTIO_NET_F_GUEST_CSUM: u32 = 1;
+pub const VIRTIO_NET_F_GUEST_TSO4: u32 = 7;
+pub const VIRTIO_NET_F_HOST_TSO4: u32 = 11;
+pub const VIRTIO_NET_F_MRG_RXBUF: u32 = 15;
+pub const VIRTIO_F_VERSION_1: u32 = 32;
+/// The guest's header with VERSION_1 (`num_buffers` last).
+pub const HDR: usize = 12;
+
+/// One received frame.
+#[derive(Clone, Debug)]
+pub struct Received {
+    /// The virtio-net header the device wrote.
+    pub hdr: [u8; HDR],
+    /// The Ethernet frame, gathered from every buffer it took.
+    pub frame: Vec<u8>,
+    /// How many buffers it took.
+    pub buffers: u16,
+}
+
+pub struct NetGuest {
+    pub ram: Arc<GuestRam>,
+    _fe: Frontend,
+    rx: Virtq,
+    tx: Virtq,
+    rx_len: u32,
+    /// Receive buffer of each posted head.
+    rx_bufs: HashMap<u16, u64>,
+    tx_area: u64,
+    pub acked: u64,
+}
+
+impl NetGuest {
+    /// Connects to `socket` (retrying for up to 10 s while the daemon starts), acks the
+    /// offered features among `want` (VERSION_1 always), and posts `rx_n` receive buffers of
+    /// `rx_len` bytes.
+    pub fn connect(socket: &Path, want: u64, rx_n: u16, rx_len: u32) -> Result<NetGuest> {
+        let end = Instant::now() + Duration::from_secs(10);
+        let mut fe = loop {
+            match Frontend::connect(socket, 2) {
+                Ok(f) => break f,
+                Err(_) if Instant::now() < end => std::thread::sleep(Duration::from_millis(20)),
+                Err(e) => return Err(e.into()),
+            }
+        };
+        let ram = GuestRam::new(32 << 20)?;
+        fe.set_owner()?;
+        let offered = fe.get_features()?;
+        let want =
+            want | (1 << VIRTIO_F_VERSION_1) | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
+        let acked = offered & want;
+        if acked & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() != 0 {
+            let pf = fe.get_protocol_features()?;
+            fe.set_protocol_features(pf & VhostUserProtocolFeatures::REPLY_ACK)?;
+        }
+        fe.set_features(acked)?;
+        fe.set_mem_table(&ram.memory_regions())?;
+        let size = 256u16;
+        let mut qs = Vec::new();
+        for i in 0..2 {
+            let q = Virtq::new(&ram, size, false)?;
+            fe.set_vring_num(i, q.size)?;
+            fe.set_vring_addr(i, &q.config())?;
+            fe.set_vring_base(i, 0)?;
+            fe.set_vring_call(i, &q.call)?;
+            fe.set_vring_kick(i, &q.kick)?;
+            fe.set_vring_enable(i, true)?;
+            qs.push(q);
+        }
+        let tx = qs.pop().expect("2 queues");
+        let rx = qs.pop().expect("2 queues");
+        let tx_area = ram.alloc_contig(128 << 10, 4096)?;
+        let mut g = NetGuest {
+            ram,
+            _fe: fe,
+            rx,
+            tx,
+            rx_len,
+            rx_bufs: HashMap::new(),
+            tx_area,
+            acked,
+        };
+        let area = g.ram.alloc_contig(rx_n as u64 * rx_len as u64, 4096)?;
+        for i in 0..rx_n as u64 {
+            g.post_rx(area + i * rx_len as u64)?;
+        }
+        Ok(g)
+    }
+
+    fn post_rx(&mut self, gpa: u64) -> Result<()> {
+        let head = self
+            .rx
+            .add(&[(gpa, self.rx_len, true)])
+            .ok_or(Error::Timeout("receive queue full"))?;
+        self.rx_bufs.insert(head, gpa);
+        Ok(())
+    }
+
+    /// Transmits `frame` behind `hdr` (header and frame in two descriptors of one chain) and
+    /// waits for the device to use the chain.
+    pub fn send(&mut self, hdr: [u8; HDR], frame: &[u8]) -> Result<()> {
+        let a = self.tx_area;
+        self.ram.write(a, &hdr);
+        self.ram.write(a + 64, frame);
+        self.send_chain(&[(a, HDR as u32, false), (a + 64, frame.len() as u32, false)])
+    }
+
+    /// Transmits a chain the caller wrote (any shape, even a bad one) and waits for its use.
+    pub fn send_chain(&mut self, chain: &[(u64, u32, bool)]) -> Result<()> {
+        self.tx
+            .add(chain)
+            .ok_or(Error::Timeout("transmit queue full"))?;
+        self.tx
+            .wait_used(Duration::from_secs(5))
+            .ok_or(Error::Timeout("transmit buffer used"))?;
+        Ok(())
+    }
+
+    /// The transmit area (128 KiB of guest memory) for [`Self::send_chain`].
+    pub fn tx_area(&self) -> u64 {
+        self.tx_area
+    }
+
+    /// The next received frame within `timeout`; its buffers are posted again.
+    pub fn recv(&mut self, timeout: Duration) -> Option<Received> {
+        let end = Instant::now() + timeout;
+        let (head, len) = self.rx.wait_used(timeout)?;
+        let gpa = *self.rx_bufs.get(&head)?;
+        let mut first = vec![0u8; len as usize];
+        self.ram.read(gpa, &mut first);
+        if first.len() < HDR {
+            let _ = self.post_rx(gpa);
+            return Some(Received {
+                hdr: [0; HDR],
+                frame: Vec::new(),
+                buffers: 0,
+            });
+        }
+        let hdr: [u8; HDR] = first[..HDR].try_into().expect("header");
+        let buffers = u16::from_le_bytes([hdr[10], hdr[11]]);
+        let mut frame = first[HDR..].to_vec();
+        let _ = self.post_rx(gpa);
+        for _ in 1..buffers {
+            let left = end.saturating_duration_since(Instant::now());
+            let (h, l) = self.rx.wait_used(left.max(Duration::from_millis(100)))?;
+            let g = *self.rx_bufs.get(&h)?;
+            let mut b = vec![0u8; l as usize];
+            self.ram.read(g, &mut b);
+            frame.extend_from_slice(&b);
+            let _ = self.post_rx(g);
+        }
+        Some(Received {
+            hdr,
+            frame,
+            buffers,
+        })
+    }
+}

@@ -1,0 +1,374 @@
+//! The daemon as a guest's RoCE NIC (`--net-socket`): its virtio-net and its virtio-rdma
+//! device on one host interface, inside a network namespace each test creates (a veth pair:
+//! the daemon on `vh0`, the namespace's kernel on `vp0` with 10.79.0.1/24).
+//!
+//! The test plays the guest: a virtio-net driver ([`NetGuest`]) with a tiny IP stack that
+//! answers ARP and ping for 10.79.0.2, and the RDMA test guest on the same daemon.
+//!
+//! - ping from the kernel: ARP and ICMP pass both ways through the virtio-net rings, the
+//!   kernel learns the guest's MAC from the guest (not from the daemon);
+//! - UDP from the kernel to the guest: the checksum the kernel left partial is finished by
+//!   the daemon for a guest without GUEST_CSUM, and handed over as NEEDS_CSUM to one with it;
+//!   a datagram the guest sends with NEEDS_CSUM reaches the kernel's socket;
+//! - RC SEND, WRITE and READ between the guest's RDMA device (GID 10.79.0.2) and a udp
+//!   daemon on 10.79.0.1: the RoCE frames never reach the guest's virtio-net, everything
+//!   else (ARP) does;
+//! - bad transmit buffers are refused and counted, and the device goes on.
+//!
+//! Skipped (one line saying why) when not root or without iproute2.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{bin, send_write_read};
+use vur_testguest::net::*;
+use vur_testguest::netns;
+use vur_testguest::*;
+
+mod common;
+
+const GUEST_MAC: [u8; 6] = [0x52, 0x54, 0, 0x79, 0, 2];
+const HOST_MAC: [u8; 6] = [0x02, 0x79, 0, 0, 0, 0x0a];
+const PEER_MAC: [u8; 6] = [0x02, 0x79, 0, 0, 0, 0x0b];
+const GUEST_IP: [u8; 4] = [10, 79, 0, 2];
+const PEER_IP: [u8; 4] = [10, 79, 0, 1];
+
+fn run(test: &str, f: impl FnOnce() + Send + 'static) {
+    if let Some(why) = netns::unavailable() {
+        eprintln!("SKIP {test}: {why}");
+        return;
+    }
+    if let Err(why) = netns::run_in_new_netns(f) {
+        eprintln!("SKIP {test}: cannot create a network namespace: {why}");
+    }
+}
+
+/// The veth pair, the peer's address, and the NIC daemon on `vh0`; returns the daemon and
+/// its virtio-net socket.
+fn nic_daemon() -> (Daemon, PathBuf) {
+    netns::veth_pair("vh0", HOST_MAC, "vp0", PEER_MAC).expect("veth pair");
+    netns::ip(&["addr", "add", "10.79.0.1/24", "dev", "vp0"]).unwrap();
+    // One path per test: the tests of this file run side by side in one process.
+    static N: AtomicU32 = AtomicU32::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let net = std::env::temp_dir().join(format!("vur-nic-{}-{n}.sock", std::process::id()));
+    let guest_mac = netns::mac_str(GUEST_MAC);
+    let args = [
+        "--iface",
+        "vh0",
+        "--raw-addr",
+        "10.79.0.2",
+        "--mac",
+        &guest_mac,
+        "--net-socket",
+        net.to_str().unwrap(),
+    ];
+    let d = Daemon::spawn(bin(), "10.79.0.2:4791".parse().unwrap(), &args).expect("daemon");
+    (d, net)
+}
+
+fn be16(b: &[u8], at: usize) -> u16 {
+    u16::from_be_bytes([b[at], b[at + 1]])
+}
+
+fn csum(data: &[u8], mut sum: u32) -> u16 {
+    for c in data.chunks(2) {
+        sum += u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]) as u32;
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// What the guest's stack saw.
+#[derive(Debug, Default)]
+struct Seen {
+    arp_requests: u32,
+    pings: u32,
+    roce: u32,
+    udp: Vec<Received>,
+}
+
+/// The guest's IP stack, as small as the tests need: answers ARP for 10.79.0.2 and ICMP
+/// echo, counts RoCE, keeps other UDP; until `stop`.
+fn guest_stack(mut g: NetGuest, stop: Arc<AtomicBool>, seen: Arc<Mutex<Seen>>) -> NetGuest {
+    while !stop.load(Ordering::Relaxed) {
+        let Some(r) = g.recv(Duration::from_millis(50)) else {
+            continue;
+        };
+        let f = &r.frame;
+        if f.len() < 42 {
+            continue;
+        }
+        let mut s = seen.lock().unwrap();
+        if be16(f, 12) == 0x0806 && be16(f, 20) == 1 && f[38..42] == GUEST_IP {
+            s.arp_requests += 1;
+            let mut a = f[6..12].to_vec();
+            a.extend_from_slice(&GUEST_MAC);
+            a.extend_from_slice(&[0x08, 0x06, 0, 1, 8, 0, 6, 4, 0, 2]);
+            a.extend_from_slice(&GUEST_MAC);
+            a.extend_from_slice(&GUEST_IP);
+            a.extend_from_slice(&f[22..32]);
+            drop(s);
+            g.send([0; HDR], &a).expect("ARP reply");
+        } else if be16(f, 12) == 0x0800 && f[30..34] == GUEST_IP {
+            let ihl = (f[14] & 15) as usize * 4;
+            let l4 = 14 + ihl;
+            match f[23] {
+                1 if f[l4] == 8 => {
+                    s.pings += 1;
+                    let mut e = f.clone();
+                    e[..6].copy_from_slice(&f[6..12]);
+                    e[6..12].copy_from_slice(&GUEST_MAC);
+                    e[26..30].copy_from_slice(&f[30..34]);
+                    e[30..34].copy_from_slice(&f[26..30]);
+                    e[l4] = 0;
+                    e[l4 + 2..l4 + 4].copy_from_slice(&[0, 0]);
+                    let c = csum(&e[l4..], 0);
+                    e[l4 + 2..l4 + 4].copy_from_slice(&c.to_be_bytes());
+                    drop(s);
+                    g.send([0; HDR], &e).expect("echo reply");
+                }
+                17 if be16(f, l4 + 2) == 4791 => s.roce += 1,
+                17 => s.udp.push(r.clone()),
+                _ => {}
+            }
+        }
+    }
+    g
+}
+
+/// Runs [`guest_stack`] on a thread; stop it with the flag, get the guest back by joining.
+fn start_stack(
+    g: NetGuest,
+) -> (
+    Arc<AtomicBool>,
+    Arc<Mutex<Seen>>,
+    std::thread::JoinHandle<NetGuest>,
+) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let (s, n) = (stop.clone(), seen.clone());
+    let t = std::thread::spawn(move || guest_stack(g, s, n));
+    (stop, seen, t)
+}
+
+fn net_counter(d: &Daemon, key: &str) -> u64 {
+    let c = d.counters().expect("counters");
+    json_u64(&c, "net", key).unwrap_or_else(|| panic!("no net.{key} in {c}"))
+}
+
+fn transport_counter(d: &Daemon, key: &str) -> u64 {
+    let c = d.counters().expect("counters");
+    json_u64(&c, "transport", key).unwrap_or_else(|| panic!("no transport.{key} in {c}"))
+}
+
+fn neighbour_of(ip: &str) -> String {
+    let o = Command::new("ip")
+        .args(["neigh", "show", ip, "dev", "vp0"])
+        .output()
+        .expect("ip neigh");
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn the_guest_answers_arp_and_ping_through_its_virtio_net() {
+    run(
+        "the_guest_answers_arp_and_ping_through_its_virtio_net",
+        || {
+            let (d, net) = nic_daemon();
+            let g = NetGuest::connect(&net, 0, 64, 2048).expect("virtio-net");
+            let (stop, seen, t) = start_stack(g);
+            let out = Command::new("ping")
+                .args(["-c", "3", "-i", "0.2", "-W", "5", "10.79.0.2"])
+                .output()
+                .expect("ping");
+            stop.store(true, Ordering::Relaxed);
+            t.join().expect("guest stack");
+            assert!(
+                out.status.success(),
+                "ping 10.79.0.2: {}",
+                String::from_utf8_lossy(&out.stdout)
+            );
+            let s = seen.lock().unwrap();
+            assert!(s.arp_requests >= 1, "{s:?}");
+            assert_eq!(s.pings, 3, "{s:?}");
+            assert!(
+                neighbour_of("10.79.0.2").contains(&netns::mac_str(GUEST_MAC)),
+                "the kernel's entry for the guest: {}",
+                neighbour_of("10.79.0.2")
+            );
+            // The guest answered, not the daemon's raw transport.
+            assert_eq!(transport_counter(&d, "arp_replies"), 0);
+            assert!(
+                net_counter(&d, "tx_frames") >= 4,
+                "ARP reply and 3 echo replies"
+            );
+            assert!(net_counter(&d, "rx_frames") >= 4);
+            for k in ["tx_bad", "tx_dropped", "rx_dropped", "faults", "rx_errors"] {
+                assert_eq!(net_counter(&d, k), 0, "net.{k}");
+            }
+        },
+    );
+}
+
+/// A datagram from the kernel on vp0 to the guest's port 9000; returns what the guest got.
+fn udp_to_guest(d: &Daemon, g: NetGuest, payload: &[u8]) -> (NetGuest, Received) {
+    let (stop, seen, t) = start_stack(g);
+    let s = UdpSocket::bind("10.79.0.1:0").unwrap();
+    let end = Instant::now() + Duration::from_secs(10);
+    let got = loop {
+        // Until the kernel has resolved the guest (the first datagram waits for ARP).
+        s.send_to(payload, "10.79.0.2:9000").unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        if let Some(r) = seen.lock().unwrap().udp.first().cloned() {
+            break r;
+        }
+        assert!(
+            Instant::now() < end,
+            "no datagram reached the guest: {:?}, counters {}",
+            seen.lock().unwrap(),
+            d.counters().unwrap_or_default()
+        );
+    };
+    stop.store(true, Ordering::Relaxed);
+    (t.join().expect("guest stack"), got)
+}
+
+#[test]
+fn checksums_the_kernel_left_partial_are_finished_or_handed_over() {
+    run(
+        "checksums_the_kernel_left_partial_are_finished_or_handed_over",
+        || {
+            let (d, net) = nic_daemon();
+            let payload: Vec<u8> = (0..301u32).map(|i| (i * 13) as u8).collect();
+            // A guest without GUEST_CSUM: a complete, right checksum and no flag.
+            let g = NetGuest::connect(&net, 0, 64, 2048).expect("virtio-net");
+            let (g, r) = udp_to_guest(&d, g, &payload);
+            let f = &r.frame;
+            assert_eq!(r.hdr[0], 0, "flags for a guest without GUEST_CSUM");
+            assert_eq!(&f[42..], &payload[..]);
+            let pseudo: u32 = [&f[26..28], &f[28..30], &f[30..32], &f[32..34]]
+                .iter()
+                .map(|w| be16(w, 0) as u32)
+                .sum::<u32>()
+                + 17
+                + (f.len() - 34) as u32;
+            assert_eq!(csum(&f[34..], pseudo), 0, "UDP checksum verifies");
+            let done = net_counter(&d, "rx_csum_done");
+            assert!(
+                done >= 1,
+                "the kernel left the checksum partial; the daemon finished it"
+            );
+            drop(g);
+            // The same to a guest with GUEST_CSUM: NEEDS_CSUM, where the checksum is.
+            std::thread::sleep(Duration::from_millis(200));
+            let want = (1 << VIRTIO_NET_F_GUEST_CSUM) | (1 << VIRTIO_NET_F_CSUM);
+            let g = NetGuest::connect(&net, want, 64, 2048).expect("virtio-net again");
+            assert_ne!(g.acked & (1 << VIRTIO_NET_F_GUEST_CSUM), 0);
+            let (mut g, r) = udp_to_guest(&d, g, &payload);
+            assert_eq!(r.hdr[0] & 1, 1, "NEEDS_CSUM for a guest with GUEST_CSUM");
+            let start = u16::from_le_bytes([r.hdr[6], r.hdr[7]]);
+            let off = u16::from_le_bytes([r.hdr[8], r.hdr[9]]);
+            assert_eq!((start, off), (34, 6), "UDP checksum at 34 + 6");
+            assert_eq!(
+                net_counter(&d, "rx_csum_done"),
+                done,
+                "none finished for it"
+            );
+            // And back: the guest leaves its checksum to the host (pseudo-header sum only).
+            let sock = UdpSocket::bind("10.79.0.1:9001").unwrap();
+            sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let mut e = r.frame.clone();
+            e[..6].copy_from_slice(&r.frame[6..12]);
+            e[6..12].copy_from_slice(&GUEST_MAC);
+            e[26..30].copy_from_slice(&GUEST_IP);
+            e[30..34].copy_from_slice(&PEER_IP);
+            e[34..36].copy_from_slice(&9000u16.to_be_bytes());
+            e[36..38].copy_from_slice(&9001u16.to_be_bytes());
+            let pseudo = 0x0a4f + 0x0002 + 0x0a4f + 0x0001 + 17 + (e.len() - 34) as u32;
+            e[40..42].copy_from_slice(&(!csum(&[], pseudo)).to_be_bytes());
+            let mut hdr = [0u8; HDR];
+            hdr[0] = 1; // NEEDS_CSUM
+            hdr[6..8].copy_from_slice(&34u16.to_le_bytes());
+            hdr[8..10].copy_from_slice(&6u16.to_le_bytes());
+            g.send(hdr, &e).expect("send");
+            let mut buf = [0u8; 2048];
+            let (n, from) = sock
+                .recv_from(&mut buf)
+                .expect("the kernel took the guest's datagram (its checksum was finished)");
+            assert_eq!(&buf[..n], &payload[..]);
+            assert_eq!(from, "10.79.0.2:9000".parse::<SocketAddr>().unwrap());
+        },
+    );
+}
+
+#[test]
+fn roce_to_the_guests_address_ends_in_its_rdma_device() {
+    run("roce_to_the_guests_address_ends_in_its_rdma_device", || {
+        let (d, net) = nic_daemon();
+        let g = NetGuest::connect(&net, 0, 64, 2048).expect("virtio-net");
+        let (stop, seen, t) = start_stack(g);
+        // The guest's RDMA device, its GID the guest's address.
+        let mut guest = Guest::connect(&d.socket, GuestOpts::default()).expect("rdma guest");
+        let gid = rxe_core::Gid::from_ip("10.79.0.2".parse().unwrap());
+        guest.add_gid(0, gid).unwrap();
+        let mut a = Node {
+            daemon: d,
+            guest,
+            gid,
+            mac: GUEST_MAC,
+        };
+        // A udp daemon on the peer's address: the kernel on vp0 carries its RoCE.
+        let mut b = Node::start(bin(), "10.79.0.1:4791".parse().unwrap(), &[]).expect("udp node");
+        b.mac = PEER_MAC;
+        send_write_read(&mut a, &mut b);
+        send_write_read(&mut b, &mut a);
+        stop.store(true, Ordering::Relaxed);
+        t.join().expect("guest stack");
+        let s = seen.lock().unwrap();
+        assert_eq!(
+            s.roce, 0,
+            "RoCE frames reached the guest's virtio-net: {s:?}"
+        );
+        assert!(
+            s.arp_requests >= 1,
+            "the kernel asked the guest for its MAC: {s:?}"
+        );
+        assert!(transport_counter(&a.daemon, "rx_icrc_ok") > 0);
+        assert_eq!(transport_counter(&a.daemon, "arp_replies"), 0);
+        assert_eq!(transport_counter(&a.daemon, "rx_icrc_bad"), 0);
+    });
+}
+
+#[test]
+fn bad_transmit_buffers_are_refused_and_counted() {
+    run("bad_transmit_buffers_are_refused_and_counted", || {
+        let (d, net) = nic_daemon();
+        let mut g = NetGuest::connect(&net, 0, 64, 2048).expect("virtio-net");
+        let a = g.tx_area();
+        // Shorter than a header and an Ethernet header; longer than any frame; outside
+        // guest memory; a device-writable buffer.
+        g.send_chain(&[(a, 20, false)]).expect("short");
+        g.send_chain(&[(a, 70_000, false)]).expect("long");
+        g.send_chain(&[(1 << 40, 100, false)]).expect("outside");
+        g.send_chain(&[(a, 100, true)]).expect("writable");
+        assert_eq!(net_counter(&d, "tx_frames"), 0);
+        assert!(net_counter(&d, "tx_bad") + net_counter(&d, "faults") >= 4);
+        // Still a working NIC: a gratuitous ARP reaches the kernel.
+        let mut arp = vec![0xff; 6];
+        arp.extend_from_slice(&GUEST_MAC);
+        arp.extend_from_slice(&[0x08, 0x06, 0, 1, 8, 0, 6, 4, 0, 2]);
+        arp.extend_from_slice(&GUEST_MAC);
+        arp.extend_from_slice(&GUEST_IP);
+        arp.extend_from_slice(&[0xff; 6]);
+        arp.extend_from_slice(&GUEST_IP);
+        g.send([0; HDR], &arp).expect("gratuitous ARP");
+        assert_eq!(net_counter(&d, "tx_frames"), 1);
+    });
+}
