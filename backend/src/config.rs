@@ -155,6 +155,11 @@ pub enum ConfigError {
     NetNeedsIface,
     #[error("--net-socket needs --mac, the MAC the VMM gives the guest's virtio-net")]
     NetNeedsMac,
+    #[error(
+        "--net-socket takes no --raw-addr: RoCE is taken for the addresses the guest gives its \
+         RDMA device (its GID table, which follows its virtio-net's addresses)"
+    )]
+    NetRawAddr,
     #[error("--net-socket and --socket-path must be different paths")]
     NetSamePath,
 }
@@ -217,8 +222,11 @@ impl TryFrom<Args> for Config {
             (TransportKind::Udp, _) => None,
             (TransportKind::Raw, None) => return Err(ConfigError::RawNeedsIface),
             (TransportKind::Raw, Some(iface)) => {
-                if a.raw_addr.is_empty() {
+                if a.raw_addr.is_empty() && a.net_socket.is_none() {
                     return Err(ConfigError::RawNeedsAddr);
+                }
+                if !a.raw_addr.is_empty() && a.net_socket.is_some() {
+                    return Err(ConfigError::NetRawAddr);
                 }
                 if a.raw_addr.len() > 8 {
                     return Err(ConfigError::RawAddrCount(8));
@@ -261,7 +269,11 @@ impl TryFrom<Args> for Config {
         }
         let mac = mac.unwrap_or([2, 0, 0, 0, 0, 1]);
         let local_ip = match &raw {
-            Some(r) => r.addrs[0],
+            Some(r) => r
+                .addrs
+                .first()
+                .copied()
+                .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)),
             None => a.udp_addr.ip(),
         };
         if raw.is_none() && a.udp_addr.ip().is_unspecified() {
@@ -480,8 +492,6 @@ mod tests {
         let nic = [
             "--iface",
             "vh0",
-            "--raw-addr",
-            "10.79.0.2",
             "--mac",
             "52:54:00:79:00:02",
             "--net-socket",
@@ -491,20 +501,26 @@ mod tests {
         assert_eq!(c.net_socket.as_deref(), Some(std::path::Path::new("/n")));
         let r = c.raw.unwrap();
         assert_eq!(r.mac, Some([0x52, 0x54, 0, 0x79, 0, 2]));
+        assert!(r.addrs.is_empty(), "the guest's GIDs, once it adds them");
         assert!(!r.answer_neighbours, "the guest's stack answers ARP and ND");
-        let plain = Config::try_from(args(&nic[..6])).unwrap();
+        let plain =
+            Config::try_from(args(&[&nic[..4], &["--raw-addr", "10.79.0.2"]].concat())).unwrap();
         assert!(plain.raw.unwrap().answer_neighbours);
+        assert_eq!(
+            Config::try_from(args(&[&nic[..], &["--raw-addr", "10.79.0.2"]].concat())).unwrap_err(),
+            ConfigError::NetRawAddr
+        );
         assert_eq!(
             Config::try_from(args(&["--net-socket", "/n"])).unwrap_err(),
             ConfigError::NetNeedsIface
         );
-        let no_mac = [&nic[..4], &nic[6..]].concat();
+        let no_mac = [&nic[..2], &nic[4..]].concat();
         assert_eq!(
             Config::try_from(args(&no_mac)).unwrap_err(),
             ConfigError::NetNeedsMac
         );
         let mut same = nic.to_vec();
-        same[7] = "/tmp/x.sock";
+        same[5] = "/tmp/x.sock";
         assert_eq!(
             Config::try_from(args(&same)).unwrap_err(),
             ConfigError::NetSamePath

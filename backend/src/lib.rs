@@ -138,16 +138,15 @@ pub fn start_backend(mut config: Config) -> Result<(), Error> {
         (Some(p), Some(r)) => {
             let port = net_port::NetPort::open(&r.iface, &r.addrs)?;
             log::info!(
-                "virtio-net on {} (MTU {}): every frame but RoCEv2 to {:?}",
+                "virtio-net on {} (MTU {}): every frame but RoCEv2 to the guest's GIDs",
                 port.iface(),
                 port.mtu(),
-                r.addrs
             );
-            Some((
-                p.clone(),
-                Arc::new(port),
-                Arc::new(vhu_net::NetStats::default()),
-            ))
+            let port = Arc::new(port);
+            if let Transport::Raw(t) = &mut transport {
+                t.set_companion(port.clone());
+            }
+            Some((p.clone(), port, Arc::new(vhu_net::NetStats::default())))
         }
         _ => None,
     };
@@ -289,6 +288,15 @@ pub fn start_backend(mut config: Config) -> Result<(), Error> {
             .unwrap_or_else(|e| e.into_inner())
             .take();
         *shared.backend.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        // The guest's addresses went with it: RoCE to them is its virtio-net's again.
+        if let Err(e) = shared
+            .transport
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .follow_gids(&[])
+        {
+            log::warn!("giving the guest's addresses back to its virtio-net: {e}");
+        }
         // Dropping the daemon stops and joins its worker thread and closes its epoll.
         drop(daemon);
         backend.close_exit_fds();

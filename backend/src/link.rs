@@ -41,6 +41,23 @@ impl Transport {
         }
     }
 
+    /// Whether the addresses follow the guest's GID table (raw beside a virtio-net).
+    pub fn follows_gids(&self) -> bool {
+        matches!(self, Transport::Raw(t) if t.follows_gids())
+    }
+
+    /// Takes RoCE for the IP addresses of `gids` (see [`RawTransport::set_addrs`]); nothing
+    /// for a transport that does not follow the guest's GIDs.
+    pub fn follow_gids(&mut self, gids: &[Gid]) -> std::io::Result<()> {
+        match self {
+            Transport::Raw(t) if t.follows_gids() => {
+                let addrs: Vec<std::net::IpAddr> = gids.iter().map(|g| g.to_ip()).collect();
+                t.set_addrs(&addrs)
+            }
+            _ => Ok(()),
+        }
+    }
+
     pub fn stats(&self) -> TransportStats {
         each!(self, t => t.stats)
     }

@@ -252,6 +252,8 @@ pub struct Model {
     released: bool,
     /// GIDs the transport can send from. Empty: no restriction.
     source_gids: Vec<Gid>,
+    /// The GID table changed since [`Model::take_changed_gids`] last looked.
+    gids_changed: bool,
     /// GID table entries the transport cannot send from (index → GID): listed, so the guest's
     /// table is what its netdev has, but an address vector that names one is refused.
     listed_gids: std::collections::BTreeMap<u32, Gid>,
@@ -393,6 +395,7 @@ impl Model {
             stats: ModelStats::default(),
             released: false,
             source_gids: Vec::new(),
+            gids_changed: false,
             listed_gids: Default::default(),
             slot: Vec::new(),
             scratch: Vec::new(),
@@ -418,6 +421,16 @@ impl Model {
         self.rq_active.clear();
         self.lists.used = 0;
         self.listed_gids.clear();
+        self.gids_changed = true;
+    }
+
+    /// The distinct GIDs of the table, when it changed since the last call (ADD_GID,
+    /// DEL_GID, a reset): a transport that follows the guest's addresses takes them.
+    pub fn take_changed_gids(&mut self) -> Option<Vec<Gid>> {
+        if !std::mem::take(&mut self.gids_changed) {
+            return None;
+        }
+        Some(self.dev.gid_set().to_vec())
     }
 
     /// The page lists the device keeps against its cap.
@@ -847,12 +860,14 @@ impl Model {
                 }
                 self.dev.add_gid(c.index, g).map_err(verr)?;
                 self.listed_gids.remove(&c.index);
+                self.gids_changed = true;
                 Ok(Vec::new())
             }
             op::DEL_GID => {
                 let c: abi::Handle = cmd(b)?;
                 if self.listed_gids.remove(&c.handle).is_none() {
                     self.dev.del_gid(c.handle).map_err(verr)?;
+                    self.gids_changed = true;
                 }
                 Ok(Vec::new())
             }

@@ -90,6 +90,14 @@ impl NetPort {
         })
     }
 
+    /// Lets RoCEv2 to `addrs` go to the raw transport instead (the filter is replaced in
+    /// one step).
+    pub fn set_roce_addrs(&self, addrs: &[IpAddr]) -> io::Result<()> {
+        let mut prog = filter_program(addrs, FilterKind::NotRoce)
+            .ok_or_else(|| io::Error::other("too many addresses for the packet filter"))?;
+        attach_filter(self.fd(), &mut prog)
+    }
+
     pub fn fd(&self) -> RawFd {
         self.fd.as_raw_fd()
     }

@@ -23,12 +23,14 @@ use std::io;
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 
 use rxe_core::device::{RecvMeta, Transmit};
 use rxe_core::Gid;
 
 use crate::egress::EgressPolicy;
 use crate::model::PacketSink;
+use crate::net_port::NetPort;
 use crate::transport::TransportStats;
 
 /// Packets sent with one `sendmmsg`.
@@ -282,6 +284,9 @@ fn assemble(ops: &[Op]) -> Option<Vec<libc::sock_filter>> {
     }
     Some(out)
 }
+
+/// Most addresses of one family a filter holds (its jumps stay within 255 instructions).
+pub const MAX_ADDRS_PER_FAMILY: usize = 8;
 
 /// Which frames a packet filter keeps (see [`filter_program`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -927,6 +932,9 @@ pub struct RawTransport {
     tx_pending: Vec<(usize, usize, bool, [u8; 6])>,
     tx_blocked: bool,
     answer_neighbours: bool,
+    /// The guest's virtio-net socket on the same interface ([`crate::net_port`]): its filter
+    /// stays the complement of ours, and our addresses follow the guest's GID table.
+    companion: Option<Arc<NetPort>>,
 }
 
 impl RawTransport {
@@ -1085,7 +1093,58 @@ impl RawTransport {
             tx_pending: Vec::with_capacity(TX_BATCH),
             tx_blocked: false,
             answer_neighbours: cfg.answer_neighbours,
+            companion: None,
         })
+    }
+
+    /// Shares the interface with the guest's virtio-net socket `port`: from now on the
+    /// addresses are the guest's ([`Self::set_addrs`]), and what is not RoCE for them is the
+    /// port's.
+    pub fn set_companion(&mut self, port: Arc<NetPort>) {
+        self.companion = Some(port);
+    }
+
+    /// Whether the addresses follow the guest's GID table (a virtio-net shares the
+    /// interface).
+    pub fn follows_gids(&self) -> bool {
+        self.companion.is_some()
+    }
+
+    /// Makes `addrs` the addresses RoCE is taken for (at most [`MAX_ADDRS_PER_FAMILY`] of
+    /// each family), in the kernel filters of both sockets. A frame for an address being
+    /// added or removed goes to one socket or the other at every moment, never to both: an
+    /// address is taken by our filter before the virtio-net's lets it go, and the reverse
+    /// when it is removed.
+    pub fn set_addrs(&mut self, addrs: &[IpAddr]) -> io::Result<()> {
+        if addrs == self.local.addrs.as_slice() {
+            return Ok(());
+        }
+        let too_many = [true, false]
+            .iter()
+            .any(|&v4| addrs.iter().filter(|a| a.is_ipv4() == v4).count() > MAX_ADDRS_PER_FAMILY);
+        if too_many {
+            return Err(io::Error::other(format!(
+                "more than {MAX_ADDRS_PER_FAMILY} addresses of one family"
+            )));
+        }
+        let kind = if self.answer_neighbours {
+            FilterKind::RoceAndNeighbours
+        } else {
+            FilterKind::Roce
+        };
+        let mut ours = filter_program(addrs, kind).ok_or_else(|| io::Error::other("filter"))?;
+        let growing = self.local.addrs.iter().all(|a| addrs.contains(a));
+        if growing {
+            attach_filter(self.fd(), &mut ours)?;
+        }
+        if let Some(p) = &self.companion {
+            p.set_roce_addrs(addrs)?;
+        }
+        if !growing {
+            attach_filter(self.fd(), &mut ours)?;
+        }
+        self.local.addrs = addrs.to_vec();
+        Ok(())
     }
 
     /// Where packets may go ([`EgressPolicy`]).

@@ -1085,6 +1085,12 @@ impl VhostUserBackend for VhuRdma {
             }
         };
         self.pump_and_deliver(vrings, &mem, &mut model, true)?;
+        if let Some(gids) = model.take_changed_gids() {
+            // Beside the guest's virtio-net, RoCE is taken for exactly the guest's GIDs.
+            if let Err(e) = lock(&self.transport).follow_gids(&gids) {
+                log::warn!("taking RoCE for the guest's GIDs {gids:?}: {e}");
+            }
+        }
         if worked && lock(&self.window).enabled() {
             let window = {
                 let mut w = lock(&self.window);

@@ -334,6 +334,11 @@ impl Device {
         self.res.gids.get(index as usize).copied().flatten()
     }
 
+    /// The distinct GIDs in the table.
+    pub fn gid_set(&self) -> &[Gid] {
+        &self.res.gid_set
+    }
+
     pub fn alloc_pd(&mut self) -> Result<u32, VerbError> {
         self.res
             .pds

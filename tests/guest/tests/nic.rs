@@ -12,7 +12,7 @@
 //!   a datagram the guest sends with NEEDS_CSUM reaches the kernel's socket;
 //! - RC SEND, WRITE and READ between the guest's RDMA device (GID 10.79.0.2) and a udp
 //!   daemon on 10.79.0.1: the RoCE frames never reach the guest's virtio-net, everything
-//!   else (ARP) does;
+//!   else (ARP) does; once the guest deletes the GID, UDP 4791 to it is its stack's again;
 //! - bad transmit buffers are refused and counted, and the device goes on.
 //!
 //! Skipped (one line saying why) when not root or without iproute2.
@@ -60,8 +60,6 @@ fn nic_daemon() -> (Daemon, PathBuf) {
     let args = [
         "--iface",
         "vh0",
-        "--raw-addr",
-        "10.79.0.2",
         "--mac",
         &guest_mac,
         "--net-socket",
@@ -329,13 +327,29 @@ fn roce_to_the_guests_address_ends_in_its_rdma_device() {
         b.mac = PEER_MAC;
         send_write_read(&mut a, &mut b);
         send_write_read(&mut b, &mut a);
+        // A stray datagram to port 4791 of the guest's GID: the device's (and dropped there).
+        let stray = UdpSocket::bind("10.79.0.1:0").unwrap();
+        stray.send_to(b"not RoCE", "10.79.0.2:4791").unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(
+            seen.lock().unwrap().roce,
+            0,
+            "RoCE frames reached the virtio-net"
+        );
+        // Once the guest deletes the GID, port 4791 of that address is its stack's again.
+        a.guest.del_gid(0).unwrap();
+        let end = Instant::now() + Duration::from_secs(5);
+        while seen.lock().unwrap().roce == 0 {
+            assert!(
+                Instant::now() < end,
+                "the datagram never reached the virtio-net"
+            );
+            stray.send_to(b"not RoCE", "10.79.0.2:4791").unwrap();
+            std::thread::sleep(Duration::from_millis(50));
+        }
         stop.store(true, Ordering::Relaxed);
         t.join().expect("guest stack");
         let s = seen.lock().unwrap();
-        assert_eq!(
-            s.roce, 0,
-            "RoCE frames reached the guest's virtio-net: {s:?}"
-        );
         assert!(
             s.arp_requests >= 1,
             "the kernel asked the guest for its MAC: {s:?}"
