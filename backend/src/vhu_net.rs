@@ -27,9 +27,7 @@ use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRE
 use virtio_queue::{QueueOwnedT, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic};
 use vmm_sys_util::epoll::EventSet;
-use vmm_sys_util::event::{
-    new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
-};
+use vmm_sys_util::event::{EventConsumer, EventNotifier};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::guest_mem::GuestMemoryMmap;
@@ -240,7 +238,7 @@ impl VhuNet {
     /// Closes the exit eventfds the daemon's worker threads were given (their consumers
     /// live in the epoll handlers, which the daemon drops).
     pub fn close_exit_fds(&self) {
-        lock(&self.exit_fds).clear();
+        crate::vhu_rdma::close_exit_fds(&self.exit_fds);
     }
 
     fn hdr_len(&self) -> usize {
@@ -260,10 +258,13 @@ impl VhuNet {
         let mut used = 0usize;
         let mut st = vring.get_mut();
         let q = st.get_queue_mut();
+        // One more look after re-arming the guest's kicks (it may have added meanwhile), but
+        // only one: a ring whose index the guest made nonsense reads as "more" for ever.
+        let mut rechecked = false;
         loop {
             let Some(chain) = q.pop_descriptor_chain(mem) else {
-                // Re-arm the guest's kicks, then look once more (it may have added meanwhile).
-                if q.enable_notification(mem).map_err(io::Error::other)? {
+                if !rechecked && q.enable_notification(mem).map_err(io::Error::other)? {
+                    rechecked = true;
                     continue;
                 }
                 break;
@@ -335,6 +336,7 @@ impl VhuNet {
         let mut st = vring.get_mut();
         let q = st.get_queue_mut();
         let mut frames = 0;
+        let mut rechecked = false;
         while frames < BUDGET {
             let n = match io.rx_held.take() {
                 Some(n) => n,
@@ -380,9 +382,11 @@ impl VhuNet {
                     bump(&self.stats.faults);
                 }
                 Place::NoRoom => {
-                    // Keep the frame; the guest's next kick (re-armed here) brings it in.
+                    // Keep the frame; the guest's next kick (re-armed here) brings it in. One
+                    // more look if it added buffers meanwhile (only one: see `transmit`).
                     io.rx_held = Some(n);
-                    if q.enable_notification(mem).map_err(io::Error::other)? {
+                    if !rechecked && q.enable_notification(mem).map_err(io::Error::other)? {
+                        rechecked = true;
                         continue;
                     }
                     bump(&self.stats.rx_no_buffer);
@@ -390,7 +394,7 @@ impl VhuNet {
                 }
             }
         }
-        if frames >= BUDGET {
+        if frames >= BUDGET && io.rx_held.is_none() {
             let _ = self.more.write(1);
         }
         if placed > 0 && q.needs_notification(mem).map_err(io::Error::other)? {
@@ -592,10 +596,7 @@ impl VhostUserBackend for VhuNet {
     }
 
     fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
-        let (c, n) =
-            new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC).ok()?;
-        lock(&self.exit_fds).push(c.as_raw_fd());
-        Some((c, n))
+        crate::vhu_rdma::exit_event(&self.exit_fds)
     }
 
     fn handle_event(

@@ -130,6 +130,16 @@ impl NetGuest {
         Ok(())
     }
 
+    /// Writes nonsense into the transmit queue's available index (`delta` past the real one,
+    /// more than the ring holds) and kicks: a guest that broke its own ring.
+    pub fn break_tx_ring(&mut self, delta: u16) {
+        let bogus = self.tx.avail_idx.wrapping_add(delta);
+        self.ram
+            .atomic_u16(self.tx.avail + 2)
+            .store(bogus, std::sync::atomic::Ordering::Release);
+        let _ = self.tx.kick.write(1);
+    }
+
     /// The transmit area (128 KiB of guest memory) for [`Self::send_chain`].
     pub fn tx_area(&self) -> u64 {
         self.tx_area
