@@ -6,7 +6,8 @@
 //! [`config::Config`]; [`start_backend`] serves one frontend after another; [`vhu_rdma`] holds
 //! the `VhostUserBackend` impl; [`model`] is the device (commands, rings, engine pumping),
 //! testable without a socket; [`link`] the host attachment: [`transport`] the UDP socket or
-//! [`raw`] an interface's frames; [`counters`] the query socket.
+//! [`raw`] an interface's frames; [`counters`] the query socket; [`vhu_net`] the guest's
+//! virtio-net beside it (`--net-socket`), [`netlink`] the `link` helper for its interface.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
@@ -25,6 +26,7 @@ pub mod heap;
 pub mod link;
 pub mod model;
 pub mod net_port;
+pub mod netlink;
 pub mod poll;
 pub mod raw;
 pub mod ring;

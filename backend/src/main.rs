@@ -1,5 +1,6 @@
 //! `vhost-user-rdma`: parse the command line, validate it, serve. `vhost-user-rdma tap ...`
-//! runs the eBPF RoCEv2 tap instead (vur-tap, docs/tap.md).
+//! runs the eBPF RoCEv2 tap instead (vur-tap, docs/tap.md), `vhost-user-rdma link ...` makes
+//! the host side of a guest's NIC (netkit or veth pair, `netlink`).
 
 use std::process::ExitCode;
 
@@ -15,6 +16,11 @@ fn main() -> ExitCode {
     if std::env::args_os().nth(1).is_some_and(|a| a == "tap") {
         let args = std::iter::once("vhost-user-rdma tap".into()).chain(std::env::args_os().skip(2));
         return vur_tap::cli::main_with_args(args);
+    }
+    if std::env::args_os().nth(1).is_some_and(|a| a == "link") {
+        let args =
+            std::iter::once("vhost-user-rdma link".into()).chain(std::env::args_os().skip(2));
+        return vhost_user_rdma::netlink::main_with_args(args);
     }
     let config = match Config::try_from(Args::parse()) {
         Ok(c) => c,

@@ -9,8 +9,13 @@ use vhost_user_rdma::config::{Args, Config};
 #[global_allocator]
 static ALLOCATOR: vhost_user_rdma::heap::Counting = vhost_user_rdma::heap::Counting;
 
-fn main() {
+fn main() -> std::process::ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    if std::env::args_os().nth(1).is_some_and(|a| a == "link") {
+        let args =
+            std::iter::once("vhost-user-rdma link".into()).chain(std::env::args_os().skip(2));
+        return vhost_user_rdma::netlink::main_with_args(args);
+    }
     let config = match Config::try_from(Args::parse()) {
         Ok(c) => c,
         Err(e) => {
@@ -22,4 +27,5 @@ fn main() {
         eprintln!("vur-daemon: {e}");
         std::process::exit(1);
     }
+    std::process::ExitCode::SUCCESS
 }

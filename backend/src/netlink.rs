@@ -1,0 +1,509 @@
+//! `vhost-user-rdma link`: makes the host side of a guest's NIC — a netkit pair in L2 mode or a
+//! veth pair — through rtnetlink, optionally with the peer enslaved to a bridge or moved into
+//! a network namespace, and deletes it again. The daemon then runs with `--iface NAME`.
+//!
+//! ```text
+//! vhost-user-rdma link add vh0 --peer vh0p --kind netkit --bridge br0
+//! vhost-user-rdma link add vh0 --peer eth0 --kind veth --peer-netns tenant1
+//! vhost-user-rdma link del vh0
+//! ```
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use thiserror::Error;
+
+const NETLINK_ROUTE: i32 = 0;
+const RTM_NEWLINK: u16 = 16;
+const RTM_DELLINK: u16 = 17;
+const NLM_F_REQUEST: u16 = 1;
+const NLM_F_ACK: u16 = 4;
+const NLM_F_EXCL: u16 = 0x200;
+const NLM_F_CREATE: u16 = 0x400;
+const NLMSG_ERROR: u16 = 2;
+const IFLA_IFNAME: u16 = 3;
+const IFLA_MTU: u16 = 4;
+const IFLA_MASTER: u16 = 10;
+const IFLA_LINKINFO: u16 = 18;
+const IFLA_NET_NS_FD: u16 = 28;
+const IFLA_INFO_KIND: u16 = 1;
+const IFLA_INFO_DATA: u16 = 2;
+/// VETH_INFO_PEER and IFLA_NETKIT_PEER_INFO: the peer's ifinfomsg and attributes.
+const PEER_INFO: u16 = 1;
+const IFLA_NETKIT_MODE: u16 = 5;
+const NETKIT_L2: u32 = 0;
+const NLA_F_NESTED: u16 = 1 << 15;
+const IFF_UP: u32 = 1;
+const IFNAMSIZ: usize = 16;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LinkKind {
+    /// A netkit pair in L2 mode (Linux 6.7 or later, CONFIG_NETKIT).
+    Netkit,
+    /// A veth pair.
+    Veth,
+}
+
+/// Create or delete the host side of a guest's NIC (for `--iface`).
+#[derive(Parser, Debug)]
+#[command(name = "vhost-user-rdma link")]
+pub struct LinkArgs {
+    #[command(subcommand)]
+    pub cmd: LinkCmd,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum LinkCmd {
+    /// Create a pair: NAME is the daemon's end (`--iface NAME`), --peer the segment's end.
+    Add {
+        name: String,
+        /// The other end: put on the guest's segment (--bridge) or into a namespace.
+        #[arg(long)]
+        peer: String,
+        #[arg(long, value_enum, default_value_t = LinkKind::Netkit)]
+        kind: LinkKind,
+        /// Enslave the peer to this bridge.
+        #[arg(long)]
+        bridge: Option<String>,
+        /// Move the peer into this network namespace (a name under /run/netns, or a path).
+        #[arg(long)]
+        peer_netns: Option<String>,
+        /// MTU of both ends.
+        #[arg(long)]
+        mtu: Option<u32>,
+    },
+    /// Delete a pair by either end in this namespace.
+    Del { name: String },
+}
+
+#[derive(Debug, Error)]
+pub enum LinkError {
+    #[error("{0:?} is not a valid interface name (1 to 15 bytes, no '/', ':' or whitespace)")]
+    Name(String),
+    #[error("{0}: creating network interfaces needs CAP_NET_ADMIN, which this process does not have (run as root)")]
+    NoCapNetAdmin(String),
+    #[error("{0}: this kernel has no {1} support (netkit needs Linux 6.7 or later with CONFIG_NETKIT; --kind veth works everywhere)")]
+    NoKind(String, &'static str),
+    #[error("{0}: an interface of that name exists already")]
+    Exists(String),
+    #[error("{0}: no such interface")]
+    NoSuchInterface(String),
+    #[error("--peer-netns {0}: {1}")]
+    Netns(String, io::Error),
+    #[error("{0}: {1}")]
+    Netlink(String, io::Error),
+}
+
+fn valid_name(n: &str) -> bool {
+    !n.is_empty()
+        && n.len() < IFNAMSIZ
+        && n != "."
+        && n != ".."
+        && !n
+            .bytes()
+            .any(|b| b == b'/' || b == b':' || b.is_ascii_whitespace() || b == 0)
+}
+
+/// A netlink attribute writer over a message buffer.
+struct Msg(Vec<u8>);
+
+impl Msg {
+    /// A request: nlmsghdr, then an ifinfomsg for `index` with `flags`/`change`.
+    fn new(kind: u16, nl_flags: u16, index: i32, flags: u32, change: u32) -> Msg {
+        let mut b = vec![0u8; 16];
+        b[4..6].copy_from_slice(&kind.to_ne_bytes());
+        b[6..8].copy_from_slice(&(nl_flags | NLM_F_REQUEST | NLM_F_ACK).to_ne_bytes());
+        b[8..12].copy_from_slice(&1u32.to_ne_bytes());
+        let mut m = Msg(b);
+        m.ifinfo(index, flags, change);
+        m
+    }
+
+    /// struct ifinfomsg: family 0, type, index, flags, change.
+    fn ifinfo(&mut self, index: i32, flags: u32, change: u32) {
+        self.0.extend_from_slice(&[0, 0, 0, 0]);
+        self.0.extend_from_slice(&index.to_ne_bytes());
+        self.0.extend_from_slice(&flags.to_ne_bytes());
+        self.0.extend_from_slice(&change.to_ne_bytes());
+    }
+
+    fn attr(&mut self, ty: u16, payload: &[u8]) {
+        let len = 4 + payload.len();
+        self.0.extend_from_slice(&(len as u16).to_ne_bytes());
+        self.0.extend_from_slice(&ty.to_ne_bytes());
+        self.0.extend_from_slice(payload);
+        self.pad();
+    }
+
+    fn pad(&mut self) {
+        while !self.0.len().is_multiple_of(4) {
+            self.0.push(0);
+        }
+    }
+
+    fn str_attr(&mut self, ty: u16, s: &str) {
+        let mut p = s.as_bytes().to_vec();
+        p.push(0);
+        self.attr(ty, &p);
+    }
+
+    fn u32_attr(&mut self, ty: u16, v: u32) {
+        self.attr(ty, &v.to_ne_bytes());
+    }
+
+    /// Opens a nested attribute; [`Msg::end`] closes it.
+    fn begin(&mut self, ty: u16) -> usize {
+        let at = self.0.len();
+        self.0.extend_from_slice(&[0, 0]);
+        self.0.extend_from_slice(&(ty | NLA_F_NESTED).to_ne_bytes());
+        at
+    }
+
+    fn end(&mut self, at: usize) {
+        let len = (self.0.len() - at) as u16;
+        self.0[at..at + 2].copy_from_slice(&len.to_ne_bytes());
+    }
+
+    fn finish(mut self) -> Vec<u8> {
+        let len = self.0.len() as u32;
+        self.0[..4].copy_from_slice(&len.to_ne_bytes());
+        self.0
+    }
+}
+
+/// The RTM_NEWLINK request that creates the pair `name`/`peer` of `kind`.
+fn new_pair_request(
+    name: &str,
+    peer: &str,
+    kind: LinkKind,
+    mtu: Option<u32>,
+    peer_netns_fd: Option<i32>,
+) -> Vec<u8> {
+    let mut m = Msg::new(RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL, 0, 0, 0);
+    m.str_attr(IFLA_IFNAME, name);
+    if let Some(v) = mtu {
+        m.u32_attr(IFLA_MTU, v);
+    }
+    let li = m.begin(IFLA_LINKINFO);
+    m.str_attr(
+        IFLA_INFO_KIND,
+        match kind {
+            LinkKind::Netkit => "netkit",
+            LinkKind::Veth => "veth",
+        },
+    );
+    let data = m.begin(IFLA_INFO_DATA);
+    let p = m.begin(PEER_INFO);
+    m.ifinfo(0, 0, 0);
+    m.str_attr(IFLA_IFNAME, peer);
+    if let Some(v) = mtu {
+        m.u32_attr(IFLA_MTU, v);
+    }
+    if let Some(fd) = peer_netns_fd {
+        m.u32_attr(IFLA_NET_NS_FD, fd as u32);
+    }
+    m.end(p);
+    if kind == LinkKind::Netkit {
+        m.u32_attr(IFLA_NETKIT_MODE, NETKIT_L2);
+    }
+    m.end(data);
+    m.end(li);
+    m.finish()
+}
+
+/// Sends one request and reads its acknowledgement: the kernel's errno as an error.
+fn request(msg: &[u8]) -> io::Result<()> {
+    // SAFETY: plain syscall; the result is checked and owned below.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            NETLINK_ROUTE,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just created and is owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let tv = libc::timeval {
+        tv_sec: 5,
+        tv_usec: 0,
+    };
+    // SAFETY: `tv` is a live timeval of the size passed.
+    unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as u32,
+        )
+    };
+    // SAFETY: sockaddr_nl is plain data; zero is the kernel's address.
+    let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+    sa.nl_family = libc::AF_NETLINK as u16;
+    // SAFETY: `msg` is live for `msg.len()` bytes; `sa` is a valid sockaddr_nl.
+    let r = unsafe {
+        libc::sendto(
+            fd.as_raw_fd(),
+            msg.as_ptr().cast(),
+            msg.len(),
+            0,
+            (&sa as *const libc::sockaddr_nl).cast(),
+            std::mem::size_of::<libc::sockaddr_nl>() as u32,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut buf = [0u8; 8192];
+    loop {
+        // SAFETY: the kernel writes at most `buf.len()` bytes into the live buffer.
+        let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        match ack_errno(&buf[..n as usize]) {
+            Some(0) => return Ok(()),
+            Some(e) => return Err(io::Error::from_raw_os_error(e)),
+            None => continue,
+        }
+    }
+}
+
+/// The errno of the first NLMSG_ERROR in `b` (0: an acknowledgement), if there is one.
+fn ack_errno(b: &[u8]) -> Option<i32> {
+    let mut at = 0;
+    while at + 20 <= b.len() {
+        let len = u32::from_ne_bytes(b[at..at + 4].try_into().ok()?) as usize;
+        let ty = u16::from_ne_bytes(b[at + 4..at + 6].try_into().ok()?);
+        if len < 16 {
+            return None;
+        }
+        if ty == NLMSG_ERROR {
+            let e = i32::from_ne_bytes(b[at + 16..at + 20].try_into().ok()?);
+            return Some(-e);
+        }
+        at += (len + 3) & !3;
+    }
+    None
+}
+
+fn index_of(name: &str) -> Option<i32> {
+    let c = CString::new(name).ok()?;
+    // SAFETY: a valid NUL-terminated string.
+    let i = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    (i != 0).then_some(i as i32)
+}
+
+fn set_link(name: &str, index: i32, master: Option<i32>) -> Result<(), LinkError> {
+    let mut m = Msg::new(RTM_NEWLINK, 0, index, IFF_UP, IFF_UP);
+    if let Some(b) = master {
+        m.u32_attr(IFLA_MASTER, b as u32);
+    }
+    request(&m.finish()).map_err(|e| classify(name, e, LinkKind::Veth))
+}
+
+fn classify(name: &str, e: io::Error, kind: LinkKind) -> LinkError {
+    match e.raw_os_error() {
+        Some(libc::EPERM) | Some(libc::EACCES) => LinkError::NoCapNetAdmin(name.to_string()),
+        Some(libc::EOPNOTSUPP) => LinkError::NoKind(
+            name.to_string(),
+            match kind {
+                LinkKind::Netkit => "netkit",
+                LinkKind::Veth => "veth",
+            },
+        ),
+        Some(libc::EEXIST) => LinkError::Exists(name.to_string()),
+        Some(libc::ENODEV) => LinkError::NoSuchInterface(name.to_string()),
+        _ => LinkError::Netlink(name.to_string(), e),
+    }
+}
+
+/// Creates the pair and brings the daemon's end up (and the peer, when it stays here).
+pub fn add(
+    name: &str,
+    peer: &str,
+    kind: LinkKind,
+    bridge: Option<&str>,
+    peer_netns: Option<&str>,
+    mtu: Option<u32>,
+) -> Result<(), LinkError> {
+    for n in [name, peer] {
+        if !valid_name(n) {
+            return Err(LinkError::Name(n.to_string()));
+        }
+    }
+    let master = match bridge {
+        Some(b) => Some(index_of(b).ok_or_else(|| LinkError::NoSuchInterface(b.to_string()))?),
+        None => None,
+    };
+    let ns = match peer_netns {
+        Some(n) => {
+            let path = if n.contains('/') {
+                PathBuf::from(n)
+            } else {
+                PathBuf::from("/run/netns").join(n)
+            };
+            Some(std::fs::File::open(&path).map_err(|e| LinkError::Netns(n.to_string(), e))?)
+        }
+        None => None,
+    };
+    let msg = new_pair_request(name, peer, kind, mtu, ns.as_ref().map(|f| f.as_raw_fd()));
+    request(&msg).map_err(|e| {
+        // Which name clashed is not said; both are ours to report.
+        let e = classify(name, e, kind);
+        match e {
+            LinkError::Exists(_) if index_of(name).is_none() => LinkError::Exists(peer.to_string()),
+            e => e,
+        }
+    })?;
+    let up = |n: &str, master| -> Result<(), LinkError> {
+        let i = index_of(n).ok_or_else(|| LinkError::NoSuchInterface(n.to_string()))?;
+        set_link(n, i, master)
+    };
+    let r = up(name, None).and_then(|()| {
+        if ns.is_none() {
+            up(peer, master)
+        } else {
+            Ok(())
+        }
+    });
+    if r.is_err() {
+        let _ = del(name);
+    }
+    r
+}
+
+/// Deletes interface `name` (a pair goes with either end).
+pub fn del(name: &str) -> Result<(), LinkError> {
+    if !valid_name(name) {
+        return Err(LinkError::Name(name.to_string()));
+    }
+    let i = index_of(name).ok_or_else(|| LinkError::NoSuchInterface(name.to_string()))?;
+    let m = Msg::new(RTM_DELLINK, 0, i, 0, 0);
+    request(&m.finish()).map_err(|e| classify(name, e, LinkKind::Veth))
+}
+
+/// `vhost-user-rdma link …`.
+pub fn main_with_args<I, T>(args: I) -> ExitCode
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let a = match LinkArgs::try_parse_from(args) {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+        }
+    };
+    let r = match &a.cmd {
+        LinkCmd::Add {
+            name,
+            peer,
+            kind,
+            bridge,
+            peer_netns,
+            mtu,
+        } => add(
+            name,
+            peer,
+            *kind,
+            bridge.as_deref(),
+            peer_netns.as_deref(),
+            *mtu,
+        ),
+        LinkCmd::Del { name } => del(name),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("vhost-user-rdma link: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The attributes (type, payload) of a buffer of attributes.
+    fn attrs(mut b: &[u8]) -> Vec<(u16, Vec<u8>)> {
+        let mut v = Vec::new();
+        while b.len() >= 4 {
+            let len = u16::from_ne_bytes([b[0], b[1]]) as usize;
+            let ty = u16::from_ne_bytes([b[2], b[3]]) & !NLA_F_NESTED;
+            v.push((ty, b[4..len].to_vec()));
+            b = &b[((len + 3) & !3).min(b.len())..];
+        }
+        v
+    }
+
+    fn find(a: &[(u16, Vec<u8>)], ty: u16) -> Vec<u8> {
+        a.iter()
+            .find(|(t, _)| *t == ty)
+            .unwrap_or_else(|| panic!("no attribute {ty}"))
+            .1
+            .clone()
+    }
+
+    #[test]
+    fn a_netkit_pair_request_is_laid_out_as_the_kernel_reads_it() {
+        let m = new_pair_request("vh0", "vh0p", LinkKind::Netkit, Some(9000), Some(7));
+        assert_eq!(
+            u32::from_ne_bytes(m[..4].try_into().unwrap()) as usize,
+            m.len()
+        );
+        assert_eq!(u16::from_ne_bytes([m[4], m[5]]), RTM_NEWLINK);
+        let flags = u16::from_ne_bytes([m[6], m[7]]);
+        assert_eq!(flags, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL);
+        let top = attrs(&m[32..]);
+        assert_eq!(find(&top, IFLA_IFNAME), b"vh0\0");
+        assert_eq!(find(&top, IFLA_MTU), 9000u32.to_ne_bytes());
+        let li = attrs(&find(&top, IFLA_LINKINFO));
+        assert_eq!(find(&li, IFLA_INFO_KIND), b"netkit\0");
+        let data = attrs(&find(&li, IFLA_INFO_DATA));
+        assert_eq!(find(&data, IFLA_NETKIT_MODE), NETKIT_L2.to_ne_bytes());
+        let peer = find(&data, PEER_INFO);
+        assert_eq!(&peer[..16], &[0u8; 16], "the peer's ifinfomsg");
+        let pa = attrs(&peer[16..]);
+        assert_eq!(find(&pa, IFLA_IFNAME), b"vh0p\0");
+        assert_eq!(find(&pa, IFLA_NET_NS_FD), 7u32.to_ne_bytes());
+        let v = new_pair_request("a", "b", LinkKind::Veth, None, None);
+        let li = attrs(&find(&attrs(&v[32..]), IFLA_LINKINFO));
+        assert_eq!(find(&li, IFLA_INFO_KIND), b"veth\0");
+        let data = attrs(&find(&li, IFLA_INFO_DATA));
+        assert_eq!(data.len(), 1, "veth: the peer only");
+    }
+
+    #[test]
+    fn acknowledgements_and_errors_are_read() {
+        let mut ack = vec![0u8; 36];
+        ack[..4].copy_from_slice(&36u32.to_ne_bytes());
+        ack[4..6].copy_from_slice(&NLMSG_ERROR.to_ne_bytes());
+        assert_eq!(ack_errno(&ack), Some(0));
+        ack[16..20].copy_from_slice(&(-libc::EOPNOTSUPP).to_ne_bytes());
+        assert_eq!(ack_errno(&ack), Some(libc::EOPNOTSUPP));
+        assert_eq!(ack_errno(&ack[..19]), None, "cut short");
+        let mut bad = ack.clone();
+        bad[..4].copy_from_slice(&3u32.to_ne_bytes());
+        assert_eq!(ack_errno(&bad), None, "a length below the header");
+    }
+
+    #[test]
+    fn interface_names() {
+        for ok in ["vh0", "a", "vur-guest-0123"] {
+            assert!(valid_name(ok), "{ok}");
+        }
+        for bad in ["", "0123456789abcdef", "a/b", "a:b", "a b", ".", ".."] {
+            assert!(!valid_name(bad), "{bad:?}");
+        }
+    }
+}
