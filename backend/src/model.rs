@@ -40,6 +40,8 @@ pub trait PacketSink {
 /// packets, timers and control commands are served between the slices of a long READ
 /// response or a deep send queue. About 1 ms of work at 1 µs a packet.
 pub const TX_BUDGET: usize = 1024;
+/// The destination QPN of UD multicast (IBTA 10.5.2.3: every QP attached to the group).
+const MULTICAST_QPN: u32 = 0xff_ffff;
 
 /// Why [`Model::pump`] returned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -254,6 +256,8 @@ pub struct Model {
     source_gids: Vec<Gid>,
     /// The GID table changed since [`Model::take_changed_gids`] last looked.
     gids_changed: bool,
+    /// The members of a multicast group a packet is for (kept between packets).
+    mcast_scratch: Vec<u32>,
     /// GID table entries the transport cannot send from (index → GID): listed, so the guest's
     /// table is what its netdev has, but an address vector that names one is refused.
     listed_gids: std::collections::BTreeMap<u32, Gid>,
@@ -396,6 +400,7 @@ impl Model {
             released: false,
             source_gids: Vec::new(),
             gids_changed: false,
+            mcast_scratch: Vec::new(),
             listed_gids: Default::default(),
             slot: Vec::new(),
             scratch: Vec::new(),
@@ -1829,6 +1834,15 @@ impl Model {
             let dqpn = u32::from_be_bytes([0, bytes[5], bytes[6], bytes[7]]);
             if self.qps.contains_key(&dqpn) {
                 self.pull_rq(mem, dqpn);
+            } else if dqpn == MULTICAST_QPN && meta.dst.is_multicast() {
+                // Every QP attached to the group gets a copy: each needs its receives.
+                let mut members = std::mem::take(&mut self.mcast_scratch);
+                members.clear();
+                members.extend(self.dev.mcast_members(&meta.dst).iter().map(|q| q.0));
+                for &q in &members {
+                    self.pull_rq(mem, q);
+                }
+                self.mcast_scratch = members;
             }
         }
         let mut ram = crate::guest_mem::GuestRam(mem);

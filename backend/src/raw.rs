@@ -242,6 +242,7 @@ const BPF_LD_H_IND: u16 = 0x48;
 const BPF_JEQ_K: u16 = 0x15;
 const BPF_JSET_K: u16 = 0x45;
 const BPF_RET_K: u16 = 0x06;
+const BPF_ALU_AND_K: u16 = 0x54;
 
 /// Resolves the labels of `ops` into relative jumps (each within 255 instructions).
 fn assemble(ops: &[Op]) -> Option<Vec<libc::sock_filter>> {
@@ -294,8 +295,8 @@ pub enum FilterKind {
     /// RoCEv2 to our addresses, ARP for our IPv4 ones and neighbour solicitations for our
     /// IPv6 ones: the raw transport that answers for its addresses itself.
     RoceAndNeighbours,
-    /// RoCEv2 to our addresses only: the raw transport beside a guest's virtio-net, where the
-    /// guest's own stack answers ARP and ND.
+    /// RoCEv2 to our addresses or to a multicast group: the raw transport beside a guest's
+    /// virtio-net, where the guest's own stack answers ARP and ND and joins the groups.
     Roce,
     /// Everything [`FilterKind::Roce`] does not keep: what the guest's virtio-net receives.
     NotRoce,
@@ -310,6 +311,9 @@ pub(crate) fn filter_program(addrs: &[IpAddr], kind: FilterKind) -> Option<Vec<l
     use Op::*;
     use Target::*;
     let neighbours = kind == FilterKind::RoceAndNeighbours;
+    // Beside a virtio-net, RoCE to any multicast group is the engine's too (it delivers to the
+    // QPs attached to the group; the guest's stack joins the groups on the wire).
+    let multicast = !neighbours;
     // What a frame that is ours (RoCE for our addresses) and one that is not return.
     let (yes, no) = match kind {
         FilterKind::NotRoce => (0, SNAP_LEN),
@@ -350,6 +354,13 @@ pub(crate) fn filter_program(addrs: &[IpAddr], kind: FilterKind) -> Option<Vec<l
             p.push(J(BPF_JEQ_K, u32::from(*v4), To(V4Port), Next));
         }
     }
+    if multicast {
+        // 224.0.0.0/4
+        p.extend([
+            S(BPF_ALU_AND_K, 0xf000_0000),
+            J(BPF_JEQ_K, 0xe000_0000, To(V4Port), Next),
+        ]);
+    }
     p.extend([
         S(BPF_RET_K, no),
         At(V4Port),
@@ -379,6 +390,13 @@ pub(crate) fn filter_program(addrs: &[IpAddr], kind: FilterKind) -> Option<Vec<l
                 p.push(J(BPF_JEQ_K, word, t, Skip((3 - w) * 2)));
             }
         }
+    }
+    if multicast {
+        // ff00::/8
+        p.extend([
+            S(BPF_LD_B_ABS, (ETH_LEN + 24) as u32),
+            J(BPF_JEQ_K, 0xff, To(Accept), Next),
+        ]);
     }
     p.push(S(BPF_RET_K, no));
     if neighbours {
@@ -479,6 +497,22 @@ pub enum RxDrop {
 pub struct Local {
     pub macs: Vec<[u8; 6]>,
     pub addrs: Vec<IpAddr>,
+    /// RoCE to a multicast group (to its Ethernet group address) is ours too.
+    pub multicast: bool,
+}
+
+/// The Ethernet group address of multicast IP `ip` (RFC 1112, RFC 2464).
+pub fn multicast_mac(ip: IpAddr) -> [u8; 6] {
+    match ip {
+        IpAddr::V4(v) => {
+            let o = v.octets();
+            [0x01, 0x00, 0x5e, o[1] & 0x7f, o[2], o[3]]
+        }
+        IpAddr::V6(v) => {
+            let o = v.octets();
+            [0x33, 0x33, o[12], o[13], o[14], o[15]]
+        }
+    }
 }
 
 fn be16(b: &[u8], at: usize) -> u16 {
@@ -649,7 +683,8 @@ pub fn check_frame(local: &Local, f: &[u8]) -> Result<RxFrame, RxDrop> {
         return Err(RxDrop::Short);
     }
     let dmac: [u8; 6] = f[..6].try_into().expect("6 bytes");
-    if !local.macs.contains(&dmac) {
+    let unicast = local.macs.contains(&dmac);
+    if !(unicast || local.multicast && dmac[0] & 1 == 1) {
         return Err(RxDrop::NotOurs);
     }
     let ip = &f[ETH_LEN..];
@@ -689,7 +724,12 @@ pub fn check_frame(local: &Local, f: &[u8]) -> Result<RxFrame, RxDrop> {
         }
         _ => return Err(RxDrop::EtherType),
     };
-    if !local.addrs.contains(&dst) {
+    let ours = if dst.is_multicast() {
+        local.multicast && dmac == multicast_mac(dst)
+    } else {
+        unicast && local.addrs.contains(&dst)
+    };
+    if !ours {
         return Err(RxDrop::NotOurs);
     }
     // Bytes past the IP total length are Ethernet padding.
@@ -1084,6 +1124,7 @@ impl RawTransport {
             local: Local {
                 macs,
                 addrs: cfg.addrs.clone(),
+                multicast: !cfg.answer_neighbours,
             },
             egress: EgressPolicy::default(),
             stats: TransportStats::default(),
@@ -1545,7 +1586,72 @@ mod tests {
         Local {
             macs: vec![MAC_B],
             addrs: vec![ip.parse().unwrap(), "fd79::2".parse().unwrap()],
+            multicast: false,
         }
+    }
+
+    #[test]
+    fn multicast_roce_is_ours_beside_a_virtio_net_only() {
+        let mut l = local("10.79.0.2");
+        for (s, d, group) in [
+            (
+                "10.79.0.1",
+                "239.1.2.3",
+                [0x01, 0x00, 0x5e, 0x01, 0x02, 0x03],
+            ),
+            (
+                "10.79.0.1",
+                "224.129.2.3",
+                [0x01, 0x00, 0x5e, 0x01, 0x02, 0x03],
+            ),
+            (
+                "fd79::1",
+                "ff0e::1:2:3",
+                [0x33, 0x33, 0x00, 0x02, 0x00, 0x03],
+            ),
+        ] {
+            assert_eq!(multicast_mac(d.parse().unwrap()), group, "{d}");
+            let mut f = frame(s, d, 40);
+            f[..6].copy_from_slice(&group);
+            l.multicast = false;
+            assert!(check_frame(&l, &f).is_err(), "{d} without multicast");
+            l.multicast = true;
+            let r = check_frame(&l, &f).expect("multicast RoCE");
+            assert_eq!(r.meta.dst, Gid::from_ip(d.parse().unwrap()));
+            // to our unicast MAC, or to another group's address: not ours
+            f[..6].copy_from_slice(&MAC_B);
+            assert!(check_frame(&l, &f).is_err(), "{d} to a unicast MAC");
+            f[..6].copy_from_slice(&[0x01, 0x00, 0x5e, 0x7f, 0, 1]);
+            assert!(check_frame(&l, &f).is_err(), "{d} to another group's MAC");
+        }
+        // A group MAC with a unicast destination address: not ours either.
+        let mut f = frame("10.79.0.1", "10.79.0.2", 40);
+        f[..6].copy_from_slice(&[0x01, 0x00, 0x5e, 0x4f, 0, 2]);
+        assert!(check_frame(&l, &f).is_err());
+        // The kernel filters: multicast RoCE is the raw transport's beside a virtio-net.
+        let addrs: Vec<IpAddr> = vec!["10.79.0.2".parse().unwrap()];
+        let roce = filter_program(&addrs, FilterKind::Roce).unwrap();
+        let rest = filter_program(&addrs, FilterKind::NotRoce).unwrap();
+        let plain = filter_program(&addrs, FilterKind::RoceAndNeighbours).unwrap();
+        for d in ["239.1.2.3", "ff0e::1:2:3"] {
+            let s = if d.contains(':') {
+                "fd79::1"
+            } else {
+                "10.79.0.1"
+            };
+            let f = frame(s, d, 8);
+            assert_ne!(run_bpf(&roce, &f), 0, "{d}");
+            assert_eq!(run_bpf(&rest, &f), 0, "{d}");
+            assert_eq!(run_bpf(&plain, &f), 0, "{d} without a virtio-net");
+        }
+        let mut other_port = frame("10.79.0.1", "239.1.2.3", 8);
+        other_port[36..38].copy_from_slice(&5000u16.to_be_bytes());
+        assert_eq!(run_bpf(&roce, &other_port), 0);
+        assert_ne!(
+            run_bpf(&rest, &other_port),
+            0,
+            "other multicast UDP: the guest's"
+        );
     }
 
     /// A RoCE SEND from `src` to `dst` inside Ethernet, as the transport builds it.
@@ -1784,12 +1890,29 @@ mod tests {
             let i = prog[pc];
             pc += 1;
             let k = i.k as usize;
+            // A load past the packet ends the program with 0, as in the kernel.
             match i.code {
-                BPF_LD_H_ABS => a = ld(k, 2).unwrap_or(0),
-                BPF_LD_B_ABS => a = ld(k, 1).unwrap_or(0),
-                BPF_LD_W_ABS => a = ld(k, 4).unwrap_or(0),
-                BPF_LDX_MSH => x = (ld(k, 1).unwrap_or(0) & 0xf) * 4,
-                BPF_LD_H_IND => a = ld(x as usize + k, 2).unwrap_or(0),
+                BPF_LD_H_ABS => match ld(k, 2) {
+                    Some(v) => a = v,
+                    None => return 0,
+                },
+                BPF_LD_B_ABS => match ld(k, 1) {
+                    Some(v) => a = v,
+                    None => return 0,
+                },
+                BPF_LD_W_ABS => match ld(k, 4) {
+                    Some(v) => a = v,
+                    None => return 0,
+                },
+                BPF_LDX_MSH => match ld(k, 1) {
+                    Some(v) => x = (v & 0xf) * 4,
+                    None => return 0,
+                },
+                BPF_LD_H_IND => match ld(x as usize + k, 2) {
+                    Some(v) => a = v,
+                    None => return 0,
+                },
+                BPF_ALU_AND_K => a &= i.k,
                 BPF_RET_K => return i.k,
                 BPF_JEQ_K | BPF_JSET_K => {
                     let hit = if i.code == BPF_JEQ_K {
@@ -1866,7 +1989,6 @@ mod tests {
             ("udp v6 to another", frame("fd79::1", "fd79::3", 8), false),
             ("arp", arp_request(peer, "10.79.0.1", "10.79.0.2"), false),
             ("nd", nd_solicit(peer, "fd79::1", "fd79::2"), false),
-            ("runt", vec![0u8; 10], false),
         ];
         let mut port = frame("10.79.0.1", "10.79.0.2", 8);
         port[36..38].copy_from_slice(&4792u16.to_be_bytes());
@@ -1884,6 +2006,10 @@ mod tests {
             assert_eq!(run_bpf(&roce, &f) != 0, is_roce, "{what}: raw transport");
             assert_eq!(run_bpf(&rest, &f) != 0, !is_roce, "{what}: virtio-net");
         }
+        // Shorter than an Ethernet header: neither's (the kernel ends a filter that loads
+        // past the frame with 0).
+        let runt = [0u8; 10];
+        assert_eq!((run_bpf(&roce, &runt), run_bpf(&rest, &runt)), (0, 0));
     }
 
     /// An ARP request (Ethernet, IPv4) from `sha`/`spa` for `tpa`.

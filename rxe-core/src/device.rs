@@ -334,6 +334,11 @@ impl Device {
         self.res.gids.get(index as usize).copied().flatten()
     }
 
+    /// The QPs attached to multicast group `gid`.
+    pub fn mcast_members(&self, gid: &Gid) -> &[Qpn] {
+        self.res.mcast.get(gid).map_or(&[], |v| v.as_slice())
+    }
+
     /// The distinct GIDs in the table.
     pub fn gid_set(&self) -> &[Gid] {
         &self.res.gid_set

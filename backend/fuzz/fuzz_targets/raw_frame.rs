@@ -19,7 +19,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use libfuzzer_sys::fuzz_target;
-use vhost_user_rdma::raw::{arp_reply, check_frame, nd_reply, Local};
+use vhost_user_rdma::raw::{arp_reply, check_frame, multicast_mac, nd_reply, Local};
 
 const MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x07];
 const V4: Ipv4Addr = Ipv4Addr::new(10, 79, 0, 1);
@@ -83,9 +83,11 @@ fuzz_target!(|data: &[u8]| {
     if mode & 1 != 0 {
         repair(&mut f, mode & 2 != 0);
     }
+    // Beside a virtio-net (mode bit 2) RoCE to multicast groups is ours too.
     let local = Local {
         macs: vec![MAC],
         addrs: vec![IpAddr::V4(V4), IpAddr::V6(V6)],
+        multicast: mode & 4 != 0,
     };
     if let Some(r) = arp_reply(&local, MAC, &f) {
         assert_eq!(&f[12..14], &[8, 6], "answered a frame that is not ARP");
@@ -133,13 +135,22 @@ fuzz_target!(|data: &[u8]| {
             f.len()
         );
         assert!(b - a >= 16, "a RoCE packet shorter than a BTH and an ICRC");
-        assert_eq!(&f[..6], &MAC, "accepted for another MAC");
         let dst = r.meta.dst;
-        assert!(
-            dst == rxe_core::Gid::from_ip(IpAddr::V4(V4))
-                || dst == rxe_core::Gid::from_ip(IpAddr::V6(V6)),
-            "accepted for another address: {dst:?}"
-        );
+        if dst.is_multicast() {
+            assert!(local.multicast, "accepted multicast without being asked to");
+            assert_eq!(
+                f[..6],
+                multicast_mac(dst.to_ip()),
+                "multicast accepted for another group address"
+            );
+        } else {
+            assert_eq!(&f[..6], &MAC, "accepted for another MAC");
+            assert!(
+                dst == rxe_core::Gid::from_ip(IpAddr::V4(V4))
+                    || dst == rxe_core::Gid::from_ip(IpAddr::V6(V6)),
+                "accepted for another address: {dst:?}"
+            );
+        }
         let ihl = if be16(&f, 12) == 0x0800 { 20 } else { 40 };
         assert!(
             rxe_core::icrc::verify(&f[ETH..a], &f[a..b]).is_ok() && a == ETH + ihl + 8,

@@ -13,6 +13,9 @@
 //! - RC SEND, WRITE and READ between the guest's RDMA device (GID 10.79.0.2) and a udp
 //!   daemon on 10.79.0.1: the RoCE frames never reach the guest's virtio-net, everything
 //!   else (ARP) does; once the guest deletes the GID, UDP 4791 to it is its stack's again;
+//! - UD multicast: a datagram the udp daemon sends to a group reaches the guest's UD QP
+//!   attached to it, and a datagram the guest sends to a group leaves with the group's
+//!   Ethernet address, the guest's own IP and MAC;
 //! - bad transmit buffers are refused and counted, and the device goes on; a transmit ring
 //!   whose index the guest made nonsense does not keep the daemon busy: receiving goes on.
 //!
@@ -26,6 +29,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{bin, send_write_read};
+use rxe_core::verbs::*;
 use vur_testguest::net::*;
 use vur_testguest::netns;
 use vur_testguest::*;
@@ -397,5 +401,103 @@ fn a_broken_transmit_ring_stalls_nothing_but_itself() {
         // The worker that serves the broken queue still delivers what arrives.
         let (_g, r) = udp_to_guest(&d, g, b"still here");
         assert_eq!(&r.frame[42..], b"still here");
+    });
+}
+
+#[test]
+fn ud_multicast_both_ways() {
+    run("ud_multicast_both_ways", || {
+        let (d, net) = nic_daemon();
+        // The kernel on vp0 sends multicast out of vp0.
+        netns::ip(&["route", "add", "224.0.0.0/4", "dev", "vp0"]).unwrap();
+        let g = NetGuest::connect(&net, 0, 64, 2048).expect("virtio-net");
+        let (stop, seen, t) = start_stack(g);
+        let mut guest = Guest::connect(&d.socket, GuestOpts::default()).expect("rdma guest");
+        let gid = rxe_core::Gid::from_ip("10.79.0.2".parse().unwrap());
+        guest.add_gid(0, gid).unwrap();
+        let mut a = Node {
+            daemon: d,
+            guest,
+            gid,
+            mac: GUEST_MAC,
+        };
+        let mut b = Node::start(bin(), "10.79.0.1:4791".parse().unwrap(), &[]).expect("udp node");
+        let group = rxe_core::Gid::from_ip("239.1.2.3".parse().unwrap());
+        let group_mac = [0x01, 0x00, 0x5e, 0x01, 0x02, 0x03];
+        let ud = ConnOpts {
+            qp_type: QpType::Ud,
+            ..Default::default()
+        };
+        let ud_end = |n: &mut Node| {
+            let pd = n.guest.alloc_pd().unwrap();
+            let cq = n.guest.create_cq(64).unwrap();
+            let qp = n
+                .guest
+                .create_qp(QpType::Ud, pd, &cq, &cq, None, ud.cap)
+                .unwrap();
+            bring_up(&mut n.guest, &qp, group, 0, &ud).unwrap();
+            let mr = n.guest.reg_mr(pd, 4096, Access::LOCAL_WRITE).unwrap();
+            (qp, cq, mr)
+        };
+        let (qa, cqa, mra) = ud_end(&mut a);
+        let (qb, cqb, mrb) = ud_end(&mut b);
+        // a joins the group (what ib_attach_mcast does for the guest's kernel).
+        let mut c = Vec::new();
+        c.extend_from_slice(&qa.qpn.to_le_bytes());
+        c.extend_from_slice(&0u32.to_le_bytes());
+        c.extend_from_slice(&group.0);
+        a.guest.cmd(abi::op::ATTACH_MCAST, &c).expect("attach");
+        a.guest
+            .post_recv(
+                &qa,
+                &RecvWr {
+                    wr_id: 7,
+                    sg_list: vec![mra.sge(0, 4096)].into(),
+                },
+            )
+            .unwrap();
+        let to_group = || UdDest {
+            av: Av {
+                dgid: group,
+                sgid_index: 0,
+                hop_limit: 1,
+                dmac: group_mac,
+                ..Default::default()
+            },
+            remote_qpn: rxe_core::Qpn(0xff_ffff),
+            remote_qkey: 0x1111_1111,
+        };
+        // b → the group → a
+        mrb.write(0, b"to the group");
+        let mut wr = SendWr::new(1, SendOp::Send, vec![mrb.sge(0, 12)]);
+        wr.ud = Some(to_group());
+        b.guest.post_send(&qb, &wr).unwrap();
+        assert_eq!(common::one(&mut b.guest, &cqb).status, 0);
+        let w = common::one(&mut a.guest, &cqa);
+        assert_eq!((w.wr_id, w.status, w.byte_len), (7, 0, 40 + 12));
+        assert_eq!(mra.to_vec(40, 12), b"to the group");
+        // a → the group: on the wire from the guest's MAC and address to the group's.
+        let cap = netns::Capture::open("vp0").expect("capture");
+        mra.write(0, b"from the guest");
+        let mut wr = SendWr::new(2, SendOp::Send, vec![mra.sge(0, 14)]);
+        wr.ud = Some(to_group());
+        a.guest.post_send(&qa, &wr).unwrap();
+        assert_eq!(common::one(&mut a.guest, &cqa).status, 0);
+        let frames = cap.frames(Duration::from_secs(1));
+        let f = frames
+            .iter()
+            .find(|f| f.len() > 42 && be16(f, 12) == 0x0800 && be16(f, 36) == 4791)
+            .expect("the guest's multicast datagram on the wire");
+        assert_eq!(f[..6], group_mac);
+        assert_eq!(f[6..12], GUEST_MAC);
+        assert_eq!(f[26..30], GUEST_IP);
+        assert_eq!(f[30..34], [239, 1, 2, 3]);
+        stop.store(true, Ordering::Relaxed);
+        t.join().expect("guest stack");
+        assert_eq!(
+            seen.lock().unwrap().roce,
+            0,
+            "multicast RoCE reached the virtio-net"
+        );
     });
 }
