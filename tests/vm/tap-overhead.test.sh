@@ -97,11 +97,16 @@ trial() {
     if [[ $case != none ]]; then
         "$bin" tap --iface vtbA --quiet "${args[@]}" 2>"$work/tap.err" &
         tap_pid=$!
-        for i in $(seq 200); do
+        # Attaching takes the RTNL lock, which the kernel may hold for many seconds while it
+        # tears down the network namespaces of earlier tests: wait up to 60 s, say when slow.
+        local t_attach=$SECONDS
+        for i in $(seq 600); do
             grep -qs '^tap: attached' "$work/tap.err" && break
             kill -0 "$tap_pid" 2>/dev/null || break
             sleep 0.1
         done
+        ((SECONDS - t_attach < 5)) ||
+            log "  the tap ($case, $size B) took $((SECONDS - t_attach)) s to attach"
         if ! grep -qs '^tap: attached' "$work/tap.err"; then
             cat "$work/tap.err"
             if ! kill -0 "$tap_pid" 2>/dev/null; then
@@ -115,7 +120,10 @@ trial() {
                 fi
                 fail "tap ($case) exited with $rc before it attached"
             fi
-            fail "tap ($case) did not attach within 20 s"
+            # where it waits, for the next one to read
+            log "  tap pid $tap_pid state: $(awk '/^State/{print $2, $3}' "/proc/$tap_pid/status" 2>/dev/null) wchan: $(cat "/proc/$tap_pid/wchan" 2>/dev/null)"
+            cat "/proc/$tap_pid/stack" 2>/dev/null | head -12 || true
+            fail "tap ($case) did not attach within 60 s"
         fi
     fi
     r0=$(rx)
