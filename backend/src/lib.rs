@@ -32,6 +32,7 @@ pub mod raw;
 pub mod ring;
 pub mod transport;
 pub mod unix_socket;
+pub mod vhost_proxy;
 pub mod vhu_net;
 pub mod vhu_rdma;
 
@@ -321,60 +322,96 @@ pub fn start_backend(mut config: Config) -> Result<(), Error> {
     result
 }
 
-/// Serves the guest's virtio-net on `path`, one frontend after another, until shutdown.
+/// Serves the guest's virtio-net on `path`, one frontend after another, until shutdown. Each
+/// connection goes through [`vhost_proxy`] to the vhost crate's handler, which listens on a
+/// socket in a directory only this user can enter.
 fn serve_net(
     path: &std::path::Path,
-    mut listener: Listener,
+    listener: Listener,
     port: Arc<net_port::NetPort>,
     stats: Arc<vhu_net::NetStats>,
     shared: &Shared,
     handle: &Mutex<Option<vhost_user_backend::ShutdownHandle>>,
 ) -> Result<(), Error> {
+    use std::os::unix::fs::DirBuilderExt;
     let shown = path.display();
-    while !shared.shutdown.load(Ordering::SeqCst) {
-        let backend = Arc::new(vhu_net::VhuNet::new(port.clone(), stats.clone())?);
-        let mut daemon = VhostUserDaemon::new(
-            "vhost-user-net".into(),
-            backend.clone(),
-            GuestMemoryAtomic::new(GuestMemoryMmap::new()),
-        )
-        .map_err(|e| Error::Daemon(e.to_string()))?;
-        {
-            let handlers = daemon.get_epoll_handlers();
-            handlers[0]
-                .register_listener(
-                    backend.port_fd(),
-                    EventSet::IN | EventSet::EDGE_TRIGGERED,
-                    vhu_net::PORT_EVENT as u64,
-                )
-                .map_err(Error::Io)?;
-            handlers[0]
-                .register_listener(backend.more_fd(), EventSet::IN, vhu_net::MORE_EVENT as u64)
-                .map_err(Error::Io)?;
-        }
-        log::info!("waiting for a virtio-net frontend on {shown}");
-        if let Err(e) = daemon.start(&mut listener) {
+    let dir = std::env::temp_dir().join(format!(
+        "vhost-user-rdma-net-{}-{:x}",
+        std::process::id(),
+        random_u64()?
+    ));
+    std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
+    let inner_path = dir.join("backend.sock");
+    let result = (|| {
+        let mut inner = Listener::new(&inner_path, true).map_err(|e| {
+            Error::Socket(
+                inner_path.display().to_string(),
+                std::io::Error::other(e.to_string()),
+            )
+        })?;
+        while !shared.shutdown.load(Ordering::SeqCst) {
+            log::info!("waiting for a virtio-net frontend on {shown}");
+            let front = match listener.accept() {
+                Ok(Some(s)) => s,
+                Ok(None) => continue,
+                Err(e) => {
+                    log::error!("accepting a virtio-net frontend: {e}");
+                    continue;
+                }
+            };
             if shared.shutdown.load(Ordering::SeqCst) {
                 break;
             }
-            log::error!("accepting a virtio-net frontend: {e}");
-            continue;
+            let backend = Arc::new(vhu_net::VhuNet::new(port.clone(), stats.clone())?);
+            let mut daemon = VhostUserDaemon::new(
+                "vhost-user-net".into(),
+                backend.clone(),
+                GuestMemoryAtomic::new(GuestMemoryMmap::new()),
+            )
+            .map_err(|e| Error::Daemon(e.to_string()))?;
+            {
+                let handlers = daemon.get_epoll_handlers();
+                handlers[0]
+                    .register_listener(
+                        backend.port_fd(),
+                        EventSet::IN | EventSet::EDGE_TRIGGERED,
+                        vhu_net::PORT_EVENT as u64,
+                    )
+                    .map_err(Error::Io)?;
+                handlers[0]
+                    .register_listener(backend.more_fd(), EventSet::IN, vhu_net::MORE_EVENT as u64)
+                    .map_err(Error::Io)?;
+            }
+            // Our own connection is the one the handler accepts (the directory is ours).
+            let back = UnixStream::connect(&inner_path)?;
+            if let Err(e) = daemon.start(&mut inner) {
+                log::error!("starting the virtio-net handler: {e}");
+                continue;
+            }
+            let relay = vhost_proxy::spawn(front, back)?;
+            *handle.lock().unwrap_or_else(|e| e.into_inner()) = daemon.shutdown_handle();
+            if shared.shutdown.load(Ordering::SeqCst) {
+                daemon.request_shutdown();
+            }
+            log::info!("virtio-net frontend connected");
+            match daemon.wait() {
+                Ok(())
+                | Err(vhost_user_backend::Error::HandleRequest(
+                    vhost::vhost_user::Error::Disconnected
+                    | vhost::vhost_user::Error::PartialMessage,
+                )) => log::info!("virtio-net frontend disconnected"),
+                Err(e) => log::warn!("virtio-net frontend connection ended: {e}"),
+            }
+            handle.lock().unwrap_or_else(|e| e.into_inner()).take();
+            drop(daemon);
+            for t in relay {
+                let _ = t.join();
+            }
+            backend.close_exit_fds();
         }
-        *handle.lock().unwrap_or_else(|e| e.into_inner()) = daemon.shutdown_handle();
-        if shared.shutdown.load(Ordering::SeqCst) {
-            daemon.request_shutdown();
-        }
-        log::info!("virtio-net frontend connected");
-        match daemon.wait() {
-            Ok(())
-            | Err(vhost_user_backend::Error::HandleRequest(
-                vhost::vhost_user::Error::Disconnected | vhost::vhost_user::Error::PartialMessage,
-            )) => log::info!("virtio-net frontend disconnected"),
-            Err(e) => log::warn!("virtio-net frontend connection ended: {e}"),
-        }
-        handle.lock().unwrap_or_else(|e| e.into_inner()).take();
-        drop(daemon);
-        backend.close_exit_fds();
-    }
-    Ok(())
+        Ok(())
+    })();
+    let _ = std::fs::remove_file(&inner_path);
+    let _ = std::fs::remove_dir(&dir);
+    result
 }

@@ -112,6 +112,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// The features the device offers (the VMM adds MAC and STATUS of its own).
+/// VHOST_USER_F_PROTOCOL_FEATURES too: QEMU's vhost-user-net does not start without it (and
+/// the connection goes through [`crate::vhost_proxy`] for the ring enable QEMU sends early).
 pub fn net_features() -> u64 {
     (1 << VIRTIO_F_VERSION_1)
         | (1 << VIRTIO_F_NOTIFY_ON_EMPTY)
@@ -735,6 +737,11 @@ mod tests {
             assert_ne!(f & (1 << want), 0, "feature {want}");
         }
         // MAC and link status are the VMM's; multiqueue is not offered.
+        assert_ne!(
+            f & (1 << 30),
+            0,
+            "QEMU's vhost-user-net needs protocol features"
+        );
         for not in [5u32, 16, 22] {
             assert_eq!(f & (1 << not), 0, "feature {not}");
         }

@@ -6,16 +6,26 @@
 #   rxe      a guest with the virtio-rdma device against a guest running Linux rdma_rxe on its
 #            virtio-net: every tool in both directions
 #
+#   nic      two guests whose daemons are their RoCE NICs (--net-socket): each daemon serves its
+#            guest's virtio-net eth0 and virtio-rdma device on one veth into the bridge, so both
+#            guests sit on one L2 with their own MACs and addresses, ARP their own; IP (ping,
+#            16 MiB over TCP) and every tool run over eth0, RDMA from the guests' own addresses
+#            (rdma_cm resolving them as on any RoCE NIC, no static neighbour)
+#
+#   nic-rxe  interop on one L2: a guest whose daemon is its NIC (as in nic) and a guest running
+#            Linux rdma_rxe on its own virtio-net, on the same bridge: every tool both ways
+#
 #   soak     the devices pair with every tool, round after round, for VUR_SOAK_SECS seconds
 #            (default 120), while every 400th RC packet (but plain ACKs) between the daemons is dropped
 #            (nftables on the namespace's loopback; VUR_SOAK_DROP_EVERY): every tool run must
 #            succeed, the daemons' memory (RssAnon) and fd count stay flat after the warm-up,
 #            and at the end they hold exactly what the guests' kernels hold. tests/vm/soak.test.sh
 #
-#   sudo tests/vm/guest-pair.test.sh [devices|rxe|all|soak] [TOOL...]   default: all (devices
-#   and rxe), every tool; soak: rc uc ud srq send_bw write_bw read_bw atomic_bw rping udaddy nvme
+#   sudo tests/vm/guest-pair.test.sh [devices|rxe|nic|nic-rxe|all|soak] [TOOL...]   default:
+#   all (devices, rxe, nic, nic-rxe), every tool; soak: rc uc ud srq send_bw write_bw read_bw atomic_bw rping udaddy nvme
 #
-# Tools: rc uc ud srq (libibverbs examples with --chk data checks), send_lat send_bw write_lat
+# Tools: tcp (ping and 16 MiB over TCP between the out-of-band addresses: QEMU's own virtio-net
+# on a tap in devices and rxe, the daemon's in the nic modes), rc uc ud srq (libibverbs examples with --chk data checks), send_lat send_bw write_lat
 # write_bw read_bw atomic_bw (perftest), rping (rdma_cm with data verification, the CM over
 # each side's QP1).
 #
@@ -41,13 +51,14 @@ vm_require guest-pair
 vm_device_prereqs guest-pair
 vm_netns guest-pair "$@"
 
-modes=(devices rxe)
+modes=(devices rxe nic nic-rxe)
 case ${1:-all} in
-devices | rxe | soak) modes=("$1"); shift ;;
+devices | rxe | soak | nic | nic-rxe) modes=("$1"); shift ;;
 all) shift || true ;;
--*) echo "usage: $0 [devices|rxe|all|soak] [TOOL...]" >&2; exit 2 ;;
+-*) echo "usage: $0 [devices|rxe|nic|nic-rxe|all|soak] [TOOL...]" >&2; exit 2 ;;
 esac
-all_tools=(rc uc ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw rping ucmatose udaddy rdma_server send_lat_cm nvme)
+rdma_tools=(rc uc ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw rping ucmatose udaddy rdma_server send_lat_cm nvme)
+all_tools=(tcp "${rdma_tools[@]}")
 tools=("$@")
 if [[ ${modes[*]} == soak ]]; then
     command -v nft >/dev/null || vm_missing "guest-pair soak: nft not installed (nftables; images/host-setup.sh)"
@@ -85,6 +96,23 @@ guest_timeout=1200
 daemon() {
     vm_start_daemon "$dir/daemon-$1" "$2" "$3" || return 1
     daemons+=("$1:$REPLY")
+    pids+=("$REPLY")
+}
+
+# nic_daemon NAME IP MAC IFACE: the daemon that is guest NAME's RoCE NIC: a veth pair IFACE
+# (the daemon's end, no address of the host's) and IFACE's peer on the bridge; the daemon
+# serves the guest's virtio-net (net.sock) and virtio-rdma device on IFACE. IP is the guest's
+# (for the log; the daemon learns it from the guest's GIDs).
+nic_daemon() {
+    local name=$1 ip=$2 mac=$3 ifc=$4
+    ip link add "$ifc" type veth peer name "${ifc}p" || return 1
+    sysctl -q -w "net.ipv6.conf.$ifc.disable_ipv6=1" || true
+    ip link set "${ifc}p" master "${VUR_BRIDGE:-vurbr0}" up && ip link set "$ifc" up || return 1
+    # --udp-addr is not used with --iface; a loopback address keeps the guest's off the host
+    vm_start_daemon "$dir/daemon-$name" "127.0.0.$((${#daemons[@]} + 2))" "$mac" \
+        --iface "$ifc" --net-socket "$dir/daemon-$name/net.sock" || return 1
+    log "nic: daemon of guest $name ($ip, $mac) on $ifc"
+    daemons+=("$name:$REPLY")
     pids+=("$REPLY")
 }
 
@@ -134,6 +162,32 @@ run_mode() {
             --env PAIR_PEER_OOB=10.78.0.2 --env PAIR_PEER_ROCE=10.77.0.2 \
             --env PAIR_PEER_MAC=52:54:00:77:00:02 "${soak_env[@]}"
         ;;
+    nic)
+        for t in "${tools[@]}"; do steps+="${steps:+,}$t@a"; done
+        nic_own="52:54:00:77:00:02=10.77.0.2,52:54:00:77:00:03=10.77.0.3"
+        nic_daemon a 10.77.0.2 52:54:00:77:00:02 vhA || return 1
+        nic_daemon b 10.77.0.3 52:54:00:77:00:03 vhB || return 1
+        guest a --rdma-sock "$dir/daemon-a/rdma.sock" --net-sock "$dir/daemon-a/net.sock" \
+            --mac 52:54:00:77:00:02 --ip 10.77.0.2/24 --no-rxe --env PAIR_DEV=vrdma0 \
+            --env PAIR_OOB=10.77.0.2/24 --env PAIR_OOB_MAC=52:54:00:77:00:02 \
+            --env PAIR_PEER_OOB=10.77.0.3 --env PAIR_PEER_ROCE=10.77.0.3
+        guest b --rdma-sock "$dir/daemon-b/rdma.sock" --net-sock "$dir/daemon-b/net.sock" \
+            --mac 52:54:00:77:00:03 --ip 10.77.0.3/24 --no-rxe --env PAIR_DEV=vrdma0 \
+            --env PAIR_OOB=10.77.0.3/24 --env PAIR_OOB_MAC=52:54:00:77:00:03 \
+            --env PAIR_PEER_OOB=10.77.0.2 --env PAIR_PEER_ROCE=10.77.0.2
+        ;;
+    nic-rxe)
+        for t in "${tools[@]}"; do steps+="${steps:+,}$t@dev,$t@rxe"; done
+        nic_own="52:54:00:77:00:02=10.77.0.2,52:54:00:77:00:04=10.77.0.4"
+        nic_daemon dev 10.77.0.2 52:54:00:77:00:02 vhA || return 1
+        guest dev --rdma-sock "$dir/daemon-dev/rdma.sock" --net-sock "$dir/daemon-dev/net.sock" \
+            --mac 52:54:00:77:00:02 --ip 10.77.0.2/24 --no-rxe --env PAIR_DEV=vrdma0 \
+            --env PAIR_OOB=10.77.0.2/24 --env PAIR_OOB_MAC=52:54:00:77:00:02 \
+            --env PAIR_PEER_OOB=10.77.0.4 --env PAIR_PEER_ROCE=10.77.0.4
+        guest rxe --tap vurtapB --mac 52:54:00:77:00:04 --ip 10.77.0.4/24 \
+            --env PAIR_DEV=rxe0 --env PAIR_OOB=10.77.0.4/24 --env PAIR_OOB_MAC=52:54:00:77:00:04 \
+            --env PAIR_PEER_OOB=10.77.0.2 --env PAIR_PEER_ROCE=10.77.0.2
+        ;;
     rxe)
         for t in "${tools[@]}"; do steps+="${steps:+,}$t@dev,$t@rxe"; done
         daemon dev 10.77.0.2 52:54:00:77:00:02 || return 1
@@ -161,6 +215,21 @@ run_mode() {
         done
         grep -qs '^tap: attached' "$dir/tap.err" ||
             { cat "$dir/tap.err"; log "$mode: FAIL: the tap on lo did not attach within 20 s"; return 1; }
+    fi
+    # nic: every RoCE frame and ICMP message on the bridge, for nic_check afterwards
+    cap_pid=''
+    if [[ $mode == nic* ]]; then
+        tshark -i "${VUR_BRIDGE:-vurbr0}" -s 128 -f 'udp port 4791 or icmp' -w "$dir/bridge.pcapng" \
+            >"$dir/tshark.log" 2>&1 &
+        cap_pid=$!
+        pids+=("$cap_pid")
+        for _ in $(seq 200); do
+            grep -qs '^Capturing on' "$dir/tshark.log" && break
+            kill -0 "$cap_pid" 2>/dev/null || break
+            sleep 0.1
+        done
+        grep -qs '^Capturing on' "$dir/tshark.log" ||
+            { cat "$dir/tshark.log"; log "$mode: FAIL: tshark on the bridge did not start within 20 s"; return 1; }
     fi
     log "$mode: two guests booting; steps: $steps"
     # The daemons' counters once both guests have run every tool (they are still connected).
@@ -195,6 +264,9 @@ run_mode() {
     if [[ -n $tap_pid ]]; then
         tap_check "$mode" "$tap_pid" || fail=1
     fi
+    if [[ -n $cap_pid ]]; then
+        nic_check "$cap_pid" || fail=1
+    fi
     for n in "$dir"/*.rc; do
         local g rc
         g=$(basename "$n" .rc)
@@ -226,7 +298,48 @@ run_mode() {
         wait "$pid" 2>/dev/null || true
     done
     ip addr flush dev lo scope global 2>/dev/null || true
+    if [[ $mode == nic* ]]; then
+        ip link del vhA 2>/dev/null || true
+        ip link del vhB 2>/dev/null || true
+    fi
     return "$fail"
+}
+
+# nic_check PID: stop the capture on the bridge; every RoCE frame on it must come from one of
+# the guests with its own MAC and address ($nic_own: MAC=IP,...), and no ICMP port
+# unreachable may answer UDP 4791 (RoCE reaching a guest's IP stack would).
+nic_check() {
+    local pid=$1 out roce bad unreach
+    kill -INT "$pid"
+    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$pid" 2>/dev/null && kill -9 "$pid"
+    wait "$pid" 2>/dev/null || true
+    local prog
+    prog=$(
+        cat <<'PY'
+import sys
+own = dict(p.split("=") for p in sys.argv[1].split(","))
+roce = bad = unreach = 0
+for line in sys.stdin:
+    src, ip, dport, itype, icode, ports = (line.rstrip("\n").split("\t") + [""] * 6)[:6]
+    if dport == "4791":
+        roce += 1
+        if own.get(src) != ip:
+            bad += 1
+            if bad <= 3:
+                print("  foreign RoCE frame:", src, ip)
+    if itype.split(",")[0] == "3" and icode.split(",")[0] == "3" and "4791" in ports:
+        unreach += 1
+print(f"{roce} {bad} {unreach}")
+PY
+    )
+    out=$(tshark -n -r "$dir/bridge.pcapng" -T fields -e eth.src -e ip.src -e udp.dstport \
+        -e icmp.type -e icmp.code -e udp.port 2>/dev/null | python3 -c "$prog" "$nic_own") ||
+        { log "nic: FAIL: the capture on the bridge is unreadable"; return 1; }
+    echo "$out" | sed '$d'
+    read -r roce bad unreach <<<"$(echo "$out" | tail -1)"
+    log "nic: bridge capture: $roce RoCE frames, $bad not from a guest's own MAC and address, $unreach ICMP port unreachable for UDP 4791"
+    ((roce > 0 && bad == 0 && unreach == 0)) || { log "nic: FAIL: the bridge capture"; return 1; }
 }
 
 # tap_check MODE PID: stop the tap on lo; every packet the daemons sent must be in the capture

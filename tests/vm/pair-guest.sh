@@ -103,6 +103,9 @@ tool_cmds() {
     send_lat_cm) echo "$p|ib_send_lat -d $dev -R -F -n $iters -s 64 -p $p|ib_send_lat -d $dev -R -F -n $iters -s 64 -p $p @PEER@" ;;
     # NVMe over RDMA: kernel verbs end to end (nvmet-rdma target, nvme-rdma host)
     nvme) echo "4420|nvme_target|nvme_host @PEER@" ;;
+    # IP between the guests' out-of-band NICs (eth0 itself where the daemon is the NIC): ping,
+    # then 16 MiB over TCP checked end to end
+    tcp) echo "$p|tcp_server $p|tcp_client $PAIR_PEER_OOB $p" ;;
     *) return 1 ;;
     esac
 }
@@ -160,7 +163,39 @@ nvme_host() {
         { echo "nvme: data check failed"; echo 1 >"/sys/class/nvme/$ctrl/delete_controller"; return 1; }
     echo 1 >"/sys/class/nvme/$ctrl/delete_controller"
 }
-export -f nvme_target nvme_host
+# tcp_server PORT: accept one connection, read until its end, answer with the SHA-256 of what
+# came.
+tcp_server() {
+    python3 -c 'import hashlib, socket, sys
+s = socket.create_server(("", int(sys.argv[1])))
+c, peer = s.accept()
+h, n = hashlib.sha256(), 0
+while b := c.recv(1 << 16):
+    h.update(b)
+    n += len(b)
+c.sendall(h.hexdigest().encode())
+c.close()
+print(f"tcp: {n} bytes from {peer[0]}")' "$1"
+}
+
+# tcp_client ADDR PORT: three pings to ADDR, then 16 MiB of random data to the server, whose
+# digest must be the data's; says how long the transfer took.
+tcp_client() {
+    ping -c 3 -i 0.2 -W 5 "$1" || { echo "ping $1 failed"; return 1; }
+    python3 -c 'import hashlib, os, socket, sys, time
+data = os.urandom(16 << 20)
+want = hashlib.sha256(data).hexdigest()
+c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=60)
+t0 = time.monotonic()
+c.sendall(data)
+c.shutdown(socket.SHUT_WR)
+got = b"".join(iter(lambda: c.recv(256), b"")).decode()
+s = time.monotonic() - t0
+ok = got == want
+print(f"tcp: 16 MiB in {s:.2f} s ({16 / s:.1f} MiB/s), the server digest " + ("matches" if ok else "differs: " + got))
+sys.exit(0 if ok else 1)' "$1" "$2"
+}
+export -f nvme_target nvme_host tcp_server tcp_client
 export sync VUR_ADDR
 
 # run_step I TOOL SERVER: step I (unique across rounds: it names the sync files) runs TOOL's
@@ -218,6 +253,7 @@ run_step() {
     if [[ $role == client ]]; then
         case $tool in
         send_lat | write_lat | send_lat_cm) res=$(awk '/^ *64 +[0-9]+ /{print "t_avg_us=" $6; exit}' "/tmp/$i.log") ;;
+        tcp) res=$(sed -n 's/.*(\([0-9.]*\) MiB\/s).*/tcp_MiBps=\1/p' "/tmp/$i.log") ;;
         *_bw) res=$(awk '/^ *[0-9]+ +[0-9]+ +[0-9.]+ +[0-9.]+ /{print "bw_avg_MBps=" $4; exit}' "/tmp/$i.log") ;;
         esac
     fi

@@ -30,6 +30,9 @@
 #                      virtio-rdma port has a netdev to pair with and carry its addresses
 #   --allow-reboot     a guest reboot restarts the guest (the scenario runs again at every
 #                      boot) instead of ending QEMU
+#   --net-sock PATH    eth0 (virtio-net, --mac) is served by the daemon listening on PATH
+#                      (vhost-user-rdma --net-socket): with --rdma-sock on the same daemon, the
+#                      guest has its RoCE NIC
 #   --tap2 TAP --mac2 MAC  a second NIC (eth1) on TAP, e.g. next to --nic-no-peer: the guest's
 #                      link to other guests while eth0 carries the virtio-rdma addresses
 #
@@ -43,7 +46,7 @@ repo=$(cd "$here/../.." && pwd)
 
 name='' tap='' mac='' ip='' ip6='' mtu='' scenario='' shared='' timeout=300 logf=''
 mem=1024 smp=1 rxe=1 interactive=0 images=${VUR_IMAGES:-} qemu=${VUR_QEMU:-qemu-system-x86_64}
-rdma_sock='' rdma_reconnect='' nic_no_peer=0 tap2='' mac2='' no_reboot=-no-reboot
+rdma_sock='' net_sock='' rdma_reconnect='' nic_no_peer=0 tap2='' mac2='' no_reboot=-no-reboot
 envs=() files=()
 die() { printf '[run-vm] error: %s\n' "$*" >&2; exit 2; }
 while (($#)); do
@@ -67,6 +70,7 @@ while (($#)); do
     --images) images=$2; shift ;;
     --qemu) qemu=$2; shift ;;
     --rdma-sock) rdma_sock=$2; shift ;;
+    --net-sock) net_sock=$2; shift ;;
     --rdma-reconnect) rdma_reconnect=$2; shift ;;
     --nic-no-peer) nic_no_peer=1 ;;
     --allow-reboot) no_reboot='' ;;
@@ -140,7 +144,14 @@ if [[ -n $tap ]]; then
     args+=(-netdev "tap,id=n0,ifname=$tap,script=no,downscript=no"
         -device "virtio-net-pci,netdev=n0,mac=$mac,romfile=")
 fi
-if [[ -z $tap ]] && ((nic_no_peer)); then
+if [[ -n $net_sock ]]; then
+    [[ -z $tap ]] || die "--net-sock and --tap both make eth0"
+    [[ -S $net_sock ]] || die "no vhost-user socket at $net_sock (start vhost-user-rdma --net-socket first)"
+    args+=(-chardev "socket,id=net0,path=$net_sock"
+        -netdev vhost-user,id=n0,chardev=net0
+        -device "virtio-net-pci,netdev=n0,mac=$mac,romfile=")
+fi
+if [[ -z $tap && -z $net_sock ]] && ((nic_no_peer)); then
     args+=(-device "virtio-net-pci,mac=$mac,romfile=")
 fi
 if [[ -n $tap2 ]]; then
@@ -149,10 +160,13 @@ if [[ -n $tap2 ]]; then
     args+=(-netdev "tap,id=n1,ifname=$tap2,script=no,downscript=no"
         -device "virtio-net-pci,netdev=n1,mac=$mac2,romfile=")
 fi
+if [[ -n $rdma_sock || -n $net_sock ]]; then
+    # vhost-user backends map guest memory: a shared memfd
+    args+=(-object "memory-backend-memfd,id=mem,size=${mem}M,share=on" -numa node,memdev=mem)
+fi
 if [[ -n $rdma_sock ]]; then
     [[ -S $rdma_sock ]] || die "no vhost-user socket at $rdma_sock (start vhost-user-rdma first)"
-    args+=(-object "memory-backend-memfd,id=mem,size=${mem}M,share=on" -numa node,memdev=mem
-        -chardev "socket,id=rdma0,path=$rdma_sock${rdma_reconnect:+,reconnect-ms=$rdma_reconnect}"
+    args+=(-chardev "socket,id=rdma0,path=$rdma_sock${rdma_reconnect:+,reconnect-ms=$rdma_reconnect}"
         -device vhost-user-rdma-pci,chardev=rdma0)
 fi
 [[ -z $shared ]] || args+=(-virtfs "local,path=$shared,mount_tag=vur,security_model=none,id=vur")

@@ -78,7 +78,9 @@ impl NetGuest {
             fe.set_vring_base(i, 0)?;
             fe.set_vring_call(i, &q.call)?;
             fe.set_vring_kick(i, &q.kick)?;
-            fe.set_vring_enable(i, true)?;
+            if acked & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() != 0 {
+                fe.set_vring_enable(i, true)?;
+            }
             qs.push(q);
         }
         let tx = qs.pop().expect("2 queues");
