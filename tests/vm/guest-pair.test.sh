@@ -25,7 +25,8 @@
 #   all (devices, rxe, nic, nic-rxe), every tool; soak: rc uc ud srq send_bw write_bw read_bw atomic_bw rping udaddy nvme
 #
 # Tools: tcp (ping and 16 MiB over TCP between the out-of-band addresses: QEMU's own virtio-net
-# on a tap in devices and rxe, the daemon's in the nic modes), rc uc ud srq (libibverbs examples with --chk data checks), send_lat send_bw write_lat
+# on a tap in devices and rxe, the daemon's in the nic modes), mckey (UD multicast through
+# rdma_cm, nic modes, only when named), rc uc ud srq (libibverbs examples with --chk data checks), send_lat send_bw write_lat
 # write_bw read_bw atomic_bw (perftest), rping (rdma_cm with data verification, the CM over
 # each side's QP1).
 #
@@ -58,7 +59,9 @@ all) shift || true ;;
 -*) echo "usage: $0 [devices|rxe|nic|nic-rxe|all|soak] [TOOL...]" >&2; exit 2 ;;
 esac
 rdma_tools=(rc uc ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw rping ucmatose udaddy rdma_server send_lat_cm nvme)
-all_tools=(tcp "${rdma_tools[@]}")
+# mckey (UD multicast through rdma_cm; the daemon must be the NIC) runs when asked for: the
+# guest's rdma_cm join on vrdma0 still ends in RDMA_CM_EVENT_MULTICAST_ERROR
+all_tools=(tcp "${rdma_tools[@]}" mckey)
 tools=("$@")
 if [[ ${modes[*]} == soak ]]; then
     command -v nft >/dev/null || vm_missing "guest-pair soak: nft not installed (nftables; images/host-setup.sh)"
@@ -68,7 +71,7 @@ if [[ ${modes[*]} == soak ]]; then
     [[ $soak_secs =~ ^[1-9][0-9]*$ && $drop_every =~ ^[1-9][0-9]*$ ]] ||
         { echo "VUR_SOAK_SECS and VUR_SOAK_DROP_EVERY must be positive integers" >&2; exit 2; }
 fi
-((${#tools[@]})) || tools=("${all_tools[@]}")
+((${#tools[@]})) || tools=(tcp "${rdma_tools[@]}")
 for t in "${tools[@]}"; do
     [[ " ${all_tools[*]} " == *" $t "* ]] || { echo "unknown tool $t (${all_tools[*]})" >&2; exit 2; }
 done

@@ -74,7 +74,12 @@ wait_file() { # wait_file PATH SECONDS WHAT
     return 1
 }
 
-listening() { # a TCP listener (pingpongs, perftest) or an RDMA CM listener (rping)
+listening() { # a TCP listener (pingpongs, perftest), an RDMA CM listener (rping), or (an
+    # address: mckey) a CM ID bound to that multicast group
+    if [[ $1 == *.* ]]; then
+        rdma resource show cm_id 2>/dev/null | grep -q "dst-addr $1:"
+        return
+    fi
     { ss -ltn; rdma resource show cm_id 2>/dev/null; } | grep -qE ":$1( |$)"
 }
 
@@ -103,6 +108,9 @@ tool_cmds() {
     send_lat_cm) echo "$p|ib_send_lat -d $dev -R -F -n $iters -s 64 -p $p|ib_send_lat -d $dev -R -F -n $iters -s 64 -p $p @PEER@" ;;
     # NVMe over RDMA: kernel verbs end to end (nvmet-rdma target, nvme-rdma host)
     nvme) echo "4420|nvme_target|nvme_host @PEER@" ;;
+    # UD multicast through rdma_cm: the server joins 239.77.0.1 and receives 20 datagrams the
+    # client sends to the group (IGMP from the guests' own stacks)
+    mckey) echo "239.77.0.1|mckey_run -m 239.77.0.1 -b @SELF@ -C 20|mckey_run -m 239.77.0.1 -b @SELF@ -s -C 20" ;;
     # IP between the guests' out-of-band NICs (eth0 itself where the daemon is the NIC): ping,
     # then 16 MiB over TCP checked end to end
     tcp) echo "$p|tcp_server $p|tcp_client $PAIR_PEER_OOB $p" ;;
@@ -195,7 +203,15 @@ ok = got == want
 print(f"tcp: 16 MiB in {s:.2f} s ({16 / s:.1f} MiB/s), the server digest " + ("matches" if ok else "differs: " + got))
 sys.exit(0 if ok else 1)' "$1" "$2"
 }
-export -f nvme_target nvme_host tcp_server tcp_client
+# mckey_run ARGS...: mckey, failing unless its data transfers completed (mckey itself exits 0
+# after a failed join).
+mckey_run() {
+    local out rc=0
+    out=$(mckey "$@" 2>&1) || rc=$?
+    echo "$out"
+    ((rc == 0)) && [[ $out == *"data transfers complete"* && $out != *ERROR* ]]
+}
+export -f nvme_target nvme_host tcp_server tcp_client mckey_run
 export sync VUR_ADDR
 
 # run_step I TOOL SERVER: step I (unique across rounds: it names the sync files) runs TOOL's
@@ -208,6 +224,7 @@ run_step() {
     scmd=${scmd//@SELF@/$VUR_ADDR}
     [[ -n $ccmd ]] || ccmd="$scmd $PAIR_PEER_OOB"
     ccmd=${ccmd//@PEER@/$PAIR_PEER_ROCE}
+    ccmd=${ccmd//@SELF@/$VUR_ADDR}
     rc=0
     t0=${EPOCHREALTIME/./}
     if [[ $srv == "$me" ]]; then

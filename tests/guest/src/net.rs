@@ -3,7 +3,8 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
@@ -181,4 +182,82 @@ impl NetGuest {
             buffers,
         })
     }
+}
+
+fn be16(b: &[u8], at: usize) -> u16 {
+    u16::from_be_bytes([b[at], b[at + 1]])
+}
+
+pub fn csum(data: &[u8], mut sum: u32) -> u16 {
+    for c in data.chunks(2) {
+        sum += u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]) as u32;
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// What the guest's stack saw.
+#[derive(Debug, Default)]
+pub struct Seen {
+    pub arp_requests: u32,
+    pub pings: u32,
+    pub roce: u32,
+    pub udp: Vec<Received>,
+}
+
+/// A guest's IP stack, as small as the tests need: answers ARP for `ip` and ICMP echo to it
+/// with `mac`, counts RoCE, keeps other UDP to it; until `stop`.
+pub fn guest_stack(
+    mut g: NetGuest,
+    ip: [u8; 4],
+    mac: [u8; 6],
+    stop: Arc<AtomicBool>,
+    seen: Arc<Mutex<Seen>>,
+) -> NetGuest {
+    while !stop.load(Ordering::Relaxed) {
+        let Some(r) = g.recv(Duration::from_millis(50)) else {
+            continue;
+        };
+        let f = &r.frame;
+        if f.len() < 42 {
+            continue;
+        }
+        let mut s = seen.lock().unwrap();
+        if be16(f, 12) == 0x0806 && be16(f, 20) == 1 && f[38..42] == ip {
+            s.arp_requests += 1;
+            let mut a = f[6..12].to_vec();
+            a.extend_from_slice(&mac);
+            a.extend_from_slice(&[0x08, 0x06, 0, 1, 8, 0, 6, 4, 0, 2]);
+            a.extend_from_slice(&mac);
+            a.extend_from_slice(&ip);
+            a.extend_from_slice(&f[22..32]);
+            drop(s);
+            g.send([0; HDR], &a).expect("ARP reply");
+        } else if be16(f, 12) == 0x0800 && f[30..34] == ip {
+            let ihl = (f[14] & 15) as usize * 4;
+            let l4 = 14 + ihl;
+            match f[23] {
+                1 if f[l4] == 8 => {
+                    s.pings += 1;
+                    let mut e = f.clone();
+                    e[..6].copy_from_slice(&f[6..12]);
+                    e[6..12].copy_from_slice(&mac);
+                    e[26..30].copy_from_slice(&f[30..34]);
+                    e[30..34].copy_from_slice(&f[26..30]);
+                    e[l4] = 0;
+                    e[l4 + 2..l4 + 4].copy_from_slice(&[0, 0]);
+                    let c = csum(&e[l4..], 0);
+                    e[l4 + 2..l4 + 4].copy_from_slice(&c.to_be_bytes());
+                    drop(s);
+                    g.send([0; HDR], &e).expect("echo reply");
+                }
+                17 if be16(f, l4 + 2) == 4791 => s.roce += 1,
+                17 => s.udp.push(r.clone()),
+                _ => {}
+            }
+        }
+    }
+    g
 }

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# The daemon's NIC mode on netkit, inside the trixie guest (kernel 6.12 has netkit; this host's
+# kernel may not) — the host-built binary, passed in through /vur:
+#   1. `vhost-user-rdma link add nk0 --peer nk1 --kind netkit --peer-netns t1`: a netkit pair
+#      in L2 mode through rtnetlink, the peer in namespace t1, both up; `link del` removes it.
+#   2. the daemon on nk0 with --net-socket, and a virtio-net guest on it (vur-nic-guest: a
+#      vhost-user frontend that answers ARP and ping for 10.80.0.2): ping from t1 through nk1
+#      goes both ways through the daemon's packet sockets on netkit and the guest's rings;
+#      the RoCE socket takes none of it.
+#
+#   sudo tests/vm/nic-netkit.test.sh
+#
+# Runs in a network namespace of its own (tests/vm/net.sh exec). Prints "SKIP: <reason>" and
+# exits 77 without root, QEMU or the guest image (a failure under CI=true). Uses
+# target/release/vhost-user-rdma (VUR_DAEMON to choose another).
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+log() { printf '[nic-netkit %s] %s\n' "$(date +%T)" "$*"; }
+fail() { printf '[nic-netkit %s] FAIL: %s\n' "$(date +%T)" "$*"; exit 1; }
+# shellcheck source=tests/vm/lib.sh
+. "$here/lib.sh"
+vm_require nic-netkit
+if ! vm_in_netns && [[ -z ${VUR_DAEMON:-} ]]; then
+    t=$SECONDS
+    log "building vhost-user-rdma and vur-nic-guest (release)"
+    (cd "$repo" && cargo build -q --release -p vhost-user-rdma -p vur-testguest --bin vhost-user-rdma --bin vur-nic-guest)
+    log "built in $((SECONDS - t)) s"
+fi
+vm_netns nic-netkit "$@"
+
+bin=${VUR_DAEMON:-$repo/target/release/vhost-user-rdma}
+probe=$repo/target/release/vur-nic-guest
+[[ -x $bin && -x $probe ]] || fail "$bin or $probe not built"
+shared=$(mktemp -d "${TMPDIR:-/tmp}/vur-nic-netkit.XXXXXX")
+cleanup() {
+    local rc=$?
+    if ((rc == 0)); then rm -rf "$shared"; else log "artifacts kept in $shared"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+cp "$bin" "$probe" "$shared/"
+
+cat >"$shared/nic-netkit-guest.sh" <<'EOF'
+#!/bin/bash
+# Runs inside the guest (tests/vm/nic-netkit.test.sh).
+set -uo pipefail
+say() { echo "NKVM $*"; }
+bad() { echo "NKVM-FAIL $*"; exit 1; }
+d=/vur/vhost-user-rdma
+counter() { # counter SECTION KEY: from the daemon's counters socket
+    python3 -c 'import json, socket, sys
+s = socket.socket(socket.AF_UNIX); s.connect("/tmp/c.sock")
+d = json.loads(b"".join(iter(lambda: s.recv(65536), b"")))
+print(d.get(sys.argv[1], {}).get(sys.argv[2], -1))' "$1" "$2"
+}
+say "kernel $(uname -r)"
+# --- 1. the pair, through rtnetlink -------------------------------------------------------
+ip netns add t1
+$d link add nk0 --peer nk1 --kind netkit --peer-netns t1 || bad "link add (netkit) failed"
+info=$(ip -d link show nk0)
+say "nk0: $(echo "$info" | grep -o 'netkit.*' | head -1)"
+[[ $info == *netkit* && $info == *"mode l2"* && $info == *link/ether* ]] || bad "nk0 is not a netkit device in L2 mode: $info"
+[[ $info == *",UP"* ]] || bad "nk0 is not up"
+ip -n t1 link show nk1 >/dev/null || bad "nk1 is not in namespace t1"
+[[ -z $(ip link show nk1 2>/dev/null) ]] || bad "nk1 is here too"
+out=$($d link add nk0 --peer nk9 --kind netkit 2>&1) && bad "a second nk0 was made"
+say "the same name again: $out"
+# --- 2. the daemon on netkit --------------------------------------------------------------
+ip -n t1 link set nk1 up
+ip -n t1 addr add 10.80.0.1/24 dev nk1
+$d --socket-path /tmp/r.sock --net-socket /tmp/n.sock --iface nk0 --mac 02:80:00:00:00:02 \
+    --counters-socket /tmp/c.sock 2>/tmp/daemon.log &
+pid=$!
+for _ in $(seq 100); do [[ -S /tmp/c.sock && -S /tmp/n.sock ]] && break; sleep 0.1; done
+[[ -S /tmp/n.sock ]] || { cat /tmp/daemon.log; bad "the daemon did not come up on nk0"; }
+/vur/vur-nic-guest --net-socket /tmp/n.sock --ip 10.80.0.2 --mac 02:80:00:00:00:02 \
+    --pings 3 --seconds 60 >/tmp/guest.out 2>&1 &
+gpid=$!
+ip netns exec t1 ping -c 3 -i 0.3 -W 10 10.80.0.2 >/tmp/ping.out 2>&1
+prc=$?
+wait $gpid
+grc=$?
+say "$(tail -1 /tmp/ping.out)"
+say "$(cat /tmp/guest.out)"
+say "net: rx_frames $(counter net rx_frames), tx_frames $(counter net tx_frames); RoCE socket: rx_packets $(counter transport rx_packets)"
+((prc == 0 && grc == 0)) || { cat /tmp/ping.out /tmp/daemon.log; bad "ping through netkit and the daemon's virtio-net failed"; }
+(($(counter net tx_frames) >= 4)) || bad "the guest's answers did not leave through the daemon"
+(($(counter transport rx_packets) == 0)) || bad "the RoCE socket took a frame that is not RoCE"
+kill -TERM $pid
+wait $pid || { cat /tmp/daemon.log; bad "the daemon did not end cleanly on SIGTERM"; }
+[[ ! -e /tmp/n.sock ]] || bad "the daemon left its virtio-net socket behind"
+$d link del nk0 || bad "link del failed"
+[[ -z $(ip link show nk0 2>/dev/null) ]] || bad "nk0 is still there"
+say "PASS"
+EOF
+chmod +x "$shared/nic-netkit-guest.sh"
+
+images=${VUR_IMAGES:-$images}
+log "booting the guest (image $images)"
+rc=0
+"$here/run-vm.sh" --name nk --images "$images" --shared "$shared" --no-rxe \
+    --scenario "$shared/nic-netkit-guest.sh" --timeout 300 >"$shared/run.log" 2>&1 || rc=$?
+tr -d '\r' <"$shared/nk.console.log" | grep -a '^NKVM' || true
+((rc == 0)) || { tail -30 "$shared/run.log"; fail "the guest scenario ended with rc=$rc"; }
+grep -aq '^NKVM PASS' "$shared/nk.console.log" || fail "no PASS from the guest"
+log "PASS"
