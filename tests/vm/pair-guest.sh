@@ -44,6 +44,9 @@ done
 ip link set "$oob_if" up
 ip addr add "$PAIR_OOB" dev "$oob_if" 2>/dev/null || true
 sysctl -q -w "net.ipv4.conf.$oob_if.arp_ignore=1"
+# Multicast leaves through eth0 (the guests have no default route; rxe looks one up for every
+# datagram to a group)
+ip route replace 224.0.0.0/4 dev eth0 2>/dev/null || true
 if [[ -n ${PAIR_PEER_MAC:-} ]]; then
     ip neigh replace "$PAIR_PEER_ROCE" lladdr "$PAIR_PEER_MAC" dev eth0 nud permanent
 fi

@@ -346,6 +346,31 @@ static int vrdma_query_pkey(struct ib_device *ib, u32 port, u16 index, u16 *pkey
 	return 0;
 }
 
+/*
+ * Multicast: the QP joins or leaves the group in the device, which delivers the group's
+ * datagrams to every attached QP. The group's traffic on the wire (IGMP/MLD) is the netdev's:
+ * rdma_cm joins through it.
+ */
+static int vrdma_mcast(struct ib_qp *ibqp, union ib_gid *gid, u32 op)
+{
+	struct vrdma_cmd_mcast cmd = {
+		.qpn = cpu_to_le32(ibqp->qp_num),
+	};
+
+	memcpy(cmd.gid, gid->raw, sizeof(cmd.gid));
+	return vrdma_cmd(to_vdev(ibqp->device), op, &cmd, sizeof(cmd), NULL, 0);
+}
+
+static int vrdma_attach_mcast(struct ib_qp *ibqp, union ib_gid *gid, u16 lid)
+{
+	return vrdma_mcast(ibqp, gid, VRDMA_CMD_ATTACH_MCAST);
+}
+
+static int vrdma_detach_mcast(struct ib_qp *ibqp, union ib_gid *gid, u16 lid)
+{
+	return vrdma_mcast(ibqp, gid, VRDMA_CMD_DETACH_MCAST);
+}
+
 static int vrdma_add_gid(const struct ib_gid_attr *attr, void **context)
 {
 	struct vrdma_dev *dev = to_vdev(attr->device);
@@ -1850,6 +1875,7 @@ const struct ib_device_ops vrdma_dev_ops = {
 	.alloc_mw = vrdma_alloc_mw,
 	.alloc_pd = vrdma_alloc_pd,
 	.alloc_ucontext = vrdma_alloc_ucontext,
+	.attach_mcast = vrdma_attach_mcast,
 	.create_ah = vrdma_create_ah,
 	.create_cq = vrdma_create_cq,
 	.create_qp = vrdma_create_qp,
@@ -1864,6 +1890,7 @@ const struct ib_device_ops vrdma_dev_ops = {
 	.destroy_cq = vrdma_destroy_cq,
 	.destroy_qp = vrdma_destroy_qp,
 	.destroy_srq = vrdma_destroy_srq,
+	.detach_mcast = vrdma_detach_mcast,
 	.get_dma_mr = vrdma_get_dma_mr,
 	.get_link_layer = vrdma_get_link_layer,
 	.get_netdev = vrdma_get_netdev,
