@@ -31,7 +31,6 @@ modules=("$@")
 declare -A known_gaps=(
     [tests.test_rdmacm.CMTestCase.test_rdmacm_async_multicast_traffic]="UD multicast: not offered by the udp transport (docs/virtio-rdma.md §5.9)"
     [tests.test_rdmacm.CMTestCase.test_rdmacm_async_ex_multicast_traffic]="UD multicast, as above"
-    [tests.test_rdmacm.CMTestCase.test_rdmacm_async_ex_leave_multicast_traffic]="UD multicast, as above"
 )
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/vur-pyverbs.XXXXXX")
