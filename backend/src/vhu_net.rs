@@ -340,6 +340,8 @@ impl VhuNet {
         let mut frames = 0;
         let mut rechecked = false;
         while frames < BUDGET {
+            // Every frame counts, dropped ones too: a flood of bad frames yields as well.
+            frames += 1;
             let n = match io.rx_held.take() {
                 Some(n) => n,
                 None => match self.port.recv(&mut io.rx) {
@@ -371,7 +373,6 @@ impl VhuNet {
                     }
                 },
             };
-            frames += 1;
             match place(q, mem, &io.rx[..n], hdr_len, mergeable) {
                 Place::Done(k) => {
                     placed += k;
