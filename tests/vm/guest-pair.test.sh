@@ -520,7 +520,9 @@ failed=()
 for m in "${modes[@]}"; do
     t0=$SECONDS
     if run_mode "$m"; then
-        log "$m: PASS (${tools[*]}) in $((SECONDS - t0)) s"
+        # the tools of the steps that ran (a mode may add its own)
+        ran=$(tr ',' '\n' <<<"$steps" | sed 's/@.*//' | awk '!seen[$0]++' | paste -sd' ')
+        log "$m: PASS ($ran) in $((SECONDS - t0)) s"
     else
         log "$m: FAIL in $((SECONDS - t0)) s (logs: $work/$m)"
         failed+=("$m")
