@@ -83,7 +83,9 @@ listening() { # a TCP listener (pingpongs, perftest), an RDMA CM listener (rping
         rdma resource show cm_id 2>/dev/null | grep -q "dst-addr $1:"
         return
     fi
-    { ss -ltn; rdma resource show cm_id 2>/dev/null; } | grep -qE ":$1( |$)"
+    # (a CM ID only once it listens: one merely bound to the port rejects a connection that
+    # comes before its rdma_listen, and the client fails with REJECTED, invalid service ID)
+    { ss -ltn; rdma resource show cm_id 2>/dev/null | grep -w LISTEN; } | grep -qE ":$1( |$)"
 }
 
 chk() { "$1" --help 2>&1 | grep -q -- '--chk' && echo -c; }
