@@ -4,20 +4,10 @@
 
 use std::process::Command;
 
-use common::bin;
+use common::{bin, run};
 use vur_testguest::netns;
 
 mod common;
-
-fn run(test: &str, f: impl FnOnce() + Send + 'static) {
-    if let Some(why) = netns::unavailable() {
-        eprintln!("SKIP {test}: {why}");
-        return;
-    }
-    if let Err(why) = netns::run_in_new_netns(f) {
-        eprintln!("SKIP {test}: cannot create a network namespace: {why}");
-    }
-}
 
 /// `vur-daemon link ARGS…` (the daemon binary's `link` command); exit code and stderr.
 fn link(args: &[&str], drop_net_admin: bool) -> (Option<i32>, String) {

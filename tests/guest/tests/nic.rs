@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{bin, send_write_read};
+use common::{bin, run, send_write_read};
 use rxe_core::verbs::*;
 use vur_testguest::net::*;
 use vur_testguest::netns;
@@ -41,16 +41,6 @@ const HOST_MAC: [u8; 6] = [0x02, 0x79, 0, 0, 0, 0x0a];
 const PEER_MAC: [u8; 6] = [0x02, 0x79, 0, 0, 0, 0x0b];
 const GUEST_IP: [u8; 4] = [10, 79, 0, 2];
 const PEER_IP: [u8; 4] = [10, 79, 0, 1];
-
-fn run(test: &str, f: impl FnOnce() + Send + 'static) {
-    if let Some(why) = netns::unavailable() {
-        eprintln!("SKIP {test}: {why}");
-        return;
-    }
-    if let Err(why) = netns::run_in_new_netns(f) {
-        eprintln!("SKIP {test}: cannot create a network namespace: {why}");
-    }
-}
 
 /// The veth pair, the peer's address, and the NIC daemon on `vh0`; returns the daemon and
 /// its virtio-net socket.

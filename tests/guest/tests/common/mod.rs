@@ -113,3 +113,16 @@ pub fn send_write_read(a: &mut Node, b: &mut Node) {
     assert_eq!((w[0].wr_id, w[0].status), (3, 0));
     assert!(ra.buf.to_vec(0, len) == data, "read data");
 }
+
+/// Runs `f` in a network namespace of its own; one line saying why when it cannot (not root,
+/// no iproute2, no namespace).
+pub fn run(test: &str, f: impl FnOnce() + Send + 'static) {
+    use vur_testguest::netns;
+    if let Some(why) = netns::unavailable() {
+        eprintln!("SKIP {test}: {why}");
+        return;
+    }
+    if let Err(why) = netns::run_in_new_netns(f) {
+        eprintln!("SKIP {test}: cannot create a network namespace: {why}");
+    }
+}
