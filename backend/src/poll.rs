@@ -91,6 +91,8 @@ pub struct WorkerStats {
     /// Times the control queue was served ahead of the event at hand (commands that came
     /// while the worker was busy with other work).
     pub ctrl_first: AtomicU64,
+    /// Times a control command found doorbells on their ring and had them served first.
+    pub doorbells_first: AtomicU64,
 }
 
 /// Adds one to a counter.
@@ -104,11 +106,12 @@ impl WorkerStats {
         let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let mut o = format!(
             "\"poll_us\":{poll_us},\"poll_window_ns\":{window_ns},\"poll_sessions\":{},\
-             \"polls\":{},\"poll_hits\":{},\"ctrl_first\":{}",
+             \"polls\":{},\"poll_hits\":{},\"ctrl_first\":{},\"doorbells_first\":{}",
             g(&self.poll_sessions),
             g(&self.polls),
             g(&self.poll_hits),
-            g(&self.ctrl_first)
+            g(&self.ctrl_first),
+            g(&self.doorbells_first)
         );
         for (i, q) in ["ctrl", "doorbell", "event"].iter().enumerate() {
             o.push_str(&format!(

@@ -640,6 +640,20 @@ impl VhuRdma {
     ) -> io::Result<bool> {
         self.resume_once(index, vrings, mem);
         if index == VQ_CTRL {
+            // A command sees the work the guest posted before it: the doorbells already on
+            // their ring are taken first, and one slice of what they started is sent (a UD
+            // SEND completes there), so that a RESIZE_CQ after six posted SENDs counts their
+            // completions, as on a device whose doorbell writes reach it before the command.
+            if Self::has_avail(&vrings[VQ_DOORBELL as usize], mem)
+                && self.serve_queue(VQ_DOORBELL, vrings, mem, model, rearm)?
+            {
+                bump(&self.wstats.doorbells_first);
+                let g = mem.memory();
+                let mut t = lock(&self.transport);
+                let p = model.pump_budget(&g, now(), &mut *t, CTRL_SLICE);
+                drop(t);
+                self.after_pump(p);
+            }
             self.process_queue(VQ_CTRL, vrings, mem, rearm, |g, req, wr| {
                 let cap: usize = wr.iter().map(|w| w.1 as usize).sum();
                 if cap < std::mem::size_of::<abi::RespHdr>() {

@@ -514,7 +514,8 @@ impl Virtq {
         self.add_kick(bufs, false)
     }
 
-    fn add_kick(&mut self, bufs: &[(u64, u32, bool)], kick: bool) -> Option<u16> {
+    /// [`Self::add`], kicking the device only when `kick` (and it wants kicks).
+    pub fn add_kick(&mut self, bufs: &[(u64, u32, bool)], kick: bool) -> Option<u16> {
         if bufs.is_empty() || self.free.len() < bufs.len() {
             return None;
         }
@@ -813,6 +814,9 @@ pub struct Guest {
     /// New QPs are kernel QPs (CREATE_QP_KERNEL, true by default): this guest plays the
     /// kernel driver, whose QPs alone may post REG_MR. False plays librxe-mapped QPs.
     pub kernel_qps: bool,
+    /// Doorbells kick the doorbell queue (true by default). False plays a driver whose kicks
+    /// the device suppressed: the entries wait on the ring until the device looks at it.
+    pub kick_doorbells: bool,
 }
 
 const CTRL_BUF: u64 = 8192;
@@ -912,6 +916,7 @@ impl Guest {
             config,
             timeout: Duration::from_secs(10),
             kernel_qps: true,
+            kick_doorbells: true,
         };
         for i in 0..event_bufs as u64 {
             g.ev.add(&[(g.ev_bufs + 16 * i, 16, true)]);
@@ -1547,7 +1552,10 @@ impl Guest {
                 reserved: 0,
             };
             self.ram.write(gpa, vm_memory::ByteValued::as_slice(&e));
-            self.db.add(&[(gpa, 16, false)]).ok_or(Error::NoMemory)?;
+            let kick = self.kick_doorbells;
+            self.db
+                .add_kick(&[(gpa, 16, false)], kick)
+                .ok_or(Error::NoMemory)?;
             return Ok(());
         }
     }

@@ -501,3 +501,52 @@ fn rq_consumer_index_follows_completions() {
         );
     }
 }
+
+/// A command sees the work posted before it: six UD SENDs whose doorbells wait on their ring
+/// unkicked (a driver whose kicks the device suppressed), then RESIZE_CQ to one entry. The
+/// device takes the doorbells before the command, the SENDs complete, and the resize is
+/// refused because six completions do not fit one entry (rdma-core's test_resize_cq). Served
+/// in the other order, the resize would succeed and the completions overflow the CQ.
+#[test]
+fn resize_cq_sees_the_sends_posted_before_it() {
+    let (mut a, mut b) = pair();
+    let o = ConnOpts {
+        qp_type: QpType::Ud,
+        cqe: 7,
+        ..Default::default()
+    };
+    let (mut ea, eb) = connect_qps(&mut a, &mut b, &o).unwrap();
+    let s = a.guest.reg_mr(ea.pd, 4096, ALL).unwrap();
+    let mut wr = SendWr::new(0, SendOp::Send, vec![s.sge(0, 8)]);
+    wr.ud = Some(UdDest {
+        av: Av {
+            dgid: b.gid,
+            sgid_index: 0,
+            hop_limit: 64,
+            ..Default::default()
+        },
+        remote_qpn: Qpn(eb.qp.qpn),
+        remote_qkey: 0x1111_1111,
+    });
+    let before = json_u64(&a.daemon.counters().unwrap(), "worker", "doorbells_first").unwrap();
+    a.guest.kick_doorbells = false;
+    for id in 0..6 {
+        wr.wr_id = id;
+        a.guest.post_send(&ea.qp, &wr).unwrap();
+    }
+    a.guest.kick_doorbells = true;
+    assert!(
+        matches!(
+            a.guest.resize_cq(&mut ea.cq, 1),
+            Err(Error::Status(abi::Status::Invalid))
+        ),
+        "a resize to one entry below six completions must be refused"
+    );
+    let w = a.guest.wait_cq(&ea.cq, 6, T);
+    assert_eq!(
+        w.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        (0..6).map(|i| (i, 0)).collect::<Vec<_>>()
+    );
+    let after = json_u64(&a.daemon.counters().unwrap(), "worker", "doorbells_first").unwrap();
+    assert!(after > before, "doorbells_first {before} -> {after}");
+}
