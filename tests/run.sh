@@ -21,7 +21,15 @@ t0=$SECONDS
 passed=0 failed=0 skipped=0
 failures=()
 log=$(mktemp "${TMPDIR:-/tmp}/vur-tests.XXXXXX")
-trap 'rm -f "$log"' EXIT
+# The last lines of every step that failed, printed again beside the summary at the end.
+tails=$(mktemp -d "${TMPDIR:-/tmp}/vur-tests-tails.XXXXXX")
+trap 'rm -rf "$log" "$tails"' EXIT
+
+# keep_tail NAME FILE: keeps the last lines of FILE as what step NAME printed last.
+keep_tail() {
+    printf '%s\n' "--- $1, last lines:" >"$tails/$(printf '%03d' "${#failures[@]}")"
+    tail -n 20 "$2" >>"$tails/$(printf '%03d' "${#failures[@]}")"
+}
 
 # cargo_step NAME ARGS...: run cargo test, add up its "test result:" lines.
 cargo_step() {
@@ -34,6 +42,7 @@ cargo_step() {
     passed=$((passed + p)) failed=$((failed + f)) skipped=$((skipped + i))
     if ((rc != 0)); then
         ((f > 0)) || failed=$((failed + 1)) # a build failure has no result line
+        keep_tail "$name" "$log"
         failures+=("$name (rc $rc)")
     fi
 }
@@ -42,11 +51,15 @@ cargo_step() {
 script_step() {
     local t=$1 rc=0 t1=$SECONDS
     step "$*"
-    bash "$@" || rc=$?
+    # Through a file, not a pipe: a process the step leaves behind cannot hold the run up.
+    bash "$@" >"$log" 2>&1 &
+    local pid=$!
+    tail -n +1 -f --pid="$pid" "$log"
+    wait "$pid" || rc=$?
     case $rc in
     0) passed=$((passed + 1)) ;;
     77) skipped=$((skipped + 1)) ;;
-    *) failed=$((failed + 1)); failures+=("$t (rc $rc)") ;;
+    *) failed=$((failed + 1)); keep_tail "$t" "$log"; failures+=("$t (rc $rc)") ;;
     esac
     echo "$t: rc $rc in $((SECONDS - t1)) s"
 }
@@ -82,6 +95,11 @@ if ((vm)); then
 fi
 
 echo
+if ((${#failures[@]})); then
+    echo "== what the failed steps printed last"
+    cat "$tails"/* 2>/dev/null
+    echo
+fi
 for f in "${failures[@]}"; do echo "failed: $f"; done
 echo "tests: $((SECONDS - t0)) s"
 echo "$passed passed, $failed failed, $skipped skipped"

@@ -409,8 +409,17 @@ print(h.get("live_bytes", -1), h.get("live_blocks", -1))' 2>/dev/null || echo "-
 # count every 2 s into DIR/NAME.samples ("SECONDS RSSANON FDS"), and, whenever the guests say
 # that nothing runs (quiet.R, before round R), its RssAnon and live heap into DIR/NAME.quiet
 # ("ROUND SECONDS RSSANON VMDATA HEAP-BYTES HEAP-BLOCKS") before letting them go on (sampled.R).
-# Creates the guests' stop file after $soak_secs; ends when both guests are done.
+# Creates the guests' stop file after $soak_secs and five quiet points (rounds 0–4: on a slow
+# machine a round takes minutes, and the check wants three points after its warm-up); ends
+# when both guests are done.
 soak_sample() {
+    # Stop once the time is up and five quiet points are in.
+    soak_stop_if_due() {
+        if ((t >= soak_secs && r >= 5)) && [[ ! -e $sync/stop ]]; then
+            touch "$sync/stop"
+            log "soak: $t s, $r quiet points: stop after this round; $(soak_dropped) RC packets dropped so far"
+        fi
+    }
     local dir=$1 sync=$1/share/sync t0 t d name pid r=0 next=0
     for _ in $(seq 6000); do [[ -e $sync/quiet.0 ]] && break; sleep 0.1; done
     [[ -e $sync/quiet.0 ]] || return 0
@@ -423,8 +432,11 @@ soak_sample() {
                 name=${d%%:*} pid=${d#*:}
                 echo "$r $t $(awk '/^RssAnon:/{r = $2} /^VmData:/{d = $2} END {print r, d}' "/proc/$pid/status" 2>/dev/null) $(soak_heap "$name")" >>"$dir/$name.quiet"
             done
-            touch "$sync/sampled.$r"
             r=$((r + 1))
+            # Decided before the guests go on, so that the round after this point is the
+            # last when the soak is due.
+            soak_stop_if_due
+            touch "$sync/sampled.$((r - 1))"
         fi
         if ((t >= next)); then
             next=$((t + 2))
@@ -433,10 +445,7 @@ soak_sample() {
                 echo "$t $(awk '/^RssAnon:/{print $2}' "/proc/$pid/status" 2>/dev/null) $(find "/proc/$pid/fd" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l)" >>"$dir/$name.samples"
             done
         fi
-        if ((t >= soak_secs)) && [[ ! -e $sync/stop ]]; then
-            touch "$sync/stop"
-            log "soak: $t s: stop after this round; $(soak_dropped) RC packets dropped so far"
-        fi
+        soak_stop_if_due
         (($(find "$sync" -maxdepth 1 -name 'tools-done.*' | wc -l) >= 2)) && break
         sleep 0.1
     done

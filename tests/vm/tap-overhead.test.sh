@@ -80,7 +80,20 @@ ip -n "$far" link set vtbB up
 # The far end binds 4791 and reads nothing: the kernel drops the datagrams there without an
 # ICMP answer.
 ip netns exec "$far" "$blast" --local-ip 10.77.8.2 --sink 3600 &
-ping -c1 -W2 10.77.8.2 >/dev/null || fail "no answer from 10.77.8.2 over the veth within 2 s"
+sink_pid=$!
+# The sender's socket is connected: one ICMP port-unreachable from a far end not yet bound
+# would fail its next send. Wait for the bind (and the neighbour entry), however slow the
+# machine.
+for i in $(seq 100); do
+    ip netns exec "$far" ss -Hlun 'sport = :4791' | grep -q . && break
+    kill -0 "$sink_pid" 2>/dev/null || fail "the far end's rxe-blast --sink exited"
+    sleep 0.1
+done
+ip netns exec "$far" ss -Hlun 'sport = :4791' | grep -q . ||
+    fail "the far end did not bind UDP 4791 within 10 s"
+answered=0
+for i in $(seq 10); do ping -c1 -W1 10.77.8.2 >/dev/null && { answered=1; break; }; done
+((answered)) || fail "no answer from 10.77.8.2 over the veth in 10 tries of 1 s"
 
 rx() { ip netns exec "$far" cat /sys/class/net/vtbB/statistics/rx_packets; }
 
