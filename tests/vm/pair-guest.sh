@@ -79,13 +79,18 @@ wait_file() { # wait_file PATH SECONDS WHAT
 
 listening() { # a TCP listener (pingpongs, perftest), an RDMA CM listener (rping), or (an
     # address: mckey) a CM ID bound to that multicast group
+    # (Read whole, then matched: under pipefail a pipeline fails when any part does — a grep
+    # that finds no CM ID, a writer cut off by grep -q — and a listener would go unseen.)
+    local l
     if [[ $1 == *.* ]]; then
-        rdma resource show cm_id 2>/dev/null | grep -q "dst-addr $1:"
+        l=$(rdma resource show cm_id 2>/dev/null) || true
+        grep -qF "dst-addr $1:" <<<"$l"
         return
     fi
     # (a CM ID only once it listens: one merely bound to the port rejects a connection that
     # comes before its rdma_listen, and the client fails with REJECTED, invalid service ID)
-    { ss -ltn; rdma resource show cm_id 2>/dev/null | grep -w LISTEN; } | grep -qE ":$1( |$)"
+    l=$(ss -ltn; rdma resource show cm_id 2>/dev/null | grep -w LISTEN) || true
+    grep -qE ":$1( |$)" <<<"$l"
 }
 
 chk() { "$1" --help 2>&1 | grep -q -- '--chk' && echo -c; }
@@ -238,9 +243,11 @@ run_step() {
         [[ $(type -t "${argv[0]}") != function ]] || argv=(bash -c "${argv[*]}")
         STEP=$i timeout 150 "${argv[@]}" >"/tmp/$i.log" 2>&1 &
         pid=$!
-        # bounded by time: one look at the sockets and CM IDs takes a while under TCG
+        # bounded by time: one look at the sockets and CM IDs takes a while under TCG, and a
+        # cold first start of a tool seconds; a server not listening after 30 s is a failure
+        # (its client is let go all the same, to end the step)
         until listening "$lport"; do
-            (((${EPOCHREALTIME/./} - t0) / 1000000 < 10)) || { say "step $i: nothing listened on $lport within 10 s"; break; }
+            (((${EPOCHREALTIME/./} - t0) / 1000000 < 30)) || { say "step $i: FAIL nothing listened on $lport within 30 s"; rc=98; break; }
             sleep 0.05
         done
         touch "$sync/$i.ready"
