@@ -388,7 +388,14 @@ fn serve_net(
                 log::error!("starting the virtio-net handler: {e}");
                 continue;
             }
-            let relay = vhost_proxy::spawn(front, back)?;
+            let relay = vhost_proxy::spawn(
+                front,
+                back,
+                vhost_proxy::MtuPolicy {
+                    max: port.mtu(),
+                    set: stats.mtu.clone(),
+                },
+            )?;
             *handle.lock().unwrap_or_else(|e| e.into_inner()) = daemon.shutdown_handle();
             if shared.shutdown.load(Ordering::SeqCst) {
                 daemon.request_shutdown();

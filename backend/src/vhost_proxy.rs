@@ -10,16 +10,29 @@
 //! So the relay answers an early SET_VRING_ENABLE itself (an ack when one is asked for),
 //! remembers the state asked for each ring, and hands the handler those states right after
 //! the SET_FEATURES that lets it take them (without NEED_REPLY: no answer comes back).
+//!
+//! The relay also speaks VHOST_USER_PROTOCOL_F_NET_MTU, which the vhost crate does not: it
+//! adds the bit to the backend's GET_PROTOCOL_FEATURES answer and answers NET_SET_MTU itself,
+//! accepting an MTU the host interface can carry (68 up to its MTU) and refusing any other
+//! (a non-zero status, so that QEMU's `host_mtu` fails at start instead of a guest sending
+//! frames the interface drops).
 
 use std::io;
 use std::net::Shutdown;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 const SET_FEATURES: u32 = 2;
+const GET_PROTOCOL_FEATURES: u32 = 15;
 const SET_VRING_ENABLE: u32 = 18;
+const NET_SET_MTU: u32 = 20;
+/// VHOST_USER_PROTOCOL_F_NET_MTU.
+pub const PROTOCOL_F_NET_MTU: u64 = 1 << 4;
+/// The smallest MTU an IPv4 host must take (RFC 791), as Linux's ETH_MIN_MTU.
+const MIN_MTU: u64 = 68;
 const FLAG_VERSION: u32 = 0x1;
 const FLAG_REPLY: u32 = 0x4;
 const FLAG_NEED_REPLY: u32 = 0x8;
@@ -172,13 +185,13 @@ pub fn send_msg(sock: &UnixStream, m: &Msg) -> io::Result<()> {
     Ok(())
 }
 
-/// The ack a frontend that asked for one (NEED_REPLY) gets for `req`: success.
-fn ack(req: u32) -> Msg {
+/// The ack a frontend that asked for one (NEED_REPLY) gets for `req`: `status` (0 success).
+fn ack(req: u32, status: u64) -> Msg {
     let mut bytes = Vec::with_capacity(HDR + 8);
     bytes.extend_from_slice(&req.to_le_bytes());
     bytes.extend_from_slice(&(FLAG_VERSION | FLAG_REPLY).to_le_bytes());
     bytes.extend_from_slice(&8u32.to_le_bytes());
-    bytes.extend_from_slice(&0u64.to_le_bytes());
+    bytes.extend_from_slice(&status.to_le_bytes());
     Msg {
         bytes,
         fds: Vec::new(),
@@ -191,9 +204,10 @@ pub enum Verdict {
     Forward,
     /// Forwarded, then these SET_VRING_ENABLE requests (the early ones' states).
     ForwardThen(Vec<Msg>),
-    /// Dropped, and answered with an ack when one was asked for.
+    /// Dropped, and answered with an ack of `status` when one was asked for.
     Answer {
         ack: bool,
+        status: u64,
     },
 }
 
@@ -211,17 +225,59 @@ impl std::fmt::Debug for Msg {
     }
 }
 
+/// The MTU a frontend may set (NET_SET_MTU), and where the one it set is kept.
+#[derive(Clone)]
+pub struct MtuPolicy {
+    /// The largest MTU accepted: the host interface's.
+    pub max: u32,
+    /// The MTU the frontend set (0: none), for the counters.
+    pub set: Arc<AtomicU64>,
+}
+
 /// The relay's state: whether SET_FEATURES went by, and the ring states asked for before.
-#[derive(Default)]
 pub struct Relay {
     features_set: bool,
     /// (ring index, enable) of the early SET_VRING_ENABLE requests, the last one per ring.
     early: Vec<(u32, u32)>,
+    mtu: MtuPolicy,
 }
 
 impl Relay {
+    pub fn new(mtu: MtuPolicy) -> Relay {
+        Relay {
+            features_set: false,
+            early: Vec::new(),
+            mtu,
+        }
+    }
+
     pub fn verdict(&mut self, m: &Msg) -> Verdict {
+        let ack = m.flags() & FLAG_NEED_REPLY != 0;
         match m.request() {
+            NET_SET_MTU => {
+                let mtu = (m.bytes.len() >= HDR + 8)
+                    .then(|| u64::from_le_bytes(m.bytes[HDR..HDR + 8].try_into().expect("8")));
+                let status = match mtu {
+                    Some(v) if (MIN_MTU..=self.mtu.max as u64).contains(&v) => {
+                        log::info!("virtio-net: the frontend set the MTU to {v}");
+                        self.mtu.set.store(v, Ordering::Relaxed);
+                        0
+                    }
+                    Some(v) => {
+                        log::error!(
+                            "virtio-net: MTU {v} refused: the host interface takes {MIN_MTU} up to {} \
+                             (raise its MTU, or lower the VMM's host_mtu)",
+                            self.mtu.max
+                        );
+                        1
+                    }
+                    None => {
+                        log::error!("virtio-net: NET_SET_MTU without its 8-byte value, refused");
+                        1
+                    }
+                };
+                Verdict::Answer { ack, status }
+            }
             SET_FEATURES if !self.features_set => {
                 self.features_set = true;
                 let replay = std::mem::take(&mut self.early)
@@ -251,18 +307,32 @@ impl Relay {
                         self.early.push((index, num));
                     }
                 }
-                Verdict::Answer {
-                    ack: m.flags() & FLAG_NEED_REPLY != 0,
-                }
+                Verdict::Answer { ack, status: 0 }
             }
             _ => Verdict::Forward,
         }
     }
 }
 
+/// A reply of the backend on its way to the frontend: GET_PROTOCOL_FEATURES gains NET_MTU,
+/// which the relay serves.
+fn adjust_reply(m: &mut Msg) {
+    if m.request() == GET_PROTOCOL_FEATURES
+        && m.flags() & FLAG_REPLY != 0
+        && m.bytes.len() == HDR + 8
+    {
+        let f = u64::from_le_bytes(m.bytes[HDR..].try_into().expect("8")) | PROTOCOL_F_NET_MTU;
+        m.bytes[HDR..].copy_from_slice(&f.to_le_bytes());
+    }
+}
+
 /// Relays between `front` (the VMM) and `back` (the vhost crate's handler) until either
 /// side ends; then shuts both down. Returns the two relay threads.
-pub fn spawn(front: UnixStream, back: UnixStream) -> io::Result<[JoinHandle<()>; 2]> {
+pub fn spawn(
+    front: UnixStream,
+    back: UnixStream,
+    mtu: MtuPolicy,
+) -> io::Result<[JoinHandle<()>; 2]> {
     let front_w = Arc::new(Mutex::new(front.try_clone()?));
     let back_r = back.try_clone()?;
     let (f2, b2) = (front.try_clone()?, back.try_clone()?);
@@ -270,7 +340,7 @@ pub fn spawn(front: UnixStream, back: UnixStream) -> io::Result<[JoinHandle<()>;
     let to_back = std::thread::Builder::new()
         .name("vhost-user-net relay".into())
         .spawn(move || {
-            let mut relay = Relay::default();
+            let mut relay = Relay::new(mtu);
             let r: io::Result<()> = (|| {
                 while let Some(m) = recv_msg(&front)? {
                     let v = relay.verdict(&m);
@@ -289,11 +359,11 @@ pub fn spawn(front: UnixStream, back: UnixStream) -> io::Result<[JoinHandle<()>;
                                 send_msg(&back, r)?;
                             }
                         }
-                        Verdict::Answer { ack: true } => send_msg(
+                        Verdict::Answer { ack: true, status } => send_msg(
                             &fw.lock().unwrap_or_else(|e| e.into_inner()),
-                            &ack(m.request()),
+                            &ack(m.request(), status),
                         )?,
-                        Verdict::Answer { ack: false } => {}
+                        Verdict::Answer { ack: false, .. } => {}
                     }
                 }
                 Ok(())
@@ -308,7 +378,8 @@ pub fn spawn(front: UnixStream, back: UnixStream) -> io::Result<[JoinHandle<()>;
         .name("vhost-user-net relay".into())
         .spawn(move || {
             let r: io::Result<()> = (|| {
-                while let Some(m) = recv_msg(&back_r)? {
+                while let Some(mut m) = recv_msg(&back_r)? {
+                    adjust_reply(&mut m);
                     log::debug!(
                         "vhost-user-net reply {} flags {:#x}",
                         m.request(),
@@ -343,23 +414,100 @@ mod tests {
         }
     }
 
+    fn policy(max: u32) -> MtuPolicy {
+        MtuPolicy {
+            max,
+            set: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    #[test]
+    fn net_set_mtu_is_answered_here_within_the_interface_mtu() {
+        let p = policy(9000);
+        let mut r = Relay::new(p.clone());
+        let need = FLAG_VERSION | FLAG_NEED_REPLY;
+        let set = |v: u64| msg(NET_SET_MTU, need, &v.to_le_bytes());
+        assert_eq!(
+            r.verdict(&set(9000)),
+            Verdict::Answer {
+                ack: true,
+                status: 0
+            }
+        );
+        assert_eq!(p.set.load(Ordering::Relaxed), 9000);
+        for bad in [9001, 67, 0, u64::MAX] {
+            assert_eq!(
+                r.verdict(&set(bad)),
+                Verdict::Answer {
+                    ack: true,
+                    status: 1
+                },
+                "MTU {bad}"
+            );
+        }
+        assert_eq!(
+            p.set.load(Ordering::Relaxed),
+            9000,
+            "a refused MTU is not kept"
+        );
+        assert_eq!(
+            r.verdict(&msg(NET_SET_MTU, need, &[0; 4])),
+            Verdict::Answer {
+                ack: true,
+                status: 1
+            },
+            "a short message"
+        );
+        assert_eq!(
+            r.verdict(&msg(NET_SET_MTU, FLAG_VERSION, &1500u64.to_le_bytes())),
+            Verdict::Answer {
+                ack: false,
+                status: 0
+            }
+        );
+        // The backend's protocol features gain NET_MTU on their way to the frontend; other
+        // replies and requests are left alone.
+        let mut m = msg(
+            GET_PROTOCOL_FEATURES,
+            FLAG_VERSION | FLAG_REPLY,
+            &9u64.to_le_bytes(),
+        );
+        adjust_reply(&mut m);
+        assert_eq!(m.bytes[HDR..], (9 | PROTOCOL_F_NET_MTU).to_le_bytes());
+        let mut m = msg(GET_PROTOCOL_FEATURES, FLAG_VERSION, &9u64.to_le_bytes());
+        adjust_reply(&mut m);
+        assert_eq!(m.bytes[HDR..], 9u64.to_le_bytes());
+        let mut m = msg(1, FLAG_VERSION | FLAG_REPLY, &9u64.to_le_bytes());
+        adjust_reply(&mut m);
+        assert_eq!(m.bytes[HDR..], 9u64.to_le_bytes());
+    }
+
     #[test]
     fn early_ring_enables_are_answered_here_and_replayed_after_the_features() {
-        let mut r = Relay::default();
+        let mut r = Relay::new(policy(1500));
         let enable =
             |i: u8, on: u8, flags| msg(SET_VRING_ENABLE, flags, &[i, 0, 0, 0, on, 0, 0, 0]);
         let need = FLAG_VERSION | FLAG_NEED_REPLY;
         assert_eq!(
             r.verdict(&enable(0, 0, need)),
-            Verdict::Answer { ack: true }
+            Verdict::Answer {
+                ack: true,
+                status: 0
+            }
         );
         assert_eq!(
             r.verdict(&enable(1, 1, FLAG_VERSION)),
-            Verdict::Answer { ack: false }
+            Verdict::Answer {
+                ack: false,
+                status: 0
+            }
         );
         assert_eq!(
             r.verdict(&enable(0, 1, need)),
-            Verdict::Answer { ack: true }
+            Verdict::Answer {
+                ack: true,
+                status: 0
+            }
         );
         assert_eq!(r.verdict(&msg(1, FLAG_VERSION, &[])), Verdict::Forward);
         // the last state of each ring, without NEED_REPLY (no answer comes back)
@@ -373,7 +521,7 @@ mod tests {
             "after SET_FEATURES"
         );
         assert_eq!(r.verdict(&msg(SET_FEATURES, 1, &[0; 8])), Verdict::Forward);
-        let a = ack(SET_VRING_ENABLE);
+        let a = ack(SET_VRING_ENABLE, 0);
         assert_eq!(a.request(), SET_VRING_ENABLE);
         assert_eq!(a.flags(), FLAG_VERSION | FLAG_REPLY);
         assert_eq!(&a.bytes[8..], &[8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
@@ -406,7 +554,7 @@ mod tests {
     fn the_relay_answers_the_early_enable_and_passes_the_rest() {
         let (vmm, front) = UnixStream::pair().unwrap();
         let (back, backend) = UnixStream::pair().unwrap();
-        let threads = spawn(front, back).unwrap();
+        let threads = spawn(front, back, policy(1500)).unwrap();
         send_msg(
             &vmm,
             &msg(SET_VRING_ENABLE, FLAG_VERSION | FLAG_NEED_REPLY, &[0; 8]),

@@ -19,9 +19,9 @@ use virtio_bindings::virtio_config::{VIRTIO_F_NOTIFY_ON_EMPTY, VIRTIO_F_VERSION_
 use virtio_bindings::virtio_net::{
     VIRTIO_NET_F_CSUM, VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_ECN, VIRTIO_NET_F_GUEST_TSO4,
     VIRTIO_NET_F_GUEST_TSO6, VIRTIO_NET_F_HOST_ECN, VIRTIO_NET_F_HOST_TSO4, VIRTIO_NET_F_HOST_TSO6,
-    VIRTIO_NET_F_MRG_RXBUF, VIRTIO_NET_HDR_F_DATA_VALID, VIRTIO_NET_HDR_F_NEEDS_CSUM,
-    VIRTIO_NET_HDR_GSO_ECN, VIRTIO_NET_HDR_GSO_NONE, VIRTIO_NET_HDR_GSO_TCPV4,
-    VIRTIO_NET_HDR_GSO_TCPV6,
+    VIRTIO_NET_F_MRG_RXBUF, VIRTIO_NET_F_MTU, VIRTIO_NET_HDR_F_DATA_VALID,
+    VIRTIO_NET_HDR_F_NEEDS_CSUM, VIRTIO_NET_HDR_GSO_ECN, VIRTIO_NET_HDR_GSO_NONE,
+    VIRTIO_NET_HDR_GSO_TCPV4, VIRTIO_NET_HDR_GSO_TCPV6,
 };
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use virtio_queue::{QueueOwnedT, QueueT};
@@ -73,6 +73,8 @@ pub struct NetStats {
     pub tx_dropped: AtomicU64,
     /// Receive or transmit buffers outside guest memory.
     pub faults: AtomicU64,
+    /// The MTU the frontend set with NET_SET_MTU (0: none; [`crate::vhost_proxy`]).
+    pub mtu: Arc<AtomicU64>,
 }
 
 fn bump(c: &AtomicU64) {
@@ -99,6 +101,7 @@ impl NetStats {
             ("tx_bad", &self.tx_bad),
             ("tx_dropped", &self.tx_dropped),
             ("faults", &self.faults),
+            ("mtu", &*self.mtu),
         ];
         f.iter()
             .map(|(k, v)| format!("\"{k}\":{}", v.load(Ordering::Relaxed)))
@@ -111,7 +114,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The features the device offers (the VMM adds MAC and STATUS of its own).
+/// The features the device offers (the VMM adds MAC and STATUS of its own; MTU is the
+/// VMM's too — QEMU's `host_mtu` — and offered here so that it passes: the MTU itself comes
+/// with NET_SET_MTU, checked against the host interface's by [`crate::vhost_proxy`]).
 /// VHOST_USER_F_PROTOCOL_FEATURES too: QEMU's vhost-user-net does not start without it (and
 /// the connection goes through [`crate::vhost_proxy`] for the ring enable QEMU sends early).
 pub fn net_features() -> u64 {
@@ -120,6 +125,7 @@ pub fn net_features() -> u64 {
         | (1 << VIRTIO_RING_F_INDIRECT_DESC)
         | (1 << VIRTIO_RING_F_EVENT_IDX)
         | (1 << VIRTIO_NET_F_MRG_RXBUF)
+        | (1 << VIRTIO_NET_F_MTU)
         | (1 << VIRTIO_NET_F_CSUM)
         | (1 << VIRTIO_NET_F_GUEST_CSUM)
         | (1 << VIRTIO_NET_F_HOST_TSO4)

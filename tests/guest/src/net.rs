@@ -2,6 +2,8 @@
 //! driver would, with a receive and a transmit queue in its own guest memory.
 
 use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -15,6 +17,7 @@ use crate::{Error, GuestRam, Result, Virtq};
 
 pub const VIRTIO_NET_F_CSUM: u32 = 0;
 pub const VIRTIO_NET_F_GUEST_CSUM: u32 = 1;
+pub const VIRTIO_NET_F_MTU: u32 = 3;
 pub const VIRTIO_NET_F_GUEST_TSO4: u32 = 7;
 pub const VIRTIO_NET_F_HOST_TSO4: u32 = 11;
 pub const VIRTIO_NET_F_MRG_RXBUF: u32 = 15;
@@ -31,6 +34,26 @@ pub struct Received {
     pub frame: Vec<u8>,
     /// How many buffers it took.
     pub buffers: u16,
+}
+
+/// VHOST_USER_NET_SET_MTU with NEED_REPLY on the frontend's socket; the status answered.
+fn net_set_mtu(mut sock: &UnixStream, mtu: u64) -> Result<u64> {
+    const NET_SET_MTU: u32 = 20;
+    const FLAGS: u32 = 0x1 | 0x8; // version 1, NEED_REPLY
+    let mut m = Vec::with_capacity(20);
+    m.extend_from_slice(&NET_SET_MTU.to_le_bytes());
+    m.extend_from_slice(&FLAGS.to_le_bytes());
+    m.extend_from_slice(&8u32.to_le_bytes());
+    m.extend_from_slice(&mtu.to_le_bytes());
+    sock.write_all(&m)?;
+    let mut r = [0u8; 20];
+    sock.read_exact(&mut r)?;
+    let req = u32::from_le_bytes(r[..4].try_into().expect("4"));
+    let flags = u32::from_le_bytes(r[4..8].try_into().expect("4"));
+    if req != NET_SET_MTU || flags & 0x4 == 0 {
+        return Err(Error::Timeout("an answer to NET_SET_MTU"));
+    }
+    Ok(u64::from_le_bytes(r[12..].try_into().expect("8")))
 }
 
 pub struct NetGuest {
@@ -50,25 +73,55 @@ impl NetGuest {
     /// offered features among `want` (VERSION_1 always), and posts `rx_n` receive buffers of
     /// `rx_len` bytes.
     pub fn connect(socket: &Path, want: u64, rx_n: u16, rx_len: u32) -> Result<NetGuest> {
+        Self::connect_mtu(socket, want, rx_n, rx_len, None)
+    }
+
+    /// [`Self::connect`], and with `mtu` as a VMM with `host_mtu` does: VIRTIO_NET_F_MTU
+    /// acked (when offered) and NET_SET_MTU sent with NEED_REPLY (NET_MTU and REPLY_ACK
+    /// agreed first). A refused MTU is `Error::BadStatus` with the device's status.
+    pub fn connect_mtu(
+        socket: &Path,
+        want: u64,
+        rx_n: u16,
+        rx_len: u32,
+        mtu: Option<u64>,
+    ) -> Result<NetGuest> {
         let end = Instant::now() + Duration::from_secs(10);
-        let mut fe = loop {
-            match Frontend::connect(socket, 2) {
-                Ok(f) => break f,
+        let sock = loop {
+            match UnixStream::connect(socket) {
+                Ok(s) => break s,
                 Err(_) if Instant::now() < end => std::thread::sleep(Duration::from_millis(20)),
                 Err(e) => return Err(e.into()),
             }
         };
+        let raw = sock.try_clone()?;
+        let mut fe = Frontend::from_stream(sock, 2);
+        let want = want | mtu.map_or(0, |_| 1 << VIRTIO_NET_F_MTU);
         let ram = GuestRam::new(32 << 20)?;
         fe.set_owner()?;
         let offered = fe.get_features()?;
         let want =
             want | (1 << VIRTIO_F_VERSION_1) | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();
         let acked = offered & want;
+        let mut pf = VhostUserProtocolFeatures::empty();
         if acked & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits() != 0 {
-            let pf = fe.get_protocol_features()?;
-            fe.set_protocol_features(pf & VhostUserProtocolFeatures::REPLY_ACK)?;
+            pf = fe.get_protocol_features()?
+                & (VhostUserProtocolFeatures::REPLY_ACK | VhostUserProtocolFeatures::MTU);
+            fe.set_protocol_features(pf)?;
         }
         fe.set_features(acked)?;
+        if let Some(mtu) = mtu {
+            if acked & (1 << VIRTIO_NET_F_MTU) == 0
+                || !pf
+                    .contains(VhostUserProtocolFeatures::MTU | VhostUserProtocolFeatures::REPLY_ACK)
+            {
+                return Err(Error::Timeout("VIRTIO_NET_F_MTU and NET_MTU not offered"));
+            }
+            let status = net_set_mtu(&raw, mtu)?;
+            if status != 0 {
+                return Err(Error::BadStatus(status as u32));
+            }
+        }
         fe.set_mem_table(&ram.memory_regions())?;
         let size = 256u16;
         let mut qs = Vec::new();
