@@ -174,11 +174,11 @@ run_mode() {
         nic_own="52:54:00:77:00:02=10.77.0.2,52:54:00:77:00:03=10.77.0.3"
         nic_daemon a 10.77.0.2 52:54:00:77:00:02 vhA || return 1
         nic_daemon b 10.77.0.3 52:54:00:77:00:03 vhB || return 1
-        guest a --rdma-sock "$dir/daemon-a/rdma.sock" --net-sock "$dir/daemon-a/net.sock" \
+        guest a --rdma-sock "$dir/daemon-a/rdma.sock" --net-sock "$dir/daemon-a/net.sock" --host-mtu 1500 \
             --mac 52:54:00:77:00:02 --ip 10.77.0.2/24 --no-rxe --env PAIR_DEV=vrdma0 \
             --env PAIR_OOB=10.77.0.2/24 --env PAIR_OOB_MAC=52:54:00:77:00:02 \
             --env PAIR_PEER_OOB=10.77.0.3 --env PAIR_PEER_ROCE=10.77.0.3
-        guest b --rdma-sock "$dir/daemon-b/rdma.sock" --net-sock "$dir/daemon-b/net.sock" \
+        guest b --rdma-sock "$dir/daemon-b/rdma.sock" --net-sock "$dir/daemon-b/net.sock" --host-mtu 1500 \
             --mac 52:54:00:77:00:03 --ip 10.77.0.3/24 --no-rxe --env PAIR_DEV=vrdma0 \
             --env PAIR_OOB=10.77.0.3/24 --env PAIR_OOB_MAC=52:54:00:77:00:03 \
             --env PAIR_PEER_OOB=10.77.0.2 --env PAIR_PEER_ROCE=10.77.0.2
@@ -187,7 +187,7 @@ run_mode() {
         for t in "${tools[@]}"; do steps+="${steps:+,}$t@dev,$t@rxe"; done
         nic_own="52:54:00:77:00:02=10.77.0.2,52:54:00:77:00:04=10.77.0.4"
         nic_daemon dev 10.77.0.2 52:54:00:77:00:02 vhA || return 1
-        guest dev --rdma-sock "$dir/daemon-dev/rdma.sock" --net-sock "$dir/daemon-dev/net.sock" \
+        guest dev --rdma-sock "$dir/daemon-dev/rdma.sock" --net-sock "$dir/daemon-dev/net.sock" --host-mtu 1500 \
             --mac 52:54:00:77:00:02 --ip 10.77.0.2/24 --no-rxe --env PAIR_DEV=vrdma0 \
             --env PAIR_OOB=10.77.0.2/24 --env PAIR_OOB_MAC=52:54:00:77:00:02 \
             --env PAIR_PEER_OOB=10.77.0.4 --env PAIR_PEER_ROCE=10.77.0.4
@@ -347,6 +347,14 @@ PY
     read -r roce bad unreach <<<"$(echo "$out" | tail -1)"
     log "nic: bridge capture: $roce RoCE frames, $bad not from a guest's own MAC and address, $unreach ICMP port unreachable for UDP 4791"
     ((roce > 0 && bad == 0 && unreach == 0)) || { log "nic: FAIL: the bridge capture"; return 1; }
+    # QEMU's host_mtu=1500 reached each daemon (NET_SET_MTU, checked against its veth's MTU)
+    local d m
+    for d in "${daemons[@]}"; do
+        m=$(vm_daemon_counters "$dir/daemon-${d%%:*}/counters.sock" |
+            python3 -c 'import json,sys; print(json.load(sys.stdin)["net"]["mtu"])' 2>/dev/null) || m='?'
+        [[ $m == 1500 ]] || { log "nic: FAIL: daemon ${d%%:*}: net.mtu is $m, not the guest's host_mtu 1500"; return 1; }
+    done
+    log "nic: every daemon got the guest's MTU from QEMU (NET_SET_MTU 1500)"
 }
 
 # tap_check MODE PID: stop the tap on lo; every packet the daemons sent must be in the capture

@@ -33,6 +33,8 @@
 #   --net-sock PATH    eth0 (virtio-net, --mac) is served by the daemon listening on PATH
 #                      (vhost-user-rdma --net-socket): with --rdma-sock on the same daemon, the
 #                      guest has its RoCE NIC
+#   --host-mtu N       with --net-sock: QEMU's host_mtu=N (VIRTIO_NET_F_MTU; QEMU hands N to the
+#                      daemon with NET_SET_MTU, which refuses more than its interface carries)
 #   --tap2 TAP --mac2 MAC  a second NIC (eth1) on TAP, e.g. next to --nic-no-peer: the guest's
 #                      link to other guests while eth0 carries the virtio-rdma addresses
 #
@@ -46,7 +48,7 @@ repo=$(cd "$here/../.." && pwd)
 
 name='' tap='' mac='' ip='' ip6='' mtu='' scenario='' shared='' timeout=300 logf=''
 mem=1024 smp=1 rxe=1 interactive=0 images=${VUR_IMAGES:-} qemu=${VUR_QEMU:-qemu-system-x86_64}
-rdma_sock='' net_sock='' rdma_reconnect='' nic_no_peer=0 tap2='' mac2='' no_reboot=-no-reboot
+rdma_sock='' net_sock='' host_mtu='' rdma_reconnect='' nic_no_peer=0 tap2='' mac2='' no_reboot=-no-reboot
 envs=() files=()
 die() { printf '[run-vm] error: %s\n' "$*" >&2; exit 2; }
 while (($#)); do
@@ -71,6 +73,7 @@ while (($#)); do
     --qemu) qemu=$2; shift ;;
     --rdma-sock) rdma_sock=$2; shift ;;
     --net-sock) net_sock=$2; shift ;;
+    --host-mtu) host_mtu=$2; shift ;;
     --rdma-reconnect) rdma_reconnect=$2; shift ;;
     --nic-no-peer) nic_no_peer=1 ;;
     --allow-reboot) no_reboot='' ;;
@@ -149,7 +152,7 @@ if [[ -n $net_sock ]]; then
     [[ -S $net_sock ]] || die "no vhost-user socket at $net_sock (start vhost-user-rdma --net-socket first)"
     args+=(-chardev "socket,id=net0,path=$net_sock"
         -netdev vhost-user,id=n0,chardev=net0
-        -device "virtio-net-pci,netdev=n0,mac=$mac,romfile=")
+        -device "virtio-net-pci,netdev=n0,mac=$mac,romfile=${host_mtu:+,host_mtu=$host_mtu}")
 fi
 if [[ -z $tap && -z $net_sock ]] && ((nic_no_peer)); then
     args+=(-device "virtio-net-pci,mac=$mac,romfile=")
