@@ -242,6 +242,8 @@ pub struct VhuRdma {
     /// Per queue: whether its position was checked against the used index
     /// ([`resume_at_used`]) on this connection.
     resumed: [AtomicBool; NUM_QUEUES],
+    /// Whether [`Self::check_queues_once`] ran.
+    queues_checked: AtomicBool,
     timer: Timer,
     /// Signalled when a pump stopped at its packet budget ([`WORK_EVENT`]).
     work: EventFd,
@@ -314,6 +316,7 @@ impl VhuRdma {
             event_idx: AtomicBool::new(false),
             state_checked: AtomicBool::new(false),
             resumed: Default::default(),
+            queues_checked: AtomicBool::new(false),
             scratch_heads: Mutex::default(),
             scratch_readable: Mutex::default(),
             scratch_writable: Mutex::default(),
@@ -466,8 +469,7 @@ impl VhuRdma {
     }
 
     /// The first time this connection touches queue `index` once it is set up (started by
-    /// its kick fd): resume it at the used index ([`resume_at_used`]). The first time for the
-    /// control queue, also say which queues the frontend did not set up.
+    /// its kick fd): resume it at the used index ([`resume_at_used`]).
     fn resume_once(&self, index: u16, vrings: &[VringRwLock], mem: &GM) {
         let i = index as usize;
         if self.resumed[i].load(Ordering::Relaxed) {
@@ -487,7 +489,16 @@ impl VhuRdma {
                 base.wrapping_sub(used)
             );
         }
-        if index == VQ_CTRL {
+    }
+
+    /// Once per connection, when the guest's first command is served: say which queues the
+    /// frontend did not set up (a kick of the control queue before the others are set up is
+    /// no use of it yet).
+    fn check_queues_once(&self, vrings: &[VringRwLock]) {
+        if self.queues_checked.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        {
             let missing: Vec<&str> = vrings
                 .iter()
                 .zip(QUEUE_NAMES)
@@ -654,7 +665,7 @@ impl VhuRdma {
                 drop(t);
                 self.after_pump(p);
             }
-            self.process_queue(VQ_CTRL, vrings, mem, rearm, |g, req, wr| {
+            let used = self.process_queue(VQ_CTRL, vrings, mem, rearm, |g, req, wr| {
                 let cap: usize = wr.iter().map(|w| w.1 as usize).sum();
                 if cap < std::mem::size_of::<abi::RespHdr>() {
                     return 0;
@@ -663,7 +674,11 @@ impl VhuRdma {
                 let mut out = vm_memory::ByteValued::as_slice(&h).to_vec();
                 out.extend_from_slice(&body);
                 Self::write_out(g, wr, &out)
-            })
+            })?;
+            if used {
+                self.check_queues_once(vrings);
+            }
+            Ok(used)
         } else {
             self.process_queue(VQ_DOORBELL, vrings, mem, rearm, |g, req, _| {
                 for c in req.chunks_exact(std::mem::size_of::<abi::Doorbell>()) {

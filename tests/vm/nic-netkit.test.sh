@@ -6,7 +6,12 @@
 #   2. the daemon on nk0 with --net-socket, and a virtio-net guest on it (vur-nic-guest: a
 #      vhost-user frontend that answers ARP and ping for 10.80.0.2): ping from t1 through nk1
 #      goes both ways through the daemon's packet sockets on netkit and the guest's rings;
-#      the RoCE socket takes none of it.
+#      the RoCE socket takes none of it;
+#   3. the daemon against Linux rxe over a netkit pair: rxe0 on nk0, the daemon's raw transport
+#      on nk1 (namespace t1), the stock ibv_rc_pingpong against vur-pingpong (a test guest on
+#      the daemon, every buffer checked) in both roles;
+#   4. daemon to daemon over a netkit pair, as a benchmark: `vur-bench --only raw --link
+#      netkit` (udp daemons and raw daemons on the same pair, side by side, data checked).
 #
 #   sudo tests/vm/nic-netkit.test.sh
 #
@@ -25,14 +30,17 @@ vm_require nic-netkit
 if ! vm_in_netns && [[ -z ${VUR_DAEMON:-} ]]; then
     t=$SECONDS
     log "building vhost-user-rdma and vur-nic-guest (release)"
-    (cd "$repo" && cargo build -q --release -p vhost-user-rdma -p vur-testguest --bin vhost-user-rdma --bin vur-nic-guest)
+    (cd "$repo" && cargo build -q --release -p vhost-user-rdma -p vur-testguest --bin vhost-user-rdma \
+        --bin vur-nic-guest --bin vur-pingpong --bin vur-bench)
     log "built in $((SECONDS - t)) s"
 fi
 vm_netns nic-netkit "$@"
 
 bin=${VUR_DAEMON:-$repo/target/release/vhost-user-rdma}
 probe=$repo/target/release/vur-nic-guest
-[[ -x $bin && -x $probe ]] || fail "$bin or $probe not built"
+pp=$repo/target/release/vur-pingpong
+bench=$repo/target/release/vur-bench
+for b in "$bin" "$probe" "$pp" "$bench"; do [[ -x $b ]] || fail "$b not built"; done
 shared=$(mktemp -d "${TMPDIR:-/tmp}/vur-nic-netkit.XXXXXX")
 cleanup() {
     local rc=$?
@@ -40,7 +48,7 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-cp "$bin" "$probe" "$shared/"
+cp "$bin" "$probe" "$pp" "$bench" "$shared/"
 
 cat >"$shared/nic-netkit-guest.sh" <<'EOF'
 #!/bin/bash
@@ -93,6 +101,71 @@ wait $pid || { cat /tmp/daemon.log; bad "the daemon did not end cleanly on SIGTE
 [[ ! -e /tmp/n.sock ]] || bad "the daemon left its virtio-net socket behind"
 $d link del nk0 || bad "link del failed"
 [[ -z $(ip link show nk0 2>/dev/null) ]] || bad "nk0 is still there"
+# --- 3. the daemon against Linux rxe over netkit ------------------------------------------
+# rxe0 on nk0 (10.80.0.1); in t1 the daemon's raw transport on nk1 takes RoCE for 10.80.0.2
+# (and answers ARP for it), t1's kernel holds 10.80.0.3 for the tools' TCP exchange.
+$d link add nk0 --peer nk1 --kind netkit --peer-netns t1 || bad "link add (netkit) failed"
+ip addr add 10.80.0.1/24 dev nk0
+ip -n t1 link set nk1 up
+ip -n t1 addr add 10.80.0.3/24 dev nk1
+modprobe rdma_rxe 2>/dev/null
+rdma link add rxe0 type rxe netdev nk0 || bad "rdma link add rxe0 on netkit failed"
+gi=''
+for _ in $(seq 50); do
+    for f in /sys/class/infiniband/rxe0/ports/1/gids/*; do
+        n=${f##*/}
+        [[ $(cat "$f" 2>/dev/null) == 0000:0000:0000:0000:0000:ffff:0a50:0001 ]] || continue
+        [[ $(cat "/sys/class/infiniband/rxe0/ports/1/gid_attrs/types/$n" 2>/dev/null) == "RoCE v2" ]] && { gi=$n; break; }
+    done
+    [[ -n $gi ]] && break
+    sleep 0.1
+done
+[[ -n $gi ]] || bad "rxe0 has no RoCE v2 GID for 10.80.0.1"
+ip netns exec t1 $d --socket-path /tmp/r3.sock --iface nk1 --raw-addr 10.80.0.2 \
+    --counters-socket /tmp/c3.sock 2>/tmp/d3.log &
+pid=$!
+for _ in $(seq 100); do [[ -S /tmp/c3.sock && -S /tmp/r3.sock ]] && break; sleep 0.1; done
+[[ -S /tmp/r3.sock ]] || { cat /tmp/d3.log; bad "the daemon did not come up on nk1"; }
+mac0=$(cat /sys/class/net/nk0/address)
+say "rxe0 on nk0 ($mac0, GID index $gi), the daemon on nk1 in t1"
+pp="/vur/vur-pingpong --socket /tmp/r3.sock --ip 10.80.0.2 --dmac $mac0 -s 4096 -n 200 --timeout 120"
+# rxe serves, the daemon connects
+timeout 150 ibv_rc_pingpong -d rxe0 -g "$gi" -s 4096 -n 200 >/tmp/pp1.tool 2>&1 &
+tpid=$!
+ip netns exec t1 $pp --server 10.80.0.1 >/tmp/pp1.ours 2>&1
+orc=$?
+wait $tpid
+trc=$?
+say "rxe serves: ibv_rc_pingpong rc=$trc ($(tail -1 /tmp/pp1.tool)); vur-pingpong rc=$orc ($(tail -1 /tmp/pp1.ours))"
+((trc == 0 && orc == 0)) || { cat /tmp/pp1.tool /tmp/pp1.ours /tmp/d3.log; bad "ibv_rc_pingpong on rxe0 serving the daemon over netkit failed"; }
+# the daemon serves, rxe connects
+ip netns exec t1 $pp -p 18516 >/tmp/pp2.ours 2>&1 &
+opid=$!
+for _ in $(seq 100); do ip netns exec t1 ss -Hltn 'sport = :18516' | grep -q . && break; sleep 0.1; done
+timeout 150 ibv_rc_pingpong -d rxe0 -g "$gi" -p 18516 -s 4096 -n 200 10.80.0.3 >/tmp/pp2.tool 2>&1
+trc=$?
+wait $opid
+orc=$?
+say "the daemon serves: ibv_rc_pingpong rc=$trc ($(tail -1 /tmp/pp2.tool)); vur-pingpong rc=$orc ($(tail -1 /tmp/pp2.ours))"
+((trc == 0 && orc == 0)) || { cat /tmp/pp2.tool /tmp/pp2.ours /tmp/d3.log; bad "ibv_rc_pingpong on rxe0 against the daemon's server over netkit failed"; }
+grep -q "verified 200 buffers" /tmp/pp1.ours && grep -q "verified 200 buffers" /tmp/pp2.ours ||
+    bad "vur-pingpong did not check every buffer"
+icrc_ok=$(python3 -c 'import json, socket
+s = socket.socket(socket.AF_UNIX); s.connect("/tmp/c3.sock")
+t = json.loads(b"".join(iter(lambda: s.recv(65536), b""))).get("transport", {})
+print(t.get("rx_icrc_ok", -1), t.get("rx_icrc_bad", -1), t.get("tx_packets", -1))')
+read -r ok badc tx <<<"$icrc_ok"
+say "daemon on nk1: rx_icrc_ok=$ok rx_icrc_bad=$badc tx_packets=$tx; rxe0: $(rdma statistic show link rxe0/1 2>/dev/null | grep -o 'sent_pkts [0-9]*\|rcvd_pkts [0-9]*' | tr '\n' ' ')"
+((ok >= 800 && badc == 0 && tx >= 800)) || bad "the daemon's counters do not show the traffic"
+kill -TERM $pid
+wait $pid || { cat /tmp/d3.log; bad "the daemon on nk1 did not end cleanly"; }
+rdma link del rxe0
+$d link del nk0 || bad "link del failed"
+# --- 4. daemon to daemon over netkit: the raw-vs-udp table ---------------------------------
+/vur/vur-bench --only raw --link netkit --rounds 3 --iters 500 --write-bytes 33554432 >/tmp/bench.out 2>&1 ||
+    { cat /tmp/bench.out; bad "vur-bench --only raw --link netkit failed"; }
+sed 's/^/NKVM bench: /' /tmp/bench.out | grep -v '^NKVM bench: round'
+grep -q '^netkit, 2 namespaces' /tmp/bench.out || bad "no netkit table from vur-bench"
 say "PASS"
 EOF
 chmod +x "$shared/nic-netkit-guest.sh"
@@ -101,7 +174,7 @@ images=${VUR_IMAGES:-$images}
 log "booting the guest (image $images)"
 rc=0
 "$here/run-vm.sh" --name nk --images "$images" --shared "$shared" --no-rxe \
-    --scenario "$shared/nic-netkit-guest.sh" --timeout 300 >"$shared/run.log" 2>&1 || rc=$?
+    --scenario "$shared/nic-netkit-guest.sh" --timeout 900 >"$shared/run.log" 2>&1 || rc=$?
 tr -d '\r' <"$shared/nk.console.log" | grep -a '^NKVM' || true
 ((rc == 0)) || { tail -30 "$shared/run.log"; fail "the guest scenario ended with rc=$rc"; }
 grep -aq '^NKVM PASS' "$shared/nk.console.log" || fail "no PASS from the guest"

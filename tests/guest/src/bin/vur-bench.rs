@@ -25,7 +25,8 @@
 //! namespaces it creates (and that vanish with it): two `udp` daemons on addresses the
 //! namespaces' kernels hold, then two `raw` daemons (`--iface`) on the same ends, each pair
 //! measuring the 64 B RC SEND half RTT and the 64 KiB RC WRITE throughput, in `--rounds`
-//! interleaved rounds; medians and ranges.
+//! interleaved rounds; medians and ranges. `--link netkit` puts a netkit pair (L2 mode) there
+//! instead of the veth pair.
 
 use std::path::PathBuf;
 
@@ -79,6 +80,10 @@ struct Args {
     /// medians are reported.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
+    /// Raw table: the pair between the two namespaces, a veth pair or a netkit pair in L2
+    /// mode (made by `vhost-user-rdma link add`; Linux 6.7 and later).
+    #[arg(long, default_value = "veth", value_parser = ["veth", "netkit"])]
+    link: String,
 }
 
 /// Messages in flight in the message-rate rows, RC and UDP alike.
@@ -179,6 +184,22 @@ const CTRL_SAMPLES: usize = 2000;
 const VETH_A: (&str, [u8; 6]) = ("vurb-a", [0x02, 0x79, 0xbe, 0, 0, 0x0a]);
 const VETH_B: (&str, [u8; 6]) = ("vurb-b", [0x02, 0x79, 0xbe, 0, 0, 0x0b]);
 
+/// The MAC of `iface` in the calling thread's namespace (`ip -br link`).
+fn mac_of(iface: &str) -> [u8; 6] {
+    let o = std::process::Command::new("ip")
+        .args(["-br", "link", "show", "dev", iface])
+        .output()
+        .expect("ip -br link");
+    let text = String::from_utf8_lossy(&o.stdout);
+    let mac = text.split_whitespace().nth(2).unwrap_or_default();
+    let v: Vec<u8> = mac
+        .split(':')
+        .filter_map(|h| u8::from_str_radix(h, 16).ok())
+        .collect();
+    v.try_into()
+        .unwrap_or_else(|_| panic!("no MAC for {iface} in {text:?}"))
+}
+
 /// Starts a daemon (in the calling thread's namespace) and attaches a test guest to it.
 fn veth_node(d: std::io::Result<Daemon>, ip: &str, mac: [u8; 6]) -> Node {
     let daemon = d.expect("daemon");
@@ -198,6 +219,7 @@ fn veth_pair_run(
     bin: &std::path::Path,
     peer: &netns::NsThread,
     ring: Option<&str>,
+    macs: ([u8; 6], [u8; 6]),
     a: &Args,
     wait: WaitMode,
 ) -> (f64, f64) {
@@ -227,11 +249,7 @@ fn veth_pair_run(
         let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
         Daemon::spawn_on(bin, addr, &args, cpus.as_deref())
     };
-    let mut x = veth_node(
-        spawn(ip_a, args(VETH_A.0, ip_a), cpus.clone()),
-        ip_a,
-        VETH_A.1,
-    );
+    let mut x = veth_node(spawn(ip_a, args(VETH_A.0, ip_a), cpus.clone()), ip_a, macs.0);
     let (bin_b, args_b, cpus_b, ip_b_s) = (
         bin.to_path_buf(),
         args(VETH_B.0, ip_b),
@@ -243,7 +261,7 @@ fn veth_pair_run(
         let args: Vec<&str> = args_b.iter().map(|s| s.as_str()).collect();
         Daemon::spawn_on(&bin_b, addr, &args, cpus_b.as_deref())
     });
-    let mut y = veth_node(db, ip_b, VETH_B.1);
+    let mut y = veth_node(db, ip_b, macs.1);
     let d = perf::rc_pingpong_wait(&mut x, &mut y, 64, a.iters, wait).expect("ping-pong");
     let bw = perf::rc_write_bw(&mut x, &mut y, 64 << 10, a.write_bytes, 16).expect("write");
     (d.as_secs_f64() * 1e6, bw * 8.0 / 1e9)
@@ -264,8 +282,9 @@ fn raw_vs_udp(bin: &std::path::Path, a: &Args, wait: WaitMode) {
     }
     let (bin, a2) = (
         bin.to_path_buf(),
-        (a.iters, a.write_bytes, a.rounds, a.daemon_cpu),
+        (a.iters, a.write_bytes, a.rounds, a.daemon_cpu, a.link.clone()),
     );
+    let link = a.link.clone();
     let bin_in = bin.clone();
     let r = netns::run_in_new_netns(move || {
         let bin = bin_in;
@@ -274,18 +293,32 @@ fn raw_vs_udp(bin: &std::path::Path, a: &Args, wait: WaitMode) {
             write_bytes: a2.1,
             rounds: a2.2.max(1),
             daemon_cpu: a2.3,
+            link: a2.4,
             ..Args::parse_from(["vur-bench"])
         };
         let peer = netns::NsThread::new().expect("second namespace");
         let (na, ma) = VETH_A;
         let (nb, mb) = VETH_B;
-        netns::ip(&["link", "add", na, "type", "veth", "peer", "name", nb]).expect("veth");
-        netns::ip(&["link", "set", nb, "netns", &peer.tid.to_string()]).expect("move veth");
+        let netkit = a.link == "netkit";
+        if netkit {
+            // Made as a user would (rtnetlink); its MACs are the kernel's.
+            let o = std::process::Command::new(&bin)
+                .args(["link", "add", na, "--peer", nb, "--kind", "netkit"])
+                .output()
+                .map_err(|e| e.to_string())?;
+            if !o.status.success() {
+                return Err(String::from_utf8_lossy(&o.stderr).trim().to_string());
+            }
+        } else {
+            netns::ip(&["link", "add", na, "type", "veth", "peer", "name", nb]).expect("veth");
+        }
+        netns::ip(&["link", "set", nb, "netns", &peer.tid.to_string()]).expect("move the peer");
+        let (ma, mb) = (netns::mac_str(ma), netns::mac_str(mb));
         for (ns_ip, cmds) in [
             (
                 false,
                 vec![
-                    vec!["link", "set", na, "address", &netns::mac_str(ma)],
+                    vec!["link", "set", na, "address", &ma],
                     vec!["link", "set", na, "mtu", "9000"],
                     vec!["addr", "add", "10.79.3.1/24", "dev", na],
                     vec!["link", "set", na, "up"],
@@ -294,7 +327,7 @@ fn raw_vs_udp(bin: &std::path::Path, a: &Args, wait: WaitMode) {
             (
                 true,
                 vec![
-                    vec!["link", "set", nb, "address", &netns::mac_str(mb)],
+                    vec!["link", "set", nb, "address", &mb],
                     vec!["link", "set", nb, "mtu", "9000"],
                     vec!["addr", "add", "10.79.3.2/24", "dev", nb],
                     vec!["link", "set", nb, "up"],
@@ -303,6 +336,8 @@ fn raw_vs_udp(bin: &std::path::Path, a: &Args, wait: WaitMode) {
         ] {
             let cmds: Vec<Vec<String>> = cmds
                 .into_iter()
+                // netkit keeps the MACs the kernel gave it
+                .filter(|c| !(netkit && c[3] == "address"))
                 .map(|c| c.into_iter().map(String::from).collect())
                 .collect();
             let go = move || {
@@ -317,13 +352,14 @@ fn raw_vs_udp(bin: &std::path::Path, a: &Args, wait: WaitMode) {
                 go();
             }
         }
+        let macs = (mac_of(na), peer.run(move || mac_of(nb)));
         let kinds = [None, Some("v3"), Some("v2")];
         let mut lat = vec![vec![]; kinds.len()];
         let mut bw = vec![vec![]; kinds.len()];
         for round in 0..a.rounds {
             let mut line = format!("round {}:", round + 1);
             for (i, k) in kinds.iter().enumerate() {
-                let (l, b) = veth_pair_run(&bin, &peer, *k, &a, wait);
+                let (l, b) = veth_pair_run(&bin, &peer, *k, macs, &a, wait);
                 lat[i].push(l);
                 bw[i].push(b);
                 line += &format!(" {} {l:.1} us {b:.2} Gbit/s;", k.unwrap_or("udp"));
@@ -332,15 +368,19 @@ fn raw_vs_udp(bin: &std::path::Path, a: &Args, wait: WaitMode) {
         }
         let lat: Vec<_> = lat.iter_mut().map(|v| med_range(v)).collect();
         let bw: Vec<_> = bw.iter_mut().map(|v| med_range(v)).collect();
-        (lat, bw)
-    });
+        Ok((lat, bw))
+    })
+    .and_then(|r| r);
     let Ok((lat, bw)) = r.inspect_err(|why| println!("raw vs udp: skipped: {why}")) else {
         return;
     };
     let cell = |m: (f64, f64, f64), p: usize| format!("{:.p$} ({:.p$}-{:.p$})", m.0, m.1, m.2);
     println!(
         "{:<28} {:>22} {:>22} {:>22}",
-        "veth, 2 namespaces", "udp", "raw --raw-ring v3", "raw --raw-ring v2"
+        format!("{link}, 2 namespaces"),
+        "udp",
+        "raw --raw-ring v3",
+        "raw --raw-ring v2"
     );
     println!(
         "{:<28} {:>22} {:>22} {:>22}",
