@@ -498,21 +498,19 @@ impl VhuRdma {
         if self.queues_checked.swap(true, Ordering::Relaxed) {
             return;
         }
-        {
-            let missing: Vec<&str> = vrings
-                .iter()
-                .zip(QUEUE_NAMES)
-                .filter(|(v, _)| !v.get_ref().get_queue().ready())
-                .map(|(_, n)| n)
-                .collect();
-            if !missing.is_empty() {
-                log::warn!(
-                    "the guest uses the control queue but the frontend did not set up the {} \
-                     queue(s): the device needs {NUM_QUEUES} queues (control, doorbell, event); \
-                     give the VMM three queue sizes",
-                    missing.join(" and ")
-                );
-            }
+        let missing: Vec<&str> = vrings
+            .iter()
+            .zip(QUEUE_NAMES)
+            .filter(|(v, _)| !v.get_ref().get_queue().ready())
+            .map(|(_, n)| n)
+            .collect();
+        if !missing.is_empty() {
+            log::warn!(
+                "the guest uses the control queue but the frontend did not set up the {} \
+                 queue(s): the device needs {NUM_QUEUES} queues (control, doorbell, event); \
+                 give the VMM three queue sizes",
+                missing.join(" and ")
+            );
         }
     }
 

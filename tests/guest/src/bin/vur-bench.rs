@@ -249,7 +249,11 @@ fn veth_pair_run(
         let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
         Daemon::spawn_on(bin, addr, &args, cpus.as_deref())
     };
-    let mut x = veth_node(spawn(ip_a, args(VETH_A.0, ip_a), cpus.clone()), ip_a, macs.0);
+    let mut x = veth_node(
+        spawn(ip_a, args(VETH_A.0, ip_a), cpus.clone()),
+        ip_a,
+        macs.0,
+    );
     let (bin_b, args_b, cpus_b, ip_b_s) = (
         bin.to_path_buf(),
         args(VETH_B.0, ip_b),
@@ -282,7 +286,13 @@ fn raw_vs_udp(bin: &std::path::Path, a: &Args, wait: WaitMode) {
     }
     let (bin, a2) = (
         bin.to_path_buf(),
-        (a.iters, a.write_bytes, a.rounds, a.daemon_cpu, a.link.clone()),
+        (
+            a.iters,
+            a.write_bytes,
+            a.rounds,
+            a.daemon_cpu,
+            a.link.clone(),
+        ),
     );
     let link = a.link.clone();
     let bin_in = bin.clone();
