@@ -32,6 +32,14 @@
 //!   SET_VRING_BASE at each ring's current avail index (at the used index instead only with
 //!   IN_ORDER and no inflight tracking; then it also kicks the queues with work pending).
 //! - **VM shutdown**: the socket is closed; nothing is sent.
+//!
+//! Its vhost-user-net frontend (`--net vhost_user=true,socket=…`: virtio-devices'
+//! `vhost_user::net` over the same control code; read at the main branch after v53.0, and
+//! v53.0) is the same sequence with other features ([`GenericVhostUserDevice::create_net`]):
+//! it offers the virtio-net features of [`NET_VMM_FEATURES`], asks for the protocol features
+//! of [`net_protocol_features`] (GET_CONFIG at creation only if CONFIG was agreed), and the
+//! backend gets vrings 0 (RX) and 1 (TX): cloud-hypervisor serves a control queue itself.
+//! It never sends NET_SET_MTU; the MTU, MAC and status of the config space are its own.
 
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -71,6 +79,77 @@ pub const VMM_VIRTIO_FEATURES: u64 = F_INDIRECT_DESC
     | F_NOTIFICATION_DATA
     | F_PROTOCOL_FEATURES
     | F_LOG_ALL;
+
+const F_NET_CSUM: u64 = 1 << 0;
+const F_NET_GUEST_CSUM: u64 = 1 << 1;
+const F_NET_MTU: u64 = 1 << 3;
+const F_NET_MAC: u64 = 1 << 5;
+const F_NET_GUEST_TSO4: u64 = 1 << 7;
+const F_NET_GUEST_TSO6: u64 = 1 << 8;
+const F_NET_GUEST_ECN: u64 = 1 << 9;
+const F_NET_GUEST_UFO: u64 = 1 << 10;
+const F_NET_HOST_TSO4: u64 = 1 << 11;
+const F_NET_HOST_TSO6: u64 = 1 << 12;
+const F_NET_HOST_ECN: u64 = 1 << 13;
+const F_NET_HOST_UFO: u64 = 1 << 14;
+const F_NET_MRG_RXBUF: u64 = 1 << 15;
+const F_NET_STATUS: u64 = 1 << 16;
+const F_NET_CTRL_VQ: u64 = 1 << 17;
+const F_NET_GUEST_ANNOUNCE: u64 = 1 << 21;
+const F_NET_MQ: u64 = 1 << 22;
+
+/// The virtio features cloud-hypervisor offers a vhost-user-net backend (offloads on, as by
+/// default): the guest sees those the backend offers, and MAC (and STATUS and GUEST_ANNOUNCE
+/// with a backend's CTRL_VQ) from cloud-hypervisor itself.
+pub const NET_VMM_FEATURES: u64 = VMM_VIRTIO_FEATURES
+    | F_NET_CSUM
+    | F_NET_GUEST_CSUM
+    | F_NET_MTU
+    | F_NET_MAC
+    | F_NET_GUEST_TSO4
+    | F_NET_GUEST_TSO6
+    | F_NET_GUEST_ECN
+    | F_NET_GUEST_UFO
+    | F_NET_HOST_TSO4
+    | F_NET_HOST_TSO6
+    | F_NET_HOST_ECN
+    | F_NET_HOST_UFO
+    | F_NET_MRG_RXBUF
+    | F_NET_CTRL_VQ
+    | F_NET_GUEST_ANNOUNCE
+    | F_NET_MQ;
+
+/// What a Linux virtio_net driver acks of a virtio-net device's features (its feature table
+/// and the transport's).
+pub const LINUX_NET_FEATURES: u64 = LINUX_TRANSPORT_FEATURES
+    | F_NET_CSUM
+    | F_NET_GUEST_CSUM
+    | F_NET_MTU
+    | F_NET_MAC
+    | F_NET_GUEST_TSO4
+    | F_NET_GUEST_TSO6
+    | F_NET_GUEST_ECN
+    | F_NET_GUEST_UFO
+    | F_NET_HOST_TSO4
+    | F_NET_HOST_TSO6
+    | F_NET_HOST_ECN
+    | F_NET_HOST_UFO
+    | F_NET_MRG_RXBUF
+    | F_NET_STATUS
+    | F_NET_CTRL_VQ
+    | F_NET_GUEST_ANNOUNCE
+    | F_NET_MQ;
+
+/// The vhost-user protocol features cloud-hypervisor asks a vhost-user-net backend for.
+pub fn net_protocol_features() -> VhostUserProtocolFeatures {
+    VhostUserProtocolFeatures::MQ
+        | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
+        | VhostUserProtocolFeatures::REPLY_ACK
+        | VhostUserProtocolFeatures::INFLIGHT_SHMFD
+        | VhostUserProtocolFeatures::LOG_SHMFD
+        | VhostUserProtocolFeatures::DEVICE_STATE
+        | VhostUserProtocolFeatures::CONFIG
+}
 
 /// The transport features a Linux guest acks when its driver's feature table is empty (the
 /// virtio_rdma driver's is).
@@ -207,6 +286,49 @@ impl GenericVhostUserDevice {
         queue_sizes: &[u16],
         timeout: Duration,
     ) -> Result<GenericVhostUserDevice> {
+        Self::create_with(
+            socket,
+            queue_sizes,
+            timeout,
+            VMM_VIRTIO_FEATURES,
+            vmm_protocol_features(),
+        )
+    }
+
+    /// VM creation with `--net vhost_user=true,socket=…` (one queue pair, two vrings of 256):
+    /// the same handshake with the virtio-net features, then GET_CONFIG of the 17-byte
+    /// virtio-net config space if CONFIG was agreed.
+    pub fn create_net(socket: &Path, timeout: Duration) -> Result<GenericVhostUserDevice> {
+        let mut d = Self::create_with(
+            socket,
+            &[256, 256],
+            timeout,
+            NET_VMM_FEATURES,
+            net_protocol_features(),
+        )?;
+        if d.acked_protocol_features
+            .contains(VhostUserProtocolFeatures::CONFIG)
+        {
+            let r =
+                d.fe.get_config(0, 17, VhostUserConfigFlags::WRITABLE, &[0u8; 17]);
+            d.step(
+                Msg::GetConfig {
+                    offset: 0,
+                    size: 17,
+                },
+                r,
+            )?;
+        }
+        Ok(d)
+    }
+
+    fn create_with(
+        socket: &Path,
+        queue_sizes: &[u16],
+        timeout: Duration,
+        vmm_features: u64,
+        vmm_protocol: VhostUserProtocolFeatures,
+    ) -> Result<GenericVhostUserDevice> {
         let fe = connect(socket, queue_sizes.len(), timeout)?;
         let mut d = GenericVhostUserDevice {
             socket: socket.to_path_buf(),
@@ -225,11 +347,11 @@ impl GenericVhostUserDevice {
         d.step(Msg::SetOwner, r)?;
         let r = d.fe.get_features();
         d.backend_features = d.step(Msg::GetFeatures, r)?;
-        d.avail_features = VMM_VIRTIO_FEATURES & d.backend_features;
+        d.avail_features = vmm_features & d.backend_features;
         if d.avail_features & F_PROTOCOL_FEATURES != 0 {
             let r = d.fe.get_protocol_features();
             let offered = d.step(Msg::GetProtocolFeatures, r)?;
-            let agreed = vmm_protocol_features() & offered;
+            let agreed = vmm_protocol & offered;
             let r = d.fe.set_protocol_features(agreed);
             d.step(Msg::SetProtocolFeatures(agreed.bits()), r)?;
             d.acked_protocol_features = agreed;

@@ -139,6 +139,21 @@ impl NetGuest {
         }
         let tx = qs.pop().expect("2 queues");
         let rx = qs.pop().expect("2 queues");
+        Self::from_parts(fe, ram, rx, tx, acked, rx_n, rx_len)
+    }
+
+    /// The driver on rings a frontend has set up (a VMM's sequence replayed elsewhere, e.g.
+    /// [`crate::cloud_hypervisor`]): `rx` and `tx` in `ram`, the features `acked`; posts
+    /// `rx_n` receive buffers of `rx_len` bytes. `fe` keeps the connection open.
+    pub fn from_parts(
+        fe: Frontend,
+        ram: Arc<GuestRam>,
+        rx: Virtq,
+        tx: Virtq,
+        acked: u64,
+        rx_n: u16,
+        rx_len: u32,
+    ) -> Result<NetGuest> {
         let tx_area = ram.alloc_contig(128 << 10, 4096)?;
         let mut g = NetGuest {
             ram,

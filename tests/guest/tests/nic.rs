@@ -510,3 +510,84 @@ fn the_mtu_a_vmm_sets_is_the_interfaces_at_most() {
         }
     });
 }
+
+/// cloud-hypervisor's vhost-user-net frontend (`--net vhost_user=true,socket=…`), replayed
+/// message for message ([`vur_testguest::cloud_hypervisor`]): VM creation, activation with
+/// what a Linux virtio_net driver acks, ping through the rings; then a guest reset
+/// (SET_VRING_ENABLE 0 and GET_VRING_BASE per ring) and a second activation on the same
+/// connection with fresh rings, ping again.
+#[test]
+fn cloud_hypervisors_vhost_user_net_frontend() {
+    use vur_testguest::cloud_hypervisor::{GenericVhostUserDevice, Msg, LINUX_NET_FEATURES};
+    run("cloud_hypervisors_vhost_user_net_frontend", || {
+        let (d, net) = nic_daemon();
+        let mut dev =
+            GenericVhostUserDevice::create_net(&net, Duration::from_secs(10)).expect("create");
+        let agreed = vhost::vhost_user::message::VhostUserProtocolFeatures::REPLY_ACK
+            | vhost::vhost_user::message::VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS;
+        assert_eq!(
+            dev.log,
+            [
+                Msg::Connect,
+                Msg::SetOwner,
+                Msg::GetFeatures,
+                Msg::GetProtocolFeatures,
+                Msg::SetProtocolFeatures(agreed.bits()),
+            ],
+            "no MQ (no GET_QUEUE_NUM), no CONFIG (no GET_CONFIG)"
+        );
+        let features = dev.guest_features(LINUX_NET_FEATURES);
+        for (bit, name) in [
+            (VIRTIO_NET_F_MRG_RXBUF, "MRG_RXBUF"),
+            (VIRTIO_NET_F_MTU, "MTU"),
+            (VIRTIO_NET_F_CSUM, "CSUM"),
+            (VIRTIO_NET_F_GUEST_CSUM, "GUEST_CSUM"),
+        ] {
+            assert_ne!(features & (1 << bit), 0, "{name} agreed");
+        }
+        assert_eq!(
+            features & (1 << 17),
+            0,
+            "no CTRL_VQ: the backend offers none, and cloud-hypervisor then adds no control queue"
+        );
+        let event_idx = features & (1 << 29) != 0;
+        let ram = GuestRam::new(32 << 20).unwrap();
+        for round in 0..2 {
+            let rx = Virtq::new(&ram, 256, event_idx).unwrap();
+            let tx = Virtq::new(&ram, 256, event_idx).unwrap();
+            let at = dev.log.len();
+            dev.activate(&ram, LINUX_NET_FEATURES, &[(0, &rx), (1, &tx)])
+                .unwrap_or_else(|e| panic!("activation {round}: {e}"));
+            assert!(
+                matches!(dev.log[at], Msg::SetFeatures(f) if f & (1 << VIRTIO_NET_F_MRG_RXBUF) != 0)
+            );
+            assert_eq!(
+                dev.log[dev.log.len() - 2..],
+                [Msg::SetVringEnable(0, true), Msg::SetVringEnable(1, true)]
+            );
+            let fe = dev.frontend().clone();
+            let g = NetGuest::from_parts(fe, ram.clone(), rx, tx, features, 64, 2048).unwrap();
+            let (stop, seen, t) = start_stack(g);
+            let out = Command::new("ping")
+                .args(["-c", "2", "-i", "0.2", "-W", "5", "10.79.0.2"])
+                .output()
+                .expect("ping");
+            stop.store(true, Ordering::Relaxed);
+            t.join().expect("guest stack");
+            assert!(
+                out.status.success(),
+                "activation {round}: ping 10.79.0.2: {}; counters {}",
+                String::from_utf8_lossy(&out.stdout),
+                d.counters().unwrap_or_default()
+            );
+            assert_eq!(seen.lock().unwrap().pings, 2, "activation {round}");
+            if round == 0 {
+                let bases = dev.reset().expect("reset");
+                assert_eq!(bases.len(), 2, "GET_VRING_BASE for RX and TX");
+            }
+        }
+        for k in ["tx_bad", "tx_dropped", "faults", "rx_errors"] {
+            assert_eq!(net_counter(&d, k), 0, "net.{k}");
+        }
+    });
+}
