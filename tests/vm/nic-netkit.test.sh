@@ -10,8 +10,9 @@
 #   3. the daemon against Linux rxe over a netkit pair: rxe0 on nk0, the daemon's raw transport
 #      on nk1 (namespace t1), the stock ibv_rc_pingpong against vur-pingpong (a test guest on
 #      the daemon, every buffer checked) in both roles;
+#      Then daemon to daemon on the same pair: a second daemon on nk0, vur-pingpong on each;
 #   4. daemon to daemon over a netkit pair, as a benchmark: `vur-bench --only raw --link
-#      netkit` (udp daemons and raw daemons on the same pair, side by side, data checked).
+#      netkit` (udp daemons and raw daemons on the same pair, side by side).
 #
 #   sudo tests/vm/nic-netkit.test.sh
 #
@@ -157,6 +158,25 @@ print(t.get("rx_icrc_ok", -1), t.get("rx_icrc_bad", -1), t.get("tx_packets", -1)
 read -r ok badc tx <<<"$icrc_ok"
 say "daemon on nk1: rx_icrc_ok=$ok rx_icrc_bad=$badc tx_packets=$tx; rxe0: $(rdma statistic show link rxe0/1 2>/dev/null | grep -o 'sent_pkts [0-9]*\|rcvd_pkts [0-9]*' | tr '\n' ' ')"
 ((ok >= 800 && badc == 0 && tx >= 800)) || bad "the daemon's counters do not show the traffic"
+# daemon to daemon: a second daemon's raw transport on nk0 for 10.80.0.4 (rxe0's kernel does
+# not hold that address: the frames are the daemon's alone)
+$d --socket-path /tmp/r4.sock --iface nk0 --raw-addr 10.80.0.4 --counters-socket /tmp/c4.sock 2>/tmp/d4.log &
+pid4=$!
+for _ in $(seq 100); do [[ -S /tmp/r4.sock ]] && break; sleep 0.1; done
+[[ -S /tmp/r4.sock ]] || { cat /tmp/d4.log; bad "the second daemon did not come up on nk0"; }
+mac1=$(ip -n t1 -br link show nk1 | awk '{print $3}')
+ip netns exec t1 $pp -p 18517 --peer-is-ours >/tmp/pp3.srv 2>&1 &
+opid=$!
+for _ in $(seq 100); do ip netns exec t1 ss -Hltn 'sport = :18517' | grep -q . && break; sleep 0.1; done
+/vur/vur-pingpong --socket /tmp/r4.sock --ip 10.80.0.4 --dmac "$mac1" --server 10.80.0.3 -p 18517 \
+    -s 4096 -n 200 --timeout 120 --peer-is-ours >/tmp/pp3.cli 2>&1
+crc=$?
+wait $opid
+src=$?
+say "daemon to daemon over netkit: server rc=$src ($(tail -1 /tmp/pp3.srv)); client rc=$crc ($(tail -1 /tmp/pp3.cli))"
+((src == 0 && crc == 0)) || { cat /tmp/pp3.srv /tmp/pp3.cli /tmp/d3.log /tmp/d4.log; bad "vur-pingpong between two daemons over netkit failed"; }
+kill -TERM $pid4
+wait $pid4 || { cat /tmp/d4.log; bad "the daemon on nk0 did not end cleanly"; }
 kill -TERM $pid
 wait $pid || { cat /tmp/d3.log; bad "the daemon on nk1 did not end cleanly"; }
 rdma link del rxe0
