@@ -1,6 +1,6 @@
 //! A relay between a VMM's vhost-user connection and the vhost crate's request handler, for
 //! the virtio-net device: every message goes through unchanged (its fds too), except a
-//! SET_VRING_ENABLE that comes before the first SET_FEATURES.
+//! SET_VRING_ENABLE that comes before the first SET_FEATURES, and the MTU (below).
 //!
 //! QEMU's vhost-user-net frontend enables a queue pair's rings when the guest's virtio-net
 //! driver negotiates its features, which is before QEMU sends the features to the backend;
