@@ -45,7 +45,7 @@ struct Args {
     #[arg(long)]
     compare: Option<PathBuf>,
     /// Run one row only.
-    #[arg(long, value_parser = ["pingpong", "write", "rate", "ctrl", "scale", "raw"])]
+    #[arg(long, value_parser = ["pingpong", "write", "rate", "ctrl", "scale", "raw", "gso"])]
     only: Option<String>,
     /// How the guest waits for completions.
     #[arg(long, default_value = "spin", value_parser = ["spin", "event"])]
@@ -131,6 +131,199 @@ fn udp_rate(size: usize, count: u64, window: u64) -> std::io::Result<f64> {
         .join()
         .map_err(|_| std::io::Error::other("receiver panicked"))??;
     Ok(count as f64 / (end - start).as_secs_f64().max(1e-9))
+}
+
+/// Datagrams per send call in the GSO table: what one 64 KiB RC WRITE is at path MTU 4096
+/// (16 packets), less one so that a UDP_SEGMENT send stays within 64 KiB.
+const GSO_SEGS: usize = 15;
+/// One RoCEv2 WRITE_MIDDLE packet on a UDP socket: BTH, 4096 bytes of payload, ICRC.
+const GSO_SEG_LEN: usize = 12 + 4096 + 4;
+
+/// This thread's CPU time, ns.
+fn thread_cpu_ns() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: plain syscall writing into `t`.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// One GSO-table run: `bursts` × [`GSO_SEGS`] datagrams of [`GSO_SEG_LEN`] bytes between two
+/// loopback sockets, each burst one `sendmmsg` (`gso` false) or one `sendmsg` with
+/// UDP_SEGMENT (true), at most `window` datagrams sent and not yet received (none is lost:
+/// a lost one fails the run). Returns (payload Gbit/s from the first send to the last
+/// receive, the sender's CPU ns per datagram).
+fn gso_run(gso: bool, bursts: u64, window: u64) -> std::io::Result<(f64, f64)> {
+    use std::os::fd::AsRawFd;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+    let (x, y) = loopback_pair(0);
+    let a = std::net::UdpSocket::bind(x)?;
+    let b = std::net::UdpSocket::bind(y)?;
+    a.connect(b.local_addr()?)?;
+    b.set_read_timeout(Some(Duration::from_secs(5)))?;
+    // Room for the window (root may exceed rmem_max; others get what it allows).
+    let room: libc::c_int = 8 << 20;
+    for opt in [libc::SO_RCVBUFFORCE, libc::SO_RCVBUF] {
+        // SAFETY: plain setsockopt with an int.
+        let r = unsafe {
+            libc::setsockopt(
+                b.as_raw_fd(),
+                libc::SOL_SOCKET,
+                opt,
+                (&room as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if r == 0 {
+            break;
+        }
+    }
+    let count = bursts * GSO_SEGS as u64;
+    let got = Arc::new(AtomicU64::new(0));
+    let seen = got.clone();
+    let rx = std::thread::spawn(move || -> std::io::Result<Instant> {
+        let mut buf = vec![0u8; 65536];
+        let mut n = 0u64;
+        while n < count {
+            let len = b.recv(&mut buf).map_err(|e| {
+                std::io::Error::other(format!("GSO table: datagram {} of {count}: {e}", n + 1))
+            })?;
+            if len != GSO_SEG_LEN {
+                return Err(std::io::Error::other(format!(
+                    "GSO table: a datagram of {len} bytes, not {GSO_SEG_LEN}"
+                )));
+            }
+            n += 1;
+            seen.store(n, Ordering::Release);
+        }
+        Ok(Instant::now())
+    });
+    let mut data = vec![0x5au8; GSO_SEGS * GSO_SEG_LEN];
+    let fd = a.as_raw_fd();
+    // sendmmsg: one message per datagram; UDP_SEGMENT: one message, the segment size in a cmsg.
+    let mut iovs: Vec<libc::iovec> = (0..GSO_SEGS)
+        .map(|i| libc::iovec {
+            // SAFETY: in bounds: i * GSO_SEG_LEN < data.len().
+            iov_base: unsafe { data.as_mut_ptr().add(i * GSO_SEG_LEN) }.cast(),
+            iov_len: GSO_SEG_LEN,
+        })
+        .collect();
+    let mut whole = libc::iovec {
+        iov_base: data.as_mut_ptr().cast(),
+        iov_len: data.len(),
+    };
+    // SAFETY: mmsghdr is plain data; all-zero is valid.
+    let mut msgs: Vec<libc::mmsghdr> = (0..GSO_SEGS)
+        .map(|_| unsafe { std::mem::zeroed() })
+        .collect();
+    for (m, iov) in msgs.iter_mut().zip(iovs.iter_mut()) {
+        m.msg_hdr.msg_iov = iov;
+        m.msg_hdr.msg_iovlen = 1;
+    }
+    let mut cmsg = [0u64; 4];
+    // SAFETY: as above.
+    let mut gmsg: libc::msghdr = unsafe { std::mem::zeroed() };
+    gmsg.msg_iov = &mut whole;
+    gmsg.msg_iovlen = 1;
+    gmsg.msg_control = cmsg.as_mut_ptr().cast();
+    // SAFETY: CMSG_SPACE is arithmetic.
+    gmsg.msg_controllen = unsafe { libc::CMSG_SPACE(2) } as usize;
+    // SAFETY: the control buffer holds CMSG_SPACE(2) bytes (32 >= 24); the header and its u16
+    // are written inside it.
+    unsafe {
+        let c = libc::CMSG_FIRSTHDR(&gmsg);
+        (*c).cmsg_level = libc::SOL_UDP;
+        (*c).cmsg_type = libc::UDP_SEGMENT;
+        (*c).cmsg_len = libc::CMSG_LEN(2) as usize;
+        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<u16>(), GSO_SEG_LEN as u16);
+    }
+    let cpu0 = thread_cpu_ns();
+    let start = Instant::now();
+    let mut sent = 0u64;
+    while sent < count {
+        if sent + GSO_SEGS as u64 - got.load(Ordering::Acquire) > window {
+            if rx.is_finished() {
+                break; // the receiver failed; its error is returned below
+            }
+            std::hint::spin_loop();
+            continue;
+        }
+        // SAFETY: the headers point at `data`, `iovs`, `whole` and `cmsg`, all alive here.
+        let r = unsafe {
+            if gso {
+                libc::sendmsg(fd, &gmsg, 0) as i64 / GSO_SEG_LEN as i64
+            } else {
+                libc::sendmmsg(fd, msgs.as_mut_ptr(), GSO_SEGS as u32, 0) as i64
+            }
+        };
+        if r != GSO_SEGS as i64 {
+            return Err(std::io::Error::other(format!(
+                "GSO table: a send of {GSO_SEGS} datagrams sent {r}: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        sent += GSO_SEGS as u64;
+    }
+    let cpu = thread_cpu_ns() - cpu0;
+    let end = rx
+        .join()
+        .map_err(|_| std::io::Error::other("receiver panicked"))??;
+    let secs = (end - start).as_secs_f64().max(1e-9);
+    Ok((
+        (count * 4096 * 8) as f64 / secs / 1e9,
+        cpu as f64 / count as f64,
+    ))
+}
+
+/// The GSO table (`--only gso`): what UDP_SEGMENT would buy the udp transport, kernel alone.
+fn gso_table(a: &Args) {
+    let bursts = (a.write_bytes / (GSO_SEGS as u64 * 4096)).max(1);
+    let mut rows: [Vec<(f64, f64)>; 2] = [Vec::new(), Vec::new()];
+    for round in 0..a.rounds.max(1) {
+        for (i, gso) in [false, true].into_iter().enumerate() {
+            match gso_run(gso, bursts, 4 * GSO_SEGS as u64) {
+                Ok(r) => rows[i].push(r),
+                Err(e) => {
+                    println!("GSO table: round {}: {e}", round + 1);
+                    std::process::exit(1);
+                }
+            }
+        }
+    }
+    let med = |v: &mut Vec<f64>| {
+        v.sort_by(|x, y| x.total_cmp(y));
+        v[v.len() / 2]
+    };
+    let col = |i: usize| {
+        let mut g: Vec<f64> = rows[i].iter().map(|r| r.0).collect();
+        let mut c: Vec<f64> = rows[i].iter().map(|r| r.1).collect();
+        (med(&mut g), med(&mut c))
+    };
+    let (m, g) = (col(0), col(1));
+    println!(
+        "UDP loopback, {GSO_SEGS} datagrams of {GSO_SEG_LEN} B per call     sendmmsg   UDP_SEGMENT   ratio"
+    );
+    println!(
+        "payload Gbit/s (first send to last receive)   {:>11.2} {:>13.2} {:>7.2}x",
+        m.0,
+        g.0,
+        g.0 / m.0
+    );
+    println!(
+        "sender CPU ns per datagram                    {:>11.0} {:>13.0} {:>7.2}x",
+        m.1,
+        g.1,
+        g.1 / m.1
+    );
+    println!(
+        "medians of {} rounds, {} MiB each",
+        a.rounds.max(1),
+        bursts * GSO_SEGS as u64 * 4096 >> 20
+    );
 }
 
 #[derive(Default, Clone, Copy)]
@@ -547,6 +740,10 @@ fn main() {
     }
     if a.only.as_deref() == Some("raw") {
         raw_vs_udp(&bin, &a, wait);
+        return;
+    }
+    if a.only.as_deref() == Some("gso") {
+        gso_table(&a);
         return;
     }
     let ours = run_daemon(&bin, &a, wait, None);
