@@ -322,7 +322,7 @@ fn gso_table(a: &Args) {
     println!(
         "medians of {} rounds, {} MiB each",
         a.rounds.max(1),
-        bursts * GSO_SEGS as u64 * 4096 >> 20
+        (bursts * GSO_SEGS as u64 * 4096) >> 20
     );
 }
 
