@@ -52,10 +52,17 @@ script_step() {
     local t=$1 rc=0 t1=$SECONDS
     step "$*"
     # Through a file, not a pipe: a process the step leaves behind cannot hold the run up.
-    bash "$@" >"$log" 2>&1 &
-    local pid=$!
-    tail -n +1 -f --pid="$pid" "$log"
+    # (A background job ignores SIGINT: Ctrl-C and SIGTERM are passed on as SIGTERM, which
+    # every step's cleanup handles.)
+    : >"$log"
+    bash "$@" >>"$log" 2>&1 &
+    local pid=$! tail_pid
+    tail -n +1 -f --pid="$pid" "$log" &
+    tail_pid=$!
+    trap 'kill -TERM "$pid" 2>/dev/null; wait "$pid"; wait "$tail_pid"; exit 130' INT TERM
     wait "$pid" || rc=$?
+    wait "$tail_pid"
+    trap - INT TERM
     case $rc in
     0) passed=$((passed + 1)) ;;
     77) skipped=$((skipped + 1)) ;;
