@@ -21,14 +21,14 @@ t0=$SECONDS
 passed=0 failed=0 skipped=0
 failures=()
 log=$(mktemp "${TMPDIR:-/tmp}/vur-tests.XXXXXX")
-# The last lines of every step that failed, printed again beside the summary at the end.
+# The last 40 lines of every step that failed, printed again beside the summary at the end.
 tails=$(mktemp -d "${TMPDIR:-/tmp}/vur-tests-tails.XXXXXX")
 trap 'rm -rf "$log" "$tails"' EXIT
 
 # keep_tail NAME FILE: keeps the last lines of FILE as what step NAME printed last.
 keep_tail() {
     printf '%s\n' "--- $1, last lines:" >"$tails/$(printf '%03d' "${#failures[@]}")"
-    tail -n 20 "$2" >>"$tails/$(printf '%03d' "${#failures[@]}")"
+    tail -n 40 "$2" >>"$tails/$(printf '%03d' "${#failures[@]}")"
 }
 
 # cargo_step NAME ARGS...: run cargo test, add up its "test result:" lines.
