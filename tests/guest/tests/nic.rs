@@ -45,7 +45,17 @@ const PEER_IP: [u8; 4] = [10, 79, 0, 1];
 /// The veth pair, the peer's address, and the NIC daemon on `vh0`; returns the daemon and
 /// its virtio-net socket.
 fn nic_daemon() -> (Daemon, PathBuf) {
+    nic_daemon_mtu(1500)
+}
+
+/// [`nic_daemon`] with both ends of the veth at `mtu`.
+fn nic_daemon_mtu(mtu: u32) -> (Daemon, PathBuf) {
     netns::veth_pair("vh0", HOST_MAC, "vp0", PEER_MAC).expect("veth pair");
+    if mtu != 1500 {
+        for dev in ["vh0", "vp0"] {
+            netns::ip(&["link", "set", dev, "mtu", &mtu.to_string()]).unwrap();
+        }
+    }
     netns::ip(&["addr", "add", "10.79.0.1/24", "dev", "vp0"]).unwrap();
     // One path per test: the tests of this file run side by side in one process.
     static N: AtomicU32 = AtomicU32::new(0);
@@ -456,25 +466,7 @@ fn the_mtu_a_vmm_sets_is_the_interfaces_at_most() {
 
         // Jumbo frames: both ends of the veth at 9000, the daemon started after.
         netns::ip(&["link", "del", "vh0"]).unwrap();
-        let (d, net) = {
-            netns::veth_pair("vh0", HOST_MAC, "vp0", PEER_MAC).expect("veth pair");
-            for dev in ["vh0", "vp0"] {
-                netns::ip(&["link", "set", dev, "mtu", "9000"]).unwrap();
-            }
-            netns::ip(&["addr", "add", "10.79.0.1/24", "dev", "vp0"]).unwrap();
-            let net = std::env::temp_dir().join(format!("vur-nic-{}-mtu.sock", std::process::id()));
-            let mac = netns::mac_str(GUEST_MAC);
-            let args = [
-                "--iface",
-                "vh0",
-                "--mac",
-                &mac,
-                "--net-socket",
-                net.to_str().unwrap(),
-            ];
-            let d = Daemon::spawn(bin(), "10.79.0.2:4791".parse().unwrap(), &args).expect("daemon");
-            (d, net)
-        };
+        let (d, net) = nic_daemon_mtu(9000);
         let g = NetGuest::connect_mtu(&net, 1 << VIRTIO_NET_F_MRG_RXBUF, 64, 2048, Some(9000))
             .expect("MTU 9000 over a 9000 interface");
         assert_eq!(net_counter(&d, "mtu"), 9000);
