@@ -98,11 +98,9 @@ const F_NET_CTRL_VQ: u64 = 1 << 17;
 const F_NET_GUEST_ANNOUNCE: u64 = 1 << 21;
 const F_NET_MQ: u64 = 1 << 22;
 
-/// The virtio features cloud-hypervisor offers a vhost-user-net backend (offloads on, as by
-/// default): the guest sees those the backend offers, and MAC (and STATUS and GUEST_ANNOUNCE
-/// with a backend's CTRL_VQ) from cloud-hypervisor itself.
-pub const NET_VMM_FEATURES: u64 = VMM_VIRTIO_FEATURES
-    | F_NET_CSUM
+/// The virtio-net features both cloud-hypervisor's vhost-user-net frontend offers (offloads
+/// on, as by default) and a Linux virtio_net driver acks.
+const NET_FEATURES: u64 = F_NET_CSUM
     | F_NET_GUEST_CSUM
     | F_NET_MTU
     | F_NET_MAC
@@ -119,26 +117,14 @@ pub const NET_VMM_FEATURES: u64 = VMM_VIRTIO_FEATURES
     | F_NET_GUEST_ANNOUNCE
     | F_NET_MQ;
 
+/// The virtio features cloud-hypervisor offers a vhost-user-net backend: the guest sees those
+/// the backend offers, and MAC (and STATUS and GUEST_ANNOUNCE with a backend's CTRL_VQ) from
+/// cloud-hypervisor itself.
+pub const NET_VMM_FEATURES: u64 = VMM_VIRTIO_FEATURES | NET_FEATURES;
+
 /// What a Linux virtio_net driver acks of a virtio-net device's features (its feature table
 /// and the transport's).
-pub const LINUX_NET_FEATURES: u64 = LINUX_TRANSPORT_FEATURES
-    | F_NET_CSUM
-    | F_NET_GUEST_CSUM
-    | F_NET_MTU
-    | F_NET_MAC
-    | F_NET_GUEST_TSO4
-    | F_NET_GUEST_TSO6
-    | F_NET_GUEST_ECN
-    | F_NET_GUEST_UFO
-    | F_NET_HOST_TSO4
-    | F_NET_HOST_TSO6
-    | F_NET_HOST_ECN
-    | F_NET_HOST_UFO
-    | F_NET_MRG_RXBUF
-    | F_NET_STATUS
-    | F_NET_CTRL_VQ
-    | F_NET_GUEST_ANNOUNCE
-    | F_NET_MQ;
+pub const LINUX_NET_FEATURES: u64 = LINUX_TRANSPORT_FEATURES | NET_FEATURES | F_NET_STATUS;
 
 /// The vhost-user protocol features cloud-hypervisor asks a vhost-user-net backend for.
 pub fn net_protocol_features() -> VhostUserProtocolFeatures {
