@@ -106,12 +106,15 @@ pub fn start_backend(mut config: Config) -> Result<(), Error> {
     let sigset = block_signals();
     let mut transport = match &config.raw {
         None => {
-            let t = UdpTransport::bind(config.udp_addr, config.peer_port, config.strict_icrc)
+            let mut t = UdpTransport::bind(config.udp_addr, config.peer_port, config.strict_icrc)
                 .map_err(|e| Error::Udp(config.udp_addr, e))?;
+            let gso =
+                config.udp_gso && t.enable_gso().map_err(|e| Error::Udp(config.udp_addr, e))?;
             log::info!(
-                "udp transport on {} (peers on port {})",
+                "udp transport on {} (peers on port {}; UDP GSO {})",
                 t.local_addr(),
-                config.peer_port
+                config.peer_port,
+                if gso { "on" } else { "off" }
             );
             Transport::Udp(t)
         }

@@ -15,6 +15,14 @@
 //! must lie in their span): a packet some ID explains is verified (`rx_icrc_id_solved`; a
 //! random corruption passes with probability 2^-16, a flip in any other covered field never),
 //! anything else is dropped (`rx_icrc_bad`). `strict_icrc` accepts ID 0 only.
+//!
+//! UDP GSO (IPv6 only, [`UdpTransport::enable_gso`]): consecutive packets to one destination
+//! whose lengths are equal (the last of a run may be shorter) leave in one `sendmsg` with
+//! `UDP_SEGMENT`, and whoever segments them — the kernel's software GSO, a NIC's USO, or the
+//! receiving socket on loopback and veth — cuts exactly there, so each segment is the packet
+//! whose ICRC was computed. IPv4 never: the ICRC covers the IP ID, which the segmenter picks
+//! (docs/benchmarks.md, "What limits each number"). GSO needs the UDP checksum, so a socket
+//! with GSO sends one (the ICRC masks the field; receivers verify it as usual).
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
@@ -33,6 +41,15 @@ pub const RX_BATCH: usize = 32;
 const TX_SLOT: usize = 4096 + 256;
 /// Room per received datagram (larger ones are truncated and dropped).
 const RX_SLOT: usize = 9216;
+/// One GSO send carries at most this many UDP payload bytes (the IPv6 payload length is 16
+/// bits and holds the UDP header too; a 4 KiB path MTU fits 15 segments) ...
+const GSO_MAX_BYTES: usize = 65_000;
+/// ... and at most this many segments (the kernel's UDP_MAX_SEGMENTS is 64 or more).
+const GSO_MAX_SEGS: usize = 64;
+/// `UDP_SEGMENT` (linux/udp.h): the cmsg and socket option carrying the GSO segment size.
+const UDP_SEGMENT: i32 = 103;
+/// Room for one `UDP_SEGMENT` cmsg (CMSG_SPACE of a u16), as u64s for the alignment.
+const GSO_CMSG_WORDS: usize = 3;
 /// Socket errors one receive call takes (each counted) before it gives up and reports the
 /// socket as failing ([`UdpTransport::rx_failing`]).
 pub const RX_ERROR_LIMIT: u32 = 16;
@@ -50,6 +67,12 @@ pub struct TransportStats {
     /// Packets to a destination the egress policy refuses (`--allow-peer`): dropped.
     pub tx_denied: u64,
     pub tx_wrong_family: u64,
+    /// `sendmsg`s that carried several packets as UDP GSO segments, and those packets.
+    pub tx_gso_sends: u64,
+    pub tx_gso_segments: u64,
+    /// GSO sends the kernel refused: their packets went out one by one; GSO stays off after
+    /// a refusal that says the path cannot do it (EINVAL, EIO, EOPNOTSUPP).
+    pub tx_gso_refused: u64,
     pub rx_packets: u64,
     pub rx_bytes: u64,
     pub rx_icrc_ok: u64,
@@ -102,6 +125,8 @@ pub struct UdpTransport {
     /// The last `sendmmsg` found the socket buffer full; `tx_pending` holds what it did not
     /// take, sent first once the socket is writable again.
     tx_blocked: bool,
+    /// Runs of equal-length packets to one destination leave as one UDP GSO send.
+    gso: bool,
     /// The last receive gave up after [`RX_ERROR_LIMIT`] errors in a row.
     rx_failing: bool,
     rx: RxBatch,
@@ -184,6 +209,7 @@ impl UdpTransport {
             tx_buf: vec![0; TX_BATCH * TX_SLOT],
             tx_pending: Vec::with_capacity(TX_BATCH),
             tx_blocked: false,
+            gso: false,
             rx_failing: false,
             rx: RxBatch {
                 buf: vec![0; RX_BATCH * RX_SLOT],
@@ -192,6 +218,24 @@ impl UdpTransport {
                 lens: vec![(0, 0, false); RX_BATCH],
             },
         })
+    }
+
+    /// Sends runs of packets as UDP GSO segments from now on, if the socket is IPv6 (the
+    /// module comment says why not IPv4); returns whether it will. Turns the UDP checksum on,
+    /// which the kernel requires of a GSO send.
+    pub fn enable_gso(&mut self) -> io::Result<bool> {
+        if self.local.is_ipv4() {
+            return Ok(false);
+        }
+        setsockopt_int(self.fd(), libc::IPPROTO_UDP, UDP_NO_CHECK6_TX, 0)?;
+        self.gso = true;
+        Ok(true)
+    }
+
+    /// Whether runs of packets leave as UDP GSO sends ([`Self::enable_gso`], until the kernel
+    /// refuses one).
+    pub fn gso(&self) -> bool {
+        self.gso
     }
 
     /// Where packets may go ([`EgressPolicy`]); everything before this is called.
@@ -248,7 +292,8 @@ impl UdpTransport {
         }
     }
 
-    /// Sends the queued packets with as few `sendmmsg` calls as the kernel allows.
+    /// Sends the queued packets with as few `sendmmsg` calls as the kernel allows; with GSO,
+    /// each run of packets [`Self::gso_run`] finds is one message of that call.
     fn send_pending(&mut self) {
         let n = self.tx_pending.len();
         if n == 0 {
@@ -264,54 +309,125 @@ impl UdpTransport {
         let mut msgs: [libc::mmsghdr; TX_BATCH] =
             // SAFETY: mmsghdr is plain data and pointers; all-zero is a valid (empty) value.
             unsafe { std::mem::zeroed() };
+        let mut cmsgs = [[0u64; GSO_CMSG_WORDS]; TX_BATCH];
+        // The packets each message carries: (first, count).
+        let mut runs = [(0usize, 0usize); TX_BATCH];
+        let mut name_lens: [libc::socklen_t; TX_BATCH] = [0; TX_BATCH];
         for (i, &(len, dst)) in self.tx_pending.iter().enumerate() {
-            let nl = sockaddr_from(dst, &mut names[i]);
             iov[i].iov_base = self.tx_buf[i * TX_SLOT..].as_mut_ptr().cast();
             iov[i].iov_len = len;
-            msgs[i].msg_hdr.msg_name = (&mut names[i] as *mut libc::sockaddr_storage).cast();
-            msgs[i].msg_hdr.msg_namelen = nl;
-            msgs[i].msg_hdr.msg_iov = &mut iov[i];
-            msgs[i].msg_hdr.msg_iovlen = 1;
+            name_lens[i] = sockaddr_from(dst, &mut names[i]);
         }
+        // Packets sent (or lost) so far; a GSO refusal sends the rest one by one.
         let mut done = 0usize;
-        while done < n {
-            // SAFETY: `msgs[done..n]` are initialised headers whose name, iovec and data
-            // pointers point into `names`, `iov` and `self.tx_buf`, all alive and unmoved for
-            // the duration of the call.
-            let r = unsafe {
-                libc::sendmmsg(
-                    self.sock.as_raw_fd(),
-                    msgs[done..].as_mut_ptr(),
-                    (n - done) as libc::c_uint,
-                    0,
-                )
-            };
-            if r > 0 {
-                for &(len, _) in &self.tx_pending[done..done + r as usize] {
-                    self.stats.tx_packets += 1;
-                    self.stats.tx_bytes += len as u64;
+        let mut gso = self.gso;
+        'build: while done < n {
+            let mut m = 0usize;
+            let mut i = done;
+            while i < n {
+                let count = if gso { self.gso_run(i) } else { 1 };
+                let hdr = &mut msgs[m].msg_hdr;
+                hdr.msg_name = (&mut names[i] as *mut libc::sockaddr_storage).cast();
+                hdr.msg_namelen = name_lens[i];
+                hdr.msg_iov = &mut iov[i];
+                hdr.msg_iovlen = count;
+                if count > 1 {
+                    let seg = self.tx_pending[i].0 as u16;
+                    hdr.msg_control = cmsgs[m].as_mut_ptr().cast();
+                    hdr.msg_controllen = gso_cmsg(&mut cmsgs[m], seg);
+                } else {
+                    hdr.msg_control = std::ptr::null_mut();
+                    hdr.msg_controllen = 0;
                 }
-                done += r as usize;
-                continue;
+                runs[m] = (i, count);
+                m += 1;
+                i += count;
             }
-            let e = io::Error::last_os_error();
-            if r < 0 && e.kind() == io::ErrorKind::Interrupted {
-                continue;
+            let mut sent = 0usize;
+            while sent < m {
+                // SAFETY: `msgs[sent..m]` are initialised headers whose name, iovec, control
+                // and data pointers point into `names`, `iov`, `cmsgs` and `self.tx_buf`, all
+                // alive and unmoved for the duration of the call.
+                let r = unsafe {
+                    libc::sendmmsg(
+                        self.sock.as_raw_fd(),
+                        msgs[sent..m].as_mut_ptr(),
+                        (m - sent) as libc::c_uint,
+                        0,
+                    )
+                };
+                if r > 0 {
+                    for &(first, count) in &runs[sent..sent + r as usize] {
+                        for &(len, _) in &self.tx_pending[first..first + count] {
+                            self.stats.tx_packets += 1;
+                            self.stats.tx_bytes += len as u64;
+                        }
+                        if count > 1 {
+                            self.stats.tx_gso_sends += 1;
+                            self.stats.tx_gso_segments += count as u64;
+                        }
+                        done = first + count;
+                    }
+                    sent += r as usize;
+                    continue;
+                }
+                let e = io::Error::last_os_error();
+                if r < 0 && e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                if r < 0 && e.kind() == io::ErrorKind::WouldBlock {
+                    // The socket buffer is full: keep the rest, in order, for when it drains.
+                    self.stats.tx_blocked += 1;
+                    self.tx_blocked = true;
+                    self.keep_unsent(done);
+                    return;
+                }
+                let (first, count) = runs[sent];
+                if count > 1 {
+                    // The kernel refused the GSO send: send these packets (and the rest of
+                    // this batch) one by one; a refusal that says GSO cannot work on this
+                    // path turns it off for good.
+                    self.stats.tx_gso_refused += 1;
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EINVAL | libc::EIO | libc::EOPNOTSUPP)
+                    ) {
+                        log::warn!("udp transport: the kernel refused a GSO send ({e}); sending packets one by one from now on");
+                        self.gso = false;
+                    }
+                    gso = false;
+                    done = first;
+                    continue 'build;
+                }
+                // An error of this packet (an ICMP error reported on this call, a route that
+                // refuses it) loses it: the engine's retransmission covers it. Try the rest.
+                self.stats.tx_dropped += 1;
+                done = first + 1;
+                sent += 1;
             }
-            if r < 0 && e.kind() == io::ErrorKind::WouldBlock {
-                // The socket buffer is full: keep the rest, in order, for when it drains.
-                self.stats.tx_blocked += 1;
-                self.tx_blocked = true;
-                self.keep_unsent(done);
-                return;
-            }
-            // An error of this packet (an ICMP error reported on this call, a route that
-            // refuses it) loses it: the engine's retransmission covers it. Try the rest.
-            self.stats.tx_dropped += 1;
-            done += 1;
         }
         self.tx_pending.clear();
         self.tx_blocked = false;
+    }
+
+    /// How many packets from `first` on can leave as one GSO send: the same destination,
+    /// the same length as the first (the last of the run may be shorter), within
+    /// [`GSO_MAX_BYTES`] and [`GSO_MAX_SEGS`].
+    fn gso_run(&self, first: usize) -> usize {
+        let (len, dst) = self.tx_pending[first];
+        let mut bytes = len;
+        let mut count = 1;
+        for &(l, d) in &self.tx_pending[first + 1..] {
+            if d != dst || l > len || bytes + l > GSO_MAX_BYTES || count == GSO_MAX_SEGS {
+                break;
+            }
+            bytes += l;
+            count += 1;
+            if l < len {
+                break;
+            }
+        }
+        count
     }
 
     /// Moves the packets from `done` on to the front of the batch.
@@ -511,6 +627,27 @@ impl PacketSink for UdpTransport {
     fn blocked(&self) -> bool {
         self.tx_blocked
     }
+}
+
+/// Writes a `UDP_SEGMENT` cmsg carrying `seg` into `buf`; returns its length (CMSG_SPACE).
+fn gso_cmsg(buf: &mut [u64; GSO_CMSG_WORDS], seg: u16) -> usize {
+    // SAFETY: CMSG_SPACE and CMSG_LEN are pure arithmetic.
+    let (space, len) = unsafe { (libc::CMSG_SPACE(2) as usize, libc::CMSG_LEN(2) as usize) };
+    debug_assert!(space <= std::mem::size_of_val(buf));
+    let hdr = libc::cmsghdr {
+        cmsg_len: len as _,
+        cmsg_level: libc::SOL_UDP,
+        cmsg_type: UDP_SEGMENT,
+    };
+    let hl = std::mem::size_of::<libc::cmsghdr>();
+    // SAFETY: `buf` is at least CMSG_SPACE(2) bytes and 8-byte aligned, the alignment of a
+    // cmsghdr; the header and the u16 after it (at CMSG_DATA, i.e. `hl` bytes in) fit.
+    unsafe {
+        let p = buf.as_mut_ptr().cast::<u8>();
+        std::ptr::write(p.cast::<libc::cmsghdr>(), hdr);
+        std::ptr::write_unaligned(p.add(hl).cast::<u16>(), seg);
+    }
+    space
 }
 
 /// Writes `a` as a C socket address; returns its length.
@@ -796,6 +933,121 @@ mod tests {
             assert_eq!(&b[..n], &[i, i, i]);
         }
         assert_eq!(ta.stats.tx_packets, 3);
+    }
+
+    /// Builds packet `i` of a run in the next slot: a SEND of `payload` bytes with PSN `i`.
+    fn push_send(t: &mut UdpTransport, dst: Gid, i: u32, payload: usize) {
+        let buf = t.next_buf();
+        let bth = BthRepr::new(Opcode::RC_SEND_ONLY, 0x12, i, true);
+        let (n, pr) = emit(buf, &bth, &ExtRepr::default(), payload).unwrap();
+        buf[pr.start..pr.end].fill(i as u8);
+        let tx = Transmit {
+            len: n,
+            src: t.gid(),
+            dst,
+            sport: 0,
+            traffic_class: 0,
+            hop_limit: 64,
+            flow_label: 0,
+            dmac: [0; 6],
+            qpn: rxe_core::Qpn(0x12),
+        };
+        t.push(&tx);
+    }
+
+    /// Reads datagrams until `n` arrived or 2 s passed; returns (PSN, length) of each.
+    fn receive_n(t: &mut UdpTransport, n: usize) -> Vec<(u32, usize)> {
+        let mut got = Vec::new();
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        let mut rb = [0u8; RX_SLOT];
+        while got.len() < n && std::time::Instant::now() < end {
+            match t.recv(&mut rb) {
+                Some((_, len)) => {
+                    let psn = u32::from_be_bytes([0, rb[9], rb[10], rb[11]]);
+                    assert!(
+                        rb[12..len - 4].iter().all(|&b| b == psn as u8),
+                        "segment {psn}: payload is not its own"
+                    );
+                    got.push((psn, len));
+                }
+                None => std::thread::sleep(std::time::Duration::from_millis(1)),
+            }
+        }
+        got
+    }
+
+    /// IPv6 with GSO: a batch of equal packets to one peer (the last shorter) leaves in few
+    /// sends and arrives as the same datagrams, in order, each with the ICRC it was given
+    /// (strict checking on); a shorter packet ends a run. IPv4 refuses GSO.
+    #[test]
+    fn gso_runs_arrive_as_the_packets_they_were() {
+        let Ok(mut ta) = UdpTransport::bind("127.0.0.1:0".parse().unwrap(), 0, true) else {
+            eprintln!("skip: 127.0.0.1 cannot be bound");
+            return;
+        };
+        assert!(!ta.enable_gso().unwrap(), "IPv4 must not use GSO");
+        let (mut ta, mut tb, mut tc) = match (
+            UdpTransport::bind("[::1]:0".parse().unwrap(), 0, true),
+            UdpTransport::bind("[::1]:0".parse().unwrap(), 0, true),
+        ) {
+            (Ok(a), Ok(b)) => {
+                let c = UdpTransport::bind("[::1]:0".parse().unwrap(), 0, true).unwrap();
+                (a, b, c)
+            }
+            (Err(e), _) | (_, Err(e)) => {
+                assert!(
+                    std::env::var("CI").as_deref() != Ok("true"),
+                    "::1 cannot be bound under CI ({e}): GSO was not checked"
+                );
+                eprintln!("SKIP gso_runs_arrive_as_the_packets_they_were: ::1: {e}");
+                return;
+            }
+        };
+        assert!(ta.enable_gso().unwrap());
+        ta.peer_port = tb.local_addr().port();
+        let dst = tb.gid();
+        // 20 packets of 4 KiB (GSO_MAX_BYTES splits them 15 + 5), one of 1000 B ending the
+        // second run, then a third run of two: 4 KiB and a 64 B tail.
+        for i in 0..20 {
+            push_send(&mut ta, dst, i, 4096);
+        }
+        push_send(&mut ta, dst, 20, 1000);
+        push_send(&mut ta, dst, 21, 4096);
+        push_send(&mut ta, dst, 22, 64);
+        ta.flush();
+        let got = receive_n(&mut tb, 23);
+        let psns: Vec<u32> = got.iter().map(|g| g.0).collect();
+        assert_eq!(psns, (0..23).collect::<Vec<_>>(), "every packet, in order");
+        assert!(got[..20].iter().all(|g| g.1 == 12 + 4096 + 4), "{got:?}");
+        assert_eq!(got[20].1, 12 + 1000 + 4);
+        assert_eq!(tb.stats.rx_icrc_ok, 23);
+        assert_eq!(tb.stats.rx_icrc_bad, 0);
+        assert_eq!(
+            (ta.stats.tx_gso_sends, ta.stats.tx_gso_segments),
+            (3, 23),
+            "runs of 15, 6 (the 1000 B packet ends the second) and 2; {:?}",
+            ta.stats
+        );
+        assert_eq!(ta.stats.tx_packets, 23);
+        // Without GSO every packet is its own send.
+        tc.peer_port = tb.local_addr().port();
+        for i in 0..8 {
+            push_send(&mut tc, dst, i, 4096);
+        }
+        tc.flush();
+        assert_eq!(receive_n(&mut tb, 8).len(), 8);
+        assert_eq!(tc.stats.tx_gso_sends, 0);
+        // A kernel that refuses GSO (here: the checksum turned off behind the transport's
+        // back, EINVAL) loses nothing: the run goes out packet by packet and GSO stays off.
+        setsockopt_int(ta.fd(), libc::IPPROTO_UDP, UDP_NO_CHECK6_TX, 1).unwrap();
+        for i in 0..6 {
+            push_send(&mut ta, dst, i, 4096);
+        }
+        ta.flush();
+        assert_eq!(receive_n(&mut tb, 6).len(), 6, "{:?}", ta.stats);
+        assert_eq!(ta.stats.tx_gso_refused, 1);
+        assert!(!ta.gso());
+        assert_eq!((ta.stats.tx_gso_sends, ta.stats.tx_packets), (3, 29));
     }
 
     /// Two sockets on loopback: what one sends the other verifies (ID 0 over IPv4), and a

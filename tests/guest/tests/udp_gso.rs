@@ -1,0 +1,72 @@
+//! UDP GSO in the udp transport (IPv6 only), end to end: two daemons on IPv6 addresses of a
+//! network namespace this test creates (on its loopback), test guests on them, RC SEND (3
+//! packets), WRITE and READ of 64 KiB (64 packets each way at path MTU 1024), data checked.
+//! The multi-packet messages must leave as GSO sends and arrive with every ICRC right; with
+//! `--no-udp-gso`, and on IPv4 whatever the flag, no GSO send is made.
+//!
+//! Skipped (one line saying why) when not root or without iproute2.
+
+use std::net::SocketAddr;
+
+use common::{bin, run, send_write_read};
+use vur_testguest::*;
+
+mod common;
+
+fn node(ip: &str, extra: &[&str]) -> Node {
+    let addr = SocketAddr::new(ip.parse().unwrap(), 4791);
+    Node::start(bin(), addr, extra).expect("node")
+}
+
+fn counter(n: &Node, key: &str) -> u64 {
+    let c = n.daemon.counters().expect("counters");
+    json_u64(&c, "transport", key).unwrap_or_else(|| panic!("no {key} in {c}"))
+}
+
+/// Adds `ips` to the namespace's loopback (this thread's namespace: one the test made).
+fn on_lo(ips: &[&str]) {
+    for ip in ips {
+        let plen = if ip.contains(':') { "128" } else { "32" };
+        netns::ip(&["addr", "add", &format!("{ip}/{plen}"), "dev", "lo"]).expect("address");
+    }
+}
+
+#[test]
+fn ipv6_runs_of_packets_leave_as_gso_sends() {
+    run("ipv6_runs_of_packets_leave_as_gso_sends", || {
+        on_lo(&["fd79:6::1", "fd79:6::2"]);
+        let mut a = node("fd79:6::1", &[]);
+        let mut b = node("fd79:6::2", &[]);
+        send_write_read(&mut a, &mut b);
+        for (n, name) in [(&a, "a"), (&b, "b")] {
+            let c = n.daemon.counters().unwrap();
+            // a: the SEND and the WRITE; b: the READ responses. Most of each message's
+            // 64 packets go in runs (how the engine's passes cut them varies).
+            assert!(counter(n, "tx_gso_sends") >= 2, "daemon {name}: {c}");
+            assert!(counter(n, "tx_gso_segments") >= 48, "daemon {name}: {c}");
+            assert_eq!(counter(n, "tx_gso_refused"), 0, "daemon {name}: {c}");
+            assert_eq!(counter(n, "rx_icrc_bad"), 0, "daemon {name}: {c}");
+            assert!(counter(n, "rx_icrc_ok") >= 64, "daemon {name}: {c}");
+        }
+    });
+}
+
+#[test]
+fn no_gso_with_the_flag_or_on_ipv4() {
+    run("no_gso_with_the_flag_or_on_ipv4", || {
+        on_lo(&["fd79:7::1", "fd79:7::2", "10.79.7.1", "10.79.7.2"]);
+        for (x, y, extra) in [
+            ("fd79:7::1", "fd79:7::2", &["--no-udp-gso"][..]),
+            ("10.79.7.1", "10.79.7.2", &[][..]),
+        ] {
+            let mut a = node(x, extra);
+            let mut b = node(y, extra);
+            send_write_read(&mut a, &mut b);
+            for n in [&a, &b] {
+                assert_eq!(counter(n, "tx_gso_sends"), 0, "{x} {extra:?}");
+                assert!(counter(n, "tx_packets") >= 64, "{x} {extra:?}");
+                assert_eq!(counter(n, "rx_icrc_bad"), 0, "{x} {extra:?}");
+            }
+        }
+    });
+}
