@@ -58,6 +58,8 @@ pub fn render_body(t: &TransportStats, model: Option<&Model>) -> String {
             tx_gso_sends,
             tx_gso_segments,
             tx_gso_refused,
+            rx_gro_runs,
+            rx_gro_segments,
             rx_packets,
             rx_bytes,
             rx_icrc_ok,

@@ -48,6 +48,11 @@ const GSO_MAX_BYTES: usize = 65_000;
 const GSO_MAX_SEGS: usize = 64;
 /// `UDP_SEGMENT` (linux/udp.h): the cmsg and socket option carrying the GSO segment size.
 const UDP_SEGMENT: i32 = 103;
+/// `UDP_GRO` (linux/udp.h): the socket option that has the kernel hand over coalesced runs
+/// of datagrams, and the cmsg carrying their segment size.
+const UDP_GRO: i32 = 104;
+/// Room per received message with GRO on: a whole coalesced run (at most 64 KiB).
+const GRO_SLOT: usize = 1 << 16;
 /// Room for one `UDP_SEGMENT` cmsg (CMSG_SPACE of a u16), as u64s for the alignment.
 const GSO_CMSG_WORDS: usize = 3;
 /// Socket errors one receive call takes (each counted) before it gives up and reports the
@@ -73,6 +78,9 @@ pub struct TransportStats {
     /// GSO sends the kernel refused: their packets went out one by one; GSO stays off after
     /// a refusal that says the path cannot do it (EINVAL, EIO, EOPNOTSUPP).
     pub tx_gso_refused: u64,
+    /// Received messages that were coalesced runs (UDP GRO), and the datagrams in them.
+    pub rx_gro_runs: u64,
+    pub rx_gro_segments: u64,
     pub rx_packets: u64,
     pub rx_bytes: u64,
     pub rx_icrc_ok: u64,
@@ -132,11 +140,29 @@ pub struct UdpTransport {
     rx: RxBatch,
 }
 
-/// `recvmmsg` state: buffers, source addresses and their lengths.
+/// `recvmmsg` state: buffers, source addresses, and the datagrams found in them.
 struct RxBatch {
+    /// `RX_BATCH` slots of `slot` bytes.
     buf: Vec<u8>,
+    /// [`RX_SLOT`], or [`GRO_SLOT`] with GRO on.
+    slot: usize,
     names: Vec<libc::sockaddr_storage>,
-    lens: Vec<(usize, libc::socklen_t, bool)>,
+    name_lens: Vec<libc::socklen_t>,
+    /// The `UDP_GRO` cmsg of each message (GRO on).
+    cmsgs: Vec<[u64; GSO_CMSG_WORDS]>,
+    /// The datagrams of the last batch: one per message, or a coalesced message's segments.
+    segs: Vec<RxSeg>,
+    /// Whether the socket coalesces runs (`UDP_GRO` set).
+    gro: bool,
+}
+
+/// A datagram of the last receive batch: where it is in `RxBatch::buf`.
+#[derive(Clone, Copy)]
+struct RxSeg {
+    slot: u16,
+    off: u32,
+    len: u32,
+    truncated: bool,
 }
 
 fn setsockopt_int(fd: RawFd, level: i32, name: i32, v: i32) -> io::Result<()> {
@@ -213,22 +239,32 @@ impl UdpTransport {
             rx_failing: false,
             rx: RxBatch {
                 buf: vec![0; RX_BATCH * RX_SLOT],
+                slot: RX_SLOT,
                 // SAFETY: sockaddr_storage is plain data; all-zero is a valid value.
                 names: vec![unsafe { std::mem::zeroed() }; RX_BATCH],
-                lens: vec![(0, 0, false); RX_BATCH],
+                name_lens: vec![0; RX_BATCH],
+                cmsgs: vec![[0; GSO_CMSG_WORDS]; RX_BATCH],
+                segs: Vec::with_capacity(RX_BATCH),
+                gro: false,
             },
         })
     }
 
-    /// Sends runs of packets as UDP GSO segments from now on, if the socket is IPv6 (the
-    /// module comment says why not IPv4); returns whether it will. Turns the UDP checksum on,
-    /// which the kernel requires of a GSO send.
+    /// Sends runs of packets as UDP GSO segments from now on, and takes coalesced runs
+    /// (UDP GRO) on receive, if the socket is IPv6 (the module comment says why not IPv4);
+    /// returns whether it will. Turns the UDP checksum on, which the kernel requires of a
+    /// GSO send. A kernel without UDP GRO (before 5.0) leaves receive as it was.
     pub fn enable_gso(&mut self) -> io::Result<bool> {
         if self.local.is_ipv4() {
             return Ok(false);
         }
         setsockopt_int(self.fd(), libc::IPPROTO_UDP, UDP_NO_CHECK6_TX, 0)?;
         self.gso = true;
+        if setsockopt_int(self.fd(), libc::IPPROTO_UDP, UDP_GRO, 1).is_ok() {
+            self.rx.gro = true;
+            self.rx.slot = GRO_SLOT;
+            self.rx.buf = vec![0; RX_BATCH * GRO_SLOT];
+        }
         Ok(true)
     }
 
@@ -451,19 +487,26 @@ impl UdpTransport {
             // SAFETY: mmsghdr is plain data and pointers; all-zero is a valid (empty) value.
             unsafe { std::mem::zeroed() };
         let rx = &mut self.rx;
+        rx.segs.clear();
+        let slot = rx.slot;
         for i in 0..RX_BATCH {
-            iov[i].iov_base = rx.buf[i * RX_SLOT..].as_mut_ptr().cast();
-            iov[i].iov_len = RX_SLOT;
+            iov[i].iov_base = rx.buf[i * slot..].as_mut_ptr().cast();
+            iov[i].iov_len = slot;
             msgs[i].msg_hdr.msg_name = (&mut rx.names[i] as *mut libc::sockaddr_storage).cast();
             msgs[i].msg_hdr.msg_namelen =
                 std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
             msgs[i].msg_hdr.msg_iov = &mut iov[i];
             msgs[i].msg_hdr.msg_iovlen = 1;
+            if rx.gro {
+                msgs[i].msg_hdr.msg_control = rx.cmsgs[i].as_mut_ptr().cast();
+                msgs[i].msg_hdr.msg_controllen = std::mem::size_of_val(&rx.cmsgs[i]);
+            }
         }
         let mut errors = 0;
         let n = loop {
             // SAFETY: every header points at a live, writable buffer of the size it names
-            // (`rx.buf` slots and `rx.names` entries) that stays put during the call.
+            // (`rx.buf` slots, `rx.names` and `rx.cmsgs` entries) that stays put during the
+            // call.
             let r = unsafe {
                 libc::recvmmsg(
                     self.sock.as_raw_fd(),
@@ -496,10 +539,35 @@ impl UdpTransport {
         };
         self.rx_failing = false;
         for (i, m) in msgs.iter().enumerate().take(n) {
-            let trunc = m.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
-            rx.lens[i] = (m.msg_len as usize, m.msg_hdr.msg_namelen, trunc);
+            let truncated = m.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
+            rx.name_lens[i] = m.msg_hdr.msg_namelen;
+            let len = m.msg_len as usize;
+            let seg = if rx.gro {
+                gro_segment_size(&m.msg_hdr)
+            } else {
+                0
+            };
+            if seg == 0 || seg >= len || truncated {
+                rx.segs.push(RxSeg {
+                    slot: i as u16,
+                    off: 0,
+                    len: len as u32,
+                    truncated,
+                });
+                continue;
+            }
+            self.stats.rx_gro_runs += 1;
+            for off in (0..len).step_by(seg) {
+                self.stats.rx_gro_segments += 1;
+                rx.segs.push(RxSeg {
+                    slot: i as u16,
+                    off: off as u32,
+                    len: seg.min(len - off) as u32,
+                    truncated: false,
+                });
+            }
         }
-        n
+        rx.segs.len()
     }
 
     /// Whether the last [`Self::recv_batch`] gave up on errors: the socket keeps failing,
@@ -526,15 +594,17 @@ impl UdpTransport {
     /// Datagram `i` of the last [`Self::recv_batch`], checked (length, ICRC); `None` if it
     /// was dropped (counted).
     pub fn packet(&mut self, i: usize) -> Option<(RecvMeta, &[u8])> {
-        let (n, namelen, trunc) = self.rx.lens[i];
+        let seg = *self.rx.segs.get(i)?;
+        let (n, slot) = (seg.len as usize, seg.slot as usize);
         self.stats.rx_packets += 1;
         self.stats.rx_bytes += n as u64;
-        let src = sockaddr_to(&self.rx.names[i], namelen)?;
-        if n < 12 + 4 || trunc {
+        let src = sockaddr_to(&self.rx.names[slot], self.rx.name_lens[slot])?;
+        if n < 12 + 4 || seg.truncated {
             self.stats.rx_short += 1;
             return None;
         }
-        let bytes = &self.rx.buf[i * RX_SLOT..i * RX_SLOT + n];
+        let at = slot * self.rx.slot + seg.off as usize;
+        let bytes = &self.rx.buf[at..at + n];
         if !verify_icrc(
             &mut self.solver,
             &mut self.stats,
@@ -546,7 +616,7 @@ impl UdpTransport {
             return None;
         }
         let meta = self.meta(src);
-        Some((meta, &self.rx.buf[i * RX_SLOT..i * RX_SLOT + n]))
+        Some((meta, &self.rx.buf[at..at + n]))
     }
 
     fn meta(&self, src: SocketAddr) -> RecvMeta {
@@ -627,6 +697,26 @@ impl PacketSink for UdpTransport {
     fn blocked(&self) -> bool {
         self.tx_blocked
     }
+}
+
+/// The segment size a `UDP_GRO` cmsg of a received message gives (0: not a coalesced run).
+fn gro_segment_size(h: &libc::msghdr) -> usize {
+    // SAFETY: `h` is a header recvmmsg filled: its control pointer and length describe the
+    // live cmsg buffer it wrote (or are empty), which CMSG_FIRSTHDR/CMSG_NXTHDR walk within.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(h);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_UDP
+                && (*c).cmsg_type == UDP_GRO
+                && (*c).cmsg_len as usize >= libc::CMSG_LEN(4) as usize
+            {
+                let v = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<i32>());
+                return usize::try_from(v).unwrap_or(0);
+            }
+            c = libc::CMSG_NXTHDR(h, c);
+        }
+    }
+    0
 }
 
 /// Writes a `UDP_SEGMENT` cmsg carrying `seg` into `buf`; returns its length (CMSG_SPACE).
@@ -959,18 +1049,21 @@ mod tests {
     fn receive_n(t: &mut UdpTransport, n: usize) -> Vec<(u32, usize)> {
         let mut got = Vec::new();
         let end = std::time::Instant::now() + std::time::Duration::from_secs(2);
-        let mut rb = [0u8; RX_SLOT];
         while got.len() < n && std::time::Instant::now() < end {
-            match t.recv(&mut rb) {
-                Some((_, len)) => {
-                    let psn = u32::from_be_bytes([0, rb[9], rb[10], rb[11]]);
-                    assert!(
-                        rb[12..len - 4].iter().all(|&b| b == psn as u8),
-                        "segment {psn}: payload is not its own"
-                    );
-                    got.push((psn, len));
-                }
-                None => std::thread::sleep(std::time::Duration::from_millis(1)),
+            let k = t.recv_batch();
+            if k == 0 {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            for i in 0..k {
+                let Some((_, rb)) = t.packet(i) else {
+                    continue;
+                };
+                let psn = u32::from_be_bytes([0, rb[9], rb[10], rb[11]]);
+                assert!(
+                    rb[12..rb.len() - 4].iter().all(|&b| b == psn as u8),
+                    "segment {psn}: payload is not its own"
+                );
+                got.push((psn, rb.len()));
             }
         }
         got
@@ -978,7 +1071,9 @@ mod tests {
 
     /// IPv6 with GSO: a batch of equal packets to one peer (the last shorter) leaves in few
     /// sends and arrives as the same datagrams, in order, each with the ICRC it was given
-    /// (strict checking on); a shorter packet ends a run. IPv4 refuses GSO.
+    /// (strict checking on); a shorter packet ends a run. A receiver with GRO gets the runs
+    /// whole and cuts them into the same datagrams; one without gets them one by one. IPv4
+    /// refuses GSO.
     #[test]
     fn gso_runs_arrive_as_the_packets_they_were() {
         let Ok(mut ta) = UdpTransport::bind("127.0.0.1:0".parse().unwrap(), 0, true) else {
@@ -1004,6 +1099,8 @@ mod tests {
             }
         };
         assert!(ta.enable_gso().unwrap());
+        assert!(tb.enable_gso().unwrap());
+        assert!(tb.rx.gro, "UDP GRO on a 6.x kernel");
         ta.peer_port = tb.local_addr().port();
         let dst = tb.gid();
         // 20 packets of 4 KiB (GSO_MAX_BYTES splits them 15 + 5), one of 1000 B ending the
@@ -1029,6 +1126,22 @@ mod tests {
             ta.stats
         );
         assert_eq!(ta.stats.tx_packets, 23);
+        assert!(
+            tb.stats.rx_gro_runs >= 1 && tb.stats.rx_gro_segments >= 6,
+            "the runs arrive coalesced on loopback: {:?}",
+            tb.stats
+        );
+        // A receiver without GRO gets the same run as separate datagrams (the kernel cuts it
+        // at the receiving socket), each ICRC right.
+        ta.peer_port = tc.local_addr().port();
+        for i in 0..6 {
+            push_send(&mut ta, tc.gid(), i, 4096);
+        }
+        ta.flush();
+        assert_eq!(receive_n(&mut tc, 6).len(), 6);
+        assert_eq!((tc.stats.rx_icrc_ok, tc.stats.rx_gro_runs), (6, 0));
+        assert_eq!(ta.stats.tx_gso_sends, 4);
+        ta.peer_port = tb.local_addr().port();
         // Without GSO every packet is its own send.
         tc.peer_port = tb.local_addr().port();
         for i in 0..8 {
@@ -1047,7 +1160,7 @@ mod tests {
         assert_eq!(receive_n(&mut tb, 6).len(), 6, "{:?}", ta.stats);
         assert_eq!(ta.stats.tx_gso_refused, 1);
         assert!(!ta.gso());
-        assert_eq!((ta.stats.tx_gso_sends, ta.stats.tx_packets), (3, 29));
+        assert_eq!((ta.stats.tx_gso_sends, ta.stats.tx_packets), (4, 35));
     }
 
     /// Two sockets on loopback: what one sends the other verifies (ID 0 over IPv4), and a

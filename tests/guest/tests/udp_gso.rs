@@ -1,8 +1,9 @@
 //! UDP GSO in the udp transport (IPv6 only), end to end: two daemons on IPv6 addresses of a
 //! network namespace this test creates (on its loopback), test guests on them, RC SEND (3
 //! packets), WRITE and READ of 64 KiB (64 packets each way at path MTU 1024), data checked.
-//! The multi-packet messages must leave as GSO sends and arrive with every ICRC right; with
-//! `--no-udp-gso`, and on IPv4 whatever the flag, no GSO send is made.
+//! The multi-packet messages must leave as GSO sends, arrive as coalesced runs (UDP GRO) and
+//! be cut back into datagrams with every ICRC right; with `--no-udp-gso`, and on IPv4
+//! whatever the flag, no GSO send is made and no run is taken.
 //!
 //! Skipped (one line saying why) when not root or without iproute2.
 
@@ -45,6 +46,9 @@ fn ipv6_runs_of_packets_leave_as_gso_sends() {
             assert!(counter(n, "tx_gso_sends") >= 2, "daemon {name}: {c}");
             assert!(counter(n, "tx_gso_segments") >= 48, "daemon {name}: {c}");
             assert_eq!(counter(n, "tx_gso_refused"), 0, "daemon {name}: {c}");
+            // b takes the SEND and the WRITE, a the READ responses, as coalesced runs (UDP
+            // GRO) cut back into the datagrams they were.
+            assert!(counter(n, "rx_gro_segments") >= 48, "daemon {name}: {c}");
             assert_eq!(counter(n, "rx_icrc_bad"), 0, "daemon {name}: {c}");
             assert!(counter(n, "rx_icrc_ok") >= 64, "daemon {name}: {c}");
         }
@@ -64,6 +68,7 @@ fn no_gso_with_the_flag_or_on_ipv4() {
             send_write_read(&mut a, &mut b);
             for n in [&a, &b] {
                 assert_eq!(counter(n, "tx_gso_sends"), 0, "{x} {extra:?}");
+                assert_eq!(counter(n, "rx_gro_runs"), 0, "{x} {extra:?}");
                 assert!(counter(n, "tx_packets") >= 64, "{x} {extra:?}");
                 assert_eq!(counter(n, "rx_icrc_bad"), 0, "{x} {extra:?}");
             }

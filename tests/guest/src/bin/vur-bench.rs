@@ -279,7 +279,7 @@ fn gso_run(gso: bool, bursts: u64, window: u64) -> std::io::Result<(f64, f64)> {
     ))
 }
 
-/// The GSO table (`--only gso`): what UDP_SEGMENT would buy the udp transport, kernel alone.
+/// The GSO table (`--only gso`): what UDP_SEGMENT buys on the kernel side alone.
 fn gso_table(a: &Args) {
     let bursts = (a.write_bytes / (GSO_SEGS as u64 * 4096)).max(1);
     let mut rows: [Vec<(f64, f64)>; 2] = [Vec::new(), Vec::new()];
@@ -324,6 +324,93 @@ fn gso_table(a: &Args) {
         a.rounds.max(1),
         (bursts * GSO_SEGS as u64 * 4096) >> 20
     );
+}
+
+/// The daemon half of the GSO table (`--only gso`, root): two udp daemons on IPv6 addresses
+/// of a namespace's loopback (path MTU 4096), 64 KiB RC WRITEs without and with UDP GSO in
+/// interleaved rounds; WRITE Gbit/s and the two daemons' CPU per 64 KiB, medians.
+fn gso_daemon_table(bin: &std::path::Path, a: &Args) {
+    if let Some(why) = netns::unavailable() {
+        println!("daemons with and without GSO: skipped: {why}");
+        return;
+    }
+    let (bin, bytes, rounds, cpu) = (
+        bin.to_path_buf(),
+        a.write_bytes,
+        a.rounds.max(1),
+        a.daemon_cpu,
+    );
+    let r = netns::run_in_new_netns(move || -> Result<[Vec<(f64, f64)>; 3], String> {
+        for ip in ["fd79:8::1/128", "fd79:8::2/128"] {
+            netns::ip(&["addr", "add", ip, "dev", "lo"]).map_err(|e| e.to_string())?;
+        }
+        let cpus = cpu.map(|c| [c]);
+        let mut rows: [Vec<(f64, f64)>; 3] = [Vec::new(), Vec::new(), Vec::new()];
+        for _ in 0..rounds {
+            let tcp = perf::tcp_stream(64 << 10, bytes).map_err(|e| format!("TCP: {e}"))?;
+            rows[2].push((tcp * 8.0 / 1e9, 0.0));
+            for (i, gso) in [false, true].into_iter().enumerate() {
+                let mut extra = vec!["--mtu", "9000"];
+                if !gso {
+                    extra.push("--no-udp-gso");
+                }
+                let start = |ip: &str| {
+                    let addr = std::net::SocketAddr::new(ip.parse().unwrap(), 4791);
+                    Node::start_on(&bin, addr, &extra, cpus.as_ref().map(|c| &c[..]))
+                        .map_err(|e| format!("daemon on {ip}: {e}"))
+                };
+                let (mut x, mut y) = (start("fd79:8::1")?, start("fd79:8::2")?);
+                let cpu_now = |x: &Node, y: &Node| {
+                    vur_testguest::scale::cpu_ns(x.daemon.pid()).unwrap_or(0)
+                        + vur_testguest::scale::cpu_ns(y.daemon.pid()).unwrap_or(0)
+                };
+                let c0 = cpu_now(&x, &y);
+                let bw = perf::rc_write_bw(&mut x, &mut y, 64 << 10, bytes, 16)
+                    .map_err(|e| format!("WRITE (GSO {gso}): {e}"))?;
+                let c1 = cpu_now(&x, &y);
+                let c = x.daemon.counters().map_err(|e| e.to_string())?;
+                let sends = vur_testguest::json_u64(&c, "transport", "tx_gso_sends").unwrap_or(0);
+                if gso != (sends > 0) {
+                    return Err(format!("GSO {gso} but {sends} GSO sends: {c}"));
+                }
+                let writes = bytes.div_ceil(64 << 10) as f64;
+                rows[i].push((bw * 8.0 / 1e9, (c1 - c0) as f64 / writes));
+            }
+        }
+        Ok(rows)
+    });
+    let rows = match r {
+        Ok(Ok(rows)) => rows,
+        Ok(Err(e)) | Err(e) => {
+            println!("daemons with and without GSO: {e}");
+            std::process::exit(1);
+        }
+    };
+    let col = |i: usize, f: fn(&(f64, f64)) -> f64| {
+        let mut v: Vec<f64> = rows[i].iter().map(f).collect();
+        med_range(&mut v)
+    };
+    println!();
+    println!("two daemons, IPv6 on a namespace's loopback, 64 KiB RC WRITE   no GSO (range)  GSO+GRO (range)   ratio");
+    let (m, g) = (col(0, |r| r.0), col(1, |r| r.0));
+    println!(
+        "WRITE Gbit/s                                   {:>8.2} ({:.2}-{:.2}) {:>8.2} ({:.2}-{:.2}) {:>6.2}x",
+        m.0, m.1, m.2, g.0, g.1, g.2, g.0 / m.0
+    );
+    let t = col(2, |r| r.0);
+    println!(
+        "kernel TCP stream, same bytes (Gbit/s)         {:>8.2} ({:.2}-{:.2})   GSO / TCP {:.2}x",
+        t.0,
+        t.1,
+        t.2,
+        g.0 / t.0
+    );
+    let (m, g) = (col(0, |r| r.1 / 1e3), col(1, |r| r.1 / 1e3));
+    println!(
+        "daemon CPU us per 64 KiB WRITE (both daemons)  {:>8.1} ({:.1}-{:.1}) {:>8.1} ({:.1}-{:.1}) {:>6.2}x",
+        m.0, m.1, m.2, g.0, g.1, g.2, g.0 / m.0
+    );
+    println!("medians of {rounds} rounds, {} MiB each", bytes >> 20);
 }
 
 #[derive(Default, Clone, Copy)]
@@ -744,6 +831,7 @@ fn main() {
     }
     if a.only.as_deref() == Some("gso") {
         gso_table(&a);
+        gso_daemon_table(&bin, &a);
         return;
     }
     let ours = run_daemon(&bin, &a, wait, None);
