@@ -5,6 +5,10 @@
 #            daemon on the udp transport: the server always on guest "a", the client on "b"
 #   rxe      a guest with the virtio-rdma device against a guest running Linux rdma_rxe on its
 #            virtio-net: every tool in both directions
+#   rxe6     the same pair with IPv6 GIDs: the daemon's udp transport on fd77::2 sends runs of
+#            packets as UDP GSO and takes them as UDP GRO (IPv6 only); the verbs tools and
+#            perftest in both directions, and the daemon must have sent GSO runs with every
+#            ICRC it received right
 #
 #   nic      two guests whose daemons are their RoCE NICs (--net-socket): each daemon serves its
 #            guest's virtio-net eth0 and virtio-rdma device on one veth into the bridge, so both
@@ -21,8 +25,10 @@
 #            succeed, the daemons' memory (RssAnon) and fd count stay flat after the warm-up,
 #            and at the end they hold exactly what the guests' kernels hold. tests/vm/soak.test.sh
 #
-#   sudo tests/vm/guest-pair.test.sh [devices|rxe|nic|nic-rxe|all|soak] [TOOL...]   default:
-#   all (devices, rxe, nic, nic-rxe), every tool; soak: rc uc ud srq send_bw write_bw read_bw atomic_bw rping udaddy nvme
+#   sudo tests/vm/guest-pair.test.sh [devices|rxe|rxe6|nic|nic-rxe|all|soak] [TOOL...]   default:
+#   all (devices, rxe, rxe6, nic, nic-rxe), every tool (rxe6: the tools with a GID index: rc ud
+#   srq send_lat send_bw write_bw read_bw atomic_bw); soak: rc uc ud srq send_bw write_bw
+#   read_bw atomic_bw rping udaddy nvme
 #
 # Tools: tcp (ping and 16 MiB over TCP between the out-of-band addresses: QEMU's own virtio-net
 # on a tap in devices and rxe, the daemon's in the nic modes), mckey (UD multicast through
@@ -36,6 +42,8 @@
 #                 virtio-rdma port pairs with, holds the same address and is attached to
 #                 nothing. The rxe guest (10.77.0.4) is on the bridge (vurbr0, 10.77.0.1/24),
 #                 and the host answers its ARP for 10.77.0.2: that is where the daemon is.
+#   fd77::/64     RoCE in rxe6: the daemon on fd77::2 (on the bridge, where the rxe guest's
+#                 neighbour solicitations reach it), the rxe guest on fd77::4.
 #   10.78.0.0/24  out of band (the tools' TCP exchange): every guest's NIC on the bridge.
 # In devices mode an eBPF tap (vhost-user-rdma tap) on the namespace's loopback captures the
 # daemons' traffic; the capture must hold every packet they sent (VUR_PAIR_TAP=0: no tap).
@@ -52,12 +60,14 @@ vm_require guest-pair
 vm_device_prereqs guest-pair
 vm_netns guest-pair "$@"
 
-modes=(devices rxe nic nic-rxe)
+modes=(devices rxe rxe6 nic nic-rxe)
 case ${1:-all} in
-devices | rxe | soak | nic | nic-rxe) modes=("$1"); shift ;;
+devices | rxe | rxe6 | soak | nic | nic-rxe) modes=("$1"); shift ;;
 all) shift || true ;;
--*) echo "usage: $0 [devices|rxe|nic|nic-rxe|all|soak] [TOOL...]" >&2; exit 2 ;;
+-*) echo "usage: $0 [devices|rxe|rxe6|nic|nic-rxe|all|soak] [TOOL...]" >&2; exit 2 ;;
 esac
+# the tools that take a GID index (rxe6; the rdma_cm tools and tcp stay on IPv4)
+gid_tools=(rc ud srq send_lat send_bw write_bw read_bw atomic_bw)
 rdma_tools=(rc uc ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw rping ucmatose udaddy rdma_server send_lat_cm nvme)
 # mckey (UD multicast through rdma_cm) needs the daemon to be the NIC: in the nic mode's
 # defaults; against rxe only when named (rxe 6.12 puts one of mckey's 20 datagrams on the wire:
@@ -195,6 +205,24 @@ run_mode() {
             --env PAIR_DEV=rxe0 --env PAIR_OOB=10.77.0.4/24 --env PAIR_OOB_MAC=52:54:00:77:00:04 \
             --env PAIR_PEER_OOB=10.77.0.2 --env PAIR_PEER_ROCE=10.77.0.2
         ;;
+    rxe6)
+        local t6=()
+        for t in "${tools[@]}"; do
+            [[ " ${gid_tools[*]} " == *" $t "* ]] && t6+=("$t")
+        done
+        ((${#t6[@]})) || { log "rxe6: none of the tools takes a GID index (${gid_tools[*]}): skipped"; return 0; }
+        for t in "${t6[@]}"; do steps+="${steps:+,}$t@dev,$t@rxe"; done
+        daemon dev fd77::2 52:54:00:77:00:02 || return 1
+        guest dev --rdma-sock "$dir/daemon-dev/rdma.sock" --nic-no-peer --mac 52:54:00:77:00:02 \
+            --ip 10.77.0.2/24 --ip6 fd77::2/64 --no-rxe --tap2 vurtapA --mac2 52:54:00:78:00:02 \
+            --env PAIR_DEV=vrdma0 --env PAIR_GID6=fd77::2 --env PAIR_OOB=10.78.0.2/24 \
+            --env PAIR_OOB_MAC=52:54:00:78:00:02 --env PAIR_PEER_OOB=10.78.0.4 \
+            --env PAIR_PEER_ROCE=fd77::4 --env PAIR_PEER_MAC=52:54:00:77:00:04
+        guest rxe --tap vurtapB --mac 52:54:00:77:00:04 --ip 10.77.0.4/24 --ip6 fd77::4/64 \
+            --env PAIR_DEV=rxe0 --env PAIR_GID6=fd77::4 --env PAIR_OOB=10.78.0.4/24 \
+            --env PAIR_OOB_MAC=52:54:00:77:00:04 --env PAIR_PEER_OOB=10.78.0.2 \
+            --env PAIR_PEER_ROCE=fd77::2
+        ;;
     rxe)
         for t in "${tools[@]}"; do steps+="${steps:+,}$t@dev,$t@rxe"; done
         daemon dev 10.77.0.2 52:54:00:77:00:02 || return 1
@@ -297,6 +325,10 @@ run_mode() {
             log "$msg"
             msg=$(vm_daemon_traffic "$mode/$g" "$dir/$g.counters.json") || fail=1
             log "$msg"
+            if [[ $mode == rxe6 ]]; then
+                msg=$(vm_daemon_gso "$mode/$g" "$dir/$g.counters.json") || fail=1
+                log "$msg"
+            fi
         else
             log "$mode: FAIL: no counters from the daemon of guest $g (its guest did not reach the end)"
             fail=1
@@ -305,6 +337,7 @@ run_mode() {
         wait "$pid" 2>/dev/null || true
     done
     ip addr flush dev lo scope global 2>/dev/null || true
+    ip -6 addr del fd77::2/128 dev "${VUR_BRIDGE:-vurbr0}" 2>/dev/null || true
     if [[ $mode == nic* ]]; then
         ip link del vhA 2>/dev/null || true
         ip link del vhB 2>/dev/null || true

@@ -105,8 +105,16 @@ vm_start_daemon() {
     local dir=$1 addr=$2 mac=$3 pid
     shift 3
     mkdir -p "$dir"
-    ip addr replace "$addr/32" dev lo
-    "$daemon" --socket-path "$dir/rdma.sock" --udp-addr "$addr:4791" --mac "$mac" \
+    local udp=$addr:4791
+    if [[ $addr == *:* ]]; then
+        # IPv6: on the bridge, where the peers' neighbour solicitations arrive (the kernel
+        # answers them only for addresses of the interface they reach)
+        ip -6 addr replace "$addr/128" dev "${VUR_BRIDGE:-vurbr0}" nodad
+        udp=[$addr]:4791
+    else
+        ip addr replace "$addr/32" dev lo
+    fi
+    "$daemon" --socket-path "$dir/rdma.sock" --udp-addr "$udp" --mac "$mac" \
         --counters-socket "$dir/counters.sock" "$@" >"$dir/daemon.log" 2>&1 &
     pid=$!
     for _ in $(seq 100); do
@@ -151,6 +159,21 @@ vm_daemon_leaks() {
 
 # vm_daemon_traffic NAME COUNTERS.json: one line with the daemon's transport counters; fail
 # (return 1) when it sent or received nothing or received a packet whose ICRC was wrong.
+# vm_daemon_gso NAME COUNTERS.json: print a daemon's UDP GSO/GRO counters; fail (return 1) when
+# it sent no GSO run (an IPv6 udp transport carrying multi-packet messages must) or a GSO send
+# was refused.
+vm_daemon_gso() {
+    python3 - "$1" "$2" <<'PY'
+import json, sys
+t = json.load(open(sys.argv[2])).get("transport", {})
+keys = ("tx_gso_sends", "tx_gso_segments", "tx_gso_refused", "rx_gro_runs", "rx_gro_segments")
+print(sys.argv[1] + ": udp " + " ".join(f"{k}={t.get(k, '?')}" for k in keys))
+if not t.get("tx_gso_sends") or t.get("tx_gso_refused"):
+    print(sys.argv[1] + ": FAIL: no GSO run sent, or a GSO send refused")
+    sys.exit(1)
+PY
+}
+
 vm_daemon_traffic() {
     python3 - "$1" "$2" <<'PY'
 import json, sys

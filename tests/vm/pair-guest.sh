@@ -8,6 +8,8 @@
 #   PAIR_OOB        this guest's out-of-band address A/N, put on the NIC with MAC PAIR_OOB_MAC
 #   PAIR_PEER_OOB   the other guest's out-of-band address (clients connect to it)
 #   PAIR_PEER_ROCE  the other guest's RoCE address (rping)
+#   PAIR_GID6       when set, the IPv6 address whose RoCE v2 GID the tools use (default: the
+#                   IPv4 GID of eth0's address)
 #   PAIR_PEER_MAC   when set, a permanent neighbour entry PAIR_PEER_ROCE → this MAC on eth0:
 #                   a virtio-rdma guest's eth0 is attached to nothing, and rdma_cm resolves
 #                   the peer's address through it (the udp transport ignores the MAC)
@@ -53,8 +55,12 @@ fi
 
 # The GID index of this guest's RoCE address (eth0's; not the out-of-band one, which rxe0
 # may list too when both are on one NIC).
-IFS=. read -r a b c d <<<"$VUR_ADDR"
-want=$(printf '0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x' "$a" "$b" "$c" "$d")
+if [[ -n ${PAIR_GID6:-} ]]; then
+    want=$(python3 -c 'import ipaddress, sys; print(ipaddress.IPv6Address(sys.argv[1]).exploded)' "$PAIR_GID6")
+else
+    IFS=. read -r a b c d <<<"$VUR_ADDR"
+    want=$(printf '0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x' "$a" "$b" "$c" "$d")
+fi
 gid=''
 for _ in $(seq 100); do
     gid=$(cd "/sys/class/infiniband/$dev/ports/1/gids" && grep -lx "$want" -- * 2>/dev/null |
@@ -64,7 +70,7 @@ for _ in $(seq 100); do
     [[ -n $gid ]] && break
     sleep 0.1
 done
-[[ -n $gid ]] || { say "FAIL no RoCE v2 GID for $VUR_ADDR on $dev within 10 s"; exit 1; }
+[[ -n $gid ]] || { say "FAIL no RoCE v2 GID for ${PAIR_GID6:-$VUR_ADDR} on $dev within 10 s"; exit 1; }
 say "dev=$dev gid-index=$gid gid=$(cat "/sys/class/infiniband/$dev/ports/1/gids/$gid") oob=$oob_if:$PAIR_OOB"
 
 wait_file() { # wait_file PATH SECONDS WHAT
