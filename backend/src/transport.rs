@@ -631,8 +631,13 @@ impl UdpTransport {
     }
 
     /// Receives one datagram into `buf`; `None` when nothing is waiting. Packets that fail
-    /// the checks are counted and skipped.
+    /// the checks are counted and skipped. Not with GRO on ([`Self::enable_gso`]): a
+    /// coalesced run would come whole; the daemon reads with [`Self::recv_batch`].
     pub fn recv(&mut self, buf: &mut [u8]) -> Option<(RecvMeta, usize)> {
+        debug_assert!(
+            !self.rx.gro,
+            "recv() reads one datagram; with GRO use recv_batch()"
+        );
         let mut errors = 0;
         loop {
             let (n, src) = match self.sock.recv_from(buf) {

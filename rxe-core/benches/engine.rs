@@ -107,16 +107,20 @@ fn run_engine(op_len: usize, write: bool, until: Until) -> Result {
         x ^= x << 17;
         *b = x as u8;
     }
-    let sge = vec![Sge {
+    // Built once, as the daemon builds a WR's list in place (an SGE list of one is kept
+    // inline: posting allocates nothing).
+    let sge: SgList = vec![Sge {
         addr: src,
         length: op_len as u32,
         lkey: skey,
-    }];
-    let rsge = vec![Sge {
+    }]
+    .into();
+    let rsge: SgList = vec![Sge {
         addr: dst,
         length: op_len as u32,
         lkey: dkey,
-    }];
+    }]
+    .into();
     let window = 128u64;
     let mut buf = vec![0u8; 8192];
     let (mut posted, mut done, mut data_pkts, mut all_pkts) = (0u64, 0u64, 0u64, 0u64);
@@ -134,7 +138,7 @@ fn run_engine(op_len: usize, write: bool, until: Until) -> Result {
                         ep[1].qpn,
                         RecvWr {
                             wr_id: posted,
-                            sg_list: rsge.clone().into(),
+                            sg_list: rsge.clone(),
                         },
                     )
                     .unwrap();
