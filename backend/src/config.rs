@@ -48,12 +48,13 @@ pub struct Args {
     /// Drop IPv4 packets whose ICRC cannot be verified with IP ID 0 (see docs/virtio-rdma.md).
     #[arg(long)]
     pub strict_icrc: bool,
-    /// Send every packet with its own datagram. By default a udp transport on an IPv6 address
-    /// sends runs of equal-length packets to one peer (a multi-packet WRITE, SEND or READ
-    /// response) as one UDP GSO send; IPv4 never uses GSO (the ICRC covers the IP ID, which
-    /// the segmenting side picks).
+    /// With a udp transport on an IPv6 address: send runs of equal-length packets to one peer
+    /// (a multi-packet WRITE, SEND or READ response) as one UDP GSO send, and take coalesced
+    /// runs (UDP GRO). For peers behind a kernel UDP stack or a NIC (which cut the runs); not
+    /// for a raw-transport peer on a veth or netkit pair, which would get a run whole. IPv4
+    /// never uses GSO (the ICRC covers the IP ID, which the segmenting side picks).
     #[arg(long)]
-    pub no_udp_gso: bool,
+    pub udp_gso: bool,
     /// Port MAC address (default 02:00:00:00:00:01; with --iface the interface's MAC).
     #[arg(long)]
     pub mac: Option<String>,
@@ -321,7 +322,7 @@ impl TryFrom<Args> for Config {
             udp_addr: a.udp_addr,
             peer_port: a.peer_port,
             strict_icrc: a.strict_icrc,
-            udp_gso: !a.no_udp_gso,
+            udp_gso: a.udp_gso,
             counters_socket: a.counters_socket,
             poll_us: a.poll_us,
             net_socket: a.net_socket,

@@ -5,8 +5,8 @@
 #            daemon on the udp transport: the server always on guest "a", the client on "b"
 #   rxe      a guest with the virtio-rdma device against a guest running Linux rdma_rxe on its
 #            virtio-net: every tool in both directions
-#   rxe6     the same pair with IPv6 GIDs: the daemon's udp transport on fd77::2 sends runs of
-#            packets as UDP GSO and takes them as UDP GRO (IPv6 only); the verbs tools and
+#   rxe6     the same pair with IPv6 GIDs: the daemon's udp transport on fd77::2 (--udp-gso)
+#            sends runs of packets as UDP GSO and takes them as UDP GRO; the verbs tools and
 #            perftest in both directions, and the daemon must have sent GSO runs with every
 #            ICRC it received right
 #
@@ -107,9 +107,9 @@ trap 'exit 143' TERM
 iters=${VUR_PAIR_ITERS:-200}
 guest_timeout=1200
 
-# daemon NAME ADDR MAC: start the daemon of guest NAME (directory $dir/daemon-NAME)
+# daemon NAME ADDR MAC [ARGS...]: start the daemon of guest NAME (directory $dir/daemon-NAME)
 daemon() {
-    vm_start_daemon "$dir/daemon-$1" "$2" "$3" || return 1
+    vm_start_daemon "$dir/daemon-$1" "$2" "$3" "${@:4}" || return 1
     daemons+=("$1:$REPLY")
     pids+=("$REPLY")
 }
@@ -212,7 +212,7 @@ run_mode() {
         done
         ((${#t6[@]})) || { log "rxe6: none of the tools takes a GID index (${gid_tools[*]}): skipped"; return 0; }
         for t in "${t6[@]}"; do steps+="${steps:+,}$t@dev,$t@rxe"; done
-        daemon dev fd77::2 52:54:00:77:00:02 || return 1
+        daemon dev fd77::2 52:54:00:77:00:02 --udp-gso || return 1
         guest dev --rdma-sock "$dir/daemon-dev/rdma.sock" --nic-no-peer --mac 52:54:00:77:00:02 \
             --ip 10.77.0.2/24 --ip6 fd77::2/64 --no-rxe --tap2 vurtapA --mac2 52:54:00:78:00:02 \
             --env PAIR_DEV=vrdma0 --env PAIR_GID6=fd77::2 --env PAIR_OOB=10.78.0.2/24 \

@@ -99,7 +99,8 @@ vm_device_prereqs() {
 
 # vm_start_daemon DIR ADDR MAC [ARG...]: start $daemon with its vhost-user socket DIR/rdma.sock,
 # counters socket DIR/counters.sock, log DIR/daemon.log and its udp transport on ADDR:4791
-# (ADDR is added to this namespace's loopback); wait (10 s at most) for the socket. Sets
+# (ADDR is added to this namespace's loopback; an IPv6 ADDR to the bridge, where neighbour
+# solicitations for it arrive); wait (10 s at most) for the socket. Sets
 # $REPLY to the daemon's pid; fails saying why.
 vm_start_daemon() {
     local dir=$1 addr=$2 mac=$3 pid

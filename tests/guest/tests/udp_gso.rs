@@ -2,8 +2,8 @@
 //! network namespace this test creates (on its loopback), test guests on them, RC SEND (3
 //! packets), WRITE and READ of 64 KiB (64 packets each way at path MTU 1024), data checked.
 //! The multi-packet messages must leave as GSO sends, arrive as coalesced runs (UDP GRO) and
-//! be cut back into datagrams with every ICRC right; with `--no-udp-gso`, and on IPv4
-//! whatever the flag, no GSO send is made and no run is taken.
+//! be cut back into datagrams with every ICRC right (`--udp-gso`); without the flag, and on
+//! IPv4 with it, no GSO send is made and no run is taken.
 //!
 //! Skipped (one line saying why) when not root or without iproute2.
 
@@ -36,8 +36,8 @@ fn on_lo(ips: &[&str]) {
 fn ipv6_runs_of_packets_leave_as_gso_sends() {
     run("ipv6_runs_of_packets_leave_as_gso_sends", || {
         on_lo(&["fd79:6::1", "fd79:6::2"]);
-        let mut a = node("fd79:6::1", &[]);
-        let mut b = node("fd79:6::2", &[]);
+        let mut a = node("fd79:6::1", &["--udp-gso"]);
+        let mut b = node("fd79:6::2", &["--udp-gso"]);
         send_write_read(&mut a, &mut b);
         for (n, name) in [(&a, "a"), (&b, "b")] {
             let c = n.daemon.counters().unwrap();
@@ -56,12 +56,12 @@ fn ipv6_runs_of_packets_leave_as_gso_sends() {
 }
 
 #[test]
-fn no_gso_with_the_flag_or_on_ipv4() {
-    run("no_gso_with_the_flag_or_on_ipv4", || {
+fn no_gso_without_the_flag_or_on_ipv4() {
+    run("no_gso_without_the_flag_or_on_ipv4", || {
         on_lo(&["fd79:7::1", "fd79:7::2", "10.79.7.1", "10.79.7.2"]);
         for (x, y, extra) in [
-            ("fd79:7::1", "fd79:7::2", &["--no-udp-gso"][..]),
-            ("10.79.7.1", "10.79.7.2", &[][..]),
+            ("fd79:7::1", "fd79:7::2", &[][..]),
+            ("10.79.7.1", "10.79.7.2", &["--udp-gso"][..]),
         ] {
             let mut a = node(x, extra);
             let mut b = node(y, extra);

@@ -351,8 +351,8 @@ fn gso_daemon_table(bin: &std::path::Path, a: &Args) {
             rows[2].push((tcp * 8.0 / 1e9, 0.0));
             for (i, gso) in [false, true].into_iter().enumerate() {
                 let mut extra = vec!["--mtu", "9000"];
-                if !gso {
-                    extra.push("--no-udp-gso");
+                if gso {
+                    extra.push("--udp-gso");
                 }
                 let start = |ip: &str| {
                     let addr = std::net::SocketAddr::new(ip.parse().unwrap(), 4791);
