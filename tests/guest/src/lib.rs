@@ -2057,10 +2057,13 @@ impl Launch {
         cmd.arg("--socket-path")
             .arg(&self.socket)
             .arg("--udp-addr")
-            .arg(self.addr.to_string())
-            .arg("--peer-port")
-            .arg(self.addr.port().to_string())
-            .arg("--counters-socket")
+            .arg(self.addr.to_string());
+        // Peers on the daemon's own port unless the caller names another (two daemons on
+        // one address, e.g. ::1, each sending to the other's port).
+        if !self.extra.iter().any(|a| a == "--peer-port") {
+            cmd.arg("--peer-port").arg(self.addr.port().to_string());
+        }
+        cmd.arg("--counters-socket")
             .arg(&self.counters)
             .args(&self.extra)
             .env(

@@ -8,6 +8,9 @@
 //! messages with the same window (256 in flight) for SEND vs UDP, timed from the first send
 //! to the last receive, and a lost datagram fails the run (RC loses none).
 //!
+//! The WRITE row is measured a second time between two daemons on ::1 with `--udp-gso` (UDP
+//! GSO and GRO, IPv6 only), against the same TCP stream.
+//!
 //! Run: `cargo build --release -p vur-testguest && target/release/vur-bench`.
 //! `--compare PATH` adds a column for a second daemon binary (e.g. an older build), measured
 //! in the same run; `--only pingpong|write|rate` runs one row; `--wait spin|event` chooses how
@@ -417,6 +420,9 @@ fn gso_daemon_table(bin: &std::path::Path, a: &Args) {
 struct Row {
     half_rtt_us: f64,
     write_gbit: f64,
+    /// The same WRITEs between two daemons on ::1 with `--udp-gso` (None: no IPv6 loopback,
+    /// or a daemon that does not take the flag).
+    write6_gbit: Option<f64>,
     msg_rate: f64,
     /// QUERY_PORT round trip, µs: median idle, median and 99th percentile under WRITEs.
     ctrl_us: [f64; 3],
@@ -442,6 +448,7 @@ fn run_daemon(bin: &std::path::Path, a: &Args, wait: WaitMode, poll_us: Option<u
     if want("write") {
         let bw = perf::rc_write_bw(&mut x, &mut y, 64 << 10, a.write_bytes, 16).expect("write");
         r.write_gbit = bw * 8.0 / 1e9;
+        r.write6_gbit = write_ipv6_gso(bin, a, &extra, cpus);
     }
     if want("rate") {
         r.msg_rate =
@@ -456,6 +463,36 @@ fn run_daemon(bin: &std::path::Path, a: &Args, wait: WaitMode, poll_us: Option<u
         r.ctrl_us = [us(&idle, 0.5), us(&loaded, 0.5), us(&loaded, 0.99)];
     }
     r
+}
+
+/// The WRITE row again between two daemons on ::1 with `--udp-gso` (UDP GSO and GRO are for
+/// IPv6 only): one address, so each daemon has its own port and sends to the other's. None
+/// when ::1 cannot be bound or a daemon does not start (an older `--compare` build).
+fn write_ipv6_gso(
+    bin: &std::path::Path,
+    a: &Args,
+    extra: &[&str],
+    cpus: Option<&[usize]>,
+) -> Option<f64> {
+    let free_port = || {
+        std::net::UdpSocket::bind("[::1]:0")
+            .and_then(|s| s.local_addr())
+            .map(|a| a.port())
+    };
+    let (pa, pb) = match (free_port(), free_port()) {
+        (Ok(pa), Ok(pb)) if pa != pb => (pa, pb),
+        _ => return None,
+    };
+    let node = |port: u16, peer: u16| {
+        let peer = peer.to_string();
+        let mut args: Vec<&str> = extra.to_vec();
+        args.extend(["--udp-gso", "--peer-port", &peer]);
+        let addr = std::net::SocketAddr::new(std::net::Ipv6Addr::LOCALHOST.into(), port);
+        Node::start_on(bin, addr, &args, cpus).ok()
+    };
+    let (mut x, mut y) = (node(pa, pb)?, node(pb, pa)?);
+    let bw = perf::rc_write_bw(&mut x, &mut y, 64 << 10, a.write_bytes, 16).ok()?;
+    Some(bw * 8.0 / 1e9)
 }
 
 /// Control commands timed idle and under WRITEs (`ctrl` row).
@@ -889,6 +926,19 @@ fn main() {
             "Gbit/s",
             2,
         );
+        if let Some(w6) = ours.write6_gbit {
+            line(
+                "  IPv6 ::1, --udp-gso (TCP stream)",
+                w6,
+                k.write_gbit,
+                other.and_then(|o| o.write6_gbit),
+                polled.and_then(|o| o.write6_gbit),
+                "Gbit/s",
+                2,
+            );
+        } else {
+            println!("  IPv6 ::1, --udp-gso: not measured (::1 cannot be bound here)");
+        }
     }
     if want("rate") {
         line(
