@@ -110,6 +110,16 @@ pub fn start_backend(mut config: Config) -> Result<(), Error> {
                 .map_err(|e| Error::Udp(config.udp_addr, e))?;
             let gso =
                 config.udp_gso && t.enable_gso().map_err(|e| Error::Udp(config.udp_addr, e))?;
+            if config.udp_gso && !gso {
+                log::warn!(
+                    "--udp-gso: not used ({})",
+                    if config.udp_addr.is_ipv4() {
+                        "IPv4: the ICRC covers the IP ID, which the segmenting side picks"
+                    } else {
+                        "this kernel does not know UDP GSO"
+                    }
+                );
+            }
             log::info!(
                 "udp transport on {} (peers on port {}; UDP GSO {})",
                 t.local_addr(),
@@ -119,6 +129,9 @@ pub fn start_backend(mut config: Config) -> Result<(), Error> {
             Transport::Udp(t)
         }
         Some(r) => {
+            if config.udp_gso {
+                log::warn!("--udp-gso: not used (the raw transport builds whole frames)");
+            }
             let t = raw::RawTransport::open(r)?;
             // The port MAC is the one frames go out from.
             config.model.dev.mac = t.mac();

@@ -53,6 +53,14 @@ const UDP_SEGMENT: i32 = 103;
 const UDP_GRO: i32 = 104;
 /// Room per received message with GRO on: a whole coalesced run (at most 64 KiB).
 const GRO_SLOT: usize = 1 << 16;
+/// Messages one `recvmmsg` takes with GRO on: each may hold a run of up to 64 datagrams, so
+/// fewer messages keep one receive call's work near [`RX_BATCH`] × 15 datagrams at most.
+const RX_BATCH_GRO: usize = 8;
+/// GSO sends refused in a row, each for a reason that says the path cannot do GSO (EINVAL,
+/// EIO, EOPNOTSUPP), after which the transport stops trying; a GSO send that goes through
+/// resets the count (one peer behind a smaller path MTU or an IPsec route does not turn GSO
+/// off for the others).
+const GSO_REFUSALS_OFF: u32 = 8;
 /// Room for one `UDP_SEGMENT` cmsg (CMSG_SPACE of a u16), as u64s for the alignment.
 const GSO_CMSG_WORDS: usize = 3;
 /// Socket errors one receive call takes (each counted) before it gives up and reports the
@@ -75,8 +83,8 @@ pub struct TransportStats {
     /// `sendmsg`s that carried several packets as UDP GSO segments, and those packets.
     pub tx_gso_sends: u64,
     pub tx_gso_segments: u64,
-    /// GSO sends the kernel refused: their packets went out one by one; GSO stays off after
-    /// a refusal that says the path cannot do it (EINVAL, EIO, EOPNOTSUPP).
+    /// GSO sends the kernel refused as GSO (EINVAL, EIO, EOPNOTSUPP): their packets went out
+    /// one by one; after [`GSO_REFUSALS_OFF`] in a row GSO stays off.
     pub tx_gso_refused: u64,
     /// Received messages that were coalesced runs (UDP GRO), and the datagrams in them.
     pub rx_gro_runs: u64,
@@ -135,6 +143,8 @@ pub struct UdpTransport {
     tx_blocked: bool,
     /// Runs of equal-length packets to one destination leave as one UDP GSO send.
     gso: bool,
+    /// GSO sends refused in a row ([`GSO_REFUSALS_OFF`]).
+    gso_refusals: u32,
     /// The last receive gave up after [`RX_ERROR_LIMIT`] errors in a row.
     rx_failing: bool,
     rx: RxBatch,
@@ -236,6 +246,7 @@ impl UdpTransport {
             tx_pending: Vec::with_capacity(TX_BATCH),
             tx_blocked: false,
             gso: false,
+            gso_refusals: 0,
             rx_failing: false,
             rx: RxBatch {
                 buf: vec![0; RX_BATCH * RX_SLOT],
@@ -251,11 +262,17 @@ impl UdpTransport {
     }
 
     /// Sends runs of packets as UDP GSO segments from now on, and takes coalesced runs
-    /// (UDP GRO) on receive, if the socket is IPv6 (the module comment says why not IPv4);
-    /// returns whether it will. Turns the UDP checksum on, which the kernel requires of a
-    /// GSO send. A kernel without UDP GRO (before 5.0) leaves receive as it was.
+    /// (UDP GRO) on receive, if the socket is IPv6 (the module comment says why not IPv4)
+    /// and the kernel knows UDP GSO (4.18 and later); returns whether it will. Turns the UDP
+    /// checksum on, which the kernel requires of a GSO send. A kernel without UDP GRO (before
+    /// 5.0) leaves receive as it was.
     pub fn enable_gso(&mut self) -> io::Result<bool> {
         if self.local.is_ipv4() {
+            return Ok(false);
+        }
+        // A kernel that does not know UDP_SEGMENT would ignore the cmsg and send a run as
+        // one datagram: ask it first (a segment size of 0 is "no default").
+        if setsockopt_int(self.fd(), libc::IPPROTO_UDP, UDP_SEGMENT, 0).is_err() {
             return Ok(false);
         }
         setsockopt_int(self.fd(), libc::IPPROTO_UDP, UDP_NO_CHECK6_TX, 0)?;
@@ -263,7 +280,7 @@ impl UdpTransport {
         if setsockopt_int(self.fd(), libc::IPPROTO_UDP, UDP_GRO, 1).is_ok() {
             self.rx.gro = true;
             self.rx.slot = GRO_SLOT;
-            self.rx.buf = vec![0; RX_BATCH * GRO_SLOT];
+            self.rx.buf = vec![0; RX_BATCH_GRO * GRO_SLOT];
         }
         Ok(true)
     }
@@ -354,6 +371,9 @@ impl UdpTransport {
             iov[i].iov_len = len;
             name_lens[i] = sockaddr_from(dst, &mut names[i]);
         }
+        // The headers point into these arrays through pointers taken once, so that no later
+        // borrow of an array invalidates what an earlier header holds.
+        let (names_p, iov_p, cmsgs_p) = (names.as_mut_ptr(), iov.as_mut_ptr(), cmsgs.as_mut_ptr());
         // Packets sent (or lost) so far; a GSO refusal sends the rest one by one.
         let mut done = 0usize;
         let mut gso = self.gso;
@@ -363,14 +383,20 @@ impl UdpTransport {
             while i < n {
                 let count = if gso { self.gso_run(i) } else { 1 };
                 let hdr = &mut msgs[m].msg_hdr;
-                hdr.msg_name = (&mut names[i] as *mut libc::sockaddr_storage).cast();
+                // SAFETY: `i < n <= TX_BATCH` and `m <= i`: inside `names`, `iov` and `cmsgs`,
+                // which outlive every use of the headers; the kernel reads `count` iovecs from
+                // `iov_p + i`, and `i + count <= n`.
+                unsafe {
+                    hdr.msg_name = names_p.add(i).cast();
+                    hdr.msg_iov = iov_p.add(i);
+                }
                 hdr.msg_namelen = name_lens[i];
-                hdr.msg_iov = &mut iov[i];
                 hdr.msg_iovlen = count;
                 if count > 1 {
-                    let seg = self.tx_pending[i].0 as u16;
-                    hdr.msg_control = cmsgs[m].as_mut_ptr().cast();
-                    hdr.msg_controllen = gso_cmsg(&mut cmsgs[m], seg);
+                    // SAFETY: as above; nothing else refers to `cmsgs[m]` meanwhile.
+                    let c = unsafe { &mut *cmsgs_p.add(m) };
+                    hdr.msg_controllen = gso_cmsg(c, self.tx_pending[i].0 as u16);
+                    hdr.msg_control = (c as *mut [u64; GSO_CMSG_WORDS]).cast();
                 } else {
                     hdr.msg_control = std::ptr::null_mut();
                     hdr.msg_controllen = 0;
@@ -401,6 +427,7 @@ impl UdpTransport {
                         if count > 1 {
                             self.stats.tx_gso_sends += 1;
                             self.stats.tx_gso_segments += count as u64;
+                            self.gso_refusals = 0;
                         }
                         done = first + count;
                     }
@@ -420,16 +447,19 @@ impl UdpTransport {
                 }
                 let (first, count) = runs[sent];
                 if count > 1 {
-                    // The kernel refused the GSO send: send these packets (and the rest of
-                    // this batch) one by one; a refusal that says GSO cannot work on this
-                    // path turns it off for good.
-                    self.stats.tx_gso_refused += 1;
+                    // The GSO send failed: send these packets (and the rest of this batch)
+                    // one by one, where an error is the packet's own. A refusal that says the
+                    // path cannot do GSO counts; enough of them in a row turn it off.
                     if matches!(
                         e.raw_os_error(),
                         Some(libc::EINVAL | libc::EIO | libc::EOPNOTSUPP)
                     ) {
-                        log::warn!("udp transport: the kernel refused a GSO send ({e}); sending packets one by one from now on");
-                        self.gso = false;
+                        self.stats.tx_gso_refused += 1;
+                        self.gso_refusals += 1;
+                        if self.gso_refusals >= GSO_REFUSALS_OFF && self.gso {
+                            log::warn!("udp transport: the kernel refused {GSO_REFUSALS_OFF} GSO sends in a row ({e}); sending packets one by one from now on");
+                            self.gso = false;
+                        }
                     }
                     gso = false;
                     done = first;
@@ -477,8 +507,9 @@ impl UdpTransport {
         self.tx_pending.drain(..done);
     }
 
-    /// Receives up to [`RX_BATCH`] datagrams with one `recvmmsg`; returns how many arrived
-    /// (0 when nothing is waiting). Read them with [`Self::packet`].
+    /// Receives up to [`RX_BATCH`] datagrams with one `recvmmsg` (with GRO: up to
+    /// [`RX_BATCH_GRO`] messages, each a datagram or a coalesced run of them); returns how
+    /// many datagrams arrived (0 when nothing is waiting). Read them with [`Self::packet`].
     pub fn recv_batch(&mut self) -> usize {
         let mut iov: [libc::iovec; RX_BATCH] =
             // SAFETY: iovec is a pointer and a length; all-zero is a valid (empty) value.
@@ -489,7 +520,8 @@ impl UdpTransport {
         let rx = &mut self.rx;
         rx.segs.clear();
         let slot = rx.slot;
-        for i in 0..RX_BATCH {
+        let vlen = if rx.gro { RX_BATCH_GRO } else { RX_BATCH };
+        for i in 0..vlen {
             iov[i].iov_base = rx.buf[i * slot..].as_mut_ptr().cast();
             iov[i].iov_len = slot;
             msgs[i].msg_hdr.msg_name = (&mut rx.names[i] as *mut libc::sockaddr_storage).cast();
@@ -511,7 +543,7 @@ impl UdpTransport {
                 libc::recvmmsg(
                     self.sock.as_raw_fd(),
                     msgs.as_mut_ptr(),
-                    RX_BATCH as libc::c_uint,
+                    vlen as libc::c_uint,
                     libc::MSG_DONTWAIT,
                     std::ptr::null_mut(),
                 )
@@ -1122,6 +1154,11 @@ mod tests {
         assert_eq!(psns, (0..23).collect::<Vec<_>>(), "every packet, in order");
         assert!(got[..20].iter().all(|g| g.1 == 12 + 4096 + 4), "{got:?}");
         assert_eq!(got[20].1, 12 + 1000 + 4);
+        assert_eq!(
+            (got[21].1, got[22].1),
+            (12 + 4096 + 4, 12 + 64 + 4),
+            "the short tail"
+        );
         assert_eq!(tb.stats.rx_icrc_ok, 23);
         assert_eq!(tb.stats.rx_icrc_bad, 0);
         assert_eq!(
@@ -1156,16 +1193,22 @@ mod tests {
         assert_eq!(receive_n(&mut tb, 8).len(), 8);
         assert_eq!(tc.stats.tx_gso_sends, 0);
         // A kernel that refuses GSO (here: the checksum turned off behind the transport's
-        // back, EINVAL) loses nothing: the run goes out packet by packet and GSO stays off.
+        // back, EINVAL) loses nothing: each run goes out packet by packet; GSO stays on for
+        // the next batch until GSO_REFUSALS_OFF refusals in a row, then it is off.
         setsockopt_int(ta.fd(), libc::IPPROTO_UDP, UDP_NO_CHECK6_TX, 1).unwrap();
-        for i in 0..6 {
-            push_send(&mut ta, dst, i, 4096);
+        for batch in 0..GSO_REFUSALS_OFF {
+            assert!(ta.gso(), "still on after {batch} refusals");
+            for i in 0..3 {
+                push_send(&mut ta, dst, batch * 3 + i, 4096);
+            }
+            ta.flush();
         }
-        ta.flush();
-        assert_eq!(receive_n(&mut tb, 6).len(), 6, "{:?}", ta.stats);
-        assert_eq!(ta.stats.tx_gso_refused, 1);
+        let n = 3 * GSO_REFUSALS_OFF as usize;
+        assert_eq!(receive_n(&mut tb, n).len(), n, "{:?}", ta.stats);
+        assert_eq!(ta.stats.tx_gso_refused, GSO_REFUSALS_OFF as u64);
         assert!(!ta.gso());
-        assert_eq!((ta.stats.tx_gso_sends, ta.stats.tx_packets), (4, 35));
+        assert_eq!(ta.stats.tx_gso_sends, 4);
+        assert_eq!(ta.stats.tx_packets, 29 + n as u64);
     }
 
     /// Two sockets on loopback: what one sends the other verifies (ID 0 over IPv4), and a

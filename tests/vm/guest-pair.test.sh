@@ -26,9 +26,9 @@
 #            and at the end they hold exactly what the guests' kernels hold. tests/vm/soak.test.sh
 #
 #   sudo tests/vm/guest-pair.test.sh [devices|rxe|rxe6|nic|nic-rxe|all|soak] [TOOL...]   default:
-#   all (devices, rxe, rxe6, nic, nic-rxe), every tool (rxe6: the tools with a GID index: rc ud
-#   srq send_lat send_bw write_bw read_bw atomic_bw); soak: rc uc ud srq send_bw write_bw
-#   read_bw atomic_bw rping udaddy nvme
+#   all (devices, rxe, rxe6, nic, nic-rxe), every tool (rxe6: the tools with a GID index: rc uc
+#   ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw); soak: rc uc ud srq send_bw
+#   write_bw read_bw atomic_bw rping udaddy nvme
 #
 # Tools: tcp (ping and 16 MiB over TCP between the out-of-band addresses: QEMU's own virtio-net
 # on a tap in devices and rxe, the daemon's in the nic modes), mckey (UD multicast through
@@ -67,7 +67,7 @@ all) shift || true ;;
 -*) echo "usage: $0 [devices|rxe|rxe6|nic|nic-rxe|all|soak] [TOOL...]" >&2; exit 2 ;;
 esac
 # the tools that take a GID index (rxe6; the rdma_cm tools and tcp stay on IPv4)
-gid_tools=(rc ud srq send_lat send_bw write_bw read_bw atomic_bw)
+gid_tools=(rc uc ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw)
 rdma_tools=(rc uc ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw rping ucmatose udaddy rdma_server send_lat_cm nvme)
 # mckey (UD multicast through rdma_cm) needs the daemon to be the NIC: in the nic mode's
 # defaults; against rxe only when named (rxe 6.12 puts one of mckey's 20 datagrams on the wire:

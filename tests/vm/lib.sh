@@ -158,11 +158,9 @@ vm_daemon_leaks() {
         { echo "$1: FAIL: objects left in the device after every tool exited"; return 1; }
 }
 
-# vm_daemon_traffic NAME COUNTERS.json: one line with the daemon's transport counters; fail
-# (return 1) when it sent or received nothing or received a packet whose ICRC was wrong.
 # vm_daemon_gso NAME COUNTERS.json: print a daemon's UDP GSO/GRO counters; fail (return 1) when
-# it sent no GSO run (an IPv6 udp transport carrying multi-packet messages must) or a GSO send
-# was refused.
+# it sent no GSO run (an IPv6 udp transport carrying multi-packet messages must) or the kernel
+# refused a GSO send.
 vm_daemon_gso() {
     python3 - "$1" "$2" <<'PY'
 import json, sys
@@ -175,6 +173,8 @@ if not t.get("tx_gso_sends") or t.get("tx_gso_refused"):
 PY
 }
 
+# vm_daemon_traffic NAME COUNTERS.json: one line with the daemon's transport counters; fail
+# (return 1) when it sent or received nothing or received a packet whose ICRC was wrong.
 vm_daemon_traffic() {
     python3 - "$1" "$2" <<'PY'
 import json, sys

@@ -2060,7 +2060,11 @@ impl Launch {
             .arg(self.addr.to_string());
         // Peers on the daemon's own port unless the caller names another (two daemons on
         // one address, e.g. ::1, each sending to the other's port).
-        if !self.extra.iter().any(|a| a == "--peer-port") {
+        if !self
+            .extra
+            .iter()
+            .any(|a| a == "--peer-port" || a.starts_with("--peer-port="))
+        {
             cmd.arg("--peer-port").arg(self.addr.port().to_string());
         }
         cmd.arg("--counters-socket")

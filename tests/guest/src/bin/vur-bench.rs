@@ -937,7 +937,7 @@ fn main() {
                 2,
             );
         } else {
-            println!("  IPv6 ::1, --udp-gso: not measured (::1 cannot be bound here)");
+            println!("  IPv6 ::1, --udp-gso: not measured (no two ports on ::1, or a daemon did not start)");
         }
     }
     if want("rate") {
