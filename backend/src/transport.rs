@@ -54,7 +54,8 @@ const UDP_GRO: i32 = 104;
 /// Room per received message with GRO on: a whole coalesced run (at most 64 KiB).
 const GRO_SLOT: usize = 1 << 16;
 /// Messages one `recvmmsg` takes with GRO on: each may hold a run of up to 64 datagrams, so
-/// fewer messages keep one receive call's work near [`RX_BATCH`] × 15 datagrams at most.
+/// one receive call hands over at most 8 × 64 = 512 (8 × 15 = 120 at path MTU 4096), not
+/// [`RX_BATCH`] × 64.
 const RX_BATCH_GRO: usize = 8;
 /// GSO sends refused in a row, each for a reason that says the path cannot do GSO (EINVAL,
 /// EIO, EOPNOTSUPP), after which the transport stops trying; a GSO send that goes through
