@@ -31,16 +31,18 @@ pub enum RawRing {
 #[derive(Parser, Debug, Clone)]
 #[command(version, about)]
 pub struct Args {
-    /// vhost-user unix socket to listen on.
-    #[arg(long)]
-    pub socket_path: PathBuf,
+    /// vhost-user unix socket to listen on. Repeat it, with one --udp-addr each (and one
+    /// --counters-socket each, if any), to serve several frontends from one process: each is
+    /// a device of its own, on a worker thread of its own.
+    #[arg(long, required = true)]
+    pub socket_path: Vec<PathBuf>,
     /// Host attachment.
     #[arg(long, value_enum, default_value_t = TransportKind::Udp)]
     pub transport: TransportKind,
     /// Local address of the UDP socket (a concrete IP: the ICRC covers it). Its IP is the one
     /// RoCEv2 GID the guest should add.
     #[arg(long, default_value = "127.0.0.1:4791")]
-    pub udp_addr: SocketAddr,
+    pub udp_addr: Vec<SocketAddr>,
     /// UDP destination port of every packet sent (4791 on a real network; tests may use
     /// another).
     #[arg(long, default_value_t = 4791)]
@@ -100,7 +102,12 @@ pub struct Args {
     pub allow_remote_dma_mr: bool,
     /// Unix socket that prints the counters as JSON to whoever connects.
     #[arg(long)]
-    pub counters_socket: Option<PathBuf>,
+    pub counters_socket: Vec<PathBuf>,
+    /// With several --socket-path: a packet one of the devices sends to another's address
+    /// goes to it through memory, not through the kernel's UDP stack (docs/daemon.md,
+    /// "Same-host shortcut"). The egress policy (--allow-peer) still applies.
+    #[arg(long)]
+    pub same_host: bool,
     /// Peers the guest may send to (address or prefix, IPv4 or IPv6; repeat or separate with
     /// commas). Without it every destination but the unspecified and broadcast addresses is
     /// allowed, and loopback only when --udp-addr is a loopback address.
@@ -169,12 +176,26 @@ pub enum ConfigError {
     NetRawAddr,
     #[error("--net-socket and --socket-path must be different paths")]
     NetSamePath,
+    #[error("{0} --socket-path but {1} --udp-addr: give one --udp-addr per --socket-path")]
+    UdpAddrCount(usize, usize),
+    #[error("{0} --socket-path but {1} --counters-socket: give none or one per --socket-path")]
+    CountersCount(usize, usize),
+    #[error("{0} is given twice: every device needs its own")]
+    Twice(String),
+    #[error("--iface and --net-socket serve one frontend: give one --socket-path")]
+    RawSeveral,
+    #[error("--same-host needs two or more --socket-path (the devices it connects) on udp")]
+    SameHostAlone,
+    #[error("this is one device's configuration; {0} --socket-path make {0}: use configs()")]
+    Several(usize),
 }
 
-/// The validated configuration.
+/// The validated configuration of one device (one frontend socket).
 #[derive(Clone, Debug)]
 pub struct Config {
     pub socket_path: PathBuf,
+    /// `--same-host`: this device reaches the others of the process through memory.
+    pub same_host: bool,
     pub transport: TransportKind,
     pub udp_addr: SocketAddr,
     pub peer_port: u16,
@@ -218,6 +239,12 @@ impl TryFrom<Args> for Config {
     type Error = ConfigError;
 
     fn try_from(a: Args) -> Result<Self, Self::Error> {
+        if a.socket_path.len() != 1 || a.udp_addr.len() != 1 || a.counters_socket.len() > 1 {
+            return Err(ConfigError::Several(a.socket_path.len()));
+        }
+        let socket_path = a.socket_path[0].clone();
+        let udp_addr = a.udp_addr[0];
+        let counters_socket = a.counters_socket.first().cloned();
         let mac = match &a.mac {
             Some(m) => Some(parse_mac(m).ok_or_else(|| ConfigError::Mac(m.clone()))?),
             None => None,
@@ -272,7 +299,7 @@ impl TryFrom<Args> for Config {
             if mac.is_none() {
                 return Err(ConfigError::NetNeedsMac);
             }
-            if *p == a.socket_path {
+            if *p == socket_path {
                 return Err(ConfigError::NetSamePath);
             }
         }
@@ -283,10 +310,10 @@ impl TryFrom<Args> for Config {
                 .first()
                 .copied()
                 .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)),
-            None => a.udp_addr.ip(),
+            None => udp_addr.ip(),
         };
-        if raw.is_none() && a.udp_addr.ip().is_unspecified() {
-            return Err(ConfigError::UnspecifiedAddr(a.udp_addr));
+        if raw.is_none() && udp_addr.ip().is_unspecified() {
+            return Err(ConfigError::UnspecifiedAddr(udp_addr));
         }
         if !(576..=65535).contains(&a.mtu) {
             return Err(ConfigError::Mtu(a.mtu));
@@ -316,14 +343,15 @@ impl TryFrom<Args> for Config {
             ..defaults
         };
         Ok(Config {
-            socket_path: a.socket_path,
+            socket_path,
+            same_host: a.same_host,
             transport,
             raw,
-            udp_addr: a.udp_addr,
+            udp_addr,
             peer_port: a.peer_port,
             strict_icrc: a.strict_icrc,
             udp_gso: a.udp_gso,
-            counters_socket: a.counters_socket,
+            counters_socket,
             poll_us: a.poll_us,
             net_socket: a.net_socket,
             socket_access: SocketAccess {
@@ -351,6 +379,46 @@ impl TryFrom<Args> for Config {
     }
 }
 
+/// The configurations of the devices the command line asks for: one per `--socket-path`, each
+/// with its own `--udp-addr` and `--counters-socket`, everything else shared.
+pub fn configs(a: Args) -> Result<Vec<Config>, ConfigError> {
+    let n = a.socket_path.len();
+    if a.udp_addr.len() != n {
+        return Err(ConfigError::UdpAddrCount(n, a.udp_addr.len()));
+    }
+    if !a.counters_socket.is_empty() && a.counters_socket.len() != n {
+        return Err(ConfigError::CountersCount(n, a.counters_socket.len()));
+    }
+    if n > 1 && (a.iface.is_some() || a.net_socket.is_some() || a.transport == TransportKind::Raw) {
+        return Err(ConfigError::RawSeveral);
+    }
+    if a.same_host && (n < 2 || a.iface.is_some() || a.transport == TransportKind::Raw) {
+        return Err(ConfigError::SameHostAlone);
+    }
+    let mut paths: Vec<&PathBuf> = a.socket_path.iter().chain(&a.counters_socket).collect();
+    paths.extend(a.net_socket.as_ref());
+    for (i, p) in paths.iter().enumerate() {
+        if paths[..i].contains(p) {
+            return Err(ConfigError::Twice(p.display().to_string()));
+        }
+    }
+    for (i, u) in a.udp_addr.iter().enumerate() {
+        let seen = &a.udp_addr[..i];
+        if seen.contains(u) || (a.same_host && seen.iter().any(|s| s.ip() == u.ip())) {
+            return Err(ConfigError::Twice(format!("--udp-addr {}", u.ip())));
+        }
+    }
+    (0..n)
+        .map(|i| {
+            let mut one = a.clone();
+            one.socket_path = vec![a.socket_path[i].clone()];
+            one.udp_addr = vec![a.udp_addr[i]];
+            one.counters_socket = a.counters_socket.get(i).cloned().into_iter().collect();
+            Config::try_from(one)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -359,6 +427,77 @@ mod tests {
         let mut v = vec!["vhost-user-rdma", "--socket-path", "/tmp/x.sock"];
         v.extend_from_slice(extra);
         Args::parse_from(v)
+    }
+
+    /// Several sockets make several devices, each with its own address and counters socket;
+    /// counts that do not match, a path or address given twice, the raw transport with
+    /// several, and `--same-host` with one are refused with what to give instead.
+    #[test]
+    fn several_sockets_make_several_devices() {
+        let two = [
+            "--socket-path",
+            "/tmp/y.sock",
+            "--udp-addr",
+            "127.0.0.1:4791",
+            "--udp-addr",
+            "127.0.0.2:4791",
+        ];
+        let cs = configs(args(&two)).unwrap();
+        assert_eq!(cs.len(), 2);
+        assert_eq!(cs[1].socket_path, PathBuf::from("/tmp/y.sock"));
+        assert_eq!(cs[1].udp_addr, "127.0.0.2:4791".parse().unwrap());
+        assert!(cs
+            .iter()
+            .all(|c| !c.same_host && c.counters_socket.is_none()));
+        let mut with = two.to_vec();
+        with.extend(["--same-host", "--counters-socket", "/tmp/a.c"]);
+        with.extend(["--counters-socket", "/tmp/b.c"]);
+        let cs = configs(args(&with)).unwrap();
+        assert!(cs.iter().all(|c| c.same_host));
+        assert_eq!(cs[0].counters_socket, Some(PathBuf::from("/tmp/a.c")));
+        assert_eq!(cs[1].counters_socket, Some(PathBuf::from("/tmp/b.c")));
+        assert_eq!(configs(args(&[])).unwrap().len(), 1);
+        assert_eq!(
+            configs(args(&["--socket-path", "/tmp/y.sock"])).unwrap_err(),
+            ConfigError::UdpAddrCount(2, 1)
+        );
+        assert_eq!(
+            configs(args(
+                &[&two[..], &["--counters-socket", "/tmp/a.c"]].concat()
+            ))
+            .unwrap_err(),
+            ConfigError::CountersCount(2, 1)
+        );
+        let same_path = ["--socket-path", "/tmp/x.sock", "--udp-addr", "127.0.0.1:1"];
+        assert!(matches!(
+            configs(args(
+                &[&same_path[..], &["--udp-addr", "127.0.0.1:2"]].concat()
+            )),
+            Err(ConfigError::Twice(_))
+        ));
+        // Two ports of one IP are two devices, but not two same-host ports.
+        let one_ip = ["--udp-addr", "127.0.0.1:1", "--udp-addr", "127.0.0.1:2"];
+        let one_ip = [&["--socket-path", "/tmp/y.sock"][..], &one_ip[..]].concat();
+        assert!(configs(args(&one_ip)).is_ok());
+        assert!(matches!(
+            configs(args(&[&one_ip[..], &["--same-host"]].concat())),
+            Err(ConfigError::Twice(_))
+        ));
+        assert_eq!(
+            configs(args(&["--same-host"])).unwrap_err(),
+            ConfigError::SameHostAlone
+        );
+        assert_eq!(
+            configs(args(
+                &[&two[..], &["--iface", "eth0", "--raw-addr", "10.0.0.1"]].concat()
+            ))
+            .unwrap_err(),
+            ConfigError::RawSeveral
+        );
+        assert_eq!(
+            Config::try_from(args(&two)).unwrap_err(),
+            ConfigError::Several(2)
+        );
     }
 
     #[test]

@@ -23,6 +23,8 @@ pub struct Shared {
     pub shutdown: AtomicBool,
     /// The virtio-net device's counters (`--net-socket`), read without a lock.
     pub net: Option<Arc<crate::vhu_net::NetStats>>,
+    /// The same-host inbox and its counters (`--same-host`), read without a lock.
+    pub same_host: Option<Arc<crate::same_host::Inbox>>,
 }
 
 /// How long a reader waits for the worker thread to render the counters.
@@ -192,7 +194,11 @@ pub fn render(shared: &Shared) -> String {
         Some(n) => format!(",\"net\":{{{}}}", n.render()),
         None => String::new(),
     };
-    format!("{{\"connections\":{connections},{body}{net}{heap}}}\n")
+    let same_host = match &shared.same_host {
+        Some(i) => format!(",\"same_host\":{{{}}}", i.render()),
+        None => String::new(),
+    };
+    format!("{{\"connections\":{connections},{body}{net}{same_host}{heap}}}\n")
 }
 
 /// Serves the counters socket until `shared.shutdown` is set.
@@ -245,6 +251,7 @@ mod tests {
             connections: AtomicU64::new(3),
             shutdown: AtomicBool::new(false),
             net: None,
+            same_host: None,
         };
         let doc = render(&shared);
         assert!(

@@ -30,6 +30,7 @@ pub mod netlink;
 pub mod poll;
 pub mod raw;
 pub mod ring;
+pub mod same_host;
 pub mod transport;
 pub mod unix_socket;
 pub mod vhost_proxy;
@@ -52,7 +53,9 @@ use crate::guest_mem::GuestMemoryMmap;
 use crate::link::Transport;
 use crate::model::Model;
 use crate::transport::UdpTransport;
-use crate::vhu_rdma::{VhuRdma, COUNTERS_EVENT, TIMER_EVENT, UDP_EVENT, WORK_EVENT};
+use crate::vhu_rdma::{
+    VhuRdma, COUNTERS_EVENT, SAME_HOST_EVENT, TIMER_EVENT, UDP_EVENT, WORK_EVENT,
+};
 
 #[derive(Debug, Error)]
 pub enum Error {
@@ -102,94 +105,183 @@ fn block_signals() -> libc::sigset_t {
 
 /// Serves frontends on `config.socket_path` one after another until SIGINT or SIGTERM.
 /// A frontend that disconnects is not an error: its state is dropped and the next one served.
-pub fn start_backend(mut config: Config) -> Result<(), Error> {
-    let sigset = block_signals();
-    let mut transport = match &config.raw {
-        None => {
-            let mut t = UdpTransport::bind(config.udp_addr, config.peer_port, config.strict_icrc)
-                .map_err(|e| Error::Udp(config.udp_addr, e))?;
-            let gso =
-                config.udp_gso && t.enable_gso().map_err(|e| Error::Udp(config.udp_addr, e))?;
-            if config.udp_gso && !gso {
-                log::warn!(
-                    "--udp-gso: not used ({})",
-                    if config.udp_addr.is_ipv4() {
-                        "IPv4: the ICRC covers the IP ID, which the segmenting side picks"
+pub fn start_backend(config: Config) -> Result<(), Error> {
+    start_backends(vec![config])
+}
+
+/// What the signal thread (or a device that failed) needs to stop one device: its flags, its
+/// vhost-user handlers and the sockets whose `accept()` it wakes.
+struct Stopper {
+    shared: Arc<Shared>,
+    handle: Arc<Mutex<Option<vhost_user_backend::ShutdownHandle>>>,
+    net_handle: Arc<Mutex<Option<vhost_user_backend::ShutdownHandle>>>,
+    sock: std::path::PathBuf,
+    net_sock: Option<std::path::PathBuf>,
+    /// Whether the device bound its sockets (only then are they ours to wake).
+    bound: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Stopper {
+    fn stop(&self) {
+        self.shared.shutdown.store(true, Ordering::SeqCst);
+        for h in [&self.handle, &self.net_handle] {
+            if let Some(h) = h.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                h.shutdown();
+            }
+        }
+        if !self.bound.load(Ordering::SeqCst) {
+            return;
+        }
+        // Wake the listeners blocked in accept().
+        let _ = UnixStream::connect(&self.sock);
+        if let Some(n) = &self.net_sock {
+            let _ = UnixStream::connect(n);
+        }
+    }
+}
+
+/// One device of the process: its configuration, its host attachment and what its threads
+/// share.
+struct Device {
+    config: Config,
+    shared: Arc<Shared>,
+    net: Option<(
+        std::path::PathBuf,
+        Arc<net_port::NetPort>,
+        Arc<vhu_net::NetStats>,
+    )>,
+    handle: Arc<Mutex<Option<vhost_user_backend::ShutdownHandle>>>,
+    net_handle: Arc<Mutex<Option<vhost_user_backend::ShutdownHandle>>>,
+    bound: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Device {
+    /// Opens the device's transport (and its virtio-net port); with `hub`, joins the
+    /// same-host shortcut.
+    fn open(mut config: Config, hub: Option<&Arc<same_host::Hub>>) -> Result<Device, Error> {
+        let mut transport = match &config.raw {
+            None => {
+                let mut t =
+                    UdpTransport::bind(config.udp_addr, config.peer_port, config.strict_icrc)
+                        .map_err(|e| Error::Udp(config.udp_addr, e))?;
+                let gso =
+                    config.udp_gso && t.enable_gso().map_err(|e| Error::Udp(config.udp_addr, e))?;
+                if config.udp_gso && !gso {
+                    log::warn!(
+                        "--udp-gso: not used ({})",
+                        if config.udp_addr.is_ipv4() {
+                            "IPv4: the ICRC covers the IP ID, which the segmenting side picks"
+                        } else {
+                            "this kernel does not know UDP GSO"
+                        }
+                    );
+                }
+                if let Some(hub) = hub {
+                    let link = same_host::Link::new(hub.clone(), config.udp_addr.ip())
+                        .map_err(|e| Error::Udp(config.udp_addr, e))?;
+                    t.set_same_host(link);
+                }
+                log::info!(
+                    "udp transport on {} (peers on port {}; UDP GSO {}{})",
+                    t.local_addr(),
+                    config.peer_port,
+                    if gso { "on" } else { "off" },
+                    if hub.is_some() {
+                        "; same-host shortcut to the other devices of this process"
                     } else {
-                        "this kernel does not know UDP GSO"
+                        ""
                     }
                 );
+                Transport::Udp(t)
             }
-            log::info!(
-                "udp transport on {} (peers on port {}; UDP GSO {})",
-                t.local_addr(),
-                config.peer_port,
-                if gso { "on" } else { "off" }
-            );
-            Transport::Udp(t)
-        }
-        Some(r) => {
-            if config.udp_gso {
-                log::warn!("--udp-gso: not used (the raw transport builds whole frames)");
+            Some(r) => {
+                if config.udp_gso {
+                    log::warn!("--udp-gso: not used (the raw transport builds whole frames)");
+                }
+                let t = raw::RawTransport::open(r)?;
+                // The port MAC is the one frames go out from.
+                config.model.dev.mac = t.mac();
+                log::info!(
+                    "raw transport on {} (index {}, MTU {}), MAC {}, addresses {:?}",
+                    t.iface(),
+                    t.info().index,
+                    t.info().mtu,
+                    t.mac()
+                        .iter()
+                        .map(|b| format!("{b:02x}"))
+                        .collect::<Vec<_>>()
+                        .join(":"),
+                    r.addrs
+                );
+                Transport::Raw(t)
             }
-            let t = raw::RawTransport::open(r)?;
-            // The port MAC is the one frames go out from.
-            config.model.dev.mac = t.mac();
-            log::info!(
-                "raw transport on {} (index {}, MTU {}), MAC {}, addresses {:?}",
-                t.iface(),
-                t.info().index,
-                t.info().mtu,
-                t.mac()
-                    .iter()
-                    .map(|b| format!("{b:02x}"))
-                    .collect::<Vec<_>>()
-                    .join(":"),
-                r.addrs
-            );
-            Transport::Raw(t)
-        }
-    };
-    transport.set_egress(config.model.egress.clone());
-    // The guest's virtio-net on the same interface: every frame the raw transport's filter
-    // does not take.
-    let net = match (&config.net_socket, &config.raw) {
-        (Some(p), Some(r)) => {
-            let port = net_port::NetPort::open(&r.iface, &r.addrs)?;
-            log::info!(
-                "virtio-net on {} (MTU {}): every frame but RoCEv2 to the guest's GIDs",
-                port.iface(),
-                port.mtu(),
-            );
-            let port = Arc::new(port);
-            if let Transport::Raw(t) = &mut transport {
-                t.set_companion(port.clone());
+        };
+        transport.set_egress(config.model.egress.clone());
+        // The guest's virtio-net on the same interface: every frame the raw transport's filter
+        // does not take.
+        let net = match (&config.net_socket, &config.raw) {
+            (Some(p), Some(r)) => {
+                let port = net_port::NetPort::open(&r.iface, &r.addrs)?;
+                log::info!(
+                    "virtio-net on {} (MTU {}): every frame but RoCEv2 to the guest's GIDs",
+                    port.iface(),
+                    port.mtu(),
+                );
+                let port = Arc::new(port);
+                if let Transport::Raw(t) = &mut transport {
+                    t.set_companion(port.clone());
+                }
+                Some((p.clone(), port, Arc::new(vhu_net::NetStats::default())))
             }
-            Some((p.clone(), port, Arc::new(vhu_net::NetStats::default())))
+            _ => None,
+        };
+        let same_host = transport.same_host_inbox();
+        let shared = Arc::new(Shared {
+            backend: Mutex::new(None),
+            transport: Arc::new(Mutex::new(transport)),
+            connections: std::sync::atomic::AtomicU64::new(0),
+            shutdown: std::sync::atomic::AtomicBool::new(false),
+            net: net.as_ref().map(|n| n.2.clone()),
+            same_host,
+        });
+        Ok(Device {
+            config,
+            shared,
+            net,
+            handle: Arc::new(Mutex::new(None)),
+            net_handle: Arc::new(Mutex::new(None)),
+            bound: Arc::default(),
+        })
+    }
+
+    fn stopper(&self) -> Stopper {
+        Stopper {
+            shared: self.shared.clone(),
+            handle: self.handle.clone(),
+            net_handle: self.net_handle.clone(),
+            sock: self.config.socket_path.clone(),
+            net_sock: self.config.net_socket.clone(),
+            bound: self.bound.clone(),
         }
-        _ => None,
-    };
-    let shared = Arc::new(Shared {
-        backend: Mutex::new(None),
-        transport: Arc::new(Mutex::new(transport)),
-        connections: std::sync::atomic::AtomicU64::new(0),
-        shutdown: std::sync::atomic::AtomicBool::new(false),
-        net: net.as_ref().map(|n| n.2.clone()),
-    });
-    let counters = match &config.counters_socket {
-        Some(p) => Some(counters::spawn(p, config.socket_access, shared.clone())?),
-        None => None,
-    };
-    let shutdown_handle: Arc<Mutex<Option<vhost_user_backend::ShutdownHandle>>> =
-        Arc::new(Mutex::new(None));
-    let net_handle: Arc<Mutex<Option<vhost_user_backend::ShutdownHandle>>> =
-        Arc::new(Mutex::new(None));
+    }
+}
+
+/// Serves one device per configuration (one frontend socket each, every one on threads of
+/// its own) until SIGINT or SIGTERM, or until one of them fails (which stops the others).
+pub fn start_backends(configs: Vec<Config>) -> Result<(), Error> {
+    let sigset = block_signals();
+    let hub = configs
+        .iter()
+        .any(|c| c.same_host)
+        .then(same_host::Hub::new);
+    // Every transport first: an address that cannot be bound fails before anything serves.
+    let devices = configs
+        .into_iter()
+        .map(|c| Device::open(c, hub.as_ref()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let stoppers: Arc<Vec<Stopper>> = Arc::new(devices.iter().map(Device::stopper).collect());
     {
-        let shared = shared.clone();
-        let handle = shutdown_handle.clone();
-        let net_handle = net_handle.clone();
-        let sock = config.socket_path.clone();
-        let net_sock = config.net_socket.clone();
+        let stoppers = stoppers.clone();
         std::thread::Builder::new()
             .name("signals".into())
             .spawn(move || {
@@ -197,19 +289,55 @@ pub fn start_backend(mut config: Config) -> Result<(), Error> {
                 // SAFETY: `sigset` is an initialised signal set; `sig` is a live i32.
                 unsafe { libc::sigwait(&sigset, &mut sig) };
                 log::info!("signal {sig}: shutting down");
-                shared.shutdown.store(true, Ordering::SeqCst);
-                for h in [&handle, &net_handle] {
-                    if let Some(h) = h.lock().unwrap_or_else(|e| e.into_inner()).take() {
-                        h.shutdown();
-                    }
-                }
-                // Wake the listeners blocked in accept().
-                let _ = UnixStream::connect(&sock);
-                if let Some(n) = &net_sock {
-                    let _ = UnixStream::connect(n);
-                }
+                stoppers.iter().for_each(Stopper::stop);
             })?;
     }
+    if devices.len() == 1 {
+        return devices.into_iter().next().map_or(Ok(()), serve);
+    }
+    let threads = devices
+        .into_iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let stoppers = stoppers.clone();
+            std::thread::Builder::new()
+                .name(format!("device-{i}"))
+                .spawn(move || {
+                    let r = serve(d);
+                    if let Err(e) = &r {
+                        log::error!("device {i}: {e}; stopping the others");
+                    }
+                    // One device ended (a failure, or the shutdown): the process ends.
+                    stoppers.iter().for_each(Stopper::stop);
+                    r
+                })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut result = Ok(());
+    for t in threads {
+        match t.join() {
+            Ok(Err(e)) if result.is_ok() => result = Err(e),
+            Err(_) => log::error!("a device thread panicked"),
+            _ => {}
+        }
+    }
+    result
+}
+
+/// Serves one device's frontends one after another until shutdown.
+fn serve(device: Device) -> Result<(), Error> {
+    let Device {
+        config,
+        shared,
+        net,
+        handle: shutdown_handle,
+        net_handle,
+        bound,
+    } = device;
+    let counters = match &config.counters_socket {
+        Some(p) => Some(counters::spawn(p, config.socket_access, shared.clone())?),
+        None => None,
+    };
     let net_thread = match net {
         Some((path, port, stats)) => {
             let listener = unix_socket::bind_private(&path, config.socket_access, || {
@@ -231,6 +359,7 @@ pub fn start_backend(mut config: Config) -> Result<(), Error> {
         Listener::new(&config.socket_path, false).map_err(|e| std::io::Error::other(e.to_string()))
     })
     .map_err(|e| Error::Socket(path.clone(), e))?;
+    bound.store(true, Ordering::SeqCst);
     let result = loop {
         if shared.shutdown.load(Ordering::SeqCst) {
             break Ok(());
@@ -278,6 +407,11 @@ pub fn start_backend(mut config: Config) -> Result<(), Error> {
             handlers[0]
                 .register_listener(backend.counters_fd(), EventSet::IN, COUNTERS_EVENT as u64)
                 .map_err(Error::Io)?;
+            if let Some(fd) = backend.same_host_fd() {
+                handlers[0]
+                    .register_listener(fd, EventSet::IN, SAME_HOST_EVENT as u64)
+                    .map_err(Error::Io)?;
+            }
             backend.set_epoll_handler(&handlers[0]);
         }
         log::info!("waiting for a frontend on {path}");

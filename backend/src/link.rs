@@ -78,6 +78,14 @@ impl Transport {
         each!(self, t => t.drop_unattached(max))
     }
 
+    /// The same-host inbox (`--same-host`, udp transport only).
+    pub fn same_host_inbox(&self) -> Option<std::sync::Arc<crate::same_host::Inbox>> {
+        match self {
+            Transport::Udp(t) => t.same_host_inbox().cloned(),
+            Transport::Raw(_) => None,
+        }
+    }
+
     pub fn rx_failing(&self) -> bool {
         each!(self, t => t.rx_failing())
     }

@@ -5,7 +5,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use vhost_user_rdma::config::{Args, Config};
+use vhost_user_rdma::config::{configs, Args};
 
 /// Counts the live heap for the counters socket (`"heap"`, see `vhost_user_rdma::heap`).
 #[global_allocator]
@@ -22,14 +22,14 @@ fn main() -> ExitCode {
             std::iter::once("vhost-user-rdma link".into()).chain(std::env::args_os().skip(2));
         return vhost_user_rdma::netlink::main_with_args(args);
     }
-    let config = match Config::try_from(Args::parse()) {
+    let configs = match configs(Args::parse()) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("vhost-user-rdma: {e}");
             std::process::exit(2);
         }
     };
-    if let Err(e) = vhost_user_rdma::start_backend(config) {
+    if let Err(e) = vhost_user_rdma::start_backends(configs) {
         eprintln!("vhost-user-rdma: {e}");
         std::process::exit(1);
     }

@@ -149,6 +149,8 @@ pub struct UdpTransport {
     /// The last receive gave up after [`RX_ERROR_LIMIT`] errors in a row.
     rx_failing: bool,
     rx: RxBatch,
+    /// `--same-host`: the other ports of this process, reached without the socket.
+    same_host: Option<crate::same_host::Link>,
 }
 
 /// `recvmmsg` state: buffers, source addresses, and the datagrams found in them.
@@ -249,6 +251,7 @@ impl UdpTransport {
             gso: false,
             gso_refusals: 0,
             rx_failing: false,
+            same_host: None,
             rx: RxBatch {
                 buf: vec![0; RX_BATCH * RX_SLOT],
                 slot: RX_SLOT,
@@ -312,6 +315,16 @@ impl UdpTransport {
 
     /// Fills the ICRC of one packet (BTH … zeroed ICRC slot); returns its destination.
     fn prepare(&mut self, t: &Transmit, roce: &mut [u8]) -> Option<SocketAddr> {
+        let dst = self.route(t)?;
+        if icrc_for_udp_socket(self.local, dst, roce).is_err() {
+            self.stats.tx_dropped += 1;
+            return None;
+        }
+        Some(dst)
+    }
+
+    /// Where `t` goes, if the address family and the egress policy let it go anywhere.
+    fn route(&mut self, t: &Transmit) -> Option<SocketAddr> {
         let dst_ip = t.dst.to_ip();
         if dst_ip.is_ipv4() != self.local.is_ipv4() {
             self.stats.tx_wrong_family += 1;
@@ -323,12 +336,18 @@ impl UdpTransport {
             self.stats.tx_denied += 1;
             return None;
         }
-        let dst = SocketAddr::new(dst_ip, self.peer_port);
-        if icrc_for_udp_socket(self.local, dst, roce).is_err() {
-            self.stats.tx_dropped += 1;
-            return None;
-        }
-        Some(dst)
+        Some(SocketAddr::new(dst_ip, self.peer_port))
+    }
+
+    /// Joins the same-host shortcut: packets to another port of `link`'s hub go there
+    /// instead of to the socket ([`crate::same_host`]).
+    pub fn set_same_host(&mut self, link: crate::same_host::Link) {
+        self.same_host = Some(link);
+    }
+
+    /// This port's same-host inbox, with the shortcut on.
+    pub fn same_host_inbox(&self) -> Option<&std::sync::Arc<crate::same_host::Inbox>> {
+        self.same_host.as_ref().map(|l| l.inbox())
     }
 
     /// Sends one packet at once (BTH … zeroed ICRC slot); fills the ICRC first.
@@ -717,6 +736,17 @@ impl PacketSink for UdpTransport {
     fn push(&mut self, t: &Transmit) {
         let i = self.tx_pending.len();
         let len = t.len.min(TX_SLOT);
+        if self.same_host.is_some() {
+            if self.route(t).is_none() {
+                return;
+            }
+            let roce = &self.tx_buf[i * TX_SLOT..i * TX_SLOT + len];
+            if let Some(l) = &mut self.same_host {
+                if l.deliver(t, roce) {
+                    return;
+                }
+            }
+        }
         let mut slot = std::mem::take(&mut self.tx_buf);
         let dst = self.prepare(t, &mut slot[i * TX_SLOT..i * TX_SLOT + len]);
         self.tx_buf = slot;

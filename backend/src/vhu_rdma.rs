@@ -44,6 +44,8 @@ pub const WORK_EVENT: u16 = NUM_QUEUES as u16 + 3;
 pub const UDP_WRITABLE_EVENT: u16 = NUM_QUEUES as u16 + 4;
 /// A counters reader waits for a rendering ([`VhuRdma::render_counters`]).
 pub const COUNTERS_EVENT: u16 = NUM_QUEUES as u16 + 5;
+/// Packets wait in the same-host inbox (`--same-host`, [`crate::same_host`]).
+pub const SAME_HOST_EVENT: u16 = NUM_QUEUES as u16 + 6;
 
 /// Queue size the device offers.
 pub const QUEUE_SIZE: usize = 1024;
@@ -279,6 +281,8 @@ pub struct VhuRdma {
     wstats: WorkerStats,
     /// Whether the driver acknowledged VIRTIO_F_NOTIFY_ON_EMPTY.
     notify_on_empty: AtomicBool,
+    /// What other ports of this process sent this one (`--same-host`).
+    inbox: Option<Arc<crate::same_host::Inbox>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -293,7 +297,10 @@ impl VhuRdma {
         transport: Arc<Mutex<Transport>>,
         poll_us: u32,
     ) -> io::Result<Self> {
-        let udp_fd = lock(&transport).fd();
+        let (udp_fd, inbox) = {
+            let t = lock(&transport);
+            (t.fd(), t.same_host_inbox())
+        };
         // SAFETY: `udp_fd` is the transport's open socket; F_DUPFD_CLOEXEC makes a new fd.
         let dup = unsafe { libc::fcntl(udp_fd, libc::F_DUPFD_CLOEXEC, 0) };
         if dup < 0 {
@@ -326,6 +333,7 @@ impl VhuRdma {
             window: Mutex::new(PollWindow::new(poll_us)),
             wstats: WorkerStats::default(),
             notify_on_empty: AtomicBool::new(false),
+            inbox,
         })
     }
 
@@ -345,6 +353,11 @@ impl VhuRdma {
 
     pub fn counters_fd(&self) -> RawFd {
         self.counters_req.as_raw_fd()
+    }
+
+    /// The same-host inbox's eventfd, with `--same-host`.
+    pub fn same_host_fd(&self) -> Option<RawFd> {
+        self.inbox.as_ref().map(|i| i.fd())
     }
 
     /// The counters (members of a JSON object), rendered by the worker thread between two
@@ -690,7 +703,7 @@ impl VhuRdma {
     }
 
     /// Receives up to [`RX_LIMIT`] datagrams into the engine; returns how many.
-    fn receive(&self, model: &mut Model, mem: &GM) -> usize {
+    fn receive_socket(&self, model: &mut Model, mem: &GM) -> usize {
         let g = mem.memory();
         let mut t = lock(&self.transport);
         let mut total = 0;
@@ -709,6 +722,19 @@ impl VhuRdma {
         }
         self.rx_health(&t);
         total
+    }
+
+    /// Takes up to [`RX_LIMIT`] packets other ports of this process sent (`--same-host`)
+    /// into the engine; returns how many.
+    fn receive_same_host(&self, model: &mut Model, mem: &GM) -> usize {
+        let Some(inbox) = &self.inbox else {
+            return 0;
+        };
+        let g = mem.memory();
+        let at = now();
+        inbox.drain(RX_LIMIT, |meta, bytes| {
+            model.handle_packet(&g, at, meta, bytes);
+        })
     }
 
     /// Sends what the engine has to send and hands the guest the events it has to get.
@@ -805,8 +831,9 @@ impl VhuRdma {
             }
         }
         if lock(&self.rx_pause).until.is_none() {
-            found |= self.receive(&mut model, mem) > 0;
+            found |= self.receive_socket(&mut model, mem) > 0;
         }
+        found |= self.receive_same_host(&mut model, mem) > 0;
         let t = now();
         let due = model.poll_timeout().is_some_and(|d| d <= t);
         if due {
@@ -1053,6 +1080,11 @@ impl VhostUserBackend for VhuRdma {
                     t.drop_unattached(RX_LIMIT);
                     self.rx_health(&t);
                 }
+                SAME_HOST_EVENT => {
+                    if let Some(i) = &self.inbox {
+                        i.discard(RX_LIMIT);
+                    }
+                }
                 _ => {}
             }
             return Ok(());
@@ -1098,7 +1130,8 @@ impl VhostUserBackend for VhuRdma {
                 self.resume_once(VQ_EVENT, vrings, &mem);
                 false
             }
-            UDP_EVENT => self.receive(&mut model, &mem) > 0,
+            UDP_EVENT => self.receive_socket(&mut model, &mem) > 0,
+            SAME_HOST_EVENT => self.receive_same_host(&mut model, &mem) > 0,
             TIMER_EVENT => {
                 self.timer.consume();
                 model.handle_timeout(now());

@@ -17,7 +17,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{fence, AtomicU16, AtomicU32, AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use rxe_core::verbs::*;
@@ -1906,7 +1906,9 @@ pub fn encode_send_wqe(wr: &SendWr, ah_num: u32, elem: usize) -> Vec<u8> {
 
 /// A running daemon process (killed with SIGTERM on drop).
 pub struct Daemon {
-    pub child: Child,
+    /// The process; shared by the devices of one process ([`Daemon::spawn_two`]), and
+    /// stopped when the last of them is dropped.
+    child: Arc<Mutex<Child>>,
     pub socket: PathBuf,
     pub counters: PathBuf,
     pub addr: SocketAddr,
@@ -1915,6 +1917,7 @@ pub struct Daemon {
 }
 
 /// How a [`Daemon`] process is started (kept for [`Daemon::restart`]).
+#[derive(Clone)]
 struct Launch {
     bin: PathBuf,
     socket: PathBuf,
@@ -1955,13 +1958,7 @@ impl Daemon {
         cpus: Option<&[usize]>,
         logged: bool,
     ) -> io::Result<Daemon> {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "vur-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&dir)?;
+        let dir = Self::new_dir()?;
         let launch = Launch {
             bin: bin.to_path_buf(),
             socket: dir.join("rdma.sock"),
@@ -1972,7 +1969,7 @@ impl Daemon {
             log: logged.then(|| dir.join("daemon.log")),
         };
         Ok(Daemon {
-            child: launch.start()?,
+            child: Arc::new(Mutex::new(launch.start()?)),
             socket: launch.socket.clone(),
             counters: launch.counters.clone(),
             addr,
@@ -1981,16 +1978,78 @@ impl Daemon {
         })
     }
 
+    /// Starts one daemon process serving two devices (`--socket-path` and `--udp-addr`
+    /// twice) on `a` and `b`, with `extra` (`--same-host`, say): one [`Daemon`] per device,
+    /// both of the same process.
+    pub fn spawn_two(
+        bin: &Path,
+        a: SocketAddr,
+        b: SocketAddr,
+        extra: &[&str],
+    ) -> io::Result<(Daemon, Daemon)> {
+        let dir = Self::new_dir()?;
+        let (b_sock, b_counters) = (dir.join("rdma-b.sock"), dir.join("counters-b.sock"));
+        let mut all: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        all.extend([
+            "--socket-path".into(),
+            b_sock.display().to_string(),
+            "--udp-addr".into(),
+            b.to_string(),
+            "--counters-socket".into(),
+            b_counters.display().to_string(),
+        ]);
+        let launch = Launch {
+            bin: bin.to_path_buf(),
+            socket: dir.join("rdma.sock"),
+            counters: dir.join("counters.sock"),
+            addr: a,
+            extra: all,
+            cpus: None,
+            log: None,
+        };
+        let child = Arc::new(Mutex::new(launch.start()?));
+        let first = Daemon {
+            child: child.clone(),
+            socket: launch.socket.clone(),
+            counters: launch.counters.clone(),
+            addr: a,
+            dir: dir.clone(),
+            launch: launch.clone(),
+        };
+        let second = Daemon {
+            child,
+            socket: b_sock,
+            counters: b_counters,
+            addr: b,
+            dir,
+            launch,
+        };
+        Ok((first, second))
+    }
+
+    /// A fresh directory for a daemon's sockets and log.
+    fn new_dir() -> io::Result<PathBuf> {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "vur-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir)?;
+        Ok(dir)
+    }
+
     /// Kills the daemon the way a crash does (SIGKILL) and reaps it.
     pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let mut c = lock(&self.child);
+        let _ = c.kill();
+        let _ = c.wait();
     }
 
     /// Starts the daemon again, same binary, arguments, socket and address (a restarted
     /// daemon); the old process must be gone ([`Daemon::kill`], [`Daemon::terminate`]).
     pub fn restart(&mut self) -> io::Result<()> {
-        self.child = self.launch.start()?;
+        *lock(&self.child) = self.launch.start()?;
         Ok(())
     }
 
@@ -2004,7 +2063,7 @@ impl Daemon {
     }
 
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        lock(&self.child).id()
     }
 
     /// The counters JSON (waits up to 5 s for the socket to appear).
@@ -2030,22 +2089,26 @@ impl Daemon {
     }
 
     pub fn is_alive(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
+        matches!(lock(&self.child).try_wait(), Ok(None))
     }
 
     /// SIGTERM and wait (bounded); returns the exit status code if it exited.
     pub fn terminate(&mut self) -> Option<i32> {
-        // SAFETY: signalling our own child by pid.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let mut c = lock(&self.child);
+        if let Ok(Some(s)) = c.try_wait() {
+            return s.code();
+        }
+        // SAFETY: signalling our own child by pid (not reaped: try_wait said it runs).
+        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
         let end = Instant::now() + Duration::from_secs(5);
         while Instant::now() < end {
-            if let Ok(Some(s)) = self.child.try_wait() {
+            if let Ok(Some(s)) = c.try_wait() {
                 return s.code();
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let _ = c.kill();
+        let _ = c.wait();
         None
     }
 }
@@ -2100,8 +2163,16 @@ impl Launch {
     }
 }
 
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 impl Drop for Daemon {
     fn drop(&mut self) {
+        // The last device of the process stops it.
+        if Arc::strong_count(&self.child) > 1 {
+            return;
+        }
         if self.is_alive() {
             self.terminate();
         }
@@ -2208,8 +2279,13 @@ impl Node {
         opts: GuestOpts,
     ) -> Result<Node> {
         let daemon = Daemon::spawn_on(bin, addr, extra, cpus)?;
+        Self::attach(daemon, opts)
+    }
+
+    /// A test guest on `daemon`'s socket, with the daemon's address as GID 0.
+    fn attach(daemon: Daemon, opts: GuestOpts) -> Result<Node> {
         let mut guest = Guest::connect(&daemon.socket, opts)?;
-        let gid = Gid::from_ip(addr.ip());
+        let gid = Gid::from_ip(daemon.addr.ip());
         guest.add_gid(0, gid)?;
         Ok(Node {
             daemon,
@@ -2217,6 +2293,20 @@ impl Node {
             gid,
             mac: [0; 6],
         })
+    }
+
+    /// Two nodes on one daemon process serving two devices ([`Daemon::spawn_two`]).
+    pub fn start_two(
+        bin: &Path,
+        a: SocketAddr,
+        b: SocketAddr,
+        extra: &[&str],
+    ) -> Result<(Node, Node)> {
+        let (da, db) = Daemon::spawn_two(bin, a, b, extra)?;
+        Ok((
+            Self::attach(da, GuestOpts::default())?,
+            Self::attach(db, GuestOpts::default())?,
+        ))
     }
 }
 

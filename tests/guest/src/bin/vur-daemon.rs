@@ -3,7 +3,7 @@
 //! under test). Same code path as the `vhost-user-rdma` binary.
 
 use clap::Parser;
-use vhost_user_rdma::config::{Args, Config};
+use vhost_user_rdma::config::{configs, Args};
 
 /// Counts the live heap, as the `vhost-user-rdma` binary does.
 #[global_allocator]
@@ -16,14 +16,14 @@ fn main() -> std::process::ExitCode {
             std::iter::once("vhost-user-rdma link".into()).chain(std::env::args_os().skip(2));
         return vhost_user_rdma::netlink::main_with_args(args);
     }
-    let config = match Config::try_from(Args::parse()) {
+    let configs = match configs(Args::parse()) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("vur-daemon: {e}");
             std::process::exit(2);
         }
     };
-    if let Err(e) = vhost_user_rdma::start_backend(config) {
+    if let Err(e) = vhost_user_rdma::start_backends(configs) {
         eprintln!("vur-daemon: {e}");
         std::process::exit(1);
     }

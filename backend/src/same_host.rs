@@ -1,0 +1,348 @@
+//! The same-host shortcut (`--same-host`): when one daemon serves several frontends (one
+//! `--socket-path` and `--udp-addr` each), a packet one of them sends to another's address
+//! goes from one worker to the other through memory, never through the kernel: no socket
+//! send or receive, no ICRC (no wire to protect), one wake-up per batch instead of one
+//! datagram per packet.
+//!
+//! The engines are the same on both sides, so RC keeps its semantics: PSNs, ACKs, NAKs,
+//! retries and completions are the packets they always are, and a full inbox loses a packet
+//! the way a full socket buffer does (the requester retransmits).
+//!
+//! ```text
+//!  worker A: engine ─► UdpTransport::push ─► dst is a same-host port? ─► Inbox B (+ eventfd)
+//!  worker B: SAME_HOST_EVENT ─► Inbox::drain ─► engine B
+//! ```
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::net::IpAddr;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use rxe_core::device::{RecvMeta, Transmit};
+use vmm_sys_util::eventfd::EventFd;
+
+/// Packets an inbox holds at most (16 MiB of 4 KiB packets); beyond, a packet is dropped
+/// and counted, as a full socket buffer would drop it.
+pub const INBOX_CAP: usize = 4096;
+/// Spare buffers an inbox keeps for senders to fill, so that a steady stream allocates
+/// nothing.
+const POOL_CAP: usize = 1024;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One packet in an inbox: what the receiver's engine needs (BTH … ICRC slot, and where it
+/// came from).
+struct Parcel {
+    meta: RecvMeta,
+    buf: Vec<u8>,
+}
+
+/// The counters of one port's shortcut traffic (the `"same_host"` object of the counters).
+#[derive(Debug, Default)]
+pub struct SameHostStats {
+    /// Packets this port put into another port's inbox.
+    pub tx_packets: AtomicU64,
+    pub tx_bytes: AtomicU64,
+    /// Packets taken from this port's inbox into its engine.
+    pub rx_packets: AtomicU64,
+    pub rx_bytes: AtomicU64,
+    /// Packets dropped at this port's inbox: it was full, or no frontend was connected.
+    pub rx_dropped: AtomicU64,
+}
+
+/// A port's inbox: packets other ports sent it, and the eventfd that wakes its worker.
+pub struct Inbox {
+    queue: Mutex<VecDeque<Parcel>>,
+    pool: Mutex<Vec<Vec<u8>>>,
+    /// Set when the eventfd was written and the worker has not drained since: a sender
+    /// writes the eventfd only on the edge, not per packet.
+    signalled: AtomicBool,
+    event: EventFd,
+    pub stats: SameHostStats,
+}
+
+impl Inbox {
+    fn new() -> io::Result<Inbox> {
+        Ok(Inbox {
+            queue: Mutex::new(VecDeque::new()),
+            pool: Mutex::new(Vec::new()),
+            signalled: AtomicBool::new(false),
+            event: EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC)?,
+            stats: SameHostStats::default(),
+        })
+    }
+
+    /// The fd the worker waits on (readable while packets wait).
+    pub fn fd(&self) -> RawFd {
+        self.event.as_raw_fd()
+    }
+
+    /// Puts a copy of `bytes` (BTH … ICRC slot) in; false if the inbox is full (dropped).
+    fn put(&self, meta: RecvMeta, bytes: &[u8]) -> bool {
+        let mut buf = lock(&self.pool).pop().unwrap_or_default();
+        buf.clear();
+        buf.extend_from_slice(bytes);
+        {
+            let mut q = lock(&self.queue);
+            if q.len() >= INBOX_CAP {
+                drop(q);
+                self.stats.rx_dropped.fetch_add(1, Ordering::Relaxed);
+                self.recycle(buf);
+                return false;
+            }
+            q.push_back(Parcel { meta, buf });
+        }
+        if !self.signalled.swap(true, Ordering::AcqRel) {
+            let _ = self.event.write(1);
+        }
+        true
+    }
+
+    fn recycle(&self, buf: Vec<u8>) {
+        let mut p = lock(&self.pool);
+        if p.len() < POOL_CAP {
+            p.push(buf);
+        }
+    }
+
+    /// Hands up to `max` waiting packets to `f` in the order they came; returns how many.
+    /// What is left (more than `max`) keeps the eventfd readable.
+    pub fn drain(&self, max: usize, mut f: impl FnMut(&RecvMeta, &[u8])) -> usize {
+        let _ = self.event.read();
+        self.signalled.store(false, Ordering::Release);
+        let mut n = 0;
+        while n < max {
+            let Some(p) = lock(&self.queue).pop_front() else {
+                break;
+            };
+            self.stats.rx_packets.fetch_add(1, Ordering::Relaxed);
+            self.stats
+                .rx_bytes
+                .fetch_add(p.buf.len() as u64, Ordering::Relaxed);
+            f(&p.meta, &p.buf);
+            self.recycle(p.buf);
+            n += 1;
+        }
+        if n == max && !lock(&self.queue).is_empty() && !self.signalled.swap(true, Ordering::AcqRel)
+        {
+            let _ = self.event.write(1);
+        }
+        n
+    }
+
+    /// Drops up to `max` waiting packets (no frontend to take them); returns how many.
+    pub fn discard(&self, max: usize) -> usize {
+        let n = self.drain(max, |_, _| {});
+        self.stats.rx_packets.fetch_sub(n as u64, Ordering::Relaxed);
+        self.stats.rx_dropped.fetch_add(n as u64, Ordering::Relaxed);
+        n
+    }
+
+    /// Packets waiting.
+    pub fn len(&self) -> usize {
+        lock(&self.queue).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The counters as the members of a JSON object.
+    pub fn render(&self) -> String {
+        let s = &self.stats;
+        let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        format!(
+            "\"tx_packets\":{},\"tx_bytes\":{},\"rx_packets\":{},\"rx_bytes\":{},\"rx_dropped\":{},\"waiting\":{}",
+            r(&s.tx_packets),
+            r(&s.tx_bytes),
+            r(&s.rx_packets),
+            r(&s.rx_bytes),
+            r(&s.rx_dropped),
+            self.len()
+        )
+    }
+}
+
+/// The ports of one daemon process, by IP address.
+#[derive(Default)]
+pub struct Hub {
+    ports: RwLock<HashMap<IpAddr, Arc<Inbox>>>,
+}
+
+impl Hub {
+    pub fn new() -> Arc<Hub> {
+        Arc::new(Hub::default())
+    }
+
+    /// Adds the port that answers to `ip`; its inbox.
+    pub fn register(&self, ip: IpAddr) -> io::Result<Arc<Inbox>> {
+        let mut ports = self.ports.write().unwrap_or_else(|e| e.into_inner());
+        if ports.contains_key(&ip) {
+            return Err(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                format!("{ip} already has a same-host port"),
+            ));
+        }
+        let inbox = Arc::new(Inbox::new()?);
+        ports.insert(ip, inbox.clone());
+        Ok(inbox)
+    }
+
+    /// The inbox of the port at `ip`, if one is in this process.
+    pub fn port(&self, ip: &IpAddr) -> Option<Arc<Inbox>> {
+        self.ports
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(ip)
+            .cloned()
+    }
+}
+
+/// A port's view of the hub: where it sends (other ports of the process) and what it counts.
+pub struct Link {
+    hub: Arc<Hub>,
+    own: Arc<Inbox>,
+    own_ip: IpAddr,
+    /// The last destination looked up, so that a stream to one peer takes the hub's lock
+    /// once.
+    last: Option<(IpAddr, Arc<Inbox>)>,
+}
+
+impl Link {
+    pub fn new(hub: Arc<Hub>, own_ip: IpAddr) -> io::Result<Link> {
+        let own = hub.register(own_ip)?;
+        Ok(Link {
+            hub,
+            own,
+            own_ip,
+            last: None,
+        })
+    }
+
+    /// This port's inbox.
+    pub fn inbox(&self) -> &Arc<Inbox> {
+        &self.own
+    }
+
+    /// Delivers `roce` (BTH … ICRC slot) to the port at `t.dst` if it is in this process
+    /// (and not this port: a packet to oneself goes through the socket, as before); returns
+    /// false if it is not, and the caller sends it on the wire.
+    pub fn deliver(&mut self, t: &Transmit, roce: &[u8]) -> bool {
+        let ip = t.dst.to_ip();
+        if ip == self.own_ip {
+            return false;
+        }
+        let inbox = match &self.last {
+            Some((l, i)) if *l == ip => i.clone(),
+            _ => match self.hub.port(&ip) {
+                Some(i) => {
+                    self.last = Some((ip, i.clone()));
+                    i
+                }
+                None => return false,
+            },
+        };
+        let meta = RecvMeta {
+            src: t.src,
+            dst: t.dst,
+            sport: t.sport,
+            traffic_class: t.traffic_class,
+            hop_limit: t.hop_limit,
+            flow_label: t.flow_label,
+        };
+        if inbox.put(meta, roce) {
+            self.own.stats.tx_packets.fetch_add(1, Ordering::Relaxed);
+            self.own
+                .stats
+                .tx_bytes
+                .fetch_add(roce.len() as u64, Ordering::Relaxed);
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rxe_core::{Gid, Qpn};
+
+    fn tx(src: IpAddr, dst: IpAddr, len: usize) -> Transmit {
+        Transmit {
+            len,
+            src: Gid::from_ip(src),
+            dst: Gid::from_ip(dst),
+            sport: 49152,
+            traffic_class: 0,
+            hop_limit: 64,
+            flow_label: 0,
+            dmac: [0; 6],
+            qpn: Qpn(0x11),
+        }
+    }
+
+    /// Packets to another port of the hub arrive there in order with their metadata; to an
+    /// address of no port, or to the port itself, they are left to the wire; a full inbox
+    /// drops and counts; the eventfd is readable exactly while packets wait.
+    #[test]
+    fn packets_go_to_the_port_of_their_address_in_order() {
+        let hub = Hub::new();
+        let a_ip: IpAddr = "127.0.0.1".parse().unwrap();
+        let b_ip: IpAddr = "127.0.0.2".parse().unwrap();
+        let mut a = Link::new(hub.clone(), a_ip).unwrap();
+        let b = Link::new(hub.clone(), b_ip).unwrap();
+        assert!(
+            Link::new(hub.clone(), b_ip).is_err(),
+            "one port per address"
+        );
+        assert!(!a.deliver(&tx(a_ip, a_ip, 4), b"self"));
+        assert!(!a.deliver(&tx(a_ip, "127.0.0.3".parse().unwrap(), 4), b"away"));
+        let readable = |fd: RawFd| {
+            let mut p = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one live pollfd, zero timeout.
+            unsafe { libc::poll(&mut p, 1, 0) == 1 }
+        };
+        assert!(!readable(b.inbox().fd()));
+        for i in 0..5u8 {
+            assert!(a.deliver(&tx(a_ip, b_ip, 3), &[i; 3]));
+        }
+        assert!(readable(b.inbox().fd()));
+        let mut got = Vec::new();
+        assert_eq!(
+            b.inbox().drain(3, |m, p| {
+                assert_eq!(m.src, Gid::from_ip(a_ip));
+                assert_eq!(m.dst, Gid::from_ip(b_ip));
+                assert_eq!(m.sport, 49152);
+                got.push(p.to_vec());
+            }),
+            3
+        );
+        assert!(readable(b.inbox().fd()), "two still wait");
+        assert_eq!(b.inbox().drain(100, |_, p| got.push(p.to_vec())), 2);
+        assert_eq!(got, (0..5u8).map(|i| vec![i; 3]).collect::<Vec<_>>());
+        assert!(!readable(b.inbox().fd()));
+        for _ in 0..INBOX_CAP + 3 {
+            a.deliver(&tx(a_ip, b_ip, 1), &[7]);
+        }
+        assert_eq!(b.inbox().len(), INBOX_CAP);
+        assert_eq!(b.inbox().stats.rx_dropped.load(Ordering::Relaxed), 3);
+        assert_eq!(b.inbox().discard(INBOX_CAP), INBOX_CAP);
+        assert_eq!(
+            b.inbox().stats.rx_dropped.load(Ordering::Relaxed),
+            3 + INBOX_CAP as u64
+        );
+        assert_eq!(b.inbox().stats.rx_packets.load(Ordering::Relaxed), 5);
+        assert_eq!(
+            a.inbox().stats.tx_packets.load(Ordering::Relaxed),
+            5 + INBOX_CAP as u64
+        );
+        assert!(!readable(b.inbox().fd()));
+    }
+}
