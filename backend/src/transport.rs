@@ -39,6 +39,15 @@ pub const TX_BATCH: usize = 32;
 pub const RX_BATCH: usize = 32;
 /// Room per packet: a 4096-byte path MTU plus every RoCE header and the ICRC.
 const TX_SLOT: usize = 4096 + 256;
+/// Distance between two send slots: whole pages, so that every slot starts at the same
+/// offset in its page ([`TX_PAGE_OFFSET`]).
+const TX_STRIDE: usize = 8192;
+/// Where in its page each send slot starts. The engine copies a packet's payload from guest
+/// memory to just behind its headers (12–40 bytes into the slot); a slot at the start of a
+/// page would put it 12–40 bytes past a page-aligned source's offset in the page, where the
+/// CPU's `rep movsb` copy stalls on 4 KiB aliasing (3.4× slower here for 4 KiB copies). Half
+/// a page away from the usual buffer alignment the copy runs at full speed.
+const TX_PAGE_OFFSET: usize = 2048;
 /// Room per received datagram (larger ones are truncated and dropped).
 const RX_SLOT: usize = 9216;
 /// One GSO send carries at most this many UDP payload bytes (the IPv6 payload length is 16
@@ -136,8 +145,10 @@ pub struct UdpTransport {
     solver: rxe_core::icrc::Ipv4IdSolver,
     egress: EgressPolicy,
     pub stats: TransportStats,
-    /// Packets waiting for `sendmmsg`: `TX_BATCH` slots of `TX_SLOT` bytes.
+    /// Packets waiting for `sendmmsg`: `TX_BATCH` slots of `TX_SLOT` bytes, slot `i` at
+    /// `tx_base + i * TX_STRIDE` ([`UdpTransport::slot`]).
     tx_buf: Vec<u8>,
+    tx_base: usize,
     tx_pending: Vec<(usize, SocketAddr)>,
     /// The last `sendmmsg` found the socket buffer full; `tx_pending` holds what it did not
     /// take, sent first once the socket is writable again.
@@ -237,6 +248,9 @@ impl UdpTransport {
         let _ = setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, 4 << 20);
         let _ = setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, 4 << 20);
         let local = sock.local_addr()?;
+        let tx_buf = vec![0u8; TX_BATCH * TX_STRIDE + 4096];
+        // The heap block never moves (the vector is never grown), so neither do the slots.
+        let tx_base = (TX_PAGE_OFFSET + 4096 - tx_buf.as_ptr() as usize % 4096) % 4096;
         Ok(UdpTransport {
             sock,
             local,
@@ -245,7 +259,8 @@ impl UdpTransport {
             solver: rxe_core::icrc::Ipv4IdSolver::new(),
             egress: EgressPolicy::default(),
             stats: TransportStats::default(),
-            tx_buf: vec![0; TX_BATCH * TX_SLOT],
+            tx_buf,
+            tx_base,
             tx_pending: Vec::with_capacity(TX_BATCH),
             tx_blocked: false,
             gso: false,
@@ -323,6 +338,12 @@ impl UdpTransport {
         Some(dst)
     }
 
+    /// The bytes of send slot `i`.
+    fn slot(&self, i: usize) -> std::ops::Range<usize> {
+        let at = self.tx_base + i * TX_STRIDE;
+        at..at + TX_SLOT
+    }
+
     /// Where `t` goes, if the address family and the egress policy let it go anywhere.
     fn route(&mut self, t: &Transmit) -> Option<SocketAddr> {
         let dst_ip = t.dst.to_ip();
@@ -387,7 +408,8 @@ impl UdpTransport {
         let mut runs = [(0usize, 0usize); TX_BATCH];
         let mut name_lens: [libc::socklen_t; TX_BATCH] = [0; TX_BATCH];
         for (i, &(len, dst)) in self.tx_pending.iter().enumerate() {
-            iov[i].iov_base = self.tx_buf[i * TX_SLOT..].as_mut_ptr().cast();
+            let r = self.slot(i);
+            iov[i].iov_base = self.tx_buf[r].as_mut_ptr().cast();
             iov[i].iov_len = len;
             name_lens[i] = sockaddr_from(dst, &mut names[i]);
         }
@@ -520,9 +542,9 @@ impl UdpTransport {
     fn keep_unsent(&mut self, done: usize) {
         for i in done..self.tx_pending.len() {
             let (len, _) = self.tx_pending[i];
-            let from = i * TX_SLOT;
-            self.tx_buf
-                .copy_within(from..from + len, (i - done) * TX_SLOT);
+            let from = self.slot(i).start;
+            let to = self.slot(i - done).start;
+            self.tx_buf.copy_within(from..from + len, to);
         }
         self.tx_pending.drain(..done);
     }
@@ -729,18 +751,19 @@ impl UdpTransport {
 
 impl PacketSink for UdpTransport {
     fn next_buf(&mut self) -> &mut [u8] {
-        let i = self.tx_pending.len();
-        &mut self.tx_buf[i * TX_SLOT..(i + 1) * TX_SLOT]
+        let r = self.slot(self.tx_pending.len());
+        &mut self.tx_buf[r]
     }
 
     fn push(&mut self, t: &Transmit) {
         let i = self.tx_pending.len();
         let len = t.len.min(TX_SLOT);
+        let at = self.slot(i).start;
         if self.same_host.is_some() {
             if self.route(t).is_none() {
                 return;
             }
-            let roce = &self.tx_buf[i * TX_SLOT..i * TX_SLOT + len];
+            let roce = &self.tx_buf[at..at + len];
             if let Some(l) = &mut self.same_host {
                 if l.deliver(t, roce) {
                     return;
@@ -748,7 +771,7 @@ impl PacketSink for UdpTransport {
             }
         }
         let mut slot = std::mem::take(&mut self.tx_buf);
-        let dst = self.prepare(t, &mut slot[i * TX_SLOT..i * TX_SLOT + len]);
+        let dst = self.prepare(t, &mut slot[at..at + len]);
         self.tx_buf = slot;
         if let Some(dst) = dst {
             self.tx_pending.push((len, dst));

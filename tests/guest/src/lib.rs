@@ -1980,12 +1980,13 @@ impl Daemon {
 
     /// Starts one daemon process serving two devices (`--socket-path` and `--udp-addr`
     /// twice) on `a` and `b`, with `extra` (`--same-host`, say): one [`Daemon`] per device,
-    /// both of the same process.
+    /// both of the same process, restricted to `cpus` if given.
     pub fn spawn_two(
         bin: &Path,
         a: SocketAddr,
         b: SocketAddr,
         extra: &[&str],
+        cpus: Option<&[usize]>,
     ) -> io::Result<(Daemon, Daemon)> {
         let dir = Self::new_dir()?;
         let (b_sock, b_counters) = (dir.join("rdma-b.sock"), dir.join("counters-b.sock"));
@@ -2004,7 +2005,7 @@ impl Daemon {
             counters: dir.join("counters.sock"),
             addr: a,
             extra: all,
-            cpus: None,
+            cpus: cpus.map(|c| c.to_vec()),
             log: None,
         };
         let child = Arc::new(Mutex::new(launch.start()?));
@@ -2301,8 +2302,9 @@ impl Node {
         a: SocketAddr,
         b: SocketAddr,
         extra: &[&str],
+        cpus: Option<&[usize]>,
     ) -> Result<(Node, Node)> {
-        let (da, db) = Daemon::spawn_two(bin, a, b, extra)?;
+        let (da, db) = Daemon::spawn_two(bin, a, b, extra, cpus)?;
         Ok((
             Self::attach(da, GuestOpts::default())?,
             Self::attach(db, GuestOpts::default())?,
@@ -2605,6 +2607,21 @@ pub mod perf {
         }
         let _ = eb;
         Ok((n * size as u64) as f64 / start.elapsed().as_secs_f64())
+    }
+
+    /// The reference of the same-host WRITE row: `total` bytes copied with memcpy in blocks
+    /// of `size`, from one buffer of `size` bytes to another (what a WRITE of one registered
+    /// buffer into another moves); bytes/s.
+    pub fn memcpy_bw(size: usize, total: u64) -> f64 {
+        let src: Vec<u8> = (0..size).map(|i| i as u8).collect();
+        let mut dst = vec![0u8; size];
+        let n = total.div_ceil(size as u64);
+        let start = Instant::now();
+        for _ in 0..n {
+            dst.copy_from_slice(std::hint::black_box(&src));
+            std::hint::black_box(&mut dst);
+        }
+        (n * size as u64) as f64 / start.elapsed().as_secs_f64().max(1e-9)
     }
 
     /// Round trips of a control command (QUERY_PORT) on the device of `a`: `n` with nothing

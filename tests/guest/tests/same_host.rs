@@ -20,7 +20,7 @@ fn counter(n: &Node, object: &str, key: &str) -> u64 {
 
 fn two(extra: &[&str]) -> (Node, Node) {
     let (a, b) = loopback_pair(4791);
-    Node::start_two(bin(), a, b, extra).expect("two devices in one daemon")
+    Node::start_two(bin(), a, b, extra, None).expect("two devices in one daemon")
 }
 
 #[test]

@@ -48,7 +48,7 @@ struct Args {
     #[arg(long)]
     compare: Option<PathBuf>,
     /// Run one row only.
-    #[arg(long, value_parser = ["pingpong", "write", "rate", "ctrl", "scale", "raw", "gso"])]
+    #[arg(long, value_parser = ["pingpong", "write", "same-host", "rate", "ctrl", "scale", "raw", "gso"])]
     only: Option<String>,
     /// How the guest waits for completions.
     #[arg(long, default_value = "spin", value_parser = ["spin", "event"])]
@@ -423,6 +423,9 @@ struct Row {
     /// The same WRITEs between two daemons on ::1 with `--udp-gso` (None: no IPv6 loopback,
     /// or a daemon that does not take the flag).
     write6_gbit: Option<f64>,
+    /// The same WRITEs between two devices of one daemon with `--same-host` (None: a daemon
+    /// that does not take the flag).
+    write_same_gbit: Option<f64>,
     msg_rate: f64,
     /// QUERY_PORT round trip, µs: median idle, median and 99th percentile under WRITEs.
     ctrl_us: [f64; 3],
@@ -450,6 +453,9 @@ fn run_daemon(bin: &std::path::Path, a: &Args, wait: WaitMode, poll_us: Option<u
         r.write_gbit = bw * 8.0 / 1e9;
         r.write6_gbit = write_ipv6_gso(bin, a, &extra, cpus);
     }
+    if want("write") || a.only.as_deref() == Some("same-host") {
+        r.write_same_gbit = write_same_host(bin, a, &extra, cpus);
+    }
     if want("rate") {
         r.msg_rate =
             perf::rc_msg_rate(&mut x, &mut y, 64, a.messages, RATE_WINDOW).expect("msg rate");
@@ -463,6 +469,23 @@ fn run_daemon(bin: &std::path::Path, a: &Args, wait: WaitMode, poll_us: Option<u
         r.ctrl_us = [us(&idle, 0.5), us(&loaded, 0.5), us(&loaded, 0.99)];
     }
     r
+}
+
+/// The WRITE row again between two devices of one daemon process with `--same-host`: the
+/// packets go from one worker to the other through memory. None when the daemon does not
+/// start that way (an older `--compare` build).
+fn write_same_host(
+    bin: &std::path::Path,
+    a: &Args,
+    extra: &[&str],
+    cpus: Option<&[usize]>,
+) -> Option<f64> {
+    let (aa, ba) = loopback_pair(4791);
+    let mut extra = extra.to_vec();
+    extra.push("--same-host");
+    let (mut x, mut y) = Node::start_two(bin, aa, ba, &extra, cpus).ok()?;
+    let bw = perf::rc_write_bw(&mut x, &mut y, 64 << 10, a.write_bytes, 16).ok()?;
+    Some(bw * 8.0 / 1e9)
 }
 
 /// The WRITE row again between two daemons on ::1 with `--udp-gso` (UDP GSO and GRO are for
@@ -881,6 +904,10 @@ fn main() {
     if want("write") {
         k.write_gbit = perf::tcp_stream(64 << 10, a.write_bytes).expect("tcp") * 8.0 / 1e9;
     }
+    let same_host = want("write") || a.only.as_deref() == Some("same-host");
+    if same_host {
+        k.write_same_gbit = Some(perf::memcpy_bw(64 << 10, a.write_bytes) * 8.0 / 1e9);
+    }
     if want("rate") {
         k.msg_rate = udp_rate(64, a.messages, RATE_WINDOW as u64).expect("udp stream");
     }
@@ -938,6 +965,23 @@ fn main() {
             );
         } else {
             println!("  IPv6 ::1, --udp-gso: not measured (no two ports on ::1, or a daemon did not start)");
+        }
+    }
+    if same_host {
+        if let Some(ws) = ours.write_same_gbit {
+            line(
+                "64 KiB WRITE, --same-host (memcpy)",
+                ws,
+                k.write_same_gbit.unwrap_or(0.0),
+                other.and_then(|o| o.write_same_gbit),
+                polled.and_then(|o| o.write_same_gbit),
+                "Gbit/s",
+                2,
+            );
+        } else {
+            println!(
+                "  one daemon, --same-host: not measured (the daemon did not start two devices)"
+            );
         }
     }
     if want("rate") {
