@@ -27,6 +27,7 @@ pub mod link;
 pub mod model;
 pub mod net_port;
 pub mod netlink;
+pub mod payload_ref;
 pub mod poll;
 pub mod raw;
 pub mod ring;

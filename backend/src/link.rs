@@ -86,6 +86,17 @@ impl Transport {
         }
     }
 
+    /// The guest memory the packets of the next pump are built from (`--same-host`, udp
+    /// transport only: packets to another device of the process refer to it).
+    pub fn set_payload_source(
+        &mut self,
+        mem: Option<std::sync::Arc<crate::guest_mem::GuestMemoryMmap>>,
+    ) {
+        if let Transport::Udp(t) = self {
+            t.set_payload_source(mem);
+        }
+    }
+
     pub fn rx_failing(&self) -> bool {
         each!(self, t => t.rx_failing())
     }
@@ -106,5 +117,17 @@ impl PacketSink for Transport {
 
     fn blocked(&self) -> bool {
         each!(self, t => t.blocked())
+    }
+
+    fn takes_refs(&self) -> bool {
+        each!(self, t => t.takes_refs())
+    }
+
+    fn wants_refs(&mut self, tx: &Transmit) -> bool {
+        each!(self, t => t.wants_refs(tx))
+    }
+
+    fn push_refs(&mut self, tx: &Transmit, refs: &[crate::payload_ref::PayloadRef]) {
+        each!(self, t => t.push_refs(tx, refs))
     }
 }

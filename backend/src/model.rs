@@ -34,6 +34,21 @@ pub trait PacketSink {
     fn blocked(&self) -> bool {
         false
     }
+    /// Whether some packets may leave with payload references ([`crate::payload_ref`]): the
+    /// engine's large reads into packets are then noted, not made.
+    fn takes_refs(&self) -> bool {
+        false
+    }
+    /// Whether `t` may leave with its payload references (it goes to another device of this
+    /// process); if not, [`Model::pump`] makes the reads before [`Self::push`].
+    fn wants_refs(&mut self, _t: &Transmit) -> bool {
+        false
+    }
+    /// As [`Self::push`], for a packet whose payload is partly `refs` (asked for with
+    /// [`Self::wants_refs`]).
+    fn push_refs(&mut self, t: &Transmit, _refs: &[crate::payload_ref::PayloadRef]) {
+        self.push(t)
+    }
 }
 
 /// Packets one [`Model::pump`] sends at most before it returns, so that doorbells, received
@@ -258,6 +273,8 @@ pub struct Model {
     gids_changed: bool,
     /// The members of a multicast group a packet is for (kept between packets).
     mcast_scratch: Vec<u32>,
+    /// The payload references of the packet being built ([`Self::transmit`]).
+    refs_scratch: std::cell::RefCell<Vec<crate::payload_ref::PayloadRef>>,
     /// GID table entries the transport cannot send from (index → GID): listed, so the guest's
     /// table is what its netdev has, but an address vector that names one is refused.
     listed_gids: std::collections::BTreeMap<u32, Gid>,
@@ -401,6 +418,7 @@ impl Model {
             source_gids: Vec::new(),
             gids_changed: false,
             mcast_scratch: Vec::new(),
+            refs_scratch: Default::default(),
             listed_gids: Default::default(),
             slot: Vec::new(),
             scratch: Vec::new(),
@@ -1830,6 +1848,20 @@ impl Model {
         meta: &RecvMeta,
         bytes: &[u8],
     ) {
+        self.handle_packet_refs(mem, now, meta, bytes, None)
+    }
+
+    /// [`Self::handle_packet`] for a packet from another device of this process whose
+    /// payload is partly references into that device's guest memory `src`
+    /// ([`crate::payload_ref`]).
+    pub fn handle_packet_refs(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        now: Instant,
+        meta: &RecvMeta,
+        bytes: &[u8],
+        src: Option<(&GuestMemoryMmap, &[crate::payload_ref::PayloadRef])>,
+    ) {
         if bytes.len() >= 12 {
             let dqpn = u32::from_be_bytes([0, bytes[5], bytes[6], bytes[7]]);
             if self.qps.contains_key(&dqpn) {
@@ -1845,8 +1877,16 @@ impl Model {
                 self.mcast_scratch = members;
             }
         }
-        let mut ram = crate::guest_mem::GuestRam(mem);
-        let _ = self.dev.handle_packet(now, meta, bytes, &mut ram);
+        let _ = match src {
+            Some((src, refs)) if !refs.is_empty() => {
+                let mut ram = crate::payload_ref::RefRam::new(mem, src, refs, bytes);
+                self.dev.handle_packet(now, meta, bytes, &mut ram)
+            }
+            _ => {
+                let mut ram = crate::guest_mem::GuestRam(mem);
+                self.dev.handle_packet(now, meta, bytes, &mut ram)
+            }
+        };
     }
 
     pub fn handle_timeout(&mut self, now: Instant) {
@@ -1889,11 +1929,9 @@ impl Model {
                     stop = Some(Pump::Budget);
                     break;
                 }
-                let mut ram = crate::guest_mem::GuestRam(mem);
-                let Some(t) = self.dev.poll_transmit(now, &mut ram, tx.next_buf()) else {
+                if !self.transmit(mem, now, tx) {
                     break;
-                };
-                tx.push(&t);
+                }
                 left -= 1;
                 sent += 1;
                 if sent.is_multiple_of(64) {
@@ -1926,6 +1964,39 @@ impl Model {
         }
         // Still moving after 64 rounds: the rest after other events.
         Pump::Budget
+    }
+
+    /// Pushes the engine's next packet into `tx`, with payload references where the sink
+    /// takes them for an RC packet, else whole; false if the engine had none.
+    fn transmit(&mut self, mem: &GuestMemoryMmap, now: Instant, tx: &mut dyn PacketSink) -> bool {
+        if !tx.takes_refs() {
+            let mut ram = crate::guest_mem::GuestRam(mem);
+            let Some(t) = self.dev.poll_transmit(now, &mut ram, tx.next_buf()) else {
+                return false;
+            };
+            tx.push(&t);
+            return true;
+        }
+        let refs = std::mem::take(&mut self.refs_scratch);
+        let t = {
+            let buf = tx.next_buf();
+            let mut ram = crate::payload_ref::DeferringRam::new(mem, buf, &refs);
+            self.dev.poll_transmit(now, &mut ram, buf)
+        };
+        if let Some(t) = &t {
+            let noted = !refs.borrow().is_empty();
+            let rc = self.dev.qp(t.qpn).is_some_and(|q| q.qp_type == QpType::Rc);
+            if noted && rc && tx.wants_refs(t) {
+                tx.push_refs(t, &refs.borrow());
+            } else {
+                if noted {
+                    crate::payload_ref::resolve(mem, &refs.borrow(), tx.next_buf());
+                }
+                tx.push(t);
+            }
+        }
+        self.refs_scratch = refs;
+        t.is_some()
     }
 
     /// Pulls the SQs that left WQEs in their rings (no room, not ready, a REG_MR cap).

@@ -23,6 +23,9 @@ use std::sync::{Arc, Mutex, RwLock};
 use rxe_core::device::{RecvMeta, Transmit};
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::guest_mem::GuestMemoryMmap;
+use crate::payload_ref::PayloadRef;
+
 /// Packets an inbox holds at most (16 MiB of 4 KiB packets); beyond, a packet is dropped
 /// and counted, as a full socket buffer would drop it.
 pub const INBOX_CAP: usize = 4096;
@@ -35,11 +38,17 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// One packet in an inbox: what the receiver's engine needs (BTH … ICRC slot, and where it
-/// came from).
+/// came from). With payload references, `buf` holds every byte but the referenced ones, and
+/// `src` keeps the sender's guest memory mapped until the receiver has copied them.
 struct Parcel {
     meta: RecvMeta,
     buf: Vec<u8>,
+    refs: Vec<PayloadRef>,
+    src: Option<Arc<GuestMemoryMmap>>,
 }
+
+/// An empty parcel's buffers, kept for the next one.
+type Spare = (Vec<u8>, Vec<PayloadRef>);
 
 /// The counters of one port's shortcut traffic (the `"same_host"` object of the counters).
 #[derive(Debug, Default)]
@@ -47,6 +56,10 @@ pub struct SameHostStats {
     /// Packets this port put into another port's inbox.
     pub tx_packets: AtomicU64,
     pub tx_bytes: AtomicU64,
+    /// Of those, the packets that carried payload references, and the payload bytes they
+    /// referred to instead of carrying ([`crate::payload_ref`]).
+    pub tx_ref_packets: AtomicU64,
+    pub tx_ref_bytes: AtomicU64,
     /// Packets taken from this port's inbox into its engine.
     pub rx_packets: AtomicU64,
     pub rx_bytes: AtomicU64,
@@ -57,7 +70,7 @@ pub struct SameHostStats {
 /// A port's inbox: packets other ports sent it, and the eventfd that wakes its worker.
 pub struct Inbox {
     queue: Mutex<VecDeque<Parcel>>,
-    pool: Mutex<Vec<Vec<u8>>>,
+    pool: Mutex<Vec<Spare>>,
     /// Set when the eventfd was written and the worker has not drained since: a sender
     /// writes the eventfd only on the edge, not per packet.
     signalled: AtomicBool,
@@ -81,20 +94,55 @@ impl Inbox {
         self.event.as_raw_fd()
     }
 
-    /// Puts a copy of `bytes` (BTH … ICRC slot) in; false if the inbox is full (dropped).
-    fn put(&self, meta: RecvMeta, bytes: &[u8]) -> bool {
-        let mut buf = lock(&self.pool).pop().unwrap_or_default();
-        buf.clear();
-        buf.extend_from_slice(bytes);
+    /// Puts a copy of `bytes` (BTH … ICRC slot) in, but for the ranges `refs` stand for
+    /// (in `src`); false if the inbox is full (dropped).
+    fn put(
+        &self,
+        meta: RecvMeta,
+        bytes: &[u8],
+        refs: &[PayloadRef],
+        src: Option<&Arc<GuestMemoryMmap>>,
+    ) -> bool {
+        let (mut buf, mut r) = lock(&self.pool).pop().unwrap_or_default();
+        r.clear();
+        r.extend_from_slice(refs);
+        if refs.is_empty() {
+            buf.clear();
+            buf.extend_from_slice(bytes);
+        } else {
+            // The referenced bytes are not copied: the receiver takes them from `src`. The
+            // engine notes its reads in packet order; were they not, every byte is copied
+            // (the references still say where the payload is).
+            buf.resize(bytes.len(), 0);
+            let ordered = refs.windows(2).all(|w| w[0].off + w[0].len <= w[1].off);
+            let mut p = 0;
+            let gaps = refs
+                .iter()
+                .filter(|_| ordered)
+                .map(|x| (x.off as usize, x.off as usize + x.len as usize))
+                .chain(std::iter::once((bytes.len(), bytes.len())));
+            for (a, b) in gaps {
+                let a = a.min(bytes.len());
+                if a > p {
+                    buf[p..a].copy_from_slice(&bytes[p..a]);
+                }
+                p = p.max(b.min(bytes.len()));
+            }
+        }
         {
             let mut q = lock(&self.queue);
             if q.len() >= INBOX_CAP {
                 drop(q);
                 self.stats.rx_dropped.fetch_add(1, Ordering::Relaxed);
-                self.recycle(buf);
+                self.recycle((buf, r));
                 return false;
             }
-            q.push_back(Parcel { meta, buf });
+            q.push_back(Parcel {
+                meta,
+                buf,
+                refs: r,
+                src: src.filter(|_| !refs.is_empty()).cloned(),
+            });
         }
         if !self.signalled.swap(true, Ordering::AcqRel) {
             let _ = self.event.write(1);
@@ -102,16 +150,21 @@ impl Inbox {
         true
     }
 
-    fn recycle(&self, buf: Vec<u8>) {
+    fn recycle(&self, spare: Spare) {
         let mut p = lock(&self.pool);
         if p.len() < POOL_CAP {
-            p.push(buf);
+            p.push(spare);
         }
     }
 
-    /// Hands up to `max` waiting packets to `f` in the order they came; returns how many.
-    /// What is left (more than `max`) keeps the eventfd readable.
-    pub fn drain(&self, max: usize, mut f: impl FnMut(&RecvMeta, &[u8])) -> usize {
+    /// Hands up to `max` waiting packets to `f` in the order they came, each with the
+    /// sender's memory and the references into it if it has any; returns how many. What is
+    /// left (more than `max`) keeps the eventfd readable.
+    pub fn drain(
+        &self,
+        max: usize,
+        mut f: impl FnMut(&RecvMeta, &[u8], Option<(&GuestMemoryMmap, &[PayloadRef])>),
+    ) -> usize {
         let _ = self.event.read();
         self.signalled.store(false, Ordering::Release);
         let mut n = 0;
@@ -123,8 +176,10 @@ impl Inbox {
             self.stats
                 .rx_bytes
                 .fetch_add(p.buf.len() as u64, Ordering::Relaxed);
-            f(&p.meta, &p.buf);
-            self.recycle(p.buf);
+            f(&p.meta, &p.buf, p.src.as_deref().map(|m| (m, &p.refs[..])));
+            // The sender's memory is let go here, not when the buffers are reused.
+            drop(p.src);
+            self.recycle((p.buf, p.refs));
             n += 1;
         }
         if n == max && !lock(&self.queue).is_empty() && !self.signalled.swap(true, Ordering::AcqRel)
@@ -136,7 +191,7 @@ impl Inbox {
 
     /// Drops up to `max` waiting packets (no frontend to take them); returns how many.
     pub fn discard(&self, max: usize) -> usize {
-        let n = self.drain(max, |_, _| {});
+        let n = self.drain(max, |_, _, _| {});
         self.stats.rx_packets.fetch_sub(n as u64, Ordering::Relaxed);
         self.stats.rx_dropped.fetch_add(n as u64, Ordering::Relaxed);
         n
@@ -156,9 +211,11 @@ impl Inbox {
         let s = &self.stats;
         let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
         format!(
-            "\"tx_packets\":{},\"tx_bytes\":{},\"rx_packets\":{},\"rx_bytes\":{},\"rx_dropped\":{},\"waiting\":{}",
+            "\"tx_packets\":{},\"tx_bytes\":{},\"tx_ref_packets\":{},\"tx_ref_bytes\":{},\"rx_packets\":{},\"rx_bytes\":{},\"rx_dropped\":{},\"waiting\":{}",
             r(&s.tx_packets),
             r(&s.tx_bytes),
+            r(&s.tx_ref_packets),
+            r(&s.tx_ref_bytes),
             r(&s.rx_packets),
             r(&s.rx_bytes),
             r(&s.rx_dropped),
@@ -228,23 +285,44 @@ impl Link {
         &self.own
     }
 
+    /// The inbox of the port at `ip`, if it is another port of this process.
+    fn peer(&mut self, ip: IpAddr) -> Option<Arc<Inbox>> {
+        if ip == self.own_ip {
+            return None;
+        }
+        match &self.last {
+            Some((l, i)) if *l == ip => Some(i.clone()),
+            _ => {
+                let i = self.hub.port(&ip)?;
+                self.last = Some((ip, i.clone()));
+                Some(i)
+            }
+        }
+    }
+
+    /// Whether a packet to `ip` goes to another port of this process.
+    pub fn reaches(&mut self, ip: IpAddr) -> bool {
+        self.peer(ip).is_some()
+    }
+
     /// Delivers `roce` (BTH … ICRC slot) to the port at `t.dst` if it is in this process
     /// (and not this port: a packet to oneself goes through the socket, as before); returns
     /// false if it is not, and the caller sends it on the wire.
     pub fn deliver(&mut self, t: &Transmit, roce: &[u8]) -> bool {
-        let ip = t.dst.to_ip();
-        if ip == self.own_ip {
+        self.deliver_refs(t, roce, &[], None)
+    }
+
+    /// [`Self::deliver`] for a packet whose bytes `refs` are in `src` (the sender's guest
+    /// memory), not in `roce`.
+    pub fn deliver_refs(
+        &mut self,
+        t: &Transmit,
+        roce: &[u8],
+        refs: &[PayloadRef],
+        src: Option<&Arc<GuestMemoryMmap>>,
+    ) -> bool {
+        let Some(inbox) = self.peer(t.dst.to_ip()) else {
             return false;
-        }
-        let inbox = match &self.last {
-            Some((l, i)) if *l == ip => i.clone(),
-            _ => match self.hub.port(&ip) {
-                Some(i) => {
-                    self.last = Some((ip, i.clone()));
-                    i
-                }
-                None => return false,
-            },
         };
         let meta = RecvMeta {
             src: t.src,
@@ -254,12 +332,15 @@ impl Link {
             hop_limit: t.hop_limit,
             flow_label: t.flow_label,
         };
-        if inbox.put(meta, roce) {
-            self.own.stats.tx_packets.fetch_add(1, Ordering::Relaxed);
-            self.own
-                .stats
-                .tx_bytes
-                .fetch_add(roce.len() as u64, Ordering::Relaxed);
+        if inbox.put(meta, roce, refs, src) {
+            let s = &self.own.stats;
+            s.tx_packets.fetch_add(1, Ordering::Relaxed);
+            s.tx_bytes.fetch_add(roce.len() as u64, Ordering::Relaxed);
+            if !refs.is_empty() {
+                let n: u64 = refs.iter().map(|r| r.len as u64).sum();
+                s.tx_ref_packets.fetch_add(1, Ordering::Relaxed);
+                s.tx_ref_bytes.fetch_add(n, Ordering::Relaxed);
+            }
         }
         true
     }
@@ -316,7 +397,7 @@ mod tests {
         assert!(readable(b.inbox().fd()));
         let mut got = Vec::new();
         assert_eq!(
-            b.inbox().drain(3, |m, p| {
+            b.inbox().drain(3, |m, p, _| {
                 assert_eq!(m.src, Gid::from_ip(a_ip));
                 assert_eq!(m.dst, Gid::from_ip(b_ip));
                 assert_eq!(m.sport, 49152);
@@ -325,7 +406,7 @@ mod tests {
             3
         );
         assert!(readable(b.inbox().fd()), "two still wait");
-        assert_eq!(b.inbox().drain(100, |_, p| got.push(p.to_vec())), 2);
+        assert_eq!(b.inbox().drain(100, |_, p, _| got.push(p.to_vec())), 2);
         assert_eq!(got, (0..5u8).map(|i| vec![i; 3]).collect::<Vec<_>>());
         assert!(!readable(b.inbox().fd()));
         for _ in 0..INBOX_CAP + 3 {

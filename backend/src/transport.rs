@@ -162,6 +162,8 @@ pub struct UdpTransport {
     rx: RxBatch,
     /// `--same-host`: the other ports of this process, reached without the socket.
     same_host: Option<crate::same_host::Link>,
+    /// The guest memory of the packets being built, while a pump runs (`--same-host`).
+    payload_src: Option<std::sync::Arc<crate::guest_mem::GuestMemoryMmap>>,
 }
 
 /// `recvmmsg` state: buffers, source addresses, and the datagrams found in them.
@@ -267,6 +269,7 @@ impl UdpTransport {
             gso_refusals: 0,
             rx_failing: false,
             same_host: None,
+            payload_src: None,
             rx: RxBatch {
                 buf: vec![0; RX_BATCH * RX_SLOT],
                 slot: RX_SLOT,
@@ -364,6 +367,15 @@ impl UdpTransport {
     /// instead of to the socket ([`crate::same_host`]).
     pub fn set_same_host(&mut self, link: crate::same_host::Link) {
         self.same_host = Some(link);
+    }
+
+    /// The guest memory the packets of the next pump are built from: packets to another
+    /// port of the process may then refer to it instead of carrying their payload.
+    pub fn set_payload_source(
+        &mut self,
+        mem: Option<std::sync::Arc<crate::guest_mem::GuestMemoryMmap>>,
+    ) {
+        self.payload_src = mem;
     }
 
     /// This port's same-host inbox, with the shortcut on.
@@ -787,6 +799,40 @@ impl PacketSink for UdpTransport {
 
     fn blocked(&self) -> bool {
         self.tx_blocked
+    }
+
+    fn takes_refs(&self) -> bool {
+        self.same_host.is_some() && self.payload_src.is_some()
+    }
+
+    fn wants_refs(&mut self, t: &Transmit) -> bool {
+        self.payload_src.is_some()
+            && self
+                .same_host
+                .as_mut()
+                .is_some_and(|l| l.reaches(t.dst.to_ip()))
+    }
+
+    fn push_refs(&mut self, t: &Transmit, refs: &[crate::payload_ref::PayloadRef]) {
+        let at = self.slot(self.tx_pending.len()).start;
+        let len = t.len.min(TX_SLOT);
+        if self.route(t).is_none() {
+            return;
+        }
+        let Some(src) = self.payload_src.clone() else {
+            return;
+        };
+        let roce = &self.tx_buf[at..at + len];
+        if let Some(l) = &mut self.same_host {
+            if l.deliver_refs(t, roce, refs, Some(&src)) {
+                return;
+            }
+        }
+        // Not another port after all (wants_refs said it was): the packet whole, by the wire.
+        let mut slot = std::mem::take(&mut self.tx_buf);
+        crate::payload_ref::resolve(&src, refs, &mut slot[at..at + len]);
+        self.tx_buf = slot;
+        self.push(t);
     }
 }
 

@@ -670,10 +670,7 @@ impl VhuRdma {
                 && self.serve_queue(VQ_DOORBELL, vrings, mem, model, rearm)?
             {
                 bump(&self.wstats.doorbells_first);
-                let g = mem.memory();
-                let mut t = lock(&self.transport);
-                let p = model.pump_budget(&g, now(), &mut *t, CTRL_SLICE);
-                drop(t);
+                let p = self.pump_slice(mem, model, CTRL_SLICE);
                 self.after_pump(p);
             }
             let used = self.process_queue(VQ_CTRL, vrings, mem, rearm, |g, req, wr| {
@@ -732,8 +729,8 @@ impl VhuRdma {
         };
         let g = mem.memory();
         let at = now();
-        inbox.drain(RX_LIMIT, |meta, bytes| {
-            model.handle_packet(&g, at, meta, bytes);
+        inbox.drain(RX_LIMIT, |meta, bytes, src| {
+            model.handle_packet_refs(&g, at, meta, bytes, src);
         })
     }
 
@@ -753,11 +750,7 @@ impl VhuRdma {
         let mut left = TX_BUDGET;
         let p = loop {
             let slice = left.min(CTRL_SLICE);
-            let p = {
-                let g = mem.memory();
-                let mut t = lock(&self.transport);
-                model.pump_budget(&g, now(), &mut *t, slice)
-            };
+            let p = self.pump_slice(mem, model, slice);
             left -= slice;
             if p != Pump::Budget || left == 0 {
                 break p;
@@ -770,6 +763,22 @@ impl VhuRdma {
         self.after_pump(p);
         self.deliver_events(vrings, mem, model)?;
         Ok(p)
+    }
+
+    /// Runs the engine for up to `budget` packets into the transport. With `--same-host` the
+    /// transport holds this guest's memory meanwhile, for the packets that leave with
+    /// references into it ([`crate::payload_ref`]).
+    fn pump_slice(&self, mem: &GM, model: &mut Model, budget: usize) -> Pump {
+        let g = mem.memory();
+        let mut t = lock(&self.transport);
+        if self.inbox.is_some() {
+            t.set_payload_source(Some(g.clone().into_inner()));
+        }
+        let p = model.pump_budget(&g, now(), &mut *t, budget);
+        if self.inbox.is_some() {
+            t.set_payload_source(None);
+        }
+        p
     }
 
     /// Whether queue `index` is set up and the guest made buffers available that the device

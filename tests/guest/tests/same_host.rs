@@ -1,14 +1,17 @@
 //! The same-host shortcut (`--same-host`): one daemon process serving two devices (two
 //! `--socket-path`, two `--udp-addr` on loopback), a test guest on each. With the flag, RC
 //! SEND, WRITE and READ of 64 KiB between them go from one worker to the other through
-//! memory — the `same_host` counters carry every packet, the UDP sockets none — with the data
-//! checked; the error paths are the engine's as on the wire (a bad rkey is a remote access
-//! error, RNR retries run out). Without the flag the same devices talk through their sockets.
+//! memory — the `same_host` counters carry every packet, the UDP sockets none — and their
+//! payloads as references, copied once from one guest's memory into the other's, with the
+//! data checked; UD datagrams carry their payload (a UD send completes when it leaves); the
+//! error paths are the engine's as on the wire (a bad rkey is a remote access error, RNR
+//! retries run out). Without the flag the same devices talk through their sockets.
 
 mod common;
 
 use common::{bin, send_write_read, T};
 use rxe_core::verbs::*;
+use rxe_core::Qpn;
 use vur_testguest::*;
 
 const ALL: Access = Access::LOCAL_WRITE.union(Access::REMOTE);
@@ -37,6 +40,51 @@ fn packets_between_devices_of_one_daemon_skip_the_kernel() {
         assert_eq!(counter(n, "transport", "tx_packets"), 0, "{name}: {c}");
         assert_eq!(counter(n, "transport", "rx_packets"), 0, "{name}: {c}");
     }
+    // a's SEND (3000 B) and WRITE (64 KiB), b's READ responses (64 KiB): every payload
+    // packet at MTU 1024 referred to its bytes in the sender's guest memory.
+    assert!(counter(&a, "same_host", "tx_ref_packets") >= 3 + 64);
+    assert_eq!(counter(&a, "same_host", "tx_ref_bytes"), 3000 + (64 << 10));
+    assert_eq!(counter(&b, "same_host", "tx_ref_bytes"), 64 << 10);
+}
+
+#[test]
+fn ud_datagrams_carry_their_payload() {
+    let (mut a, mut b) = two(&["--same-host"]);
+    let o = ConnOpts {
+        qp_type: QpType::Ud,
+        ..Default::default()
+    };
+    let (ea, eb) = connect_qps(&mut a, &mut b, &o).unwrap();
+    let la = a.guest.reg_mr(ea.pd, 4096, ALL).unwrap();
+    let lb = b.guest.reg_mr(eb.pd, 4096, ALL).unwrap();
+    let msg: Vec<u8> = (0..1000u32).map(|i| (i * 13) as u8).collect();
+    la.buf.write(0, &msg);
+    let recv = RecvWr {
+        wr_id: 7,
+        sg_list: vec![lb.sge(0, 4096)].into(),
+    };
+    b.guest.post_recv(&eb.qp, &recv).unwrap();
+    let mut wr = SendWr::new(1, SendOp::Send, vec![la.sge(0, 1000)]);
+    wr.ud = Some(UdDest {
+        av: Av {
+            dgid: b.gid,
+            sgid_index: 0,
+            hop_limit: 64,
+            ..Default::default()
+        },
+        remote_qpn: Qpn(eb.qp.qpn),
+        remote_qkey: 0x1111_1111,
+    });
+    a.guest.post_send(&ea.qp, &wr).unwrap();
+    assert_eq!(a.guest.wait_cq(&ea.cq, 1, T)[0].status, 0);
+    // The sender may reuse its buffer once the send completed: the receiver must still get
+    // what was sent.
+    la.buf.write(0, &[0u8; 1000]);
+    let w = b.guest.wait_cq(&eb.cq, 1, T);
+    assert_eq!((w.len(), w[0].status, w[0].byte_len), (1, 0, 1040));
+    assert_eq!(lb.buf.to_vec(40, 1000), msg);
+    assert!(counter(&a, "same_host", "tx_packets") >= 1);
+    assert_eq!(counter(&a, "same_host", "tx_ref_packets"), 0);
 }
 
 #[test]
