@@ -94,8 +94,16 @@ impl Inbox {
         self.event.as_raw_fd()
     }
 
+    /// Wakes the worker if packets were put in since it last drained.
+    fn signal(&self) {
+        if !self.signalled.swap(true, Ordering::AcqRel) {
+            let _ = self.event.write(1);
+        }
+    }
+
     /// Puts a copy of `bytes` (BTH … ICRC slot) in, but for the ranges `refs` stand for
-    /// (in `src`); false if the inbox is full (dropped).
+    /// (in `src`); false if the inbox is full (dropped). The worker is not woken here: the
+    /// sender calls [`Link::flush`] at the end of its batch, one wake-up per batch.
     fn put(
         &self,
         meta: RecvMeta,
@@ -144,9 +152,6 @@ impl Inbox {
                 src: src.filter(|_| !refs.is_empty()).cloned(),
             });
         }
-        if !self.signalled.swap(true, Ordering::AcqRel) {
-            let _ = self.event.write(1);
-        }
         true
     }
 
@@ -182,9 +187,8 @@ impl Inbox {
             self.recycle((p.buf, p.refs));
             n += 1;
         }
-        if n == max && !lock(&self.queue).is_empty() && !self.signalled.swap(true, Ordering::AcqRel)
-        {
-            let _ = self.event.write(1);
+        if n == max && !lock(&self.queue).is_empty() {
+            self.signal();
         }
         n
     }
@@ -267,6 +271,9 @@ pub struct Link {
     /// The last destination looked up, so that a stream to one peer takes the hub's lock
     /// once.
     last: Option<(IpAddr, Arc<Inbox>)>,
+    /// The inbox that got packets since the last [`Self::flush`] (another one is woken at
+    /// once when the destination changes).
+    unsignalled: Option<Arc<Inbox>>,
 }
 
 impl Link {
@@ -277,6 +284,7 @@ impl Link {
             own,
             own_ip,
             last: None,
+            unsignalled: None,
         })
     }
 
@@ -297,6 +305,13 @@ impl Link {
                 self.last = Some((ip, i.clone()));
                 Some(i)
             }
+        }
+    }
+
+    /// Wakes the port that got packets since the last flush: the end of the sender's batch.
+    pub fn flush(&mut self) {
+        if let Some(i) = self.unsignalled.take() {
+            i.signal();
         }
     }
 
@@ -333,6 +348,13 @@ impl Link {
             flow_label: t.flow_label,
         };
         if inbox.put(meta, roce, refs, src) {
+            match &self.unsignalled {
+                Some(u) if Arc::ptr_eq(u, &inbox) => {}
+                _ => {
+                    self.flush();
+                    self.unsignalled = Some(inbox);
+                }
+            }
             let s = &self.own.stats;
             s.tx_packets.fetch_add(1, Ordering::Relaxed);
             s.tx_bytes.fetch_add(roce.len() as u64, Ordering::Relaxed);
@@ -394,6 +416,11 @@ mod tests {
         for i in 0..5u8 {
             assert!(a.deliver(&tx(a_ip, b_ip, 3), &[i; 3]));
         }
+        assert!(
+            !readable(b.inbox().fd()),
+            "woken at the end of the batch, not before"
+        );
+        a.flush();
         assert!(readable(b.inbox().fd()));
         let mut got = Vec::new();
         assert_eq!(
@@ -412,6 +439,7 @@ mod tests {
         for _ in 0..INBOX_CAP + 3 {
             a.deliver(&tx(a_ip, b_ip, 1), &[7]);
         }
+        a.flush();
         assert_eq!(b.inbox().len(), INBOX_CAP);
         assert_eq!(b.inbox().stats.rx_dropped.load(Ordering::Relaxed), 3);
         assert_eq!(b.inbox().discard(INBOX_CAP), INBOX_CAP);

@@ -795,6 +795,9 @@ impl PacketSink for UdpTransport {
 
     fn flush(&mut self) {
         self.send_pending();
+        if let Some(l) = &mut self.same_host {
+            l.flush();
+        }
     }
 
     fn blocked(&self) -> bool {

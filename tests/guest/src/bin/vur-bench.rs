@@ -416,6 +416,76 @@ fn gso_daemon_table(bin: &std::path::Path, a: &Args) {
     println!("medians of {rounds} rounds, {} MiB each", bytes >> 20);
 }
 
+/// The same-host table (`--only same-host`): 64 KiB RC WRITEs between two devices of one
+/// daemon process (loopback addresses), through the kernel's UDP sockets and with
+/// `--same-host`, beside memcpy of the same bytes in 64 KiB blocks, in interleaved rounds;
+/// Gbit/s and the daemon's CPU per WRITE, medians.
+fn same_host_table(bin: &std::path::Path, a: &Args) {
+    let rounds = a.rounds.max(1);
+    let cpus = a.daemon_cpu.map(|c| [c]);
+    let cpus = cpus.as_ref().map(|c| &c[..]);
+    let writes = a.write_bytes.div_ceil(64 << 10) as f64;
+    // [udp, same-host, memcpy]: (Gbit/s, daemon CPU ns per WRITE); the nodes of a round
+    // are dropped (their daemon stopped) before an error ends the run.
+    let mut rows: [Vec<(f64, f64)>; 3] = [Vec::new(), Vec::new(), Vec::new()];
+    let round = |rows: &mut [Vec<(f64, f64)>; 3]| -> Result<(), String> {
+        let m = perf::memcpy_bw(64 << 10, a.write_bytes);
+        rows[2].push((m * 8.0 / 1e9, 0.0));
+        for (i, flag) in [&[][..], &["--same-host"][..]].into_iter().enumerate() {
+            let (aa, ba) = loopback_pair(4791);
+            let mut extra = vec!["--mtu", "9000"];
+            extra.extend_from_slice(flag);
+            let (mut x, mut y) = Node::start_two(bin, aa, ba, &extra, cpus)
+                .map_err(|e| format!("two devices in one daemon ({flag:?}): {e}"))?;
+            let pid = x.daemon.pid();
+            let c0 = vur_testguest::scale::cpu_ns(pid).unwrap_or(0);
+            let bw = perf::rc_write_bw(&mut x, &mut y, 64 << 10, a.write_bytes, 16)
+                .map_err(|e| format!("WRITE ({flag:?}): {e}"))?;
+            let c1 = vur_testguest::scale::cpu_ns(pid).unwrap_or(0);
+            let c = x.daemon.counters().unwrap_or_default();
+            let refs = vur_testguest::json_u64(&c, "same_host", "tx_ref_bytes").unwrap_or(0);
+            if (i == 1) != (refs > 0) {
+                return Err(format!("{flag:?} but {refs} bytes sent as references: {c}"));
+            }
+            rows[i].push((bw * 8.0 / 1e9, (c1 - c0) as f64 / writes));
+        }
+        Ok(())
+    };
+    for _ in 0..rounds {
+        if let Err(e) = round(&mut rows) {
+            println!("same-host table: {e}");
+            std::process::exit(1);
+        }
+    }
+    let col = |i: usize, f: fn(&(f64, f64)) -> f64| {
+        let mut v: Vec<f64> = rows[i].iter().map(f).collect();
+        med_range(&mut v)
+    };
+    println!("two devices of one daemon, 64 KiB RC WRITE    kernel UDP (range)   --same-host (range)  ratio");
+    let (u, h) = (col(0, |r| r.0), col(1, |r| r.0));
+    println!(
+        "WRITE Gbit/s                               {:>8.2} ({:.2}-{:.2}) {:>9.2} ({:.2}-{:.2}) {:>6.2}x",
+        u.0, u.1, u.2, h.0, h.1, h.2, h.0 / u.0
+    );
+    let m = col(2, |r| r.0);
+    println!(
+        "memcpy, same bytes in 64 KiB blocks (Gbit/s) {:>7.2} ({:.2}-{:.2})  same-host / memcpy {:.3}x",
+        m.0,
+        m.1,
+        m.2,
+        h.0 / m.0
+    );
+    let (u, h) = (col(0, |r| r.1 / 1e3), col(1, |r| r.1 / 1e3));
+    println!(
+        "daemon CPU us per 64 KiB WRITE             {:>8.1} ({:.1}-{:.1}) {:>9.1} ({:.1}-{:.1}) {:>6.2}x",
+        u.0, u.1, u.2, h.0, h.1, h.2, h.0 / u.0
+    );
+    println!(
+        "medians of {rounds} rounds, {} MiB each",
+        a.write_bytes >> 20
+    );
+}
+
 #[derive(Default, Clone, Copy)]
 struct Row {
     half_rtt_us: f64,
@@ -453,7 +523,7 @@ fn run_daemon(bin: &std::path::Path, a: &Args, wait: WaitMode, poll_us: Option<u
         r.write_gbit = bw * 8.0 / 1e9;
         r.write6_gbit = write_ipv6_gso(bin, a, &extra, cpus);
     }
-    if want("write") || a.only.as_deref() == Some("same-host") {
+    if want("write") {
         r.write_same_gbit = write_same_host(bin, a, &extra, cpus);
     }
     if want("rate") {
@@ -889,6 +959,10 @@ fn main() {
         raw_vs_udp(&bin, &a, wait);
         return;
     }
+    if a.only.as_deref() == Some("same-host") {
+        same_host_table(&bin, &a);
+        return;
+    }
     if a.only.as_deref() == Some("gso") {
         gso_table(&a);
         gso_daemon_table(&bin, &a);
@@ -904,8 +978,7 @@ fn main() {
     if want("write") {
         k.write_gbit = perf::tcp_stream(64 << 10, a.write_bytes).expect("tcp") * 8.0 / 1e9;
     }
-    let same_host = want("write") || a.only.as_deref() == Some("same-host");
-    if same_host {
+    if want("write") {
         k.write_same_gbit = Some(perf::memcpy_bw(64 << 10, a.write_bytes) * 8.0 / 1e9);
     }
     if want("rate") {
@@ -967,7 +1040,7 @@ fn main() {
             println!("  IPv6 ::1, --udp-gso: not measured (no two ports on ::1, or a daemon did not start)");
         }
     }
-    if same_host {
+    if want("write") {
         if let Some(ws) = ours.write_same_gbit {
             line(
                 "64 KiB WRITE, --same-host (memcpy)",
