@@ -58,8 +58,9 @@ pub struct Args {
     #[arg(long)]
     pub udp_gso: bool,
     /// Port MAC address (default 02:00:00:00:00:01; with --iface the interface's MAC).
+    /// With several --socket-path: one --mac for all, or one per --socket-path.
     #[arg(long)]
-    pub mac: Option<String>,
+    pub mac: Vec<String>,
     /// Host interface for the raw transport: the daemon sends and receives whole Ethernet
     /// frames on it (AF_PACKET, needs CAP_NET_RAW). Selects `--transport raw`.
     #[arg(long)]
@@ -180,6 +181,8 @@ pub enum ConfigError {
     UdpAddrCount(usize, usize),
     #[error("{0} --socket-path but {1} --counters-socket: give none or one per --socket-path")]
     CountersCount(usize, usize),
+    #[error("{0} --socket-path but {1} --mac: give one for all or one per --socket-path")]
+    MacCount(usize, usize),
     #[error("{0} is given twice: every device needs its own")]
     Twice(String),
     #[error("--iface and --net-socket serve one frontend: give one --socket-path")]
@@ -239,13 +242,17 @@ impl TryFrom<Args> for Config {
     type Error = ConfigError;
 
     fn try_from(a: Args) -> Result<Self, Self::Error> {
-        if a.socket_path.len() != 1 || a.udp_addr.len() != 1 || a.counters_socket.len() > 1 {
+        if a.socket_path.len() != 1
+            || a.udp_addr.len() != 1
+            || a.counters_socket.len() > 1
+            || a.mac.len() > 1
+        {
             return Err(ConfigError::Several(a.socket_path.len()));
         }
         let socket_path = a.socket_path[0].clone();
         let udp_addr = a.udp_addr[0];
         let counters_socket = a.counters_socket.first().cloned();
-        let mac = match &a.mac {
+        let mac = match a.mac.first() {
             Some(m) => Some(parse_mac(m).ok_or_else(|| ConfigError::Mac(m.clone()))?),
             None => None,
         };
@@ -389,6 +396,9 @@ pub fn configs(a: Args) -> Result<Vec<Config>, ConfigError> {
     if !a.counters_socket.is_empty() && a.counters_socket.len() != n {
         return Err(ConfigError::CountersCount(n, a.counters_socket.len()));
     }
+    if a.mac.len() > 1 && a.mac.len() != n {
+        return Err(ConfigError::MacCount(n, a.mac.len()));
+    }
     if n > 1 && (a.iface.is_some() || a.net_socket.is_some() || a.transport == TransportKind::Raw) {
         return Err(ConfigError::RawSeveral);
     }
@@ -414,6 +424,13 @@ pub fn configs(a: Args) -> Result<Vec<Config>, ConfigError> {
             one.socket_path = vec![a.socket_path[i].clone()];
             one.udp_addr = vec![a.udp_addr[i]];
             one.counters_socket = a.counters_socket.get(i).cloned().into_iter().collect();
+            one.mac = a
+                .mac
+                .get(i)
+                .or(a.mac.first())
+                .cloned()
+                .into_iter()
+                .collect();
             Config::try_from(one)
         })
         .collect()
@@ -455,7 +472,22 @@ mod tests {
         let cs = configs(args(&with)).unwrap();
         assert!(cs.iter().all(|c| c.same_host));
         assert_eq!(cs[0].counters_socket, Some(PathBuf::from("/tmp/a.c")));
+
         assert_eq!(cs[1].counters_socket, Some(PathBuf::from("/tmp/b.c")));
+        assert_eq!(
+            cs[0].model.dev.mac, cs[1].model.dev.mac,
+            "one --mac (none) for all"
+        );
+        let macs = ["--mac", "02:00:00:00:00:0a", "--mac", "02:00:00:00:00:0b"];
+        let cs = configs(args(&[&two[..], &macs[..]].concat())).unwrap();
+        assert_eq!(cs[1].model.dev.mac, [2, 0, 0, 0, 0, 0xb]);
+        assert_eq!(
+            configs(args(
+                &[&two[..], &macs[..], &["--mac", "02:00:00:00:00:0c"]].concat()
+            ))
+            .unwrap_err(),
+            ConfigError::MacCount(2, 3)
+        );
         assert_eq!(configs(args(&[])).unwrap().len(), 1);
         assert_eq!(
             configs(args(&["--socket-path", "/tmp/y.sock"])).unwrap_err(),

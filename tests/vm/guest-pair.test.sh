@@ -9,6 +9,10 @@
 #            sends runs of packets as UDP GSO and takes them as UDP GRO; the verbs tools and
 #            perftest in both directions, and the daemon must have sent GSO runs with every
 #            ICRC it received right
+#   same-host  the devices pair served by ONE daemon process (two --socket-path, --same-host):
+#            every tool, and no RoCE packet between the guests may cross the kernel (the
+#            devices' UDP sockets send and receive nothing); RC payloads cross with one copy,
+#            guest memory to guest memory (same_host tx_ref_bytes)
 #
 #   nic      two guests whose daemons are their RoCE NICs (--net-socket): each daemon serves its
 #            guest's virtio-net eth0 and virtio-rdma device on one veth into the bridge, so both
@@ -25,8 +29,8 @@
 #            succeed, the daemons' memory (RssAnon) and fd count stay flat after the warm-up,
 #            and at the end they hold exactly what the guests' kernels hold. tests/vm/soak.test.sh
 #
-#   sudo tests/vm/guest-pair.test.sh [devices|rxe|rxe6|nic|nic-rxe|all|soak] [TOOL...]   default:
-#   all (devices, rxe, rxe6, nic, nic-rxe), every tool (rxe6: the tools with a GID index: rc uc
+#   sudo tests/vm/guest-pair.test.sh [devices|rxe|rxe6|same-host|nic|nic-rxe|all|soak] [TOOL...]
+#   default: all (devices, rxe, rxe6, same-host, nic, nic-rxe), every tool (rxe6: the tools with a GID index: rc uc
 #   ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw); soak: rc uc ud srq send_bw
 #   write_bw read_bw atomic_bw rping udaddy nvme
 #
@@ -60,11 +64,11 @@ vm_require guest-pair
 vm_device_prereqs guest-pair
 vm_netns guest-pair "$@"
 
-modes=(devices rxe rxe6 nic nic-rxe)
+modes=(devices rxe rxe6 same-host nic nic-rxe)
 case ${1:-all} in
-devices | rxe | rxe6 | soak | nic | nic-rxe) modes=("$1"); shift ;;
+devices | rxe | rxe6 | same-host | soak | nic | nic-rxe) modes=("$1"); shift ;;
 all) shift || true ;;
--*) echo "usage: $0 [devices|rxe|rxe6|nic|nic-rxe|all|soak] [TOOL...]" >&2; exit 2 ;;
+-*) echo "usage: $0 [devices|rxe|rxe6|same-host|nic|nic-rxe|all|soak] [TOOL...]" >&2; exit 2 ;;
 esac
 # the tools that take a GID index (rxe6; the rdma_cm tools and tcp stay on IPv4)
 gid_tools=(rc uc ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw)
@@ -150,9 +154,9 @@ run_mode() {
     vm_pids=()
     daemons=()
     case $mode in
-    devices | soak)
+    devices | soak | same-host)
         local soak_env=()
-        if [[ $mode == devices ]]; then
+        if [[ $mode != soak ]]; then
             for t in "${tools[@]}"; do steps+="${steps:+,}$t@a"; done
         else
             # servers alternate between the guests, so that both directions carry each kind
@@ -164,8 +168,22 @@ run_mode() {
             guest_timeout=$((soak_secs + 900))
             soak_drop || return 1
         fi
-        daemon a 10.77.0.2 52:54:00:77:00:02 || return 1
-        daemon b 10.77.0.3 52:54:00:77:00:03 || return 1
+        if [[ $mode == same-host ]]; then
+            # one process, two devices: b's socket, address, MAC and counters are its second
+            ip addr replace 10.77.0.3/32 dev lo
+            mkdir -p "$dir/daemon-b"
+            vm_start_daemon "$dir/daemon-a" 10.77.0.2 52:54:00:77:00:02 --same-host \
+                --socket-path "$dir/daemon-b/rdma.sock" --udp-addr 10.77.0.3:4791 \
+                --mac 52:54:00:77:00:03 --counters-socket "$dir/daemon-b/counters.sock" || return 1
+            daemons+=("a:$REPLY" "b:$REPLY")
+            pids+=("$REPLY")
+            for _ in $(seq 100); do [[ -S $dir/daemon-b/rdma.sock ]] && break; sleep 0.1; done
+            [[ -S $dir/daemon-b/rdma.sock ]] ||
+                { log "$mode: FAIL: the daemon's second socket did not appear within 10 s"; return 1; }
+        else
+            daemon a 10.77.0.2 52:54:00:77:00:02 || return 1
+            daemon b 10.77.0.3 52:54:00:77:00:03 || return 1
+        fi
         guest a --rdma-sock "$dir/daemon-a/rdma.sock" --nic-no-peer --mac 52:54:00:77:00:02 \
             --ip 10.77.0.2/24 --no-rxe --tap2 vurtapA --mac2 52:54:00:78:00:02 \
             --env PAIR_DEV=vrdma0 --env PAIR_OOB=10.78.0.2/24 --env PAIR_OOB_MAC=52:54:00:78:00:02 \
@@ -323,7 +341,11 @@ run_mode() {
         if [[ -s $dir/$g.counters.json ]]; then
             msg=$(vm_daemon_leaks "$mode/$g" "$dir/$g.counters.json" "$(cat "$dir/share/sync/objects.$g" 2>/dev/null)") || fail=1
             log "$msg"
-            msg=$(vm_daemon_traffic "$mode/$g" "$dir/$g.counters.json") || fail=1
+            if [[ $mode == same-host ]]; then
+                msg=$(vm_daemon_same_host "$mode/$g" "$dir/$g.counters.json") || fail=1
+            else
+                msg=$(vm_daemon_traffic "$mode/$g" "$dir/$g.counters.json") || fail=1
+            fi
             log "$msg"
             if [[ $mode == rxe6 ]]; then
                 msg=$(vm_daemon_gso "$mode/$g" "$dir/$g.counters.json") || fail=1
@@ -333,8 +355,11 @@ run_mode() {
             log "$mode: FAIL: no counters from the daemon of guest $g (its guest did not reach the end)"
             fail=1
         fi
-        kill "$pid" 2>/dev/null || true
-        wait "$pid" 2>/dev/null || true
+    done
+    # Stopped once every device was looked at (in same-host mode both are one process).
+    for d in "${daemons[@]}"; do
+        kill "${d#*:}" 2>/dev/null || true
+        wait "${d#*:}" 2>/dev/null || true
     done
     ip addr flush dev lo scope global 2>/dev/null || true
     ip -6 addr del fd77::2/128 dev "${VUR_BRIDGE:-vurbr0}" 2>/dev/null || true
