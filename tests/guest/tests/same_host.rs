@@ -133,3 +133,53 @@ fn error_paths_are_the_engines_as_on_the_wire() {
     assert_eq!(counter(&a, "transport", "tx_packets"), 0);
     assert!(counter(&b, "same_host", "tx_packets") >= 3, "the NAKs");
 }
+
+/// A peer device whose guest went away: what the shortcut hands it is dropped at its inbox
+/// (counted), as a packet to a host that stopped listening is lost, and the requester's
+/// retries run out (RETRY_EXC_ERR) instead of hanging.
+#[test]
+fn a_peer_without_a_guest_loses_the_packets_and_the_retries_run_out() {
+    let (mut a, b) = two(&["--same-host"]);
+    let o = ConnOpts {
+        timeout: 8, // 4.096 us * 2^8: about 1 ms
+        retry_cnt: 1,
+        ..Default::default()
+    };
+    let mut b = b;
+    let (ea, eb) = connect_qps(&mut a, &mut b, &o).unwrap();
+    let la = a.guest.reg_mr(ea.pd, 4096, ALL).unwrap();
+    let rb = b.guest.reg_mr(eb.pd, 4096, ALL).unwrap();
+    let (raddr, rkey) = (rb.addr(0), rb.rkey);
+    let Node {
+        daemon: bd, guest, ..
+    } = b;
+    drop(guest); // the frontend disconnects; the device stays, without a guest
+                 // Until the daemon has let the guest go, its engine would still answer.
+    let end = std::time::Instant::now() + T;
+    loop {
+        let c = bd.counters().unwrap();
+        if !c.contains("\"qps\"") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < end,
+            "b's device still serves the departed guest after {T:?}: {c}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let write = SendOp::Write {
+        remote_addr: raddr,
+        rkey,
+    };
+    a.guest
+        .post_send(&ea.qp, &SendWr::new(1, write, vec![la.sge(0, 2048)]))
+        .unwrap();
+    let w = a.guest.wait_cq(&ea.cq, 1, T);
+    assert_eq!(w.len(), 1, "the WRITE's completion");
+    assert_eq!(w[0].status, WcStatus::RetryExcErr as u32);
+    let c = bd.counters().unwrap();
+    let dropped = json_u64(&c, "same_host", "rx_dropped").unwrap_or(0);
+    // The first try and one retry, at least (the daemon drops what waits when it wakes).
+    assert!(dropped >= 2, "{c}");
+    assert_eq!(counter(&a, "transport", "tx_packets"), 0);
+}
