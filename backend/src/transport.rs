@@ -771,25 +771,21 @@ impl PacketSink for UdpTransport {
         let i = self.tx_pending.len();
         let len = t.len.min(TX_SLOT);
         let at = self.slot(i).start;
-        if self.same_host.is_some() {
-            if self.route(t).is_none() {
+        let Some(dst) = self.route(t) else {
+            return;
+        };
+        if let Some(l) = &mut self.same_host {
+            if l.deliver(t, &self.tx_buf[at..at + len]) {
                 return;
             }
-            let roce = &self.tx_buf[at..at + len];
-            if let Some(l) = &mut self.same_host {
-                if l.deliver(t, roce) {
-                    return;
-                }
-            }
         }
-        let mut slot = std::mem::take(&mut self.tx_buf);
-        let dst = self.prepare(t, &mut slot[at..at + len]);
-        self.tx_buf = slot;
-        if let Some(dst) = dst {
-            self.tx_pending.push((len, dst));
-            if self.tx_pending.len() == TX_BATCH {
-                self.send_pending();
-            }
+        if icrc_for_udp_socket(self.local, dst, &mut self.tx_buf[at..at + len]).is_err() {
+            self.stats.tx_dropped += 1;
+            return;
+        }
+        self.tx_pending.push((len, dst));
+        if self.tx_pending.len() == TX_BATCH {
+            self.send_pending();
         }
     }
 
