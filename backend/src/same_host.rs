@@ -339,14 +339,7 @@ impl Link {
         let Some(inbox) = self.peer(t.dst.to_ip()) else {
             return false;
         };
-        let meta = RecvMeta {
-            src: t.src,
-            dst: t.dst,
-            sport: t.sport,
-            traffic_class: t.traffic_class,
-            hop_limit: t.hop_limit,
-            flow_label: t.flow_label,
-        };
+        let meta = RecvMeta::from(t);
         if inbox.put(meta, roce, refs, src) {
             match &self.unsignalled {
                 Some(u) if Arc::ptr_eq(u, &inbox) => {}

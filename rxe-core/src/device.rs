@@ -146,6 +146,21 @@ pub struct Transmit {
     pub qpn: Qpn,
 }
 
+impl From<&Transmit> for RecvMeta {
+    /// What the receiver of `t` sees of its addressing, when nothing on the way changes it (a
+    /// packet handed over in memory, a simulated wire).
+    fn from(t: &Transmit) -> RecvMeta {
+        RecvMeta {
+            src: t.src,
+            dst: t.dst,
+            sport: t.sport,
+            traffic_class: t.traffic_class,
+            hop_limit: t.hop_limit,
+            flow_label: t.flow_label,
+        }
+    }
+}
+
 /// Why an incoming packet was dropped (counted; never an error for the caller to act on).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Drop {

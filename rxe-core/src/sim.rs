@@ -302,14 +302,7 @@ impl Sim {
             self.stats[from].lost += 1;
             return;
         }
-        let meta = RecvMeta {
-            src: tx.src,
-            dst: tx.dst,
-            sport: tx.sport,
-            traffic_class: tx.traffic_class,
-            hop_limit: tx.hop_limit,
-            flow_label: tx.flow_label,
-        };
+        let meta = RecvMeta::from(&tx);
         let mut at = self.now.plus_ns(cfg.delay_ns);
         if self.rng.ppm(cfg.reorder_ppm) {
             at = at.plus_ns(cfg.reorder_delay_ns.max(1));

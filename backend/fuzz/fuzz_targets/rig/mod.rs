@@ -869,14 +869,7 @@ impl Rig {
     }
 
     pub fn meta(t: &Transmit) -> RecvMeta {
-        RecvMeta {
-            src: t.src,
-            dst: t.dst,
-            sport: t.sport,
-            traffic_class: t.traffic_class,
-            hop_limit: t.hop_limit,
-            flow_label: t.flow_label,
-        }
+        RecvMeta::from(t)
     }
 
     /// Delivers packet `k` of the wire (taken off it unless `dup`), with `flip` applied: a
