@@ -1958,7 +1958,18 @@ impl Daemon {
         cpus: Option<&[usize]>,
         logged: bool,
     ) -> io::Result<Daemon> {
-        let dir = Self::new_dir()?;
+        Self::spawn_in(Self::new_dir()?, bin, addr, extra, cpus, logged)
+    }
+
+    /// As [`Self::spawn_with`], its sockets (and log) in `dir`.
+    fn spawn_in(
+        dir: PathBuf,
+        bin: &Path,
+        addr: SocketAddr,
+        extra: &[&str],
+        cpus: Option<&[usize]>,
+        logged: bool,
+    ) -> io::Result<Daemon> {
         let launch = Launch {
             bin: bin.to_path_buf(),
             socket: dir.join("rdma.sock"),
@@ -1990,40 +2001,22 @@ impl Daemon {
     ) -> io::Result<(Daemon, Daemon)> {
         let dir = Self::new_dir()?;
         let (b_sock, b_counters) = (dir.join("rdma-b.sock"), dir.join("counters-b.sock"));
-        let mut all: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-        all.extend([
-            "--socket-path".into(),
+        let (b_sock, b_counters) = (
             b_sock.display().to_string(),
-            "--udp-addr".into(),
-            b.to_string(),
-            "--counters-socket".into(),
             b_counters.display().to_string(),
-        ]);
-        let launch = Launch {
-            bin: bin.to_path_buf(),
-            socket: dir.join("rdma.sock"),
-            counters: dir.join("counters.sock"),
-            addr: a,
-            extra: all,
-            cpus: cpus.map(|c| c.to_vec()),
-            log: None,
-        };
-        let child = Arc::new(Mutex::new(launch.start()?));
-        let first = Daemon {
-            child: child.clone(),
-            socket: launch.socket.clone(),
-            counters: launch.counters.clone(),
-            addr: a,
-            dir: dir.clone(),
-            launch: launch.clone(),
-        };
+        );
+        let mut all = extra.to_vec();
+        all.extend(["--socket-path", &b_sock, "--udp-addr"]);
+        let b_addr = b.to_string();
+        all.extend([b_addr.as_str(), "--counters-socket", &b_counters]);
+        let first = Self::spawn_in(dir, bin, a, &all, cpus, false)?;
         let second = Daemon {
-            child,
-            socket: b_sock,
-            counters: b_counters,
+            child: first.child.clone(),
+            socket: b_sock.into(),
+            counters: b_counters.into(),
             addr: b,
-            dir,
-            launch,
+            dir: first.dir.clone(),
+            launch: first.launch.clone(),
         };
         Ok((first, second))
     }
@@ -2309,6 +2302,21 @@ impl Node {
             Self::attach(da, GuestOpts::default())?,
             Self::attach(db, GuestOpts::default())?,
         ))
+    }
+}
+
+/// Where a UD send goes: the QP `qpn` with Q_Key `qkey` at `dgid` (source GID index 0, hop
+/// limit 64).
+pub fn ud_dest(dgid: Gid, qpn: u32, qkey: u32) -> UdDest {
+    UdDest {
+        av: Av {
+            dgid,
+            sgid_index: 0,
+            hop_limit: 64,
+            ..Default::default()
+        },
+        remote_qpn: rxe_core::Qpn(qpn),
+        remote_qkey: qkey,
     }
 }
 

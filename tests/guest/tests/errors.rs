@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{bin, pair, T};
+use common::{bin, pair, rnr_retries_run_out, write_with_a_bad_rkey, T};
 use rxe_core::verbs::*;
 use vm_memory::ByteValued;
 use vur_testguest::abi::{op, Status};
@@ -16,24 +16,7 @@ const ALL: Access = Access::LOCAL_WRITE.union(Access::REMOTE);
 #[test]
 fn bad_rkey_is_a_remote_access_error() {
     let (mut a, mut b) = pair();
-    let (ea, eb) = connect_qps(&mut a, &mut b, &ConnOpts::default()).unwrap();
-    let la = a.guest.reg_mr(ea.pd, 4096, ALL).unwrap();
-    let rb = b.guest.reg_mr(eb.pd, 4096, Access::LOCAL_WRITE).unwrap();
-    a.guest
-        .post_send(
-            &ea.qp,
-            &SendWr::new(
-                1,
-                SendOp::Write {
-                    remote_addr: rb.addr(0),
-                    rkey: rb.rkey ^ 0x100,
-                },
-                vec![la.sge(0, 8)],
-            ),
-        )
-        .unwrap();
-    let w = a.guest.wait_cq(&ea.cq, 1, T);
-    assert_eq!(w[0].status, WcStatus::RemAccessErr as u32);
+    let ea = write_with_a_bad_rkey(&mut a, &mut b);
     // The responder QP learns about it too (rxe raises QP_ACCESS_ERR... on the requester it is
     // the error CQE); the requester QP is now in ERR.
     let q = a.guest.query_qp(&ea.qp).unwrap();
@@ -43,19 +26,7 @@ fn bad_rkey_is_a_remote_access_error() {
 #[test]
 fn rnr_retry_exhausted() {
     let (mut a, mut b) = pair();
-    let o = ConnOpts {
-        rnr_retry: 1,
-        min_rnr_timer: 1,
-        ..Default::default()
-    };
-    let (ea, _eb) = connect_qps(&mut a, &mut b, &o).unwrap();
-    let la = a.guest.reg_mr(ea.pd, 4096, ALL).unwrap();
-    a.guest
-        .post_send(&ea.qp, &SendWr::new(1, SendOp::Send, vec![la.sge(0, 8)]))
-        .unwrap();
-    let w = a.guest.wait_cq(&ea.cq, 1, T);
-    assert_eq!(w.len(), 1);
-    assert_eq!(w[0].status, WcStatus::RnrRetryExcErr as u32);
+    rnr_retries_run_out(&mut a, &mut b);
 }
 
 #[test]

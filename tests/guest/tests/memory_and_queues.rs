@@ -518,16 +518,7 @@ fn resize_cq_sees_the_sends_posted_before_it() {
     let (mut ea, eb) = connect_qps(&mut a, &mut b, &o).unwrap();
     let s = a.guest.reg_mr(ea.pd, 4096, ALL).unwrap();
     let mut wr = SendWr::new(0, SendOp::Send, vec![s.sge(0, 8)]);
-    wr.ud = Some(UdDest {
-        av: Av {
-            dgid: b.gid,
-            sgid_index: 0,
-            hop_limit: 64,
-            ..Default::default()
-        },
-        remote_qpn: Qpn(eb.qp.qpn),
-        remote_qkey: 0x1111_1111,
-    });
+    wr.ud = Some(ud_dest(b.gid, eb.qp.qpn, 0x1111_1111));
     let before = json_u64(&a.daemon.counters().unwrap(), "worker", "doorbells_first").unwrap();
     a.guest.kick_doorbells = false;
     for id in 0..6 {

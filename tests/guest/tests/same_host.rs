@@ -9,9 +9,8 @@
 
 mod common;
 
-use common::{bin, send_write_read, T};
+use common::{bin, rnr_retries_run_out, send_write_read, write_with_a_bad_rkey, T};
 use rxe_core::verbs::*;
-use rxe_core::Qpn;
 use vur_testguest::*;
 
 const ALL: Access = Access::LOCAL_WRITE.union(Access::REMOTE);
@@ -65,16 +64,7 @@ fn ud_datagrams_carry_their_payload() {
     };
     b.guest.post_recv(&eb.qp, &recv).unwrap();
     let mut wr = SendWr::new(1, SendOp::Send, vec![la.sge(0, 1000)]);
-    wr.ud = Some(UdDest {
-        av: Av {
-            dgid: b.gid,
-            sgid_index: 0,
-            hop_limit: 64,
-            ..Default::default()
-        },
-        remote_qpn: Qpn(eb.qp.qpn),
-        remote_qkey: 0x1111_1111,
-    });
+    wr.ud = Some(ud_dest(b.gid, eb.qp.qpn, 0x1111_1111));
     a.guest.post_send(&ea.qp, &wr).unwrap();
     assert_eq!(a.guest.wait_cq(&ea.cq, 1, T)[0].status, 0);
     // The sender may reuse its buffer once the send completed: the receiver must still get
@@ -103,33 +93,9 @@ fn without_the_flag_the_devices_talk_through_their_sockets() {
 fn error_paths_are_the_engines_as_on_the_wire() {
     let (mut a, mut b) = two(&["--same-host"]);
     // A bad rkey: the responder NAKs, the requester completes with REM_ACCESS_ERR.
-    let (ea, eb) = connect_qps(&mut a, &mut b, &ConnOpts::default()).unwrap();
-    let la = a.guest.reg_mr(ea.pd, 4096, ALL).unwrap();
-    let rb = b.guest.reg_mr(eb.pd, 4096, ALL).unwrap();
-    let write = SendOp::Write {
-        remote_addr: rb.addr(0),
-        rkey: rb.rkey ^ 0x100,
-    };
-    a.guest
-        .post_send(&ea.qp, &SendWr::new(1, write, vec![la.sge(0, 8)]))
-        .unwrap();
-    let w = a.guest.wait_cq(&ea.cq, 1, T);
-    assert_eq!(w.len(), 1, "the WRITE's completion");
-    assert_eq!(w[0].status, WcStatus::RemAccessErr as u32);
+    write_with_a_bad_rkey(&mut a, &mut b);
     // No receive posted: RNR NAKs until the retries run out.
-    let o = ConnOpts {
-        rnr_retry: 1,
-        min_rnr_timer: 1,
-        ..Default::default()
-    };
-    let (ea, _eb) = connect_qps(&mut a, &mut b, &o).unwrap();
-    let la = a.guest.reg_mr(ea.pd, 4096, ALL).unwrap();
-    a.guest
-        .post_send(&ea.qp, &SendWr::new(2, SendOp::Send, vec![la.sge(0, 8)]))
-        .unwrap();
-    let w = a.guest.wait_cq(&ea.cq, 1, T);
-    assert_eq!(w.len(), 1, "the SEND's completion");
-    assert_eq!(w[0].status, WcStatus::RnrRetryExcErr as u32);
+    rnr_retries_run_out(&mut a, &mut b);
     assert_eq!(counter(&a, "transport", "tx_packets"), 0);
     assert!(counter(&b, "same_host", "tx_packets") >= 3, "the NAKs");
 }

@@ -389,29 +389,13 @@ fn gso_daemon_table(bin: &std::path::Path, a: &Args) {
             std::process::exit(1);
         }
     };
-    let col = |i: usize, f: fn(&(f64, f64)) -> f64| {
-        let mut v: Vec<f64> = rows[i].iter().map(f).collect();
-        med_range(&mut v)
-    };
     println!();
-    println!("two daemons, IPv6 on a namespace's loopback, 64 KiB RC WRITE   no GSO (range)  GSO+GRO (range)   ratio");
-    let (m, g) = (col(0, |r| r.0), col(1, |r| r.0));
-    println!(
-        "WRITE Gbit/s                                   {:>8.2} ({:.2}-{:.2}) {:>8.2} ({:.2}-{:.2}) {:>6.2}x",
-        m.0, m.1, m.2, g.0, g.1, g.2, g.0 / m.0
-    );
-    let t = col(2, |r| r.0);
-    println!(
-        "kernel TCP stream, same bytes (Gbit/s)         {:>8.2} ({:.2}-{:.2})   GSO / TCP {:.2}x",
-        t.0,
-        t.1,
-        t.2,
-        g.0 / t.0
-    );
-    let (m, g) = (col(0, |r| r.1 / 1e3), col(1, |r| r.1 / 1e3));
-    println!(
-        "daemon CPU us per 64 KiB WRITE (both daemons)  {:>8.1} ({:.1}-{:.1}) {:>8.1} ({:.1}-{:.1}) {:>6.2}x",
-        m.0, m.1, m.2, g.0, g.1, g.2, g.0 / m.0
+    print_pair_table(
+        "two daemons, IPv6 on a namespace's loopback, 64 KiB RC WRITE   no GSO (range)  GSO+GRO (range)   ratio",
+        &rows,
+        "kernel TCP stream, same bytes (Gbit/s)  ",
+        "GSO / TCP",
+        "daemon CPU us per 64 KiB WRITE (both daemons)",
     );
     println!("medians of {rounds} rounds, {} MiB each", bytes >> 20);
 }
@@ -457,32 +441,65 @@ fn same_host_table(bin: &std::path::Path, a: &Args) {
             std::process::exit(1);
         }
     }
-    let col = |i: usize, f: fn(&(f64, f64)) -> f64| {
-        let mut v: Vec<f64> = rows[i].iter().map(f).collect();
-        med_range(&mut v)
-    };
-    println!("two devices of one daemon, 64 KiB RC WRITE    kernel UDP (range)   --same-host (range)  ratio");
-    let (u, h) = (col(0, |r| r.0), col(1, |r| r.0));
-    println!(
-        "WRITE Gbit/s                               {:>8.2} ({:.2}-{:.2}) {:>9.2} ({:.2}-{:.2}) {:>6.2}x",
-        u.0, u.1, u.2, h.0, h.1, h.2, h.0 / u.0
-    );
-    let m = col(2, |r| r.0);
-    println!(
-        "memcpy, same bytes in 64 KiB blocks (Gbit/s) {:>7.2} ({:.2}-{:.2})  same-host / memcpy {:.3}x",
-        m.0,
-        m.1,
-        m.2,
-        h.0 / m.0
-    );
-    let (u, h) = (col(0, |r| r.1 / 1e3), col(1, |r| r.1 / 1e3));
-    println!(
-        "daemon CPU us per 64 KiB WRITE             {:>8.1} ({:.1}-{:.1}) {:>9.1} ({:.1}-{:.1}) {:>6.2}x",
-        u.0, u.1, u.2, h.0, h.1, h.2, h.0 / u.0
+    print_pair_table(
+        "two devices of one daemon, 64 KiB RC WRITE    kernel UDP (range)   --same-host (range)  ratio",
+        &rows,
+        "memcpy, same bytes in 64 KiB blocks (Gbit/s)",
+        "same-host / memcpy",
+        "daemon CPU us per 64 KiB WRITE",
     );
     println!(
         "medians of {rounds} rounds, {} MiB each",
         a.write_bytes >> 20
+    );
+}
+
+/// Prints a table of two setups measured in interleaved rounds, beside a reference: `rows`
+/// are (Gbit/s, daemon CPU ns per WRITE) per round, for the first setup, the second and the
+/// reference; medians with their ranges, and the second's ratios to the first and to the
+/// reference.
+fn print_pair_table(
+    header: &str,
+    rows: &[Vec<(f64, f64)>; 3],
+    reference: &str,
+    vs_reference: &str,
+    cpu: &str,
+) {
+    let col = |i: usize, f: fn(&(f64, f64)) -> f64| {
+        let mut v: Vec<f64> = rows[i].iter().map(f).collect();
+        med_range(&mut v)
+    };
+    println!("{header}");
+    let (x, y) = (col(0, |r| r.0), col(1, |r| r.0));
+    println!(
+        "{:<46} {:>8.2} ({:.2}-{:.2}) {:>8.2} ({:.2}-{:.2}) {:>6.2}x",
+        "WRITE Gbit/s",
+        x.0,
+        x.1,
+        x.2,
+        y.0,
+        y.1,
+        y.2,
+        y.0 / x.0
+    );
+    let r = col(2, |r| r.0);
+    println!(
+        "{reference:<46} {:>8.2} ({:.2}-{:.2})   {vs_reference} {:.3}x",
+        r.0,
+        r.1,
+        r.2,
+        y.0 / r.0
+    );
+    let (x, y) = (col(0, |r| r.1 / 1e3), col(1, |r| r.1 / 1e3));
+    println!(
+        "{cpu:<46} {:>8.1} ({:.1}-{:.1}) {:>8.1} ({:.1}-{:.1}) {:>6.2}x",
+        x.0,
+        x.1,
+        x.2,
+        y.0,
+        y.1,
+        y.2,
+        y.0 / x.0
     );
 }
 

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use rxe_core::verbs::*;
-use vur_testguest::{abi, connect_qps, loopback_pair, ConnOpts, Cq, Guest, Node, Wc, PAGE};
+use vur_testguest::{abi, connect_qps, loopback_pair, ConnOpts, Cq, End, Guest, Node, Wc, PAGE};
 
 /// How long a test waits for a completion.
 pub const T: Duration = Duration::from_secs(10);
@@ -53,6 +53,47 @@ pub fn repeated_list(g: &Guest, page: u64, n: u32) -> abi::PageListDesc {
         levels: 1,
         reserved: 0,
     }
+}
+
+/// A WRITE from `a` to `b` with a wrong rkey completes with REM_ACCESS_ERR; returns `a`'s
+/// end (its QP is in ERR then).
+pub fn write_with_a_bad_rkey(a: &mut Node, b: &mut Node) -> End {
+    let (ea, eb) = connect_qps(a, b, &ConnOpts::default()).unwrap();
+    let all = Access::LOCAL_WRITE.union(Access::REMOTE);
+    let la = a.guest.reg_mr(ea.pd, 4096, all).unwrap();
+    let rb = b.guest.reg_mr(eb.pd, 4096, Access::LOCAL_WRITE).unwrap();
+    let write = SendOp::Write {
+        remote_addr: rb.addr(0),
+        rkey: rb.rkey ^ 0x100,
+    };
+    a.guest
+        .post_send(&ea.qp, &SendWr::new(1, write, vec![la.sge(0, 8)]))
+        .unwrap();
+    let w = a.guest.wait_cq(&ea.cq, 1, T);
+    assert_eq!(w.len(), 1, "the WRITE's completion");
+    assert_eq!(w[0].status, WcStatus::RemAccessErr as u32);
+    ea
+}
+
+/// An RC SEND from `a` to `b`, which posted no receive: RNR NAKs until the retries (one)
+/// run out, RNR_RETRY_EXC_ERR.
+pub fn rnr_retries_run_out(a: &mut Node, b: &mut Node) {
+    let o = ConnOpts {
+        rnr_retry: 1,
+        min_rnr_timer: 1,
+        ..Default::default()
+    };
+    let (ea, _eb) = connect_qps(a, b, &o).unwrap();
+    let la = a
+        .guest
+        .reg_mr(ea.pd, 4096, Access::LOCAL_WRITE.union(Access::REMOTE))
+        .unwrap();
+    a.guest
+        .post_send(&ea.qp, &SendWr::new(1, SendOp::Send, vec![la.sge(0, 8)]))
+        .unwrap();
+    let w = a.guest.wait_cq(&ea.cq, 1, T);
+    assert_eq!(w.len(), 1, "the SEND's completion");
+    assert_eq!(w[0].status, WcStatus::RnrRetryExcErr as u32);
 }
 
 /// RC SEND (3 packets), WRITE and READ of 64 KiB from `a` to `b`, data checked.
