@@ -29,8 +29,9 @@
 #            succeed, the daemons' memory (RssAnon) and fd count stay flat after the warm-up,
 #            and at the end they hold exactly what the guests' kernels hold. tests/vm/soak.test.sh
 #
-#   sudo tests/vm/guest-pair.test.sh [devices|rxe|rxe6|same-host|nic|nic-rxe|all|soak] [TOOL...]
-#   default: all (devices, rxe, rxe6, same-host, nic, nic-rxe), every tool (rxe6: the tools with a GID index: rc uc
+#   sudo tests/vm/guest-pair.test.sh [--repeat N] [devices|rxe|rxe6|same-host|nic|nic-rxe|all|soak] [TOOL...]
+#   default: all (devices, rxe, rxe6, same-host, nic, nic-rxe), every tool. --repeat N runs each
+#   mode N times (logs per run: $work/MODE.R) and prints a pass count per mode (rxe6: the tools with a GID index: rc uc
 #   ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw); soak: rc uc ud srq send_bw
 #   write_bw read_bw atomic_bw rping udaddy nvme
 #
@@ -64,11 +65,19 @@ vm_require guest-pair
 vm_device_prereqs guest-pair
 vm_netns guest-pair "$@"
 
+repeat=1
+if [[ ${1:-} == --repeat ]]; then
+    repeat=${2:-}
+    [[ $repeat =~ ^[1-9][0-9]*$ ]] ||
+        { echo "usage: $0 [--repeat N] [devices|rxe|rxe6|same-host|nic|nic-rxe|all|soak] [TOOL...]" >&2; exit 2; }
+    shift 2
+fi
+
 modes=(devices rxe rxe6 same-host nic nic-rxe)
 case ${1:-all} in
 devices | rxe | rxe6 | same-host | soak | nic | nic-rxe) modes=("$1"); shift ;;
 all) shift || true ;;
--*) echo "usage: $0 [devices|rxe|rxe6|same-host|nic|nic-rxe|all|soak] [TOOL...]" >&2; exit 2 ;;
+-*) echo "usage: $0 [--repeat N] [devices|rxe|rxe6|same-host|nic|nic-rxe|all|soak] [TOOL...]" >&2; exit 2 ;;
 esac
 # the tools that take a GID index (rxe6; the rdma_cm tools and tcp stay on IPv4)
 gid_tools=(rc uc ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw)
@@ -148,7 +157,7 @@ guest() {
 
 run_mode() {
     local mode=$1 t fail=0 n
-    dir=$work/$mode
+    dir=$work/$mode${run_tag:-}
     mkdir -p "$dir/share/sync"
     steps=''
     vm_pids=()
@@ -598,17 +607,29 @@ PY
 }
 
 failed=()
+passes=()
 for m in "${modes[@]}"; do
-    t0=$SECONDS
-    if run_mode "$m"; then
-        # the tools of the steps that ran (a mode may add its own)
-        ran=$(tr ',' '\n' <<<"$steps" | sed 's/@.*//' | awk '!seen[$0]++' | paste -sd' ')
-        log "$m: PASS ($ran) in $((SECONDS - t0)) s"
-    else
-        log "$m: FAIL in $((SECONDS - t0)) s (logs: $work/$m)"
-        failed+=("$m")
-    fi
+    p=0
+    for ((r = 1; r <= repeat; r++)); do
+        run_tag=''
+        ((repeat > 1)) && run_tag=.$r
+        t0=$SECONDS
+        if run_mode "$m"; then
+            # the tools of the steps that ran (a mode may add its own)
+            ran=$(tr ',' '\n' <<<"$steps" | sed 's/@.*//' | awk '!seen[$0]++' | paste -sd' ')
+            log "$m$run_tag: PASS ($ran) in $((SECONDS - t0)) s"
+            p=$((p + 1))
+        else
+            log "$m$run_tag: FAIL in $((SECONDS - t0)) s (logs: $work/$m$run_tag)"
+            failed+=("$m$run_tag")
+        fi
+    done
+    passes+=("$m $p/$repeat")
 done
+if ((repeat > 1)); then
+    log "pass count per mode ($repeat repetitions):"
+    for p in "${passes[@]}"; do log "  $p"; done
+fi
 if ((${#failed[@]})); then
     log "FAIL: ${failed[*]} in $((SECONDS - t_start)) s"
     exit 1
