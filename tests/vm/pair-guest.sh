@@ -94,8 +94,11 @@ listening() { # a TCP listener (pingpongs, perftest), an RDMA CM listener (rping
         return
     fi
     # (a CM ID only once it listens: one merely bound to the port rejects a connection that
-    # comes before its rdma_listen, and the client fails with REJECTED, invalid service ID)
-    l=$(ss -ltn; rdma resource show cm_id 2>/dev/null | grep -w LISTEN) || true
+    # comes before its rdma_listen, and the client fails with REJECTED, invalid service ID.
+    # And on a device ("link DEV/PORT"): a wildcard listener is in LISTEN before rdma_listen
+    # has made the per-device listener that takes the connection; a REQ in between is
+    # rejected the same way)
+    l=$(ss -ltn; rdma resource show cm_id 2>/dev/null | grep -w LISTEN | grep -w link) || true
     grep -qE ":$1( |$)" <<<"$l"
 }
 
