@@ -109,6 +109,12 @@ pub struct Args {
     /// "Same-host shortcut"). The egress policy (--allow-peer) still applies.
     #[arg(long)]
     pub same_host: bool,
+    /// Every device's UDP socket work (sendmmsg, recvmmsg, receive-side ICRC checks) on a
+    /// thread of its own beside the worker that runs the engine: two cores per frontend,
+    /// for bulk traffic; a lone small message waits for one more thread wake-up each way
+    /// (docs/daemon.md, "I/O thread"). udp transport only.
+    #[arg(long)]
+    pub io_thread: bool,
     /// Peers the guest may send to (address or prefix, IPv4 or IPv6; repeat or separate with
     /// commas). Without it every destination but the unspecified and broadcast addresses is
     /// allowed, and loopback only when --udp-addr is a loopback address.
@@ -189,6 +195,8 @@ pub enum ConfigError {
     RawSeveral,
     #[error("--same-host needs two or more --socket-path (the devices it connects) on udp")]
     SameHostAlone,
+    #[error("--io-thread is for the udp transport (the raw one shares its ring with the worker)")]
+    IoThreadRaw,
     #[error("this is one device's configuration; {0} --socket-path make {0}: use configs()")]
     Several(usize),
 }
@@ -199,6 +207,8 @@ pub struct Config {
     pub socket_path: PathBuf,
     /// `--same-host`: this device reaches the others of the process through memory.
     pub same_host: bool,
+    /// `--io-thread`: the UDP socket's work on a thread of its own.
+    pub io_thread: bool,
     pub transport: TransportKind,
     pub udp_addr: SocketAddr,
     pub peer_port: u16,
@@ -261,6 +271,9 @@ impl TryFrom<Args> for Config {
         } else {
             a.transport
         };
+        if a.io_thread && transport == TransportKind::Raw {
+            return Err(ConfigError::IoThreadRaw);
+        }
         let raw = match (transport, &a.iface) {
             (TransportKind::Udp, _) => None,
             (TransportKind::Raw, None) => return Err(ConfigError::RawNeedsIface),
@@ -352,6 +365,7 @@ impl TryFrom<Args> for Config {
         Ok(Config {
             socket_path,
             same_host: a.same_host,
+            io_thread: a.io_thread,
             transport,
             raw,
             udp_addr,
@@ -519,6 +533,19 @@ mod tests {
             configs(args(&["--same-host"])).unwrap_err(),
             ConfigError::SameHostAlone
         );
+        assert_eq!(
+            configs(args(&[
+                "--io-thread",
+                "--iface",
+                "eth0",
+                "--raw-addr",
+                "10.0.0.1"
+            ]))
+            .unwrap_err(),
+            ConfigError::IoThreadRaw
+        );
+        let io = configs(args(&[&two[..], &["--io-thread"]].concat())).unwrap();
+        assert!(io.iter().all(|c| c.io_thread));
         assert_eq!(
             configs(args(
                 &[&two[..], &["--iface", "eth0", "--raw-addr", "10.0.0.1"]].concat()

@@ -25,6 +25,8 @@ pub struct Shared {
     pub net: Option<Arc<crate::vhu_net::NetStats>>,
     /// The same-host inbox and its counters (`--same-host`), read without a lock.
     pub same_host: Option<Arc<crate::same_host::Inbox>>,
+    /// The I/O thread (`--io-thread`): its counters, read without a lock.
+    pub io: Option<Arc<crate::io_thread::IoThread>>,
 }
 
 /// How long a reader waits for the worker thread to render the counters.
@@ -198,7 +200,11 @@ pub fn render(shared: &Shared) -> String {
         Some(i) => format!(",\"same_host\":{{{}}}", i.render()),
         None => String::new(),
     };
-    format!("{{\"connections\":{connections},{body}{net}{same_host}{heap}}}\n")
+    let io = match &shared.io {
+        Some(i) => format!(",\"io_thread\":{{{}}}", i.render()),
+        None => String::new(),
+    };
+    format!("{{\"connections\":{connections},{body}{net}{same_host}{io}{heap}}}\n")
 }
 
 /// Serves the counters socket until `shared.shutdown` is set.
@@ -252,6 +258,7 @@ mod tests {
             shutdown: AtomicBool::new(false),
             net: None,
             same_host: None,
+            io: None,
         };
         let doc = render(&shared);
         assert!(

@@ -23,6 +23,7 @@ pub mod egress;
 pub mod events;
 pub mod guest_mem;
 pub mod heap;
+pub mod io_thread;
 pub mod link;
 pub mod model;
 pub mod net_port;
@@ -55,7 +56,7 @@ use crate::link::Transport;
 use crate::model::Model;
 use crate::transport::UdpTransport;
 use crate::vhu_rdma::{
-    VhuRdma, COUNTERS_EVENT, SAME_HOST_EVENT, TIMER_EVENT, UDP_EVENT, WORK_EVENT,
+    VhuRdma, COUNTERS_EVENT, IO_EVENT, SAME_HOST_EVENT, TIMER_EVENT, UDP_EVENT, WORK_EVENT,
 };
 
 #[derive(Debug, Error)]
@@ -218,6 +219,15 @@ impl Device {
             }
         };
         transport.set_egress(config.model.egress.clone());
+        // `--io-thread`: the socket's work moves to a thread of its own.
+        let io = match &mut transport {
+            Transport::Udp(t) if config.io_thread => {
+                let io = io_thread::IoThread::start(t).map_err(Error::Io)?;
+                log::info!("udp socket served by an I/O thread beside the worker");
+                Some(Arc::new(io))
+            }
+            _ => None,
+        };
         // The guest's virtio-net on the same interface: every frame the raw transport's filter
         // does not take.
         let net = match (&config.net_socket, &config.raw) {
@@ -244,6 +254,7 @@ impl Device {
             shutdown: std::sync::atomic::AtomicBool::new(false),
             net: net.as_ref().map(|n| n.2.clone()),
             same_host,
+            io,
         });
         Ok(Device {
             config,
@@ -396,9 +407,12 @@ fn serve(device: Device) -> Result<(), Error> {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .fd();
-            handlers[0]
-                .register_listener(udp_fd, EventSet::IN, UDP_EVENT as u64)
-                .map_err(Error::Io)?;
+            // With an I/O thread the socket is its: the worker waits on its inbox instead.
+            match backend.io_fd() {
+                Some(fd) => handlers[0].register_listener(fd, EventSet::IN, IO_EVENT as u64),
+                None => handlers[0].register_listener(udp_fd, EventSet::IN, UDP_EVENT as u64),
+            }
+            .map_err(Error::Io)?;
             handlers[0]
                 .register_listener(backend.timer_fd(), EventSet::IN, TIMER_EVENT as u64)
                 .map_err(Error::Io)?;
@@ -456,6 +470,9 @@ fn serve(device: Device) -> Result<(), Error> {
         backend.close_exit_fds();
     };
     shared.shutdown.store(true, Ordering::SeqCst);
+    if let Some(io) = &shared.io {
+        io.stop();
+    }
     let _ = unix_socket::remove_socket(&config.socket_path);
     if let (Some(t), Some(p)) = (net_thread, &config.net_socket) {
         // Its listener may sit in accept(): wake it.

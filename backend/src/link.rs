@@ -59,7 +59,16 @@ impl Transport {
     }
 
     pub fn stats(&self) -> TransportStats {
-        each!(self, t => t.stats)
+        match self {
+            Transport::Udp(t) => t.all_stats(),
+            Transport::Raw(t) => t.stats,
+        }
+    }
+
+    /// Whether the socket's work is on an I/O thread (`--io-thread`): the worker then takes
+    /// received packets from [`crate::io_thread::IoThread::inbox`] and never reads the socket.
+    pub fn offloaded(&self) -> bool {
+        matches!(self, Transport::Udp(t) if t.offloaded())
     }
 
     pub fn set_egress(&mut self, p: EgressPolicy) {
@@ -82,6 +91,14 @@ impl Transport {
     pub fn same_host_inbox(&self) -> Option<std::sync::Arc<crate::same_host::Inbox>> {
         match self {
             Transport::Udp(t) => t.same_host_inbox().cloned(),
+            Transport::Raw(_) => None,
+        }
+    }
+
+    /// The I/O thread's inbox (`--io-thread`, udp transport only).
+    pub fn io_inbox(&self) -> Option<std::sync::Arc<crate::same_host::Inbox>> {
+        match self {
+            Transport::Udp(t) => t.io_inbox(),
             Transport::Raw(_) => None,
         }
     }

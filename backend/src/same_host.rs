@@ -94,8 +94,19 @@ impl Inbox {
         self.event.as_raw_fd()
     }
 
-    /// Wakes the worker if packets were put in since it last drained.
-    fn signal(&self) {
+    /// An inbox of its own, not a hub's port (`--io-thread`'s received packets).
+    pub fn standalone() -> io::Result<Arc<Inbox>> {
+        Ok(Arc::new(Inbox::new()?))
+    }
+
+    /// Puts a copy of a received packet in; false if the inbox is full (dropped, counted).
+    /// The worker is woken by [`Self::signal`].
+    pub fn put_packet(&self, meta: RecvMeta, bytes: &[u8]) -> bool {
+        self.put(meta, bytes, &[], None)
+    }
+
+    /// Wakes the worker if it was not woken since it last drained.
+    pub fn signal(&self) {
         if !self.signalled.swap(true, Ordering::AcqRel) {
             let _ = self.event.write(1);
         }

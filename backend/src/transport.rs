@@ -137,6 +137,44 @@ pub struct TransportStats {
     pub rx_arp_ignored: u64,
 }
 
+impl TransportStats {
+    /// The sum of two sets of counters (the worker's and the I/O thread's halves).
+    pub fn plus(mut self, o: &TransportStats) -> TransportStats {
+        self.tx_packets += o.tx_packets;
+        self.tx_bytes += o.tx_bytes;
+        self.tx_dropped += o.tx_dropped;
+        self.tx_blocked += o.tx_blocked;
+        self.tx_denied += o.tx_denied;
+        self.tx_wrong_family += o.tx_wrong_family;
+        self.tx_gso_sends += o.tx_gso_sends;
+        self.tx_gso_segments += o.tx_gso_segments;
+        self.tx_gso_refused += o.tx_gso_refused;
+        self.rx_gro_runs += o.rx_gro_runs;
+        self.rx_gro_segments += o.rx_gro_segments;
+        self.rx_packets += o.rx_packets;
+        self.rx_bytes += o.rx_bytes;
+        self.rx_icrc_ok += o.rx_icrc_ok;
+        self.rx_icrc_id_solved += o.rx_icrc_id_solved;
+        self.rx_icrc_bad += o.rx_icrc_bad;
+        self.rx_short += o.rx_short;
+        self.rx_errors += o.rx_errors;
+        self.rx_unattached += o.rx_unattached;
+        self.rx_not_ours += o.rx_not_ours;
+        self.rx_bad_ethertype += o.rx_bad_ethertype;
+        self.rx_bad_ip += o.rx_bad_ip;
+        self.rx_ip_checksum_bad += o.rx_ip_checksum_bad;
+        self.rx_bad_udp += o.rx_bad_udp;
+        self.rx_truncated += o.rx_truncated;
+        self.rx_ring_lost += o.rx_ring_lost;
+        self.tx_no_dmac += o.tx_no_dmac;
+        self.tx_bad_source += o.tx_bad_source;
+        self.arp_replies += o.arp_replies;
+        self.nd_adverts += o.nd_adverts;
+        self.rx_arp_ignored += o.rx_arp_ignored;
+        self
+    }
+}
+
 pub struct UdpTransport {
     sock: UdpSocket,
     local: SocketAddr,
@@ -164,6 +202,9 @@ pub struct UdpTransport {
     same_host: Option<crate::same_host::Link>,
     /// The guest memory of the packets being built, while a pump runs (`--same-host`).
     payload_src: Option<std::sync::Arc<crate::guest_mem::GuestMemoryMmap>>,
+    /// `--io-thread`: full batches go to the I/O thread instead of the socket
+    /// ([`crate::io_thread`]).
+    offload: Option<crate::io_thread::TxOffload>,
 }
 
 /// `recvmmsg` state: buffers, source addresses, and the datagrams found in them.
@@ -180,6 +221,27 @@ struct RxBatch {
     segs: Vec<RxSeg>,
     /// Whether the socket coalesces runs (`UDP_GRO` set).
     gro: bool,
+}
+
+impl RxBatch {
+    /// Buffers for [`RX_BATCH`] datagrams, or with `gro` for [`RX_BATCH_GRO`] coalesced runs.
+    fn new(gro: bool) -> RxBatch {
+        let (n, slot) = if gro {
+            (RX_BATCH_GRO, GRO_SLOT)
+        } else {
+            (RX_BATCH, RX_SLOT)
+        };
+        RxBatch {
+            buf: vec![0; n * slot],
+            slot,
+            // SAFETY: sockaddr_storage is plain data; all-zero is a valid value.
+            names: vec![unsafe { std::mem::zeroed() }; RX_BATCH],
+            name_lens: vec![0; RX_BATCH],
+            cmsgs: vec![[0; GSO_CMSG_WORDS]; RX_BATCH],
+            segs: Vec::with_capacity(RX_BATCH),
+            gro,
+        }
+    }
 }
 
 /// A datagram of the last receive batch: where it is in `RxBatch::buf`.
@@ -250,9 +312,7 @@ impl UdpTransport {
         let _ = setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, 4 << 20);
         let _ = setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, 4 << 20);
         let local = sock.local_addr()?;
-        let tx_buf = vec![0u8; TX_BATCH * TX_STRIDE + 4096];
-        // The heap block never moves (the vector is never grown), so neither do the slots.
-        let tx_base = (TX_PAGE_OFFSET + 4096 - tx_buf.as_ptr() as usize % 4096) % 4096;
+        let b = Self::new_batch();
         Ok(UdpTransport {
             sock,
             local,
@@ -261,26 +321,139 @@ impl UdpTransport {
             solver: rxe_core::icrc::Ipv4IdSolver::new(),
             egress: EgressPolicy::default(),
             stats: TransportStats::default(),
-            tx_buf,
-            tx_base,
-            tx_pending: Vec::with_capacity(TX_BATCH),
+            tx_buf: b.buf,
+            tx_base: b.base,
+            tx_pending: b.pending,
             tx_blocked: false,
             gso: false,
             gso_refusals: 0,
             rx_failing: false,
             same_host: None,
             payload_src: None,
-            rx: RxBatch {
-                buf: vec![0; RX_BATCH * RX_SLOT],
-                slot: RX_SLOT,
-                // SAFETY: sockaddr_storage is plain data; all-zero is a valid value.
-                names: vec![unsafe { std::mem::zeroed() }; RX_BATCH],
-                name_lens: vec![0; RX_BATCH],
-                cmsgs: vec![[0; GSO_CMSG_WORDS]; RX_BATCH],
-                segs: Vec::with_capacity(RX_BATCH),
-                gro: false,
-            },
+            rx: RxBatch::new(false),
+            offload: None,
         })
+    }
+
+    /// An empty send batch: [`TX_BATCH`] slots, each starting [`TX_PAGE_OFFSET`] into a page.
+    pub(crate) fn new_batch() -> crate::io_thread::TxBatch {
+        let buf = vec![0u8; TX_BATCH * TX_STRIDE + 4096];
+        // The heap block never moves (the vector is never grown), so neither do the slots.
+        let base = (TX_PAGE_OFFSET + 4096 - buf.as_ptr() as usize % 4096) % 4096;
+        crate::io_thread::TxBatch {
+            buf,
+            base,
+            pending: Vec::with_capacity(TX_BATCH),
+        }
+    }
+
+    /// The I/O thread's half of this transport (`--io-thread`): the same socket (a duplicate
+    /// fd), address, GSO and ICRC rules, with its own send and receive buffers and counters.
+    pub(crate) fn io_half(&self) -> io::Result<UdpTransport> {
+        let b = Self::new_batch();
+        Ok(UdpTransport {
+            sock: self.sock.try_clone()?,
+            local: self.local,
+            peer_port: self.peer_port,
+            strict_icrc: self.strict_icrc,
+            solver: rxe_core::icrc::Ipv4IdSolver::new(),
+            egress: self.egress.clone(),
+            stats: TransportStats::default(),
+            tx_buf: b.buf,
+            tx_base: b.base,
+            tx_pending: b.pending,
+            tx_blocked: false,
+            gso: self.gso,
+            gso_refusals: 0,
+            rx_failing: false,
+            rx: RxBatch::new(self.rx.gro),
+            same_host: None,
+            payload_src: None,
+            offload: None,
+        })
+    }
+
+    /// Hands full batches to the I/O thread from now on; this half no longer receives.
+    pub(crate) fn set_offload(&mut self, o: crate::io_thread::TxOffload) {
+        self.offload = Some(o);
+        self.rx = RxBatch::new(false);
+    }
+
+    /// The I/O thread's inbox of received packets (`--io-thread`).
+    pub fn io_inbox(&self) -> Option<std::sync::Arc<crate::same_host::Inbox>> {
+        self.offload.as_ref().map(|o| o.inbox().clone())
+    }
+
+    /// Whether batches go to an I/O thread.
+    pub fn offloaded(&self) -> bool {
+        self.offload.is_some()
+    }
+
+    /// The counters of both halves with `--io-thread` (the socket's traffic is the I/O
+    /// thread's), else this transport's.
+    pub fn all_stats(&self) -> TransportStats {
+        match &self.offload {
+            Some(o) => self.stats.plus(&o.io_stats()),
+            None => self.stats,
+        }
+    }
+
+    /// Whether packets the socket did not take wait (the I/O thread's half).
+    pub(crate) fn tx_blocked_now(&self) -> bool {
+        self.tx_blocked
+    }
+
+    /// Sends what the socket did not take before (the I/O thread's half).
+    pub(crate) fn send_held(&mut self) {
+        self.send_pending();
+    }
+
+    /// Sends `b` (the I/O thread's half; nothing may be held, [`Self::tx_blocked_now`]);
+    /// what the socket does not take stays held. Returns an empty batch.
+    pub(crate) fn send_batch(
+        &mut self,
+        mut b: crate::io_thread::TxBatch,
+    ) -> crate::io_thread::TxBatch {
+        debug_assert!(self.tx_pending.is_empty());
+        std::mem::swap(&mut self.tx_buf, &mut b.buf);
+        std::mem::swap(&mut self.tx_base, &mut b.base);
+        std::mem::swap(&mut self.tx_pending, &mut b.pending);
+        b.pending.clear();
+        self.send_pending();
+        b
+    }
+
+    /// The worker's half: hands the pending batch to the I/O thread, or holds it while the
+    /// channel is full ([`PacketSink::blocked`]).
+    fn hand_off(&mut self) {
+        let Some(off) = &mut self.offload else {
+            return;
+        };
+        if self.tx_pending.is_empty() {
+            self.tx_blocked = false;
+            return;
+        }
+        let mut spare = off.spare();
+        std::mem::swap(&mut self.tx_buf, &mut spare.buf);
+        std::mem::swap(&mut self.tx_base, &mut spare.base);
+        std::mem::swap(&mut self.tx_pending, &mut spare.pending);
+        // `spare` is now the full batch.
+        match off.send(spare) {
+            Ok(()) => self.tx_blocked = false,
+            Err(crate::io_thread::Refused::Full(mut b)) => {
+                // Keep it, in order, for the next flush; the I/O thread wakes the worker.
+                std::mem::swap(&mut self.tx_buf, &mut b.buf);
+                std::mem::swap(&mut self.tx_base, &mut b.base);
+                std::mem::swap(&mut self.tx_pending, &mut b.pending);
+                off.keep(b);
+                self.stats.tx_blocked += 1;
+                self.tx_blocked = true;
+            }
+            Err(crate::io_thread::Refused::Gone(b)) => {
+                self.stats.tx_dropped += b.pending.len() as u64;
+                self.tx_blocked = false;
+            }
+        }
     }
 
     /// Sends runs of packets as UDP GSO segments from now on, and takes coalesced runs
@@ -300,9 +473,7 @@ impl UdpTransport {
         setsockopt_int(self.fd(), libc::IPPROTO_UDP, UDP_NO_CHECK6_TX, 0)?;
         self.gso = true;
         if setsockopt_int(self.fd(), libc::IPPROTO_UDP, UDP_GRO, 1).is_ok() {
-            self.rx.gro = true;
-            self.rx.slot = GRO_SLOT;
-            self.rx.buf = vec![0; RX_BATCH_GRO * GRO_SLOT];
+            self.rx = RxBatch::new(true);
         }
         Ok(true)
     }
@@ -401,6 +572,9 @@ impl UdpTransport {
     /// Sends the queued packets with as few `sendmmsg` calls as the kernel allows; with GSO,
     /// each run of packets [`Self::gso_run`] finds is one message of that call.
     fn send_pending(&mut self) {
+        if self.offload.is_some() {
+            return self.hand_off();
+        }
         let n = self.tx_pending.len();
         if n == 0 {
             self.tx_blocked = false;
@@ -1380,5 +1554,155 @@ mod tests {
             );
             eprintln!("SKIP icrc_round_trip_over_real_sockets: no loopback address could be bound");
         }
+    }
+
+    /// Waits up to 2 s for `n` packets in `inbox`; returns (PSN, length) of each, checking
+    /// that each carries its own payload.
+    fn inbox_n(inbox: &crate::same_host::Inbox, n: usize) -> Vec<(u32, usize)> {
+        let mut got = Vec::new();
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while got.len() < n && std::time::Instant::now() < end {
+            let k = inbox.drain(usize::MAX, |_, rb, _| {
+                let psn = u32::from_be_bytes([0, rb[9], rb[10], rb[11]]);
+                assert!(
+                    rb[12..rb.len() - 4].iter().all(|&b| b == psn as u8),
+                    "packet {psn}: payload is not its own"
+                );
+                got.push((psn, rb.len()));
+            });
+            if k == 0 {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+        got
+    }
+
+    /// `--io-thread`: packets the worker's half builds leave through the I/O thread in
+    /// order, and what arrives is checked (strict ICRC) and handed over in order, both ways;
+    /// the counters of the socket's traffic are the I/O thread's.
+    #[test]
+    fn io_threads_carry_packets_in_order_both_ways() {
+        let (Ok(mut ta), Ok(mut tb)) = (
+            UdpTransport::bind("127.0.0.1:0".parse().unwrap(), 0, true),
+            UdpTransport::bind("127.0.0.1:0".parse().unwrap(), 0, true),
+        ) else {
+            eprintln!("skip: 127.0.0.1 cannot be bound");
+            return;
+        };
+        ta.peer_port = tb.local.port();
+        tb.peer_port = ta.local.port();
+        let (ga, gb) = (ta.gid(), tb.gid());
+        let io_a = crate::io_thread::IoThread::start(&mut ta).unwrap();
+        let io_b = crate::io_thread::IoThread::start(&mut tb).unwrap();
+        // 1000 packets of 1 KiB from a, flushed now and then as a pump does; a full channel
+        // stops it until the I/O thread wakes the worker through the inbox's eventfd.
+        let mut waits = 0;
+        for i in 0..1000u32 {
+            while ta.blocked() {
+                let mut p = libc::pollfd {
+                    fd: io_a.inbox().fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one live pollfd.
+                let r = unsafe { libc::poll(&mut p, 1, 2000) };
+                assert_eq!(r, 1, "a worker waiting for room was not woken within 2 s");
+                io_a.inbox().drain(0, |_, _, _| {});
+                ta.flush();
+                waits += 1;
+            }
+            push_send(&mut ta, gb, i, 1024);
+            if i % 100 == 99 {
+                ta.flush();
+            }
+        }
+        ta.flush();
+        let got = inbox_n(io_b.inbox(), 1000);
+        assert_eq!(
+            got.len(),
+            1000,
+            "b's I/O thread handed over {} of 1000",
+            got.len()
+        );
+        assert!(got.iter().enumerate().all(|(i, &(psn, _))| psn == i as u32));
+        for i in 0..10u32 {
+            push_send(&mut tb, ga, i, 64);
+        }
+        tb.flush();
+        assert_eq!(inbox_n(io_a.inbox(), 10).len(), 10);
+        let (sa, sb) = (ta.all_stats(), tb.all_stats());
+        assert_eq!(
+            (sa.tx_packets, sa.rx_packets, sa.rx_icrc_ok),
+            (1000, 10, 10)
+        );
+        assert_eq!(
+            (sb.tx_packets, sb.rx_packets, sb.rx_icrc_ok),
+            (10, 1000, 1000)
+        );
+        assert_eq!(sb.rx_icrc_bad + sa.rx_icrc_bad, 0);
+        assert!(io_a.render().contains("\"tx_batches\":"));
+        eprintln!("the worker waited for room {waits} times");
+        // Stopping joins the threads; the worker's half then loses what it hands over.
+        drop(io_a);
+        push_send(&mut ta, gb, 0, 64);
+        ta.flush();
+        assert_eq!(ta.stats.tx_dropped, 1);
+    }
+
+    /// The worker's half with a full channel holds its batch, in order, says it is blocked
+    /// and asks to be woken; once the I/O thread has taken a batch the next flush hands it
+    /// over.
+    #[test]
+    fn a_full_io_channel_holds_the_batch() {
+        let Ok(mut ta) = UdpTransport::bind("127.0.0.1:0".parse().unwrap(), 0, true) else {
+            eprintln!("skip: 127.0.0.1 cannot be bound");
+            return;
+        };
+        ta.peer_port = 9;
+        let dst = ta.gid();
+        let (off, from_worker) = crate::io_thread::offload_without_thread(&ta).unwrap();
+        ta.set_offload(off);
+        let n = crate::io_thread::CHANNEL_BATCHES * TX_BATCH;
+        for i in 0..n as u32 {
+            push_send(&mut ta, dst, i, 64);
+        }
+        assert!(!ta.blocked());
+        for i in 0..5 {
+            push_send(&mut ta, dst, n as u32 + i, 64);
+        }
+        ta.flush();
+        assert!(
+            ta.blocked(),
+            "the channel holds {n} packets: the rest must wait"
+        );
+        assert_eq!(ta.tx_pending.len(), 5);
+        assert!(ta.offload.as_ref().unwrap().waits());
+        assert_eq!(ta.stats.tx_blocked, 1);
+        let first = from_worker.try_recv().unwrap();
+        assert_eq!(first.pending.len(), TX_BATCH);
+        ta.flush();
+        assert!(!ta.blocked());
+        let mut psns = Vec::new();
+        while let Ok(b) = from_worker.try_recv() {
+            for i in 0..b.pending.len() {
+                let at = b.base + i * TX_STRIDE;
+                psns.push(u32::from_be_bytes([
+                    0,
+                    b.buf[at + 9],
+                    b.buf[at + 10],
+                    b.buf[at + 11],
+                ]));
+            }
+        }
+        let want: Vec<u32> = (TX_BATCH as u32..n as u32 + 5).collect();
+        assert_eq!(psns, want, "every packet once, in order");
+        drop(from_worker);
+        push_send(&mut ta, dst, 0, 64);
+        ta.flush();
+        assert_eq!(
+            ta.stats.tx_dropped, 1,
+            "a gone I/O thread loses what it is handed"
+        );
+        assert!(!ta.blocked());
     }
 }

@@ -46,6 +46,9 @@ pub const UDP_WRITABLE_EVENT: u16 = NUM_QUEUES as u16 + 4;
 pub const COUNTERS_EVENT: u16 = NUM_QUEUES as u16 + 5;
 /// Packets wait in the same-host inbox (`--same-host`, [`crate::same_host`]).
 pub const SAME_HOST_EVENT: u16 = NUM_QUEUES as u16 + 6;
+/// Packets the I/O thread received wait in its inbox, or its send channel has room again
+/// (`--io-thread`, [`crate::io_thread`]).
+pub const IO_EVENT: u16 = NUM_QUEUES as u16 + 7;
 
 /// Queue size the device offers.
 pub const QUEUE_SIZE: usize = 1024;
@@ -283,6 +286,9 @@ pub struct VhuRdma {
     notify_on_empty: AtomicBool,
     /// What other ports of this process sent this one (`--same-host`).
     inbox: Option<Arc<crate::same_host::Inbox>>,
+    /// What the I/O thread received (`--io-thread`); its eventfd also says the send channel
+    /// has room again.
+    io_inbox: Option<Arc<crate::same_host::Inbox>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -297,9 +303,9 @@ impl VhuRdma {
         transport: Arc<Mutex<Transport>>,
         poll_us: u32,
     ) -> io::Result<Self> {
-        let (udp_fd, inbox) = {
+        let (udp_fd, inbox, io_inbox) = {
             let t = lock(&transport);
-            (t.fd(), t.same_host_inbox())
+            (t.fd(), t.same_host_inbox(), t.io_inbox())
         };
         // SAFETY: `udp_fd` is the transport's open socket; F_DUPFD_CLOEXEC makes a new fd.
         let dup = unsafe { libc::fcntl(udp_fd, libc::F_DUPFD_CLOEXEC, 0) };
@@ -334,6 +340,7 @@ impl VhuRdma {
             wstats: WorkerStats::default(),
             notify_on_empty: AtomicBool::new(false),
             inbox,
+            io_inbox,
         })
     }
 
@@ -353,6 +360,11 @@ impl VhuRdma {
 
     pub fn counters_fd(&self) -> RawFd {
         self.counters_req.as_raw_fd()
+    }
+
+    /// The I/O thread's inbox's eventfd, with `--io-thread`.
+    pub fn io_fd(&self) -> Option<RawFd> {
+        self.io_inbox.as_ref().map(|i| i.fd())
     }
 
     /// The same-host inbox's eventfd, with `--same-host`.
@@ -410,6 +422,8 @@ impl VhuRdma {
             Pump::Budget => {
                 let _ = self.work.write(1);
             }
+            // The I/O thread wakes the worker (IO_EVENT) when its channel has room.
+            Pump::Blocked if self.io_inbox.is_some() => {}
             Pump::Blocked => self.wait_writable(true),
         }
     }
@@ -721,10 +735,16 @@ impl VhuRdma {
         total
     }
 
-    /// Takes up to [`RX_LIMIT`] packets other ports of this process sent (`--same-host`)
-    /// into the engine; returns how many.
-    fn receive_same_host(&self, model: &mut Model, mem: &GM) -> usize {
-        let Some(inbox) = &self.inbox else {
+    /// Takes up to [`RX_LIMIT`] packets from `inbox` into the engine: what other ports of
+    /// this process sent (`--same-host`), or what the I/O thread received (`--io-thread`);
+    /// returns how many.
+    fn receive_inbox(
+        &self,
+        inbox: Option<&Arc<crate::same_host::Inbox>>,
+        model: &mut Model,
+        mem: &GM,
+    ) -> usize {
+        let Some(inbox) = inbox else {
             return 0;
         };
         let g = mem.memory();
@@ -839,10 +859,12 @@ impl VhuRdma {
                 found |= self.serve_queue(q, vrings, mem, &mut model, false)?;
             }
         }
-        if lock(&self.rx_pause).until.is_none() {
+        // With an I/O thread the socket is its own: the worker polls its inbox.
+        if self.io_inbox.is_none() && lock(&self.rx_pause).until.is_none() {
             found |= self.receive_socket(&mut model, mem) > 0;
         }
-        found |= self.receive_same_host(&mut model, mem) > 0;
+        found |= self.receive_inbox(self.io_inbox.as_ref(), &mut model, mem) > 0;
+        found |= self.receive_inbox(self.inbox.as_ref(), &mut model, mem) > 0;
         let t = now();
         let due = model.poll_timeout().is_some_and(|d| d <= t);
         if due {
@@ -1094,6 +1116,11 @@ impl VhostUserBackend for VhuRdma {
                         i.discard(RX_LIMIT);
                     }
                 }
+                IO_EVENT => {
+                    if let Some(i) = &self.io_inbox {
+                        i.discard(RX_LIMIT);
+                    }
+                }
                 _ => {}
             }
             return Ok(());
@@ -1140,7 +1167,8 @@ impl VhostUserBackend for VhuRdma {
                 false
             }
             UDP_EVENT => self.receive_socket(&mut model, &mem) > 0,
-            SAME_HOST_EVENT => self.receive_same_host(&mut model, &mem) > 0,
+            SAME_HOST_EVENT => self.receive_inbox(self.inbox.as_ref(), &mut model, &mem) > 0,
+            IO_EVENT => self.receive_inbox(self.io_inbox.as_ref(), &mut model, &mem) > 0,
             TIMER_EVENT => {
                 self.timer.consume();
                 model.handle_timeout(now());

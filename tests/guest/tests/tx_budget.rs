@@ -77,8 +77,20 @@ fn record(s: UdpSocket, stop: Arc<AtomicBool>) -> (Seen, std::thread::JoinHandle
 
 #[test]
 fn a_control_command_is_served_while_a_1_gib_read_is_answered() {
+    control_served_during_a_1_gib_read(&[]);
+}
+
+/// The same with the socket's work on an I/O thread (`--io-thread`): the peer's small
+/// receive buffer backs up into the socket, the I/O thread's channel and the worker's pump,
+/// which waits for room without holding the control queue.
+#[test]
+fn with_an_io_thread_too() {
+    control_served_during_a_1_gib_read(&["--io-thread"]);
+}
+
+fn control_served_during_a_1_gib_read(extra: &[&str]) {
     let (a, b) = loopback_pair(4791);
-    let mut n = Node::start(bin(), a, &[]).expect("node");
+    let mut n = Node::start(bin(), a, extra).expect("node");
     let peer = peer_socket(b);
     let g = &mut n.guest;
     g.timeout = Duration::from_secs(300);

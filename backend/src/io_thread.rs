@@ -1,0 +1,460 @@
+//! `--io-thread`: the UDP socket's work on a second core. The worker thread runs the engine
+//! and the guest's rings; the I/O thread makes every `sendmmsg` and `recvmmsg` and verifies
+//! every received ICRC. Between them there is no lock on the packet path: send batches go
+//! over a bounded channel and come back empty over another, received packets go through an
+//! [`Inbox`] (the same-host shortcut's), and each side wakes the other only when it sleeps.
+//!
+//! ```text
+//!  worker: engine ─► UdpTransport::push (route, ICRC) ─► batch of 32 ─► channel (8 batches)
+//!  I/O:    channel ─► sendmmsg / GSO ─► empty batch back ─► worker
+//!  I/O:    recvmmsg ─► ICRC check ─► Inbox (+ eventfd) ─► worker: engine
+//! ```
+//!
+//! Backpressure keeps the socket's: a full socket buffer stops the I/O thread taking
+//! batches, a full channel stops the worker's pump ([`crate::model::Pump::Blocked`]) until
+//! the I/O thread has taken a batch and woken it. A full inbox drops, and counts, as a full
+//! socket buffer does.
+//!
+//! What it costs: one more thread hop each way, so a lone small message waits for a wake-up
+//! of the other thread (docs/benchmarks.md, "I/O thread").
+
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TryRecvError, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::same_host::Inbox;
+use crate::transport::UdpTransport;
+
+/// Send batches the channel to the I/O thread holds: 8 × 32 = 256 packets on their way to
+/// the socket, about 1 MiB at 4 KiB each.
+pub const CHANNEL_BATCHES: usize = 8;
+/// Datagrams the I/O thread receives before it looks at the send channel again.
+const RX_ROUND: usize = 256;
+
+/// A batch of packets for the socket: slot `i` of `buf` starts at `base + i * TX_STRIDE`
+/// ([`UdpTransport`]'s send slots), `pending[i]` is its length and destination.
+pub struct TxBatch {
+    pub(crate) buf: Vec<u8>,
+    pub(crate) base: usize,
+    pub(crate) pending: Vec<(usize, SocketAddr)>,
+}
+
+/// What the two threads share.
+struct Link {
+    /// The I/O thread is about to sleep (or sleeps) in epoll: a sender must wake it.
+    io_sleeping: AtomicBool,
+    /// Batches sent and not yet taken (an over-count for a moment is harmless).
+    queued: AtomicUsize,
+    /// The worker found the channel full and waits to be woken when there is room.
+    worker_waiting: AtomicBool,
+    /// Wakes the I/O thread (a batch came, or it is asked to stop).
+    io_wake: EventFd,
+    stop: AtomicBool,
+    /// Received packets, for the worker; its eventfd wakes the worker (packets, or room in
+    /// the channel).
+    inbox: Arc<Inbox>,
+    stats: IoStats,
+}
+
+impl Link {
+    fn new() -> io::Result<Arc<Link>> {
+        Ok(Arc::new(Link {
+            io_sleeping: AtomicBool::new(false),
+            queued: AtomicUsize::new(0),
+            worker_waiting: AtomicBool::new(false),
+            io_wake: EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC)?,
+            stop: AtomicBool::new(false),
+            inbox: Inbox::standalone()?,
+            stats: IoStats::default(),
+        }))
+    }
+}
+
+/// The I/O thread's counters (the `"io_thread"` object of the counters).
+#[derive(Debug, Default)]
+pub struct IoStats {
+    /// Send batches handed to the I/O thread.
+    pub tx_batches: AtomicU64,
+    /// Times the worker found the channel full and waited.
+    pub tx_channel_full: AtomicU64,
+    /// Times the worker woke the I/O thread (it was sleeping).
+    pub io_wakeups: AtomicU64,
+}
+
+/// The worker's end: hands send batches to the I/O thread.
+pub struct TxOffload {
+    to_io: SyncSender<TxBatch>,
+    back: Receiver<TxBatch>,
+    link: Arc<Link>,
+    /// The I/O thread's half, for its counters (the worker never sends through it).
+    io: Arc<Mutex<UdpTransport>>,
+    /// An empty batch the worker had in hand when the channel was full.
+    kept: Option<TxBatch>,
+}
+
+/// Why [`TxOffload::send`] gave a batch back.
+pub enum Refused {
+    /// The channel is full: try again when woken.
+    Full(TxBatch),
+    /// The I/O thread is gone (the device is stopping): the packets are lost.
+    Gone(TxBatch),
+}
+
+impl TxOffload {
+    /// The inbox the I/O thread puts received packets in.
+    pub fn inbox(&self) -> &Arc<Inbox> {
+        &self.link.inbox
+    }
+
+    /// The I/O thread's transport counters.
+    pub fn io_stats(&self) -> crate::transport::TransportStats {
+        lock(&self.io).stats
+    }
+
+    /// An empty batch: one the I/O thread gave back, or a new one.
+    pub fn spare(&mut self) -> TxBatch {
+        if let Some(b) = self.kept.take() {
+            return b;
+        }
+        match self.back.try_recv() {
+            Ok(mut b) => {
+                b.pending.clear();
+                b
+            }
+            Err(_) => UdpTransport::new_batch(),
+        }
+    }
+
+    /// Keeps an empty batch for the next [`Self::spare`].
+    pub fn keep(&mut self, b: TxBatch) {
+        self.kept = Some(b);
+    }
+
+    /// Hands `batch` to the I/O thread (waking it if it sleeps), or gives it back.
+    pub fn send(&self, batch: TxBatch) -> Result<(), Refused> {
+        let l = &self.link;
+        l.queued.fetch_add(1, Ordering::SeqCst);
+        let batch = match self.to_io.try_send(batch) {
+            Ok(()) => {
+                self.sent();
+                return Ok(());
+            }
+            Err(TrySendError::Disconnected(b)) => {
+                l.queued.fetch_sub(1, Ordering::SeqCst);
+                return Err(Refused::Gone(b));
+            }
+            Err(TrySendError::Full(b)) => b,
+        };
+        // Full: ask to be woken, then look once more (the I/O thread may have taken every
+        // batch before it saw the request).
+        l.worker_waiting.store(true, Ordering::SeqCst);
+        match self.to_io.try_send(batch) {
+            Ok(()) => {
+                l.worker_waiting.store(false, Ordering::SeqCst);
+                self.sent();
+                Ok(())
+            }
+            Err(TrySendError::Full(b)) => {
+                l.queued.fetch_sub(1, Ordering::SeqCst);
+                l.stats.tx_channel_full.fetch_add(1, Ordering::Relaxed);
+                Err(Refused::Full(b))
+            }
+            Err(TrySendError::Disconnected(b)) => {
+                l.queued.fetch_sub(1, Ordering::SeqCst);
+                Err(Refused::Gone(b))
+            }
+        }
+    }
+
+    fn sent(&self) {
+        let l = &self.link;
+        l.stats.tx_batches.fetch_add(1, Ordering::Relaxed);
+        if l.io_sleeping.swap(false, Ordering::SeqCst) {
+            l.stats.io_wakeups.fetch_add(1, Ordering::Relaxed);
+            let _ = l.io_wake.write(1);
+        }
+    }
+}
+
+/// The I/O thread of one device; dropping it stops and joins the thread.
+pub struct IoThread {
+    link: Arc<Link>,
+    /// The socket half the thread sends and receives with (its counters are the device's).
+    io: Arc<Mutex<UdpTransport>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl IoThread {
+    /// Splits `t` into the worker's half (which keeps building packets and hands them to
+    /// the returned thread) and the I/O thread's half, and starts the thread.
+    pub fn start(t: &mut UdpTransport) -> io::Result<IoThread> {
+        let io = Arc::new(Mutex::new(t.io_half()?));
+        let (to_io, from_worker) = mpsc::sync_channel(CHANNEL_BATCHES);
+        let (to_worker, back) = mpsc::channel();
+        let link = Link::new()?;
+        let mut run = Run {
+            link: link.clone(),
+            io: io.clone(),
+            from_worker,
+            to_worker,
+            epoll: epoll_new()?,
+            interest: 0,
+            rx_pause: crate::vhu_rdma::RxBackoff::default(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("vur-io".into())
+            .spawn(move || run.run())?;
+        t.set_offload(TxOffload {
+            to_io,
+            back,
+            link: link.clone(),
+            io: io.clone(),
+            kept: None,
+        });
+        Ok(IoThread {
+            link,
+            io,
+            thread: Some(thread),
+        })
+    }
+
+    /// The inbox received packets wait in; its fd wakes the worker.
+    pub fn inbox(&self) -> &Arc<Inbox> {
+        &self.link.inbox
+    }
+
+    /// The I/O thread's socket half (for its counters).
+    pub fn transport(&self) -> &Arc<Mutex<UdpTransport>> {
+        &self.io
+    }
+
+    /// The counters as the members of a JSON object.
+    pub fn render(&self) -> String {
+        let s = &self.link.stats;
+        let i = &self.link.inbox.stats;
+        let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        format!(
+            "\"tx_batches\":{},\"tx_channel_full\":{},\"io_wakeups\":{},\"rx_packets\":{},\"rx_dropped\":{},\"rx_waiting\":{}",
+            r(&s.tx_batches),
+            r(&s.tx_channel_full),
+            r(&s.io_wakeups),
+            r(&i.rx_packets),
+            r(&i.rx_dropped),
+            self.link.inbox.len()
+        )
+    }
+}
+
+impl IoThread {
+    /// Asks the thread to stop (it does at its next wake-up, at once if it sleeps).
+    pub fn stop(&self) {
+        self.link.stop.store(true, Ordering::SeqCst);
+        let _ = self.link.io_wake.write(1);
+    }
+}
+
+impl Drop for IoThread {
+    fn drop(&mut self) {
+        self.stop();
+        if let Some(t) = self.thread.take() {
+            if t.join().is_err() {
+                log::error!("the I/O thread panicked");
+            }
+        }
+    }
+}
+
+/// A worker's end with no I/O thread behind it, and the channel's other end (tests of the
+/// worker's side: a full channel, a thread that is gone).
+#[cfg(test)]
+pub(crate) fn offload_without_thread(
+    t: &UdpTransport,
+) -> io::Result<(TxOffload, Receiver<TxBatch>)> {
+    let (to_io, from_worker) = mpsc::sync_channel(CHANNEL_BATCHES);
+    let (_to_worker, back) = mpsc::channel();
+    let link = Link::new()?;
+    let off = TxOffload {
+        to_io,
+        back,
+        link,
+        io: Arc::new(Mutex::new(t.io_half()?)),
+        kept: None,
+    };
+    Ok((off, from_worker))
+}
+
+#[cfg(test)]
+impl TxOffload {
+    /// Whether the worker asked to be woken when the channel has room.
+    pub(crate) fn waits(&self) -> bool {
+        self.link.worker_waiting.load(Ordering::SeqCst)
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+const TOKEN_SOCKET: u64 = 0;
+const TOKEN_WAKE: u64 = 1;
+
+fn epoll_new() -> io::Result<OwnedFd> {
+    // SAFETY: epoll_create1 takes flags and returns a new fd or -1.
+    let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just created and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn epoll_ctl(ep: RawFd, op: i32, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
+    let mut ev = libc::epoll_event { events, u64: token };
+    // SAFETY: `ev` is a valid epoll_event for the duration of the call.
+    if unsafe { libc::epoll_ctl(ep, op, fd, &mut ev) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The I/O thread's state.
+struct Run {
+    link: Arc<Link>,
+    io: Arc<Mutex<UdpTransport>>,
+    from_worker: Receiver<TxBatch>,
+    to_worker: Sender<TxBatch>,
+    epoll: OwnedFd,
+    /// The socket's epoll interest now (EPOLLIN while receiving, EPOLLOUT while blocked).
+    interest: u32,
+    rx_pause: crate::vhu_rdma::RxBackoff,
+}
+
+impl Run {
+    fn run(&mut self) {
+        if let Err(e) = self.run_loop() {
+            log::error!("I/O thread: {e}");
+        }
+        // Whatever the worker sends from now on comes back as Gone.
+    }
+
+    fn run_loop(&mut self) -> io::Result<()> {
+        let ep = self.epoll.as_raw_fd();
+        let sock = lock(&self.io).fd();
+        epoll_ctl(
+            ep,
+            libc::EPOLL_CTL_ADD,
+            self.link.io_wake.as_raw_fd(),
+            libc::EPOLLIN as u32,
+            TOKEN_WAKE,
+        )?;
+        epoll_ctl(ep, libc::EPOLL_CTL_ADD, sock, 0, TOKEN_SOCKET)?;
+        let mut events = [libc::epoll_event { events: 0, u64: 0 }; 4];
+        loop {
+            if self.link.stop.load(Ordering::SeqCst) {
+                return Ok(());
+            }
+            let now = crate::vhu_rdma::now();
+            if self.rx_pause.until.is_some_and(|u| now >= u) {
+                self.rx_pause.until = None;
+            }
+            let blocked = self.send();
+            if self.rx_pause.until.is_none() {
+                self.receive();
+            }
+            let want = if blocked { libc::EPOLLOUT as u32 } else { 0 }
+                | if self.rx_pause.until.is_none() {
+                    libc::EPOLLIN as u32
+                } else {
+                    0
+                };
+            if want != self.interest {
+                epoll_ctl(ep, libc::EPOLL_CTL_MOD, sock, want, TOKEN_SOCKET)?;
+                self.interest = want;
+            }
+            // Sleep, unless a batch came meanwhile (the worker wakes a sleeper only).
+            self.link.io_sleeping.store(true, Ordering::SeqCst);
+            let timeout = if self.link.queued.load(Ordering::SeqCst) > 0 && !blocked {
+                0
+            } else {
+                match self.rx_pause.until {
+                    Some(u) => (u.0.saturating_sub(crate::vhu_rdma::now().0) / 1_000_000 + 1)
+                        .min(i32::MAX as u64) as i32,
+                    None => -1,
+                }
+            };
+            // SAFETY: `events` is a valid array of its length for the kernel to fill.
+            let n =
+                unsafe { libc::epoll_wait(ep, events.as_mut_ptr(), events.len() as i32, timeout) };
+            self.link.io_sleeping.store(false, Ordering::SeqCst);
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+            let _ = self.link.io_wake.read();
+        }
+    }
+
+    /// Sends what waits: first what the socket did not take before, then the batches the
+    /// worker handed over, until the socket is full or there are none. True if the socket
+    /// is full.
+    fn send(&mut self) -> bool {
+        let mut t = lock(&self.io);
+        if t.tx_blocked_now() {
+            t.send_held();
+        }
+        while !t.tx_blocked_now() {
+            let b = match self.from_worker.try_recv() {
+                Ok(b) => b,
+                Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+            };
+            self.link.queued.fetch_sub(1, Ordering::SeqCst);
+            let empty = t.send_batch(b);
+            let _ = self.to_worker.send(empty);
+            if self.link.worker_waiting.swap(false, Ordering::SeqCst) {
+                // Room in the channel: the worker's next pump hands its batch over.
+                self.link.inbox.signal();
+            }
+        }
+        t.tx_blocked_now()
+    }
+
+    /// Receives up to [`RX_ROUND`] datagrams into the inbox and wakes the worker.
+    fn receive(&mut self) {
+        let mut t = lock(&self.io);
+        let inbox = &self.link.inbox;
+        let mut total = 0;
+        while total < RX_ROUND {
+            let n = t.recv_batch();
+            for i in 0..n {
+                if let Some((meta, bytes)) = t.packet(i) {
+                    inbox.put_packet(meta, bytes);
+                }
+            }
+            total += n;
+            if n < crate::transport::RX_BATCH {
+                break;
+            }
+        }
+        if total > 0 {
+            inbox.signal();
+        }
+        if t.rx_failing() {
+            let until = self.rx_pause.fail(crate::vhu_rdma::now());
+            log::warn!(
+                "udp socket: {} receive errors so far; not reading it for {} ms",
+                t.stats.rx_errors,
+                until.0.saturating_sub(crate::vhu_rdma::now().0) / 1_000_000
+            );
+        } else {
+            self.rx_pause.ok();
+        }
+    }
+}
