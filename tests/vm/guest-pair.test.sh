@@ -9,6 +9,9 @@
 #            sends runs of packets as UDP GSO and takes them as UDP GRO; the verbs tools and
 #            perftest in both directions, and the daemon must have sent GSO runs with every
 #            ICRC it received right
+#   rxe-io   the rxe pair with the daemon's UDP socket served by an I/O thread beside its worker
+#            (--io-thread): every tool in both directions, and every packet the daemon sent
+#            and received must have gone through that thread, none dropped on the way
 #   same-host  the devices pair served by ONE daemon process (two --socket-path, --same-host):
 #            every tool, and no RoCE packet between the guests may cross the kernel (the
 #            devices' UDP sockets send and receive nothing); RC payloads cross with one copy,
@@ -29,8 +32,8 @@
 #            succeed, the daemons' memory (RssAnon) and fd count stay flat after the warm-up,
 #            and at the end they hold exactly what the guests' kernels hold. tests/vm/soak.test.sh
 #
-#   sudo tests/vm/guest-pair.test.sh [--repeat N] [devices|rxe|rxe6|same-host|nic|nic-rxe|all|soak] [TOOL...]
-#   default: all (devices, rxe, rxe6, same-host, nic, nic-rxe), every tool. --repeat N runs each
+#   sudo tests/vm/guest-pair.test.sh [--repeat N] [devices|rxe|rxe-io|rxe6|same-host|nic|nic-rxe|all|soak] [TOOL...]
+#   default: all (devices, rxe, rxe-io, rxe6, same-host, nic, nic-rxe), every tool. --repeat N runs each
 #   mode N times (logs per run: $work/MODE.R) and prints a pass count per mode (rxe6: the tools with a GID index: rc uc
 #   ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw); soak: rc uc ud srq send_bw
 #   write_bw read_bw atomic_bw rping udaddy nvme
@@ -69,15 +72,15 @@ repeat=1
 if [[ ${1:-} == --repeat ]]; then
     repeat=${2:-}
     [[ $repeat =~ ^[1-9][0-9]*$ ]] ||
-        { echo "usage: $0 [--repeat N] [devices|rxe|rxe6|same-host|nic|nic-rxe|all|soak] [TOOL...]" >&2; exit 2; }
+        { echo "usage: $0 [--repeat N] [devices|rxe|rxe-io|rxe6|same-host|nic|nic-rxe|all|soak] [TOOL...]" >&2; exit 2; }
     shift 2
 fi
 
-modes=(devices rxe rxe6 same-host nic nic-rxe)
+modes=(devices rxe rxe-io rxe6 same-host nic nic-rxe)
 case ${1:-all} in
-devices | rxe | rxe6 | same-host | soak | nic | nic-rxe) modes=("$1"); shift ;;
+devices | rxe | rxe-io | rxe6 | same-host | soak | nic | nic-rxe) modes=("$1"); shift ;;
 all) shift || true ;;
--*) echo "usage: $0 [--repeat N] [devices|rxe|rxe6|same-host|nic|nic-rxe|all|soak] [TOOL...]" >&2; exit 2 ;;
+-*) echo "usage: $0 [--repeat N] [devices|rxe|rxe-io|rxe6|same-host|nic|nic-rxe|all|soak] [TOOL...]" >&2; exit 2 ;;
 esac
 # the tools that take a GID index (rxe6; the rdma_cm tools and tcp stay on IPv4)
 gid_tools=(rc uc ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw)
@@ -250,9 +253,11 @@ run_mode() {
             --env PAIR_OOB_MAC=52:54:00:77:00:04 --env PAIR_PEER_OOB=10.78.0.2 \
             --env PAIR_PEER_ROCE=fd77::2
         ;;
-    rxe)
+    rxe | rxe-io)
         for t in "${tools[@]}"; do steps+="${steps:+,}$t@dev,$t@rxe"; done
-        daemon dev 10.77.0.2 52:54:00:77:00:02 || return 1
+        local io=()
+        [[ $mode == rxe-io ]] && io=(--io-thread)
+        daemon dev 10.77.0.2 52:54:00:77:00:02 "${io[@]}" || return 1
         guest dev --rdma-sock "$dir/daemon-dev/rdma.sock" --nic-no-peer --mac 52:54:00:77:00:02 \
             --ip 10.77.0.2/24 --no-rxe --tap2 vurtapA --mac2 52:54:00:78:00:02 \
             --env PAIR_DEV=vrdma0 --env PAIR_OOB=10.78.0.2/24 --env PAIR_OOB_MAC=52:54:00:78:00:02 \
@@ -358,6 +363,10 @@ run_mode() {
             log "$msg"
             if [[ $mode == rxe6 ]]; then
                 msg=$(vm_daemon_gso "$mode/$g" "$dir/$g.counters.json") || fail=1
+                log "$msg"
+            fi
+            if [[ $mode == rxe-io ]]; then
+                msg=$(vm_daemon_io "$mode/$g" "$dir/$g.counters.json") || fail=1
                 log "$msg"
             fi
         else

@@ -173,6 +173,27 @@ if not t.get("tx_gso_sends") or t.get("tx_gso_refused"):
 PY
 }
 
+# vm_daemon_io NAME COUNTERS.json: one line with a device's I/O-thread counters; fail (return
+# 1) when no send batch went through the I/O thread, a datagram the socket received did not
+# go through its inbox, or one was dropped there.
+vm_daemon_io() {
+    python3 - "$1" "$2" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[2]))
+t, io = j.get("transport", {}), j.get("io_thread", {})
+keys = ("tx_batches", "tx_channel_full", "io_wakeups", "rx_packets", "rx_dropped")
+print(sys.argv[1] + ": io_thread " + " ".join(f"{k}={io.get(k, '?')}" for k in keys)
+      + f"; transport tx_packets={t.get('tx_packets', '?')} rx_packets={t.get('rx_packets', '?')}")
+bad = [] if io.get("tx_batches") else ["no send batch through the I/O thread"]
+if not t.get("rx_packets") or io.get("rx_packets") != t.get("rx_packets"):
+    bad.append("received datagrams not all through the I/O thread's inbox")
+bad += ["io_thread rx_dropped"] if io.get("rx_dropped") else []
+if bad:
+    print(sys.argv[1] + ": FAIL: " + ", ".join(bad))
+    sys.exit(1)
+PY
+}
+
 # vm_daemon_same_host NAME COUNTERS.json: one line with a device's same-host and transport
 # counters; fail (return 1) when RoCE crossed its UDP socket, nothing crossed the shortcut, no
 # payload crossed as references, or a packet was dropped at its inbox.

@@ -24,6 +24,12 @@
 //! `--rounds` interleaved rounds; messages/s and the daemons' CPU per message side by side,
 //! the daemon's anonymous memory per idle QP, and the QP create / destroy rates.
 //!
+//! `--only io-thread` runs the I/O-thread table: two daemons on loopback without and with
+//! `--io-thread` (the socket's work on a second thread of each daemon), in `--rounds`
+//! interleaved rounds: 64 KiB RC WRITE, 64 B SEND rate and half RTT beside the kernel's TCP
+//! stream, UDP stream and UDP ping-pong of the same round, and the daemons' CPU per WRITE
+//! and per message.
+//!
 //! `--only raw` (root) compares the transports on a veth pair whose ends are in two network
 //! namespaces it creates (and that vanish with it): two `udp` daemons on addresses the
 //! namespaces' kernels hold, then two `raw` daemons (`--iface`) on the same ends, each pair
@@ -48,7 +54,7 @@ struct Args {
     #[arg(long)]
     compare: Option<PathBuf>,
     /// Run one row only.
-    #[arg(long, value_parser = ["pingpong", "write", "same-host", "rate", "ctrl", "scale", "raw", "gso"])]
+    #[arg(long, value_parser = ["pingpong", "write", "same-host", "io-thread", "rate", "ctrl", "scale", "raw", "gso"])]
     only: Option<String>,
     /// How the guest waits for completions.
     #[arg(long, default_value = "spin", value_parser = ["spin", "event"])]
@@ -105,6 +111,19 @@ fn udp_rate(size: usize, count: u64, window: u64) -> std::io::Result<f64> {
     let b = std::net::UdpSocket::bind(y)?;
     let to = b.local_addr()?;
     b.set_read_timeout(Some(Duration::from_secs(5)))?;
+    // The daemons' sockets ask for 4 MiB; the default (about 200 KiB) holds fewer than the
+    // window's 256 datagrams at their truesize, and the stream would lose some.
+    let rcvbuf: libc::c_int = 4 << 20;
+    // SAFETY: a valid socket and a c_int option value of its size.
+    unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&b),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&rcvbuf as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
     let got = Arc::new(AtomicU64::new(0));
     let seen = got.clone();
     let rx = std::thread::spawn(move || -> std::io::Result<Instant> {
@@ -451,6 +470,108 @@ fn same_host_table(bin: &std::path::Path, a: &Args) {
     println!(
         "medians of {rounds} rounds, {} MiB each",
         a.write_bytes >> 20
+    );
+}
+
+/// The I/O-thread table (`--only io-thread`): two daemons on loopback, the worker alone and
+/// with `--io-thread`, in interleaved rounds beside the kernel's loopback paths measured in
+/// the same round; medians and ranges, and CPU of both daemons (every thread) per operation.
+fn io_thread_table(bin: &std::path::Path, a: &Args, wait: WaitMode) {
+    let rounds = a.rounds.max(1);
+    let cpus = a.daemon_cpu.map(|c| [c]);
+    let cpus = cpus.as_ref().map(|c| &c[..]);
+    let writes = a.write_bytes.div_ceil(64 << 10) as f64;
+    // Per setup [worker, --io-thread, kernel]: WRITE Gbit/s, rate k/s, half RTT us, CPU us
+    // per WRITE, CPU ns per message.
+    let mut m: [[Vec<f64>; 5]; 3] = Default::default();
+    let round = |m: &mut [[Vec<f64>; 5]; 3]| -> Result<(), String> {
+        for (i, flag) in [&[][..], &["--io-thread"][..]].into_iter().enumerate() {
+            let (aa, ba) = loopback_pair(4791);
+            let mut extra = vec!["--mtu", "9000"];
+            extra.extend_from_slice(flag);
+            let mut x = Node::start_on(bin, aa, &extra, cpus).map_err(|e| format!("{e}"))?;
+            let mut y = Node::start_on(bin, ba, &extra, cpus).map_err(|e| format!("{e}"))?;
+            let pids = [x.daemon.pid(), y.daemon.pid()];
+            let cpu = || {
+                pids.iter()
+                    .map(|&p| vur_testguest::scale::cpu_ns(p).unwrap_or(0))
+                    .sum::<u64>()
+            };
+            let c0 = cpu();
+            let bw = perf::rc_write_bw(&mut x, &mut y, 64 << 10, a.write_bytes, 16)
+                .map_err(|e| format!("WRITE ({flag:?}): {e}"))?;
+            let c1 = cpu();
+            let rate = perf::rc_msg_rate(&mut x, &mut y, 64, a.messages, RATE_WINDOW)
+                .map_err(|e| format!("rate ({flag:?}): {e}"))?;
+            let c2 = cpu();
+            let rtt = perf::rc_pingpong_wait(&mut x, &mut y, 64, a.iters, wait)
+                .map_err(|e| format!("ping-pong ({flag:?}): {e}"))?;
+            let c = x.daemon.counters().unwrap_or_default();
+            let batches = vur_testguest::json_u64(&c, "io_thread", "tx_batches").unwrap_or(0);
+            if (i == 1) != (batches > 0) {
+                return Err(format!("{flag:?} but {batches} I/O-thread batches: {c}"));
+            }
+            m[i][0].push(bw * 8.0 / 1e9);
+            m[i][1].push(rate / 1e3);
+            m[i][2].push(rtt.as_secs_f64() * 1e6);
+            m[i][3].push((c1 - c0) as f64 / writes / 1e3);
+            m[i][4].push((c2 - c1) as f64 / a.messages as f64);
+        }
+        let tcp = perf::tcp_stream(64 << 10, a.write_bytes).map_err(|e| format!("tcp: {e}"))?;
+        m[2][0].push(tcp * 8.0 / 1e9);
+        // The kernel's stream may lose a datagram under load (a lost run, not a slow one):
+        // up to three tries.
+        let udp = (0..3)
+            .map(|_| udp_rate(64, a.messages, RATE_WINDOW as u64))
+            .find_map(Result::ok)
+            .ok_or("udp: three runs lost datagrams")?;
+        m[2][1].push(udp / 1e3);
+        let pp = perf::udp_pingpong(64, a.iters).map_err(|e| format!("udp pp: {e}"))?;
+        m[2][2].push(pp.as_secs_f64() * 1e6);
+        Ok(())
+    };
+    for _ in 0..rounds {
+        if let Err(e) = round(&mut m) {
+            println!("io-thread table: {e}");
+            std::process::exit(1);
+        }
+    }
+    println!(
+        "{:<34} {:>22} {:>22} {:>7} {:>22} {:>9}",
+        "two daemons on loopback",
+        "worker alone (range)",
+        "--io-thread (range)",
+        "ratio",
+        "kernel (range)",
+        "io/kernel"
+    );
+    let rows = [
+        ("64 KiB RC WRITE Gbit/s (TCP)", 0, 2),
+        ("64 B RC SEND rate k/s (UDP)", 1, 0),
+        ("64 B SEND half RTT us (UDP pp)", 2, 1),
+        ("daemon CPU us per 64 KiB WRITE", 3, 1),
+        ("daemon CPU ns per 64 B message", 4, 0),
+    ];
+    for (name, k, prec) in rows {
+        let (w, io) = (med_range(&mut m[0][k]), med_range(&mut m[1][k]));
+        let f = |v: (f64, f64, f64)| format!("{:.p$} ({:.p$}-{:.p$})", v.0, v.1, v.2, p = prec);
+        let kernel = (k < 3).then(|| med_range(&mut m[2][k]));
+        println!(
+            "{name:<34} {:>22} {:>22} {:>6.2}x {:>22} {:>9}",
+            f(w),
+            f(io),
+            io.0 / w.0,
+            kernel.map_or(String::new(), f),
+            kernel.map_or(String::new(), |kv| format!("{:.2}x", io.0 / kv.0)),
+        );
+    }
+    println!(
+        "medians of {rounds} rounds; WRITE {} MiB, {} messages, {} round trips; daemons {}",
+        a.write_bytes >> 20,
+        a.messages,
+        a.iters,
+        a.daemon_cpu
+            .map_or("not pinned".to_string(), |c| format!("pinned to CPU {c}"))
     );
 }
 
@@ -978,6 +1099,10 @@ fn main() {
     }
     if a.only.as_deref() == Some("same-host") {
         same_host_table(&bin, &a);
+        return;
+    }
+    if a.only.as_deref() == Some("io-thread") {
+        io_thread_table(&bin, &a, wait);
         return;
     }
     if a.only.as_deref() == Some("gso") {
