@@ -124,7 +124,13 @@ tool_cmds() {
     ucmatose) echo "7471|ucmatose -b @SELF@ -c 2 -C 20|ucmatose -s @PEER@ -c 2 -C 20" ;;
     udaddy) echo "7174|udaddy -b @SELF@ -C 20|udaddy -s @PEER@ -C 20" ;;
     rdma_server) echo "$p|rdma_server -s @SELF@ -p $p|rdma_client -s @PEER@ -p $p" ;;
-    send_lat_cm) echo "$p|ib_send_lat -d $dev -R -F -n $iters -s 64 -p $p|ib_send_lat -d $dev -R -F -n $iters -s 64 -p $p @PEER@" ;;
+    # perftest over an rdma_cm connection (-z: its setup data cross an RC QP the CM
+    # connected). Not -R: that mode listens twice on the port, and after a handshake the
+    # client connects its data QPs at once while the server is still making its second
+    # listener; the client that loses the race gets REJECTED (invalid service ID) and dies
+    # on its error path (an uninitialised message pointer in create_rdma_cm_connection,
+    # perftest_communication.c). Slower servers (a TCG guest) lose it now and then.
+    send_lat_cm) echo "$p|ib_send_lat -d $dev -z -F -n $iters -s 64 -p $p|ib_send_lat -d $dev -z -F -n $iters -s 64 -p $p @PEER@" ;;
     # NVMe over RDMA: kernel verbs end to end (nvmet-rdma target, nvme-rdma host)
     nvme) echo "4420|nvme_target|nvme_host @PEER@" ;;
     # UD multicast through rdma_cm: the server joins 239.77.0.1 and receives 20 datagrams the

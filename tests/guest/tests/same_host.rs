@@ -77,6 +77,21 @@ fn ud_datagrams_carry_their_payload() {
     assert_eq!(counter(&a, "same_host", "tx_ref_packets"), 0);
 }
 
+/// With I/O threads too (`--io-thread`): the shortcut still carries everything between the
+/// devices; their I/O threads send and receive nothing.
+#[test]
+fn the_shortcut_goes_before_the_io_thread() {
+    let (mut a, mut b) = two(&["--same-host", "--io-thread"]);
+    send_write_read(&mut a, &mut b);
+    for n in [&a, &b] {
+        let c = n.daemon.counters().unwrap();
+        assert!(counter(n, "same_host", "tx_packets") >= 64, "{c}");
+        assert_eq!(counter(n, "transport", "tx_packets"), 0, "{c}");
+        assert_eq!(counter(n, "io_thread", "tx_batches"), 0, "{c}");
+        assert_eq!(counter(n, "io_thread", "rx_packets"), 0, "{c}");
+    }
+}
+
 #[test]
 fn without_the_flag_the_devices_talk_through_their_sockets() {
     let (mut a, mut b) = two(&[]);
