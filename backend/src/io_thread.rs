@@ -15,8 +15,11 @@
 //! the I/O thread has taken a batch and woken it. A full inbox drops, and counts, as a full
 //! socket buffer does.
 //!
-//! What it costs: one more thread hop each way, so a lone small message waits for a wake-up
-//! of the other thread (docs/benchmarks.md, "I/O thread").
+//! A batch of a few packets (an ACK, a lone small message) the worker sends itself when the
+//! I/O thread sleeps with nothing in hand, rather than wake it: it then leaves as it would
+//! without the thread. Larger batches always go to the thread. What it costs: received packets cross one more
+//! thread, and each hand-over to a sleeping thread is a wake-up (docs/benchmarks.md,
+//! "I/O thread").
 
 use std::io;
 use std::net::SocketAddr;
@@ -34,6 +37,10 @@ use crate::transport::UdpTransport;
 /// Send batches the channel to the I/O thread holds: 8 × 32 = 256 packets on their way to
 /// the socket, about 1 MiB at 4 KiB each.
 pub const CHANNEL_BATCHES: usize = 8;
+/// Batches of at most this many packets the worker sends itself when the I/O thread sleeps
+/// with nothing in hand ([`TxOffload::io_idle`]): an ACK or a lone small message leaves
+/// without a wake-up of the other thread; anything larger is handed over.
+pub const INLINE_MAX: usize = 4;
 /// Datagrams the I/O thread receives before it looks at the send channel again.
 const RX_ROUND: usize = 256;
 
@@ -53,6 +60,8 @@ struct Link {
     queued: AtomicUsize,
     /// The worker found the channel full and waits to be woken when there is room.
     worker_waiting: AtomicBool,
+    /// The I/O thread holds packets the socket did not take (it waits for room).
+    io_holding: AtomicBool,
     /// Wakes the I/O thread (a batch came, or it is asked to stop).
     io_wake: EventFd,
     stop: AtomicBool,
@@ -68,6 +77,7 @@ impl Link {
             io_sleeping: AtomicBool::new(false),
             queued: AtomicUsize::new(0),
             worker_waiting: AtomicBool::new(false),
+            io_holding: AtomicBool::new(false),
             io_wake: EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC)?,
             stop: AtomicBool::new(false),
             inbox: Inbox::standalone()?,
@@ -85,6 +95,8 @@ pub struct IoStats {
     pub tx_channel_full: AtomicU64,
     /// Times the worker woke the I/O thread (it was sleeping).
     pub io_wakeups: AtomicU64,
+    /// Batches the worker sent itself: the I/O thread was asleep with nothing in hand.
+    pub tx_inline: AtomicU64,
 }
 
 /// The worker's end: hands send batches to the I/O thread.
@@ -129,6 +141,21 @@ impl TxOffload {
             }
             Err(_) => UdpTransport::new_batch(),
         }
+    }
+
+    /// Whether the I/O thread sleeps with nothing in hand and nothing queued for it: the
+    /// worker may then send a batch itself, in order, instead of waking it. Only the worker
+    /// hands batches over, so nothing can overtake the batch it sends.
+    pub fn io_idle(&self) -> bool {
+        let l = &self.link;
+        l.io_sleeping.load(Ordering::SeqCst)
+            && l.queued.load(Ordering::SeqCst) == 0
+            && !l.io_holding.load(Ordering::SeqCst)
+    }
+
+    /// Counts a batch the worker sent itself.
+    pub fn sent_inline(&self) {
+        self.link.stats.tx_inline.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Keeps an empty batch for the next [`Self::spare`].
@@ -240,8 +267,9 @@ impl IoThread {
         let i = &self.link.inbox.stats;
         let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
         format!(
-            "\"tx_batches\":{},\"tx_channel_full\":{},\"io_wakeups\":{},\"rx_packets\":{},\"rx_dropped\":{},\"rx_waiting\":{}",
+            "\"tx_batches\":{},\"tx_inline\":{},\"tx_channel_full\":{},\"io_wakeups\":{},\"rx_packets\":{},\"rx_dropped\":{},\"rx_waiting\":{}",
             r(&s.tx_batches),
+            r(&s.tx_inline),
             r(&s.tx_channel_full),
             r(&s.io_wakeups),
             r(&i.rx_packets),
@@ -364,6 +392,7 @@ impl Run {
                 self.rx_pause.until = None;
             }
             let blocked = self.send();
+            self.link.io_holding.store(blocked, Ordering::SeqCst);
             if self.rx_pause.until.is_none() {
                 self.receive();
             }
@@ -398,7 +427,13 @@ impl Run {
                     return Err(e);
                 }
             }
-            let _ = self.link.io_wake.read();
+            // The eventfd only when it woke us: no system call per wake-up by the socket.
+            if events[..n.max(0) as usize].iter().any(|e| {
+                let token = e.u64;
+                token == TOKEN_WAKE
+            }) {
+                let _ = self.link.io_wake.read();
+            }
         }
     }
 

@@ -65,12 +65,6 @@ impl Transport {
         }
     }
 
-    /// Whether the socket's work is on an I/O thread (`--io-thread`): the worker then takes
-    /// received packets from [`crate::io_thread::IoThread::inbox`] and never reads the socket.
-    pub fn offloaded(&self) -> bool {
-        matches!(self, Transport::Udp(t) if t.offloaded())
-    }
-
     pub fn set_egress(&mut self, p: EgressPolicy) {
         each!(self, t => t.set_egress(p))
     }
@@ -95,7 +89,8 @@ impl Transport {
         }
     }
 
-    /// The I/O thread's inbox (`--io-thread`, udp transport only).
+    /// The I/O thread's inbox (`--io-thread`, udp transport only): the worker then takes
+    /// received packets from there and never reads the socket.
     pub fn io_inbox(&self) -> Option<std::sync::Arc<crate::same_host::Inbox>> {
         match self {
             Transport::Udp(t) => t.io_inbox(),

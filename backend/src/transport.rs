@@ -384,11 +384,6 @@ impl UdpTransport {
         self.offload.as_ref().map(|o| o.inbox().clone())
     }
 
-    /// Whether batches go to an I/O thread.
-    pub fn offloaded(&self) -> bool {
-        self.offload.is_some()
-    }
-
     /// The counters of both halves with `--io-thread` (the socket's traffic is the I/O
     /// thread's), else this transport's.
     pub fn all_stats(&self) -> TransportStats {
@@ -572,8 +567,15 @@ impl UdpTransport {
     /// Sends the queued packets with as few `sendmmsg` calls as the kernel allows; with GSO,
     /// each run of packets [`Self::gso_run`] finds is one message of that call.
     fn send_pending(&mut self) {
-        if self.offload.is_some() {
-            return self.hand_off();
+        // With an I/O thread: hand the batch over, unless it is a few packets (an ACK, a lone
+        // small message) and the thread sleeps with nothing in hand: then send them here and
+        // spare it a wake-up. Larger batches always go to it, busy or not.
+        match &self.offload {
+            Some(o) if self.tx_pending.len() > crate::io_thread::INLINE_MAX || !o.io_idle() => {
+                return self.hand_off()
+            }
+            Some(o) if !self.tx_pending.is_empty() => o.sent_inline(),
+            _ => {}
         }
         let n = self.tx_pending.len();
         if n == 0 {
@@ -667,10 +669,14 @@ impl UdpTransport {
                     continue;
                 }
                 if r < 0 && e.kind() == io::ErrorKind::WouldBlock {
-                    // The socket buffer is full: keep the rest, in order, for when it drains.
+                    // The socket buffer is full: keep the rest, in order, for when it drains
+                    // (with an I/O thread: for it to send when the socket has room).
                     self.stats.tx_blocked += 1;
                     self.tx_blocked = true;
                     self.keep_unsent(done);
+                    if self.offload.is_some() {
+                        self.hand_off();
+                    }
                     return;
                 }
                 let (first, count) = runs[sent];
@@ -1642,6 +1648,25 @@ mod tests {
         assert_eq!(sb.rx_icrc_bad + sa.rx_icrc_bad, 0);
         assert!(io_a.render().contains("\"tx_batches\":"));
         eprintln!("the worker waited for room {waits} times");
+        // A lone packet while b's I/O thread sleeps with nothing in hand leaves from the
+        // worker itself; a's I/O thread receives it as any other.
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while !tb.offload.as_ref().unwrap().io_idle() {
+            assert!(
+                std::time::Instant::now() < end,
+                "b's I/O thread never went idle"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        push_send(&mut tb, ga, 10, 64);
+        tb.flush();
+        assert_eq!(inbox_n(io_a.inbox(), 1), vec![(10, 12 + 64 + 4)]);
+        assert!(
+            io_b.render().contains("\"tx_inline\":1,"),
+            "{}",
+            io_b.render()
+        );
+        assert_eq!(tb.all_stats().tx_packets, 11);
         // Stopping joins the threads; the worker's half then loses what it hands over.
         drop(io_a);
         push_send(&mut ta, gb, 0, 64);

@@ -23,7 +23,7 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::abi::{self, NUM_QUEUES, VQ_CTRL, VQ_DOORBELL, VQ_EVENT};
 use crate::guest_mem::GuestMemoryMmap;
 use crate::link::Transport;
-use crate::model::{Model, Pump, TX_BUDGET};
+use crate::model::{Model, PacketSink, Pump, TX_BUDGET};
 use crate::poll::{bump, PollWindow, WorkerStats};
 use crate::transport::RX_BATCH;
 
@@ -870,7 +870,10 @@ impl VhuRdma {
         if due {
             model.handle_timeout(t);
         }
-        if found || due || !model.events.is_empty() {
+        // With an I/O thread, a pump that stopped at a full channel goes on once the thread
+        // took a batch: its wake-up came through the inbox just drained, with no packet.
+        let tx_room = self.io_inbox.is_some() && lock(&self.transport).blocked();
+        if found || due || tx_room || !model.events.is_empty() {
             // A full socket (Pump::Blocked) ends the session: the epoll waits for room.
             self.pump_and_deliver(vrings, mem, &mut model, false)?;
         }

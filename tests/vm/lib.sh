@@ -181,7 +181,7 @@ vm_daemon_io() {
 import json, sys
 j = json.load(open(sys.argv[2]))
 t, io = j.get("transport", {}), j.get("io_thread", {})
-keys = ("tx_batches", "tx_channel_full", "io_wakeups", "rx_packets", "rx_dropped")
+keys = ("tx_batches", "tx_inline", "tx_channel_full", "io_wakeups", "rx_packets", "rx_dropped")
 print(sys.argv[1] + ": io_thread " + " ".join(f"{k}={io.get(k, '?')}" for k in keys)
       + f"; transport tx_packets={t.get('tx_packets', '?')} rx_packets={t.get('rx_packets', '?')}")
 bad = [] if io.get("tx_batches") else ["no send batch through the I/O thread"]
