@@ -17,9 +17,9 @@
 //!
 //! A batch of a few packets (an ACK, a lone small message) the worker sends itself when the
 //! I/O thread sleeps with nothing in hand, rather than wake it: it then leaves as it would
-//! without the thread. Larger batches always go to the thread. What it costs: received packets cross one more
-//! thread, and each hand-over to a sleeping thread is a wake-up (docs/benchmarks.md,
-//! "I/O thread").
+//! without the thread. Larger batches always go to the thread. What it costs: received
+//! packets cross one more thread, and each hand-over to a sleeping thread is a wake-up
+//! (docs/benchmarks.md, "I/O thread").
 
 use std::io;
 use std::net::SocketAddr;
@@ -35,7 +35,9 @@ use crate::same_host::Inbox;
 use crate::transport::UdpTransport;
 
 /// Send batches the channel to the I/O thread holds: 8 × 32 = 256 packets on their way to
-/// the socket, about 1 MiB at 4 KiB each.
+/// the socket, about 1 MiB at 4 KiB each. Batches in circulation (the channel's, the one
+/// being filled, the one the thread sends, those coming back) stay allocated: about 3 MiB
+/// per device once it has been busy.
 pub const CHANNEL_BATCHES: usize = 8;
 /// Batches of at most this many packets the worker sends itself when the I/O thread sleeps
 /// with nothing in hand ([`TxOffload::io_idle`]): an ACK or a lone small message leaves
