@@ -244,6 +244,22 @@ impl RxBatch {
     }
 }
 
+impl RxBatch {
+    /// No buffers: a transport half that does not receive ([`UdpTransport::recv_batch`]
+    /// then takes nothing).
+    fn none() -> RxBatch {
+        RxBatch {
+            buf: Vec::new(),
+            slot: RX_SLOT,
+            names: Vec::new(),
+            name_lens: Vec::new(),
+            cmsgs: Vec::new(),
+            segs: Vec::new(),
+            gro: false,
+        }
+    }
+}
+
 /// A datagram of the last receive batch: where it is in `RxBatch::buf`.
 #[derive(Clone, Copy)]
 struct RxSeg {
@@ -373,10 +389,11 @@ impl UdpTransport {
         })
     }
 
-    /// Hands full batches to the I/O thread from now on; this half no longer receives.
+    /// Hands full batches to the I/O thread from now on; this half no longer receives (its
+    /// receive buffers are let go).
     pub(crate) fn set_offload(&mut self, o: crate::io_thread::TxOffload) {
         self.offload = Some(o);
-        self.rx = RxBatch::new(false);
+        self.rx = RxBatch::none();
     }
 
     /// The I/O thread's inbox of received packets (`--io-thread`).
@@ -745,6 +762,10 @@ impl UdpTransport {
     /// [`RX_BATCH_GRO`] messages, each a datagram or a coalesced run of them); returns how
     /// many datagrams arrived (0 when nothing is waiting). Read them with [`Self::packet`].
     pub fn recv_batch(&mut self) -> usize {
+        if self.rx.buf.is_empty() {
+            // The worker's half with an I/O thread: the socket's datagrams are the thread's.
+            return 0;
+        }
         let mut iov: [libc::iovec; RX_BATCH] =
             // SAFETY: iovec is a pointer and a length; all-zero is a valid (empty) value.
             unsafe { std::mem::zeroed() };
