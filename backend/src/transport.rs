@@ -242,9 +242,7 @@ impl RxBatch {
             gro,
         }
     }
-}
 
-impl RxBatch {
     /// No buffers: a transport half that does not receive ([`UdpTransport::recv_batch`]
     /// then takes nothing).
     fn none() -> RxBatch {
