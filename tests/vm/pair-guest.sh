@@ -95,9 +95,9 @@ listening() { # a TCP listener (pingpongs, perftest), an RDMA CM listener (rping
     fi
     # (a CM ID only once it listens: one merely bound to the port rejects a connection that
     # comes before its rdma_listen, and the client fails with REJECTED, invalid service ID.
-    # And on a device ("link DEV/PORT"): a wildcard listener is in LISTEN before rdma_listen
-    # has made the per-device listener that takes the connection; a REQ in between is
-    # rejected the same way)
+    # Only a CM ID on a device ("link DEV/PORT") takes a connection, so only those count.
+    # The REJECTED failures of ib_send_lat -R were not this but perftest's own race: see
+    # send_lat_cm in tool_cmds)
     l=$(ss -ltn; rdma resource show cm_id 2>/dev/null | grep -w LISTEN | grep -w link) || true
     grep -qE ":$1( |$)" <<<"$l"
 }
