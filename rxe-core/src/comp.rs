@@ -147,12 +147,17 @@ pub(crate) fn handle_response(
             let payload = pkt.payload();
             let done = w.read_done;
             let end = flags.contains(OpFlags::LAST);
+            // From a device in memory, a response may be a segment of whole path MTUs.
+            let segments = res.rx_in_memory;
+            let plen = payload.len() as u64;
             let ok_len = if end {
-                done as u64 + payload.len() as u64 == w.len as u64
+                done as u64 + plen == w.len as u64
+            } else if segments {
+                plen > 0 && plen.is_multiple_of(mtu as u64) && done as u64 + plen < w.len as u64
             } else {
-                payload.len() as u32 == mtu
+                plen == mtu as u64
             };
-            if !ok_len || payload.len() as u32 > mtu {
+            if !ok_len || (plen > mtu as u64 && !segments) {
                 finish_error(q, res, seq, WcStatus::BadRespErr);
                 return Err(Drop::Unexpected);
             }
@@ -166,7 +171,7 @@ pub(crate) fn handle_response(
                 w.state = WqeState::Done(WcStatus::Success);
                 q.req.rd_atomic = q.req.rd_atomic.saturating_sub(1);
             }
-            q.comp.psn = psn.next();
+            q.comp.psn = psn.add((plen.div_ceil(mtu as u64).max(1)) as u32);
         } else {
             let w = q.wqe_mut(seq).expect("pending wqe");
             w.state = WqeState::Done(WcStatus::Success);

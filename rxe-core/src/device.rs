@@ -197,6 +197,10 @@ pub(crate) struct Resources {
     /// CQs that received completions since [`Device::take_ready_cqs`] last looked, each
     /// once: the caller drains those, not every CQ.
     pub ready_cqs: Vec<u32>,
+    /// The packet being handled came through memory from another device of this process
+    /// ([`Device::handle_packet_in_memory`]): an RC packet may then be a segment of more
+    /// than one path MTU.
+    pub rx_in_memory: bool,
 }
 
 impl Resources {
@@ -261,6 +265,17 @@ pub struct Device {
 /// First QPN handed to ordinary QPs (0 and 1 are SMI/GSI, rxe starts at 0x11).
 pub const FIRST_QPN: u32 = 0x11;
 
+/// Bytes of a segment's buffer kept for the headers and the ICRC slot
+/// ([`Device::poll_transmit_segments`]; BTH, RETH, ImmDt and ICRC are 36).
+pub const SEGMENT_HEADROOM: usize = 64;
+
+/// The payload of a segment built into a buffer of `buf_len` bytes: as many whole path MTUs
+/// as fit after [`SEGMENT_HEADROOM`], and at least one.
+pub(crate) fn segment_payload(buf_len: usize, mtu: u32) -> u32 {
+    let n = buf_len.saturating_sub(SEGMENT_HEADROOM) / mtu as usize;
+    (n.clamp(1, 1024) as u32) * mtu
+}
+
 /// Parameters of `create_qp`.
 #[derive(Clone, Copy, Debug)]
 pub struct QpInit {
@@ -291,6 +306,7 @@ impl Device {
             events: VecDeque::new(),
             port: PortCounters::default(),
             ready_cqs: Vec::new(),
+            rx_in_memory: false,
             cfg,
         };
         // The QPN space is FIRST_QPN .. FIRST_QPN + 2 × max_qp, handed out round-robin.
@@ -1068,6 +1084,22 @@ impl Device {
         mem: &mut dyn Memory,
         buf: &mut [u8],
     ) -> Option<Transmit> {
+        self.poll_transmit_segments(now, mem, buf, &|_| false)
+    }
+
+    /// [`Self::poll_transmit`] for a caller that can carry an RC packet larger than the path
+    /// MTU to the destinations `in_memory` names: a SEND or WRITE to one of them, or a READ
+    /// response, leaves in **segments** of as many whole path MTUs as `buf` holds (after
+    /// [`SEGMENT_HEADROOM`] bytes of headers), each taking the PSNs of the packets it stands
+    /// for. The receiving device takes them with [`Self::handle_packet_in_memory`]; on a
+    /// wire they would be invalid. Retransmission, ACKs and NAKs keep their PSN meaning.
+    pub fn poll_transmit_segments(
+        &mut self,
+        now: Instant,
+        mem: &mut dyn Memory,
+        buf: &mut [u8],
+        in_memory: &dyn Fn(&Gid) -> bool,
+    ) -> Option<Transmit> {
         while let Some(qpn) = self.sched.pop_front() {
             let Some(q) = self
                 .qps
@@ -1077,8 +1109,8 @@ impl Device {
                 continue;
             };
             q.scheduled = false;
-            let t = crate::resp::next_response(q, &mut self.res, mem, buf)
-                .or_else(|| crate::req::next_request(q, &mut self.res, mem, now, buf));
+            let t = crate::resp::next_response(q, &mut self.res, mem, buf, in_memory)
+                .or_else(|| crate::req::next_request(q, &mut self.res, mem, now, buf, in_memory));
             crate::comp::drain(q, &mut self.res);
             crate::timers::note(&mut self.timers, q);
             if let Some(t) = t {
@@ -1109,6 +1141,22 @@ impl Device {
         if r.is_err() {
             self.res.port.rx_dropped += 1;
         }
+        r
+    }
+
+    /// [`Self::handle_packet`] for a packet that another device of this process handed over
+    /// in memory (built by [`Self::poll_transmit_segments`]): an RC SEND, WRITE or READ
+    /// response may be a segment of several path MTUs. Nothing else differs.
+    pub fn handle_packet_in_memory(
+        &mut self,
+        now: Instant,
+        meta: &RecvMeta,
+        bytes: &[u8],
+        mem: &mut dyn Memory,
+    ) -> Result<(), Drop> {
+        self.res.rx_in_memory = true;
+        let r = self.handle_packet(now, meta, bytes, mem);
+        self.res.rx_in_memory = false;
         r
     }
 

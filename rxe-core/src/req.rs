@@ -6,7 +6,7 @@ use crate::device::{Resources, Transmit};
 use crate::icrc::{rc_udp_sport, ud_udp_sport};
 use crate::mem::*;
 use crate::qp::*;
-use crate::types::{Instant, Psn};
+use crate::types::{Gid, Instant, Psn};
 use crate::verbs::*;
 use crate::wire::{self, BthRepr, ExtRepr, Opcode};
 
@@ -329,6 +329,7 @@ pub(crate) fn next_request(
     mem: &mut dyn Memory,
     now: Instant,
     buf: &mut [u8],
+    in_memory: &dyn Fn(&Gid) -> bool,
 ) -> Option<Transmit> {
     loop {
         let st = q.state();
@@ -386,7 +387,7 @@ pub(crate) fn next_request(
         if rc && next_psn.diff(q.comp.psn) >= MAX_UNACKED_PSNS {
             return None;
         }
-        return build(q, res, mem, now, cur, buf);
+        return build(q, res, mem, now, cur, buf, in_memory);
     }
 }
 
@@ -397,6 +398,7 @@ fn build(
     now: Instant,
     seq: u64,
     buf: &mut [u8],
+    in_memory: &dyn Fn(&Gid) -> bool,
 ) -> Option<Transmit> {
     let ud = matches!(q.qp_type, QpType::Ud | QpType::Gsi);
     let mtu = if ud {
@@ -421,9 +423,16 @@ fn build(
     };
     let len = wqe.len;
     let remaining = len - offset.min(len);
+    // A packet carries one path MTU of payload; a segment to a device reached in memory
+    // carries several, and takes the PSNs of the packets it stands for.
+    let seg = if q.qp_type == QpType::Rc && remaining > mtu && in_memory(&q.attr.av.dgid) {
+        crate::device::segment_payload(buf.len(), mtu)
+    } else {
+        mtu
+    };
     let first = offset == 0;
-    let last = remaining <= mtu;
-    let plen = remaining.min(mtu);
+    let last = remaining <= seg;
+    let plen = remaining.min(seg);
     let mut ext = ExtRepr::default();
     let sel = |f: Opcode, m: Opcode, l: Opcode, o: Opcode| match (first, last) {
         (true, true) => o,
@@ -623,6 +632,12 @@ fn build(
         // UC and UD complete once the last packet is out.
         w.state = WqeState::Done(WcStatus::Success);
     }
+    // A segment (payload over one path MTU) stands for as many packets.
+    let npsn = if payload > mtu {
+        payload.div_ceil(mtu)
+    } else {
+        npsn
+    };
     q.req.psn = psn.add(npsn);
     if q.req.psn.after(q.req.max_psn) {
         q.req.max_psn = q.req.psn;

@@ -7,7 +7,7 @@ use crate::device::{Drop, RecvMeta, Resources, Transmit};
 use crate::icrc::rc_udp_sport;
 use crate::mem::*;
 use crate::qp::*;
-use crate::types::{Psn, Qpn};
+use crate::types::{Gid, Psn, Qpn};
 use crate::verbs::*;
 use crate::wire::{self, BthRepr, ExtRepr, NakCode, OpFlags, Opcode, Packet, Syndrome, Transport};
 
@@ -458,11 +458,18 @@ fn execute_checked(
     let mtu = q.mtu() as usize;
     let payload = pkt.payload();
     let plen = payload.len();
+    // From another device in memory, an RC packet may be a segment of whole path MTUs
+    // (`Device::poll_transmit_segments`); the message's own bounds still hold below.
+    let segments = res.rx_in_memory && q.qp_type == QpType::Rc;
     let ok_len = if f.contains(OpFlags::ONLY) || f.contains(OpFlags::LAST) {
-        plen <= mtu
+        plen <= mtu || segments
+    } else if segments {
+        plen > 0 && plen.is_multiple_of(mtu)
     } else {
         plen == mtu
     };
+    // The PSNs this packet stands for.
+    let span = plen.div_ceil(mtu).max(1) as u32;
     if f.contains(OpFlags::PAYLOAD) && !ok_len {
         return invalid_request();
     }
@@ -742,9 +749,9 @@ fn execute_checked(
     } else {
         return invalid_request();
     }
-    q.resp.psn = psn.next();
+    q.resp.psn = psn.add(span);
     if pkt.bth().ack_req() && !rd_atomic && q.qp_type == QpType::Rc {
-        queue_ack(q, psn, ACK);
+        queue_ack(q, psn.add(span - 1), ACK);
     }
     Exec::Ok
 }
@@ -834,6 +841,7 @@ pub(crate) fn next_response(
     res: &mut Resources,
     mem: &mut dyn Memory,
     buf: &mut [u8],
+    in_memory: &dyn Fn(&Gid) -> bool,
 ) -> Option<Transmit> {
     let (out, msn) = q.resp.out.pop_front()?;
     let mtu = q.mtu();
@@ -858,7 +866,13 @@ pub(crate) fn next_response(
             first,
             ..
         } => {
-            let n = (len - offset).min(mtu);
+            // To a device reached in memory, a segment of several path MTUs.
+            let seg = if len - offset > mtu && in_memory(&q.attr.av.dgid) {
+                crate::device::segment_payload(buf.len(), mtu)
+            } else {
+                mtu
+            };
+            let n = (len - offset).min(seg);
             let last = offset + n == len;
             let op = match (first, last) {
                 (true, true) => Opcode::RC_RDMA_READ_RESPONSE_ONLY,
@@ -896,7 +910,7 @@ pub(crate) fn next_response(
         if offset + plen < len {
             q.resp.out.push_front((
                 RespOut::Read {
-                    psn: psn.next(),
+                    psn: psn.add(plen.div_ceil(mtu).max(1)),
                     va,
                     rkey,
                     len,

@@ -147,6 +147,11 @@ pub struct Sim {
     /// When set, every packet handed to a device is recorded here, in the order of delivery:
     /// what survived loss and the ICRC check, with duplicates.
     pub arrivals: Option<Vec<Arrival>>,
+    /// 0: a wire. Otherwise the two devices reach each other in memory, as two devices of
+    /// one process do: RC packets leave in segments built into a buffer of this many bytes
+    /// ([`Device::poll_transmit_segments`]) and arrive through
+    /// [`Device::handle_packet_in_memory`].
+    pub segment_buf: usize,
     queue: BinaryHeap<Reverse<InFlight>>,
     seq: u64,
     counts: [u32; 2],
@@ -186,6 +191,7 @@ impl Sim {
             rng: Rng::new(seed),
             trace: None,
             arrivals: None,
+            segment_buf: 0,
             queue: BinaryHeap::new(),
             seq: 0,
             counts: [0; 2],
@@ -225,10 +231,21 @@ impl Sim {
     /// to the next event when nothing is due now. Returns false when the system is idle.
     pub fn step(&mut self) -> bool {
         let mut moved = false;
+        let seg = self.segment_buf;
+        if self.buf.len() < seg {
+            self.buf.resize(seg, 0);
+        }
         for from in 0..2 {
             loop {
                 let n = &mut self.nodes[from];
-                let Some(tx) = n.dev.poll_transmit(self.now, &mut n.mem, &mut self.buf) else {
+                let tx = if seg > 0 {
+                    let buf = &mut self.buf[..seg];
+                    n.dev
+                        .poll_transmit_segments(self.now, &mut n.mem, buf, &|_| true)
+                } else {
+                    n.dev.poll_transmit(self.now, &mut n.mem, &mut self.buf)
+                };
+                let Some(tx) = tx else {
                     break;
                 };
                 moved = true;
@@ -254,7 +271,12 @@ impl Sim {
                 });
             }
             let n = &mut self.nodes[p.to];
-            let _ = n.dev.handle_packet(self.now, &p.meta, &p.bytes, &mut n.mem);
+            let _ = if seg > 0 {
+                n.dev
+                    .handle_packet_in_memory(self.now, &p.meta, &p.bytes, &mut n.mem)
+            } else {
+                n.dev.handle_packet(self.now, &p.meta, &p.bytes, &mut n.mem)
+            };
             self.stats[1 - p.to].delivered += 1;
         }
         if moved {

@@ -164,6 +164,227 @@ struct UcMsg {
     recv_id: u64,
 }
 
+/// One run of [`rc_exactly_once_in_order`]: `wrs` over links `links`, in segments of
+/// `segment_buf` bytes (0: packets of one path MTU, as on a wire).
+fn rc_run(
+    wrs: &[Wr],
+    links: [LinkConfig; 2],
+    mtu: Mtu,
+    psns: [u32; 2],
+    seed: u64,
+    segment_buf: usize,
+) -> Result<(), TestCaseError> {
+    let cfg = rxe_core::DeviceConfig {
+        port_mtu: Mtu::M4096,
+        infinite_retry_cnt: true,
+        ..Default::default()
+    };
+    let mut sim = Sim::with_config(seed, cfg);
+    sim.link = links;
+    sim.segment_buf = segment_buf;
+    let ep = sim.connect(ConnOpts {
+        mtu,
+        sq_psn: psns,
+        timeout: 10,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        ..Default::default()
+    });
+    let all = Access::LOCAL_WRITE.union(Access::REMOTE);
+    // Per direction, one atomic area on the responder: a fetch-add word and a swap word.
+    let mut atom = [(0u64, 0u32); 2];
+    for (f, a) in atom.iter_mut().enumerate() {
+        *a = sim.reg(1 - f, ep[1 - f].pd, 16, all);
+    }
+    let mut fa_total = [0u64; 2];
+    let mut cs_cur = [0u64; 2];
+    let mut ex = Expect {
+        sends: [vec![], vec![]],
+        recvs: [vec![], vec![]],
+        mem: vec![],
+    };
+    for (i, w) in wrs.iter().enumerate() {
+        let (f, t) = (w.from, 1 - w.from);
+        let wr_id = i as u64;
+        let (len, imm) = match w.op {
+            Op::Send(l) | Op::Write(l) | Op::Read(l) => (l, None),
+            Op::SendImm(l, m) | Op::WriteImm(l, m) => (l, Some(m)),
+            Op::FetchAdd(_) | Op::CmpSwap { .. } => (8, None),
+        };
+        let data = pattern(len, seed ^ (i as u64) << 8);
+        let (src, skey) = sim.reg(f, ep[f].pd, len.max(8), Access::LOCAL_WRITE);
+        sim.nodes[f].mem.slice_mut(src, len).copy_from_slice(&data);
+        let sge = vec![Sge {
+            addr: src,
+            length: len as u32,
+            lkey: skey,
+        }];
+        let sop = match w.op {
+            Op::Send(_) | Op::SendImm(..) => {
+                let (dst, dkey) = sim.reg(t, ep[t].pd, len.max(1), Access::LOCAL_WRITE);
+                sim.dev(t)
+                    .post_recv(
+                        ep[t].qpn,
+                        RecvWr {
+                            wr_id,
+                            sg_list: vec![Sge {
+                                addr: dst,
+                                length: len as u32,
+                                lkey: dkey,
+                            }]
+                            .into(),
+                        },
+                    )
+                    .unwrap();
+                ex.recvs[t].push(Recv {
+                    wr_id,
+                    buf: dst,
+                    data: data.clone(),
+                    imm,
+                    opcode: WcOpcode::Recv,
+                });
+                match imm {
+                    Some(m) => SendOp::SendWithImm(m),
+                    None => SendOp::Send,
+                }
+            }
+            Op::Write(_) | Op::WriteImm(..) => {
+                let (dst, dkey) = sim.reg(t, ep[t].pd, len.max(1), all);
+                ex.mem.push((t, dst, data.clone()));
+                match imm {
+                    Some(m) => {
+                        sim.dev(t)
+                            .post_recv(
+                                ep[t].qpn,
+                                RecvWr {
+                                    wr_id,
+                                    sg_list: vec![].into(),
+                                },
+                            )
+                            .unwrap();
+                        ex.recvs[t].push(Recv {
+                            wr_id,
+                            buf: dst,
+                            data: data.clone(),
+                            imm: Some(m),
+                            opcode: WcOpcode::RecvRdmaWithImm,
+                        });
+                        SendOp::WriteWithImm {
+                            remote_addr: dst,
+                            rkey: dkey,
+                            imm: m,
+                        }
+                    }
+                    None => SendOp::Write {
+                        remote_addr: dst,
+                        rkey: dkey,
+                    },
+                }
+            }
+            Op::Read(_) => {
+                let (rsrc, rkey) = sim.reg(t, ep[t].pd, len, all);
+                let rdata = pattern(len, !seed ^ i as u64);
+                sim.nodes[t]
+                    .mem
+                    .slice_mut(rsrc, len)
+                    .copy_from_slice(&rdata);
+                ex.mem.push((f, src, rdata));
+                SendOp::Read {
+                    remote_addr: rsrc,
+                    rkey,
+                }
+            }
+            Op::FetchAdd(a) => {
+                ex.mem.push((f, src, fa_total[f].to_le_bytes().to_vec()));
+                fa_total[f] += a;
+                SendOp::FetchAdd {
+                    remote_addr: atom[f].0,
+                    rkey: atom[f].1,
+                    add: a,
+                }
+            }
+            Op::CmpSwap { hit, swap } => {
+                // Every compare-and-swap returns the value before it; only a hit stores.
+                ex.mem.push((f, src, cs_cur[f].to_le_bytes().to_vec()));
+                let compare = if hit { cs_cur[f] } else { !cs_cur[f] };
+                if hit {
+                    cs_cur[f] = swap;
+                }
+                SendOp::CompSwap {
+                    remote_addr: atom[f].0 + 8,
+                    rkey: atom[f].1,
+                    compare,
+                    swap,
+                }
+            }
+        };
+        let mut wr = SendWr::new(wr_id, sop, sge);
+        if w.fence {
+            wr.flags |= SEND_FENCE;
+        }
+        sim.dev(f).post_send(ep[f].qpn, wr).unwrap();
+        ex.sends[f].push(wr_id);
+    }
+    sim.settle(2_000_000);
+    for (n, e) in ep.iter().enumerate() {
+        // Every WR completed exactly once, in order, successfully.
+        let (sends, recvs) = split(sim.poll_all(n, e.cq));
+        let ids: Vec<u64> = sends.iter().map(|c| c.wr_id).collect();
+        prop_assert_eq!(&ids, &ex.sends[n], "node {} send completions", n);
+        for c in &sends {
+            prop_assert_eq!(c.status, WcStatus::Success, "{:?}", c);
+        }
+        // Receives: in order, byte-identical, with immediates.
+        prop_assert_eq!(
+            recvs.len(),
+            ex.recvs[n].len(),
+            "node {} receive completions",
+            n
+        );
+        for (
+            c,
+            Recv {
+                wr_id,
+                buf: dst,
+                data,
+                imm,
+                opcode: opc,
+            },
+        ) in recvs.iter().zip(&ex.recvs[n])
+        {
+            prop_assert_eq!(c.wr_id, *wr_id);
+            prop_assert_eq!(c.status, WcStatus::Success);
+            prop_assert_eq!(c.opcode, *opc);
+            prop_assert_eq!(c.byte_len as usize, data.len());
+            if let Some(m) = imm {
+                prop_assert_eq!(c.imm_or_inv, *m);
+                prop_assert!(c.wc_flags & WC_WITH_IMM != 0);
+            }
+            prop_assert!(
+                sim.nodes[n].mem.slice(*dst, data.len()) == &data[..],
+                "receive {} data",
+                wr_id
+            );
+        }
+    }
+    // WRITE targets, READ sinks and atomic results.
+    for (k, (n, a, data)) in ex.mem.iter().enumerate() {
+        prop_assert!(
+            sim.nodes[*n].mem.slice(*a, data.len()) == &data[..],
+            "memory check {} on node {}",
+            k,
+            n
+        );
+    }
+    // Atomics applied exactly once.
+    for f in 0..2 {
+        prop_assert_eq!(word(&sim, 1 - f, atom[f].0), fa_total[f]);
+        prop_assert_eq!(word(&sim, 1 - f, atom[f].0 + 8), cs_cur[f]);
+    }
+    corrupted_were_dropped(&sim)?;
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: cases(), .. ProptestConfig::default() })]
 
@@ -175,103 +396,21 @@ proptest! {
         psn0 in psn(), psn1 in psn(),
         seed in any::<u64>(),
     ) {
-        let cfg = rxe_core::DeviceConfig { port_mtu: Mtu::M4096, infinite_retry_cnt: true, ..Default::default() };
-        let mut sim = Sim::with_config(seed, cfg);
-        sim.link = [l0, l1];
-        let ep = sim.connect(ConnOpts { mtu, sq_psn: [psn0, psn1], timeout: 10, retry_cnt: 7, rnr_retry: 7, ..Default::default() });
-        let all = Access::LOCAL_WRITE.union(Access::REMOTE);
-        // Per direction, one atomic area on the responder: a fetch-add word and a swap word.
-        let mut atom = [(0u64, 0u32); 2];
-        for (f, a) in atom.iter_mut().enumerate() {
-            *a = sim.reg(1 - f, ep[1 - f].pd, 16, all);
-        }
-        let mut fa_total = [0u64; 2];
-        let mut cs_cur = [0u64; 2];
-        let mut ex = Expect { sends: [vec![], vec![]], recvs: [vec![], vec![]], mem: vec![] };
-        for (i, w) in wrs.iter().enumerate() {
-            let (f, t) = (w.from, 1 - w.from);
-            let wr_id = i as u64;
-            let (len, imm) = match w.op {
-                Op::Send(l) | Op::Write(l) | Op::Read(l) => (l, None),
-                Op::SendImm(l, m) | Op::WriteImm(l, m) => (l, Some(m)),
-                Op::FetchAdd(_) | Op::CmpSwap { .. } => (8, None),
-            };
-            let data = pattern(len, seed ^ (i as u64) << 8);
-            let (src, skey) = sim.reg(f, ep[f].pd, len.max(8), Access::LOCAL_WRITE);
-            sim.nodes[f].mem.slice_mut(src, len).copy_from_slice(&data);
-            let sge = vec![Sge { addr: src, length: len as u32, lkey: skey }];
-            let sop = match w.op {
-                Op::Send(_) | Op::SendImm(..) => {
-                    let (dst, dkey) = sim.reg(t, ep[t].pd, len.max(1), Access::LOCAL_WRITE);
-                    sim.dev(t).post_recv(ep[t].qpn, RecvWr { wr_id, sg_list: vec![Sge { addr: dst, length: len as u32, lkey: dkey }].into() }).unwrap();
-                    ex.recvs[t].push(Recv { wr_id, buf: dst, data: data.clone(), imm, opcode: WcOpcode::Recv });
-                    match imm { Some(m) => SendOp::SendWithImm(m), None => SendOp::Send }
-                }
-                Op::Write(_) | Op::WriteImm(..) => {
-                    let (dst, dkey) = sim.reg(t, ep[t].pd, len.max(1), all);
-                    ex.mem.push((t, dst, data.clone()));
-                    match imm {
-                        Some(m) => {
-                            sim.dev(t).post_recv(ep[t].qpn, RecvWr { wr_id, sg_list: vec![].into() }).unwrap();
-                            ex.recvs[t].push(Recv { wr_id, buf: dst, data: data.clone(), imm: Some(m), opcode: WcOpcode::RecvRdmaWithImm });
-                            SendOp::WriteWithImm { remote_addr: dst, rkey: dkey, imm: m }
-                        }
-                        None => SendOp::Write { remote_addr: dst, rkey: dkey },
-                    }
-                }
-                Op::Read(_) => {
-                    let (rsrc, rkey) = sim.reg(t, ep[t].pd, len, all);
-                    let rdata = pattern(len, !seed ^ i as u64);
-                    sim.nodes[t].mem.slice_mut(rsrc, len).copy_from_slice(&rdata);
-                    ex.mem.push((f, src, rdata));
-                    SendOp::Read { remote_addr: rsrc, rkey }
-                }
-                Op::FetchAdd(a) => {
-                    ex.mem.push((f, src, fa_total[f].to_le_bytes().to_vec()));
-                    fa_total[f] += a;
-                    SendOp::FetchAdd { remote_addr: atom[f].0, rkey: atom[f].1, add: a }
-                }
-                Op::CmpSwap { hit, swap } => {
-                    // Every compare-and-swap returns the value before it; only a hit stores.
-                    ex.mem.push((f, src, cs_cur[f].to_le_bytes().to_vec()));
-                    let compare = if hit { cs_cur[f] } else { !cs_cur[f] };
-                    if hit { cs_cur[f] = swap; }
-                    SendOp::CompSwap { remote_addr: atom[f].0 + 8, rkey: atom[f].1, compare, swap }
-                }
-            };
-            let mut wr = SendWr::new(wr_id, sop, sge);
-            if w.fence { wr.flags |= SEND_FENCE; }
-            sim.dev(f).post_send(ep[f].qpn, wr).unwrap();
-            ex.sends[f].push(wr_id);
-        }
-        sim.settle(2_000_000);
-        for (n, e) in ep.iter().enumerate() {
-            // Every WR completed exactly once, in order, successfully.
-            let (sends, recvs) = split(sim.poll_all(n, e.cq));
-            let ids: Vec<u64> = sends.iter().map(|c| c.wr_id).collect();
-            prop_assert_eq!(&ids, &ex.sends[n], "node {} send completions", n);
-            for c in &sends { prop_assert_eq!(c.status, WcStatus::Success, "{:?}", c); }
-            // Receives: in order, byte-identical, with immediates.
-            prop_assert_eq!(recvs.len(), ex.recvs[n].len(), "node {} receive completions", n);
-            for (c, Recv { wr_id, buf: dst, data, imm, opcode: opc }) in recvs.iter().zip(&ex.recvs[n]) {
-                prop_assert_eq!(c.wr_id, *wr_id);
-                prop_assert_eq!(c.status, WcStatus::Success);
-                prop_assert_eq!(c.opcode, *opc);
-                prop_assert_eq!(c.byte_len as usize, data.len());
-                if let Some(m) = imm { prop_assert_eq!(c.imm_or_inv, *m); prop_assert!(c.wc_flags & WC_WITH_IMM != 0); }
-                prop_assert!(sim.nodes[n].mem.slice(*dst, data.len()) == &data[..], "receive {} data", wr_id);
-            }
-        }
-        // WRITE targets, READ sinks and atomic results.
-        for (k, (n, a, data)) in ex.mem.iter().enumerate() {
-            prop_assert!(sim.nodes[*n].mem.slice(*a, data.len()) == &data[..], "memory check {} on node {}", k, n);
-        }
-        // Atomics applied exactly once.
-        for f in 0..2 {
-            prop_assert_eq!(word(&sim, 1 - f, atom[f].0), fa_total[f]);
-            prop_assert_eq!(word(&sim, 1 - f, atom[f].0 + 8), cs_cur[f]);
-        }
-        corrupted_were_dropped(&sim)?;
+        rc_run(&wrs, [l0, l1], mtu, [psn0, psn1], seed, 0)?;
+    }
+
+    /// The same between two devices in memory: SENDs, WRITEs and READ responses in segments
+    /// of several path MTUs, on a link that loses, duplicates and reorders them.
+    #[test]
+    fn rc_exactly_once_in_order_in_segments(
+        wrs in prop::collection::vec(wr(), 1..40),
+        l0 in link(), l1 in link(),
+        mtu in mtu(),
+        psn0 in psn(), psn1 in psn(),
+        seed in any::<u64>(),
+        segment_buf in 4160usize..40_000,
+    ) {
+        rc_run(&wrs, [l0, l1], mtu, [psn0, psn1], seed, segment_buf)?;
     }
 
     #[test]
