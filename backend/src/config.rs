@@ -109,6 +109,12 @@ pub struct Args {
     /// "Same-host shortcut"). The egress policy (--allow-peer) still applies.
     #[arg(long)]
     pub same_host: bool,
+    /// With --same-host: the payload an RC packet to another device of the process may
+    /// carry, a segment of whole path MTUs that takes the PSNs of the packets it stands
+    /// for (one hand-over and one copy per segment instead of per packet). 0: packets of
+    /// one path MTU, as on a wire. 4K to 1M.
+    #[arg(long, default_value = "64K")]
+    pub same_host_segment: String,
     /// Every device's UDP socket work (sendmmsg, recvmmsg, receive-side ICRC checks) on a
     /// thread of its own beside the worker that runs the engine: two cores per frontend,
     /// for bulk traffic; a lone small message waits for one more thread wake-up each way
@@ -195,6 +201,8 @@ pub enum ConfigError {
     RawSeveral,
     #[error("--same-host needs two or more --socket-path (the devices it connects) on udp")]
     SameHostAlone,
+    #[error("--same-host-segment {0}: want 0 or a size from 4K to 1M")]
+    Segment(String),
     #[error("--io-thread is for the udp transport (the raw one shares its ring with the worker)")]
     IoThreadRaw,
     #[error("this is one device's configuration; {0} --socket-path make {0}: use configs()")]
@@ -207,6 +215,9 @@ pub struct Config {
     pub socket_path: PathBuf,
     /// `--same-host`: this device reaches the others of the process through memory.
     pub same_host: bool,
+    /// `--same-host-segment`: payload bytes of a packet to another device of the process
+    /// (0: one path MTU).
+    pub same_host_segment: usize,
     /// `--io-thread`: the UDP socket's work on a thread of its own.
     pub io_thread: bool,
     pub transport: TransportKind,
@@ -362,9 +373,14 @@ impl TryFrom<Args> for Config {
             mac,
             ..defaults
         };
+        let same_host_segment = parse_size(&a.same_host_segment)
+            .filter(|&v| v == 0 || (4 << 10..=1 << 20).contains(&v))
+            .ok_or_else(|| ConfigError::Segment(a.same_host_segment.clone()))?
+            as usize;
         Ok(Config {
             socket_path,
             same_host: a.same_host,
+            same_host_segment,
             io_thread: a.io_thread,
             transport,
             raw,
@@ -533,6 +549,22 @@ mod tests {
             configs(args(&["--same-host"])).unwrap_err(),
             ConfigError::SameHostAlone
         );
+        // Segments: 64 KiB by default, 0 (packets) or 4K..1M.
+        let sh = [&two[..], &["--same-host"]].concat();
+        assert!(configs(args(&sh))
+            .unwrap()
+            .iter()
+            .all(|c| c.same_host_segment == 64 << 10));
+        for (v, ok) in [("0", Some(0)), ("1M", Some(1 << 20)), ("4K", Some(4096))] {
+            let c = configs(args(&[&sh[..], &["--same-host-segment", v]].concat())).unwrap();
+            assert_eq!(Some(c[0].same_host_segment), ok);
+        }
+        for v in ["2K", "2M", "lots", "1.5K"] {
+            assert_eq!(
+                configs(args(&[&sh[..], &["--same-host-segment", v]].concat())).unwrap_err(),
+                ConfigError::Segment(v.into())
+            );
+        }
         assert_eq!(
             configs(args(&[
                 "--io-thread",

@@ -101,7 +101,8 @@ pub fn render_body(t: &TransportStats, model: Option<&Model>) -> String {
                 rx_dropped,
                 rx_unknown_qp,
                 rx_bad_gid,
-                rx_malformed
+                rx_malformed,
+                tx_segments
             ]
         );
         o.push('}');
@@ -123,7 +124,8 @@ pub fn render_body(t: &TransportStats, model: Option<&Model>) -> String {
                 sq_wqes,
                 rq_wqes,
                 cqes,
-                reg_mr_waits
+                reg_mr_waits,
+                tx_lost_segments
             ]
         );
         let l = m.page_lists();

@@ -181,17 +181,17 @@ impl Device {
                 if let Some(hub) = hub {
                     let link = same_host::Link::new(hub.clone(), config.udp_addr.ip())
                         .map_err(|e| Error::Udp(config.udp_addr, e))?;
-                    t.set_same_host(link);
+                    t.set_same_host(link, config.same_host_segment);
                 }
                 log::info!(
                     "udp transport on {} (peers on port {}; UDP GSO {}{})",
                     t.local_addr(),
                     config.peer_port,
                     if gso { "on" } else { "off" },
-                    if hub.is_some() {
-                        "; same-host shortcut to the other devices of this process"
-                    } else {
-                        ""
+                    match (hub.is_some(), config.same_host_segment) {
+                        (false, _) => String::new(),
+                        (true, 0) => "; same-host shortcut to the other devices of this process, packets of one path MTU".to_string(),
+                        (true, n) => format!("; same-host shortcut to the other devices of this process, segments of {} KiB", n >> 10),
                     }
                 );
                 Transport::Udp(t)

@@ -139,7 +139,15 @@ impl PacketSink for Transport {
         each!(self, t => t.wants_refs(tx))
     }
 
-    fn push_refs(&mut self, tx: &Transmit, refs: &[crate::payload_ref::PayloadRef]) {
-        each!(self, t => t.push_refs(tx, refs))
+    fn segment(&self) -> usize {
+        each!(self, t => t.segment())
+    }
+
+    fn in_memory(&self, dst: &rxe_core::types::Gid) -> bool {
+        each!(self, t => t.in_memory(dst))
+    }
+
+    fn push_refs(&mut self, tx: &Transmit, roce: &[u8], refs: &[crate::payload_ref::PayloadRef]) {
+        each!(self, t => t.push_refs(tx, roce, refs))
     }
 }

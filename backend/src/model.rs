@@ -44,12 +44,33 @@ pub trait PacketSink {
     fn wants_refs(&mut self, _t: &Transmit) -> bool {
         false
     }
-    /// As [`Self::push`], for a packet whose payload is partly `refs` (asked for with
-    /// [`Self::wants_refs`]).
-    fn push_refs(&mut self, t: &Transmit, _refs: &[crate::payload_ref::PayloadRef]) {
-        self.push(t)
+    /// Whether a packet to `dst` goes to another device of this process, in memory: the
+    /// engine may then send an RC packet as a segment of several path MTUs
+    /// ([`rxe_core::Device::poll_transmit_segments`]). Asked only while
+    /// [`Self::takes_refs`] holds.
+    fn in_memory(&self, _dst: &rxe_core::types::Gid) -> bool {
+        false
+    }
+    /// The payload bytes a packet to a device reached in memory may carry (0: one path MTU).
+    fn segment(&self) -> usize {
+        0
+    }
+    /// As [`Self::push`], for the packet `roce` (built outside `next_buf()`) whose payload is
+    /// partly `refs` (asked for with [`Self::wants_refs`]).
+    fn push_refs(&mut self, t: &Transmit, roce: &[u8], _refs: &[crate::payload_ref::PayloadRef]) {
+        let n = t.len.min(roce.len());
+        let buf = self.next_buf();
+        if n <= buf.len() {
+            buf[..n].copy_from_slice(&roce[..n]);
+            self.push(t)
+        }
     }
 }
+
+/// The smallest buffer a packet is built in while the sink takes payload references: one
+/// of path MTU 4096 and its headers (a segment's buffer is larger:
+/// [`PacketSink::segment`]).
+const PACKET_BUF: usize = 4096 + rxe_core::device::SEGMENT_HEADROOM;
 
 /// Packets one [`Model::pump`] sends at most before it returns, so that doorbells, received
 /// packets, timers and control commands are served between the slices of a long READ
@@ -168,6 +189,9 @@ pub struct ModelStats {
     pub cqes: u64,
     /// Times a REG_MR WQE was left in its ring because its QP held its cap of page lists.
     pub reg_mr_waits: u64,
+    /// Segments built for a device reached in memory that the sink then sent toward the
+    /// wire, where they cannot go: lost (the requester sends them again).
+    pub tx_lost_segments: u64,
 }
 
 #[derive(Debug)]
@@ -275,6 +299,9 @@ pub struct Model {
     mcast_scratch: Vec<u32>,
     /// The payload references of the packet being built ([`Self::transmit`]).
     refs_scratch: std::cell::RefCell<Vec<crate::payload_ref::PayloadRef>>,
+    /// Where packets are built while the sink takes payload references: room for a
+    /// segment of [`PacketSink::segment`] bytes, allocated on first use.
+    seg_buf: Vec<u8>,
     /// GID table entries the transport cannot send from (index → GID): listed, so the guest's
     /// table is what its netdev has, but an address vector that names one is refused.
     listed_gids: std::collections::BTreeMap<u32, Gid>,
@@ -419,6 +446,7 @@ impl Model {
             gids_changed: false,
             mcast_scratch: Vec::new(),
             refs_scratch: Default::default(),
+            seg_buf: Vec::new(),
             listed_gids: Default::default(),
             slot: Vec::new(),
             scratch: Vec::new(),
@@ -1848,7 +1876,7 @@ impl Model {
         meta: &RecvMeta,
         bytes: &[u8],
     ) {
-        self.handle_packet_refs(mem, now, meta, bytes, None)
+        self.handle_packet_refs(mem, now, meta, bytes, None, false)
     }
 
     /// [`Self::handle_packet`] for a packet from another device of this process whose
@@ -1861,6 +1889,7 @@ impl Model {
         meta: &RecvMeta,
         bytes: &[u8],
         src: Option<(&GuestMemoryMmap, &[crate::payload_ref::PayloadRef])>,
+        in_memory: bool,
     ) {
         if bytes.len() >= 12 {
             let dqpn = u32::from_be_bytes([0, bytes[5], bytes[6], bytes[7]]);
@@ -1877,15 +1906,19 @@ impl Model {
                 self.mcast_scratch = members;
             }
         }
-        let _ = match src {
+        let mut own = crate::guest_mem::GuestRam(mem);
+        let mut refs_ram;
+        let ram: &mut dyn rxe_core::mem::Memory = match src {
             Some((src, refs)) if !refs.is_empty() => {
-                let mut ram = crate::payload_ref::RefRam::new(mem, src, refs, bytes);
-                self.dev.handle_packet(now, meta, bytes, &mut ram)
+                refs_ram = crate::payload_ref::RefRam::new(mem, src, refs, bytes);
+                &mut refs_ram
             }
-            _ => {
-                let mut ram = crate::guest_mem::GuestRam(mem);
-                self.dev.handle_packet(now, meta, bytes, &mut ram)
-            }
+            _ => &mut own,
+        };
+        let _ = if in_memory {
+            self.dev.handle_packet_in_memory(now, meta, bytes, ram)
+        } else {
+            self.dev.handle_packet(now, meta, bytes, ram)
         };
     }
 
@@ -1978,21 +2011,39 @@ impl Model {
             return true;
         }
         let refs = std::mem::take(&mut self.refs_scratch);
+        let seg = tx.segment();
+        let cap = (seg + rxe_core::device::SEGMENT_HEADROOM).max(PACKET_BUF);
+        if self.seg_buf.len() < cap {
+            self.seg_buf.resize(cap, 0);
+        }
         let t = {
-            let buf = tx.next_buf();
+            let buf = &mut self.seg_buf[..cap];
             let mut ram = crate::payload_ref::DeferringRam::new(mem, buf, &refs);
-            self.dev.poll_transmit(now, &mut ram, buf)
+            let sink = &*tx;
+            self.dev
+                .poll_transmit_segments(now, &mut ram, buf, &|g| seg > 0 && sink.in_memory(g))
         };
         if let Some(t) = &t {
             let noted = !refs.borrow().is_empty();
             let rc = self.dev.qp(t.qpn).is_some_and(|q| q.qp_type == QpType::Rc);
-            if noted && rc && tx.wants_refs(t) {
-                tx.push_refs(t, &refs.borrow());
+            let roce = &self.seg_buf[..t.len.min(cap)];
+            if rc && tx.wants_refs(t) {
+                tx.push_refs(t, roce, &refs.borrow());
             } else {
-                if noted {
-                    crate::payload_ref::resolve(mem, &refs.borrow(), tx.next_buf());
+                // For the wire: the packet's own bytes into the sink's buffer, the noted
+                // payload read from guest memory straight into it.
+                let buf = tx.next_buf();
+                if t.len <= buf.len() {
+                    crate::payload_ref::copy_unreferenced(roce, &refs.borrow(), buf);
+                    if noted {
+                        crate::payload_ref::resolve(mem, &refs.borrow(), buf);
+                    }
+                    tx.push(t);
+                } else {
+                    // A segment for a device no longer reached in memory: lost, as on a
+                    // wire; the requester sends it again, in packets if it is still not.
+                    self.stats.tx_lost_segments += 1;
                 }
-                tx.push(t);
             }
         }
         self.refs_scratch = refs;

@@ -81,6 +81,57 @@ impl Memory for DeferringRam<'_> {
     }
 }
 
+/// The ranges of a packet of `len` bytes that `refs` do not stand for, in order: the bytes
+/// the packet itself holds. The engine notes its reads in packet order; references out of
+/// order (or overlapping) give the whole packet, one range.
+pub fn unreferenced(
+    len: usize,
+    refs: &[PayloadRef],
+) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
+    let ordered = refs
+        .windows(2)
+        .all(|w| w[0].off as usize + w[0].len as usize <= w[1].off as usize);
+    let refs = if ordered { refs } else { &[][..] };
+    let mut p = 0usize;
+    let mut i = 0usize;
+    let mut whole = !ordered;
+    std::iter::from_fn(move || {
+        if whole {
+            whole = false;
+            p = len;
+            return Some(0..len);
+        }
+        while p < len {
+            let (a, b) = match refs.get(i) {
+                Some(r) => (
+                    (r.off as usize).min(len),
+                    (r.off as usize + r.len as usize).min(len),
+                ),
+                None => (len, len),
+            };
+            i += 1;
+            let gap = p..a.max(p);
+            p = p.max(b);
+            if !gap.is_empty() {
+                return Some(gap);
+            }
+            if a == len {
+                break;
+            }
+        }
+        None
+    })
+}
+
+/// Copies the bytes of the packet `roce` that `refs` do not stand for into `dst` (as long),
+/// at the same offsets; the referenced ones are left for [`resolve`].
+pub fn copy_unreferenced(roce: &[u8], refs: &[PayloadRef], dst: &mut [u8]) {
+    let len = roce.len().min(dst.len());
+    for r in unreferenced(len, refs) {
+        dst[r.clone()].copy_from_slice(&roce[r]);
+    }
+}
+
 /// Performs the reads `refs` noted: the packet in `pkt` then holds its whole payload.
 pub fn resolve(mem: &GuestMemoryMmap, refs: &[PayloadRef], pkt: &mut [u8]) {
     for r in refs {
@@ -198,6 +249,34 @@ impl Memory for RefRam<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unreferenced_ranges_are_the_gaps_between_references() {
+        let r = |off, len| PayloadRef { gpa: 0, off, len };
+        let gaps = |len, refs: &[PayloadRef]| {
+            unreferenced(len, refs)
+                .map(|g| (g.start, g.end))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            gaps(40, &[r(10, 5), r(20, 10)]),
+            [(0, 10), (15, 20), (30, 40)]
+        );
+        assert_eq!(gaps(40, &[r(0, 40)]), []);
+        assert_eq!(gaps(40, &[r(0, 10), r(10, 30)]), []);
+        assert_eq!(gaps(40, &[]), [(0, 40)]);
+        // Out of order or overlapping: the whole packet.
+        assert_eq!(gaps(40, &[r(20, 5), r(10, 5)]), [(0, 40)]);
+        assert_eq!(gaps(40, &[r(10, 10), r(15, 10)]), [(0, 40)]);
+        // A reference past the end (never noted so) covers nothing beyond it.
+        assert_eq!(gaps(40, &[r(30, 20)]), [(0, 30)]);
+        let roce: Vec<u8> = (0..40).collect();
+        let mut dst = [0xffu8; 40];
+        copy_unreferenced(&roce, &[r(10, 20)], &mut dst);
+        assert_eq!(dst[..10], roce[..10]);
+        assert!(dst[10..30].iter().all(|&b| b == 0xff));
+        assert_eq!(dst[30..], roce[30..]);
+    }
 
     fn ram(base: u64, len: usize, fill: impl Fn(usize) -> u8) -> GuestMemoryMmap {
         let m = GuestMemoryMmap::from_ranges(&[(GuestAddress(base), len)]).unwrap();

@@ -38,11 +38,14 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// One packet in an inbox: what the receiver's engine needs (BTH … ICRC slot, and where it
-/// came from). With payload references, `buf` holds every byte but the referenced ones, and
-/// `src` keeps the sender's guest memory mapped until the receiver has copied them.
+/// came from). With payload references, `buf` holds only the bytes the references do not
+/// stand for, one after the other ([`crate::payload_ref::unreferenced`]), `len` is the
+/// packet's, and `src` keeps the sender's guest memory mapped until the receiver has copied
+/// the rest: a 64 KiB segment is a few dozen bytes here.
 struct Parcel {
     meta: RecvMeta,
     buf: Vec<u8>,
+    len: usize,
     refs: Vec<PayloadRef>,
     src: Option<Arc<GuestMemoryMmap>>,
 }
@@ -71,6 +74,9 @@ pub struct SameHostStats {
 pub struct Inbox {
     queue: Mutex<VecDeque<Parcel>>,
     pool: Mutex<Vec<Spare>>,
+    /// Where [`Self::drain`] lays a packet with references out at its own offsets (its
+    /// referenced bytes left as they are: the receiver copies them from the sender).
+    unpacked: Mutex<Vec<u8>>,
     /// Set when the eventfd was written and the worker has not drained since: a sender
     /// writes the eventfd only on the edge, not per packet.
     signalled: AtomicBool,
@@ -83,6 +89,7 @@ impl Inbox {
         Ok(Inbox {
             queue: Mutex::new(VecDeque::new()),
             pool: Mutex::new(Vec::new()),
+            unpacked: Mutex::new(Vec::new()),
             signalled: AtomicBool::new(false),
             event: EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC)?,
             stats: SameHostStats::default(),
@@ -125,28 +132,10 @@ impl Inbox {
         let (mut buf, mut r) = lock(&self.pool).pop().unwrap_or_default();
         r.clear();
         r.extend_from_slice(refs);
-        if refs.is_empty() {
-            buf.clear();
-            buf.extend_from_slice(bytes);
-        } else {
-            // The referenced bytes are not copied: the receiver takes them from `src`. The
-            // engine notes its reads in packet order; were they not, every byte is copied
-            // (the references still say where the payload is).
-            buf.resize(bytes.len(), 0);
-            let ordered = refs.windows(2).all(|w| w[0].off + w[0].len <= w[1].off);
-            let mut p = 0;
-            let gaps = refs
-                .iter()
-                .filter(|_| ordered)
-                .map(|x| (x.off as usize, x.off as usize + x.len as usize))
-                .chain(std::iter::once((bytes.len(), bytes.len())));
-            for (a, b) in gaps {
-                let a = a.min(bytes.len());
-                if a > p {
-                    buf[p..a].copy_from_slice(&bytes[p..a]);
-                }
-                p = p.max(b.min(bytes.len()));
-            }
+        buf.clear();
+        // The referenced bytes are not copied: the receiver takes them from `src`.
+        for g in crate::payload_ref::unreferenced(bytes.len(), refs) {
+            buf.extend_from_slice(&bytes[g]);
         }
         {
             let mut q = lock(&self.queue);
@@ -159,6 +148,7 @@ impl Inbox {
             q.push_back(Parcel {
                 meta,
                 buf,
+                len: bytes.len(),
                 refs: r,
                 src: src.filter(|_| !refs.is_empty()).cloned(),
             });
@@ -191,8 +181,26 @@ impl Inbox {
             self.stats.rx_packets.fetch_add(1, Ordering::Relaxed);
             self.stats
                 .rx_bytes
-                .fetch_add(p.buf.len() as u64, Ordering::Relaxed);
-            f(&p.meta, &p.buf, p.src.as_deref().map(|m| (m, &p.refs[..])));
+                .fetch_add(p.len as u64, Ordering::Relaxed);
+            if p.refs.is_empty() {
+                f(&p.meta, &p.buf, p.src.as_deref().map(|m| (m, &p.refs[..])));
+            } else {
+                let mut whole = lock(&self.unpacked);
+                if whole.len() < p.len {
+                    whole.resize(p.len, 0);
+                }
+                let mut at = 0;
+                for g in crate::payload_ref::unreferenced(p.len, &p.refs) {
+                    let n = g.len();
+                    whole[g].copy_from_slice(&p.buf[at..at + n]);
+                    at += n;
+                }
+                f(
+                    &p.meta,
+                    &whole[..p.len],
+                    p.src.as_deref().map(|m| (m, &p.refs[..])),
+                );
+            }
             // The sender's memory is let go here, not when the buffers are reused.
             drop(p.src);
             self.recycle((p.buf, p.refs));
@@ -329,6 +337,15 @@ impl Link {
     /// Whether a packet to `ip` goes to another port of this process.
     pub fn reaches(&mut self, ip: IpAddr) -> bool {
         self.peer(ip).is_some()
+    }
+
+    /// [`Self::reaches`] without remembering the answer (for a shared borrow).
+    pub fn reaches_now(&self, ip: IpAddr) -> bool {
+        ip != self.own_ip
+            && match &self.last {
+                Some((l, _)) if *l == ip => true,
+                _ => self.hub.port(&ip).is_some(),
+            }
     }
 
     /// Delivers `roce` (BTH … ICRC slot) to the port at `t.dst` if it is in this process

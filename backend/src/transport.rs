@@ -202,6 +202,8 @@ pub struct UdpTransport {
     same_host: Option<crate::same_host::Link>,
     /// The guest memory of the packets being built, while a pump runs (`--same-host`).
     payload_src: Option<std::sync::Arc<crate::guest_mem::GuestMemoryMmap>>,
+    /// Payload bytes of a packet to another port of the process (`--same-host-segment`).
+    segment: usize,
     /// `--io-thread`: full batches go to the I/O thread instead of the socket
     /// ([`crate::io_thread`]).
     offload: Option<crate::io_thread::TxOffload>,
@@ -344,6 +346,7 @@ impl UdpTransport {
             rx_failing: false,
             same_host: None,
             payload_src: None,
+            segment: 0,
             rx: RxBatch::new(false),
             offload: None,
         })
@@ -383,6 +386,7 @@ impl UdpTransport {
             rx: RxBatch::new(self.rx.gro),
             same_host: None,
             payload_src: None,
+            segment: 0,
             offload: None,
         })
     }
@@ -546,8 +550,11 @@ impl UdpTransport {
 
     /// Joins the same-host shortcut: packets to another port of `link`'s hub go there
     /// instead of to the socket ([`crate::same_host`]).
-    pub fn set_same_host(&mut self, link: crate::same_host::Link) {
+    /// `segment`: the payload bytes an RC packet to another port may carry (0: one path
+    /// MTU; [`PacketSink::segment`]).
+    pub fn set_same_host(&mut self, link: crate::same_host::Link, segment: usize) {
         self.same_host = Some(link);
+        self.segment = segment;
     }
 
     /// The guest memory the packets of the next pump are built from: packets to another
@@ -1011,25 +1018,41 @@ impl PacketSink for UdpTransport {
                 .is_some_and(|l| l.reaches(t.dst.to_ip()))
     }
 
-    fn push_refs(&mut self, t: &Transmit, refs: &[crate::payload_ref::PayloadRef]) {
-        let at = self.slot(self.tx_pending.len()).start;
-        let len = t.len.min(TX_SLOT);
+    fn segment(&self) -> usize {
+        self.segment
+    }
+
+    fn in_memory(&self, dst: &Gid) -> bool {
+        self.segment > 0
+            && self.payload_src.is_some()
+            && self
+                .same_host
+                .as_ref()
+                .is_some_and(|l| l.reaches_now(dst.to_ip()))
+    }
+
+    fn push_refs(&mut self, t: &Transmit, roce: &[u8], refs: &[crate::payload_ref::PayloadRef]) {
         if self.route(t).is_none() {
             return;
         }
-        let Some(src) = self.payload_src.clone() else {
-            return;
-        };
-        let roce = &self.tx_buf[at..at + len];
+        let src = self.payload_src.clone();
+        let roce = &roce[..t.len.min(roce.len())];
         if let Some(l) = &mut self.same_host {
-            if l.deliver_refs(t, roce, refs, Some(&src)) {
+            if l.deliver_refs(t, roce, refs, src.as_ref()) {
                 return;
             }
         }
         // Not another port after all (wants_refs said it was): the packet whole, by the wire.
-        let mut slot = std::mem::take(&mut self.tx_buf);
-        crate::payload_ref::resolve(&src, refs, &mut slot[at..at + len]);
-        self.tx_buf = slot;
+        let r = self.slot(self.tx_pending.len());
+        if roce.len() > r.len() {
+            self.stats.tx_dropped += 1;
+            return;
+        }
+        let dst = &mut self.tx_buf[r.start..r.start + roce.len()];
+        crate::payload_ref::copy_unreferenced(roce, refs, dst);
+        if let Some(src) = &src {
+            crate::payload_ref::resolve(src, refs, dst);
+        }
         self.push(t);
     }
 }

@@ -749,8 +749,11 @@ impl VhuRdma {
         };
         let g = mem.memory();
         let at = now();
+        // The same-host inbox holds what other devices of this process built for it, in
+        // segments; the I/O thread's holds what arrived on the socket.
+        let in_memory = self.inbox.as_ref().is_some_and(|i| Arc::ptr_eq(i, inbox));
         inbox.drain(RX_LIMIT, |meta, bytes, src| {
-            model.handle_packet_refs(&g, at, meta, bytes, src);
+            model.handle_packet_refs(&g, at, meta, bytes, src, in_memory);
         })
     }
 

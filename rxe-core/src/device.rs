@@ -118,6 +118,9 @@ pub struct PortCounters {
     pub rx_malformed: u64,
     /// Congestion notification packets received (counted; congestion control is future work).
     pub rx_cnp: u64,
+    /// Packets sent as segments of more than one path MTU, to devices reached in memory
+    /// ([`Device::poll_transmit_segments`]).
+    pub tx_segments: u64,
 }
 
 /// Where an incoming packet came from (filled in by the transport).

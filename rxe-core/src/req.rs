@@ -634,6 +634,7 @@ fn build(
     }
     // A segment (payload over one path MTU) stands for as many packets.
     let npsn = if payload > mtu {
+        res.port.tx_segments += 1;
         payload.div_ceil(mtu)
     } else {
         npsn

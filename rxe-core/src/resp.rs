@@ -907,6 +907,9 @@ pub(crate) fn next_response(
                 return None;
             }
         }
+        if plen > mtu {
+            res.port.tx_segments += 1;
+        }
         if offset + plen < len {
             q.resp.out.push_front((
                 RespOut::Read {

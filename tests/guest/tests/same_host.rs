@@ -32,17 +32,42 @@ fn packets_between_devices_of_one_daemon_skip_the_kernel() {
     send_write_read(&mut a, &mut b);
     for (n, name) in [(&a, "a"), (&b, "b")] {
         let c = n.daemon.counters().unwrap();
-        // a: 3 SEND + 64 WRITE + 1 READ request packets; b: the ACKs and 64 READ responses.
-        assert!(counter(n, "same_host", "tx_packets") >= 64, "{name}: {c}");
-        assert!(counter(n, "same_host", "rx_packets") >= 64, "{name}: {c}");
+        // a: the SEND, the WRITE and the READ request; b: the ACKs and the READ response.
+        assert!(counter(n, "same_host", "tx_packets") >= 3, "{name}: {c}");
+        assert!(counter(n, "same_host", "rx_packets") >= 3, "{name}: {c}");
         assert_eq!(counter(n, "same_host", "rx_dropped"), 0, "{name}: {c}");
         assert_eq!(counter(n, "transport", "tx_packets"), 0, "{name}: {c}");
         assert_eq!(counter(n, "transport", "rx_packets"), 0, "{name}: {c}");
     }
-    // a's SEND (3000 B) and WRITE (64 KiB), b's READ responses (64 KiB): every payload
-    // packet at MTU 1024 referred to its bytes in the sender's guest memory.
+    // In segments of up to 64 KiB (the default): a's SEND (3000 B, 3 packets at MTU 1024)
+    // and WRITE (64 KiB, 64 packets), b's READ response (64 KiB) are one segment each.
+    assert_eq!(counter(&a, "port", "tx_segments"), 2);
+    assert_eq!(counter(&b, "port", "tx_segments"), 1);
+    assert!(counter(&a, "same_host", "tx_packets") < 10);
+    // Every payload referred to its bytes in the sender's guest memory.
+    assert_eq!(counter(&a, "same_host", "tx_ref_bytes"), 3000 + (64 << 10));
+    assert_eq!(counter(&b, "same_host", "tx_ref_bytes"), 64 << 10);
+}
+
+/// `--same-host-segment 0`: packets of one path MTU between the devices, as on a wire;
+/// `--same-host-segment 16K`: segments of 16 KiB (16 packets at MTU 1024).
+#[test]
+fn the_segment_size_is_the_operators() {
+    let (mut a, mut b) = two(&["--same-host", "--same-host-segment", "0"]);
+    send_write_read(&mut a, &mut b);
+    // a: 3 SEND + 64 WRITE + 1 READ request packets; b: the ACKs and 64 READ responses.
+    for n in [&a, &b] {
+        assert!(counter(n, "same_host", "tx_packets") >= 64);
+        assert_eq!(counter(n, "port", "tx_segments"), 0);
+    }
     assert!(counter(&a, "same_host", "tx_ref_packets") >= 3 + 64);
     assert_eq!(counter(&a, "same_host", "tx_ref_bytes"), 3000 + (64 << 10));
+    drop((a, b));
+    let (mut a, mut b) = two(&["--same-host", "--same-host-segment", "16K"]);
+    send_write_read(&mut a, &mut b);
+    // a: the SEND (3000 B) and 4 WRITE segments; b: 4 READ response segments.
+    assert_eq!(counter(&a, "port", "tx_segments"), 1 + 4);
+    assert_eq!(counter(&b, "port", "tx_segments"), 4);
     assert_eq!(counter(&b, "same_host", "tx_ref_bytes"), 64 << 10);
 }
 
@@ -85,7 +110,7 @@ fn the_shortcut_goes_before_the_io_thread() {
     send_write_read(&mut a, &mut b);
     for n in [&a, &b] {
         let c = n.daemon.counters().unwrap();
-        assert!(counter(n, "same_host", "tx_packets") >= 64, "{c}");
+        assert!(counter(n, "same_host", "tx_packets") >= 3, "{c}");
         assert_eq!(counter(n, "transport", "tx_packets"), 0, "{c}");
         assert_eq!(counter(n, "io_thread", "tx_batches"), 0, "{c}");
         assert_eq!(counter(n, "io_thread", "rx_packets"), 0, "{c}");

@@ -420,21 +420,28 @@ fn gso_daemon_table(bin: &std::path::Path, a: &Args) {
 }
 
 /// The same-host table (`--only same-host`): 64 KiB RC WRITEs between two devices of one
-/// daemon process (loopback addresses), through the kernel's UDP sockets and with
-/// `--same-host`, beside memcpy of the same bytes in 64 KiB blocks, in interleaved rounds;
-/// Gbit/s and the daemon's CPU per WRITE, medians.
+/// daemon process (loopback addresses), through the kernel's UDP sockets, with `--same-host`
+/// in packets of one path MTU (`--same-host-segment 0`) and in segments (the default, 64
+/// KiB), beside memcpy of the same bytes in 64 KiB blocks, in interleaved rounds; Gbit/s
+/// and the daemon's CPU per WRITE, medians and ranges.
 fn same_host_table(bin: &std::path::Path, a: &Args) {
     let rounds = a.rounds.max(1);
     let cpus = a.daemon_cpu.map(|c| [c]);
     let cpus = cpus.as_ref().map(|c| &c[..]);
     let writes = a.write_bytes.div_ceil(64 << 10) as f64;
-    // [udp, same-host, memcpy]: (Gbit/s, daemon CPU ns per WRITE); the nodes of a round
-    // are dropped (their daemon stopped) before an error ends the run.
-    let mut rows: [Vec<(f64, f64)>; 3] = [Vec::new(), Vec::new(), Vec::new()];
-    let round = |rows: &mut [Vec<(f64, f64)>; 3]| -> Result<(), String> {
+    const SETUPS: [&[&str]; 3] = [
+        &[],
+        &["--same-host", "--same-host-segment", "0"],
+        &["--same-host"],
+    ];
+    // [udp, same-host packets, same-host segments, memcpy]: (Gbit/s, daemon CPU ns per
+    // WRITE); the nodes of a round are dropped (their daemon stopped) before an error ends
+    // the run.
+    let mut rows: [Vec<(f64, f64)>; 4] = Default::default();
+    let round = |rows: &mut [Vec<(f64, f64)>; 4]| -> Result<(), String> {
         let m = perf::memcpy_bw(64 << 10, a.write_bytes);
-        rows[2].push((m * 8.0 / 1e9, 0.0));
-        for (i, flag) in [&[][..], &["--same-host"][..]].into_iter().enumerate() {
+        rows[3].push((m * 8.0 / 1e9, 0.0));
+        for (i, flag) in SETUPS.into_iter().enumerate() {
             let (aa, ba) = loopback_pair(4791);
             let mut extra = vec!["--mtu", "9000"];
             extra.extend_from_slice(flag);
@@ -447,8 +454,11 @@ fn same_host_table(bin: &std::path::Path, a: &Args) {
             let c1 = vur_testguest::scale::cpu_ns(pid).unwrap_or(0);
             let c = x.daemon.counters().unwrap_or_default();
             let refs = vur_testguest::json_u64(&c, "same_host", "tx_ref_bytes").unwrap_or(0);
-            if (i == 1) != (refs > 0) {
-                return Err(format!("{flag:?} but {refs} bytes sent as references: {c}"));
+            let segs = vur_testguest::json_u64(&c, "port", "tx_segments").unwrap_or(0);
+            if (i > 0) != (refs > 0) || (i == 2) != (segs > 0) {
+                return Err(format!(
+                    "{flag:?} but {refs} bytes sent as references, {segs} segments: {c}"
+                ));
             }
             rows[i].push((bw * 8.0 / 1e9, (c1 - c0) as f64 / writes));
         }
@@ -460,12 +470,40 @@ fn same_host_table(bin: &std::path::Path, a: &Args) {
             std::process::exit(1);
         }
     }
-    print_pair_table(
-        "two devices of one daemon, 64 KiB RC WRITE    kernel UDP (range)   --same-host (range)  ratio",
-        &rows,
-        "memcpy, same bytes in 64 KiB blocks (Gbit/s)",
-        "same-host / memcpy",
-        "daemon CPU us per 64 KiB WRITE",
+    let col = |i: usize, f: fn(&(f64, f64)) -> f64| {
+        let mut v: Vec<f64> = rows[i].iter().map(f).collect();
+        med_range(&mut v)
+    };
+    let cell = |m: (f64, f64, f64)| format!("{:.2} ({:.2}-{:.2})", m.0, m.1, m.2);
+    println!(
+        "two devices of one daemon, 64 KiB RC WRITE   {:>22} {:>22} {:>22} {:>22}",
+        "kernel UDP", "--same-host packets", "--same-host segments", "memcpy"
+    );
+    let bw: Vec<_> = (0..4).map(|i| col(i, |r| r.0)).collect();
+    println!(
+        "{:<44} {:>22} {:>22} {:>22} {:>22}",
+        "Gbit/s (range)",
+        cell(bw[0]),
+        cell(bw[1]),
+        cell(bw[2]),
+        cell(bw[3])
+    );
+    let cpu: Vec<_> = (0..3).map(|i| col(i, |r| r.1 / 1e3)).collect();
+    println!(
+        "{:<44} {:>22} {:>22} {:>22}",
+        "daemon CPU us per WRITE (range)",
+        cell(cpu[0]),
+        cell(cpu[1]),
+        cell(cpu[2])
+    );
+    println!(
+        "segments / packets: {:.2}x Gbit/s, {:.2}x CPU; segments / kernel UDP: {:.2}x; \
+         segments / memcpy: {:.3}x (packets / memcpy: {:.3}x)",
+        bw[2].0 / bw[1].0,
+        cpu[2].0 / cpu[1].0,
+        bw[2].0 / bw[0].0,
+        bw[2].0 / bw[3].0,
+        bw[1].0 / bw[3].0
     );
     println!(
         "medians of {rounds} rounds, {} MiB each",
