@@ -575,7 +575,9 @@ fn build(
     let wr_flags = wqe.wr.flags;
     let end = last || npsn > 1 || op.flags().contains(crate::wire::OpFlags::LAST);
     let ack_req = q.qp_type == QpType::Rc && {
-        q.req.noack_pkts += 1;
+        // Counted in PSNs: a segment asks for its ACK as the packets it stands for would,
+        // so a message larger than the window of unacknowledged PSNs keeps moving.
+        q.req.noack_pkts += payload.div_ceil(mtu).max(1);
         if q.req.noack_pkts > MAX_PKT_PER_ACK || end {
             q.req.noack_pkts = 0;
             true

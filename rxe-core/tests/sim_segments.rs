@@ -248,3 +248,35 @@ fn a_segment_from_a_wire_is_an_invalid_request() {
         vec![WcStatus::RemInvReqErr]
     );
 }
+
+/// A message of many windows: 1 MiB at MTU 1024 is 1024 PSNs, eight times the 128 a requester
+/// keeps unacknowledged. Its segments ask for ACKs as its packets would, so it flows without
+/// waiting for a timeout.
+#[test]
+fn a_message_larger_than_the_window_flows_in_segments() {
+    let mut sim = Sim::new(14);
+    sim.segment_buf = 16 * 1024 + rxe_core::device::SEGMENT_HEADROOM;
+    let ep = sim.connect(ConnOpts::default());
+    let len = 1 << 20;
+    let all = Access::LOCAL_WRITE.union(Access::REMOTE);
+    let (src, skey) = sim.reg(0, ep[0].pd, len, Access::LOCAL_WRITE);
+    let (dst, dkey) = sim.reg(1, ep[1].pd, len, all);
+    let data = fill(&mut sim, 0, src, len, 5);
+    let write = SendOp::Write {
+        remote_addr: dst,
+        rkey: dkey,
+    };
+    sim.dev(0)
+        .post_send(ep[0].qpn, SendWr::new(1, write, sge(src, len, skey)))
+        .unwrap();
+    sim.settle(100_000);
+    let c = sim.poll_all(0, ep[0].cq);
+    assert_eq!(c.len(), 1);
+    assert_eq!(c[0].status, WcStatus::Success);
+    assert!(sim.nodes[1].mem.slice(dst, len) == &data[..]);
+    let q = sim.dev(0).qp(ep[0].qpn).unwrap().counters;
+    assert_eq!((q.timeouts, q.retransmits), (0, 0), "{q:?}");
+    // 64 segments of 16 KiB.
+    assert_eq!(sim.stats[0].sent, 64);
+    assert_eq!(sim.dev(0).port_counters().tx_segments, 64);
+}

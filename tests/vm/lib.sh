@@ -203,7 +203,9 @@ import json, sys
 j = json.load(open(sys.argv[2]))
 t, h = j.get("transport", {}), j.get("same_host", {})
 keys = ("tx_packets", "rx_packets", "tx_ref_packets", "tx_ref_bytes", "rx_dropped")
+segs = j.get("port", {}).get("tx_segments", "?")
 print(sys.argv[1] + ": same_host " + " ".join(f"{k}={h.get(k, '?')}" for k in keys)
+      + f"; port tx_segments={segs}"
       + f"; transport tx_packets={t.get('tx_packets', '?')} rx_packets={t.get('rx_packets', '?')}")
 bad = [k for k in ("tx_packets", "rx_packets", "tx_ref_bytes") if not h.get(k)]
 bad += ["same_host rx_dropped"] if h.get("rx_dropped") else []
