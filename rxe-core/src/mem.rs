@@ -464,17 +464,32 @@ impl Region<'_> {
                 let mask = (1u64 << shift) - 1;
                 let mut pos = page_offset.checked_add(x).ok_or(MemError::OutOfRange)?;
                 let mut done = 0usize;
+                // Pages that follow each other in memory make one extent: one call for a
+                // buffer the guest's pages happen to back contiguously.
+                let mut run: Option<(u64, usize)> = None;
                 while done < len {
                     let page = usize::try_from(pos >> shift).map_err(|_| MemError::OutOfRange)?;
                     let pa = *pages.get(page).ok_or(MemError::OutOfRange)?;
                     let in_page = pos & mask;
                     let n = ((mask + 1 - in_page) as usize).min(len - done);
-                    f(
-                        pa.checked_add(in_page).ok_or(MemError::OutOfRange)?,
-                        done..done + n,
-                    )?;
+                    let at = pa.checked_add(in_page).ok_or(MemError::OutOfRange)?;
+                    run = match run {
+                        Some((start, from))
+                            if start.checked_add((done - from) as u64) == Some(at) =>
+                        {
+                            Some((start, from))
+                        }
+                        Some((start, from)) => {
+                            f(start, from..done)?;
+                            Some((at, done))
+                        }
+                        None => Some((at, done)),
+                    };
                     done += n;
                     pos += n as u64;
+                }
+                if let Some((start, from)) = run {
+                    f(start, from..done)?;
                 }
                 Ok(())
             }
@@ -629,6 +644,45 @@ mod tests {
         let k2 = t.insert(mr(0, 1, Backing::Contiguous { base: 0 })).unwrap();
         assert_eq!(k2 >> 8, k >> 8);
         assert_ne!(k2, k, "a reused index gets a fresh key byte");
+    }
+
+    /// Pages that follow each other in memory are one access, pages that do not are apart.
+    #[test]
+    fn contiguous_pages_are_one_extent() {
+        /// Memory that records its accesses.
+        struct Log(VecMemory, Vec<(u64, usize)>);
+        impl Memory for Log {
+            fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), MemError> {
+                self.0.read(addr, buf)
+            }
+            fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), MemError> {
+                self.1.push((addr, data.len()));
+                self.0.write(addr, data)
+            }
+        }
+        let mut mem = Log(VecMemory::new(0, 0x10000), Vec::new());
+        let mut t = KeyTable::new(4);
+        let pages = vec![0x1000, 0x2000, 0x3000, 0x8000, 0x9000, 0x4000];
+        let k = t
+            .insert(mr(
+                0,
+                0x6000,
+                Backing::Pages {
+                    page_shift: 12,
+                    page_offset: 0,
+                    pages,
+                },
+            ))
+            .unwrap();
+        let r = t
+            .lookup_remote(1, 0, k, 0, 0x6000, Access::REMOTE_WRITE)
+            .unwrap();
+        let data: Vec<u8> = (0..0x5000u32).map(|i| (i * 7) as u8).collect();
+        r.write(&mut mem, 0x800, &data).unwrap();
+        assert_eq!(mem.1, [(0x1800, 0x2800), (0x8000, 0x2000), (0x4000, 0x800)]);
+        assert_eq!(mem.0.slice(0x1800, 0x2800), &data[..0x2800]);
+        assert_eq!(mem.0.slice(0x8000, 0x2000), &data[0x2800..0x4800]);
+        assert_eq!(mem.0.slice(0x4000, 0x800), &data[0x4800..]);
     }
 
     #[test]
