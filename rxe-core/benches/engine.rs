@@ -7,7 +7,9 @@
 //! Each line prints the engine's rate beside a baseline measured in the same run: the same
 //! packets built with `wire::emit`, parsed with `Packet::new_checked` and their payload copied
 //! between the same two memories — framing and copying with no transport logic. The ratio is
-//! what the protocol engine costs on top of moving the bytes.
+//! what the protocol engine costs on top of moving the bytes. `64 KiB WRITE seg` sends the
+//! same WRITEs in segments of 64 KiB (`Device::poll_transmit_segments`, as between two
+//! devices of one daemon with `--same-host`); its baseline frames and copies 64 KiB segments.
 //!
 //! Every packet the engine emits must be accepted by the other engine (a dropped packet
 //! aborts the run rather than counting as throughput), every completion must succeed, and
@@ -37,7 +39,15 @@ struct Result {
 
 /// Pumps packets between the two devices of `sim` without the simulator's queue: every packet
 /// goes straight from one device's `poll_transmit` into the other's `handle_packet`.
-fn pump(sim: &mut Sim, buf: &mut [u8], data_pkts: &mut u64, all_pkts: &mut u64) -> bool {
+/// With `segments`, as between two devices of one process: RC packets in segments as large
+/// as `buf` holds, taken in with `handle_packet_in_memory`.
+fn pump(
+    sim: &mut Sim,
+    buf: &mut [u8],
+    segments: bool,
+    data_pkts: &mut u64,
+    all_pkts: &mut u64,
+) -> bool {
     let mut moved = false;
     let now = Instant(1);
     for from in 0..2 {
@@ -49,7 +59,13 @@ fn pump(sim: &mut Sim, buf: &mut [u8], data_pkts: &mut u64, all_pkts: &mut u64) 
             } else {
                 (&mut b[0], &mut a[0])
             };
-            let Some(tx) = src.dev.poll_transmit(now, &mut src.mem, buf) else {
+            let tx = if segments {
+                src.dev
+                    .poll_transmit_segments(now, &mut src.mem, buf, &|_| true)
+            } else {
+                src.dev.poll_transmit(now, &mut src.mem, buf)
+            };
+            let Some(tx) = tx else {
                 break;
             };
             let meta = RecvMeta {
@@ -59,10 +75,14 @@ fn pump(sim: &mut Sim, buf: &mut [u8], data_pkts: &mut u64, all_pkts: &mut u64) 
                 hop_limit: 64,
                 ..Default::default()
             };
-            if let Err(e) = dst
-                .dev
-                .handle_packet(now, &meta, &buf[..tx.len], &mut dst.mem)
-            {
+            let r = if segments {
+                dst.dev
+                    .handle_packet_in_memory(now, &meta, &buf[..tx.len], &mut dst.mem)
+            } else {
+                dst.dev
+                    .handle_packet(now, &meta, &buf[..tx.len], &mut dst.mem)
+            };
+            if let Err(e) = r {
                 panic!("node {to} dropped a packet of a lossless run: {e:?}");
             }
             *all_pkts += 1;
@@ -82,7 +102,8 @@ enum Until {
     Messages(u64),
 }
 
-fn run_engine(op_len: usize, write: bool, until: Until) -> Result {
+/// `seg`: 0 for packets of one path MTU, else the payload of a segment.
+fn run_engine(op_len: usize, write: bool, seg: usize, until: Until) -> Result {
     let cfg = DeviceConfig {
         port_mtu: Mtu::M4096,
         ..Default::default()
@@ -122,7 +143,8 @@ fn run_engine(op_len: usize, write: bool, until: Until) -> Result {
     }]
     .into();
     let window = 128u64;
-    let mut buf = vec![0u8; 8192];
+    let mut buf = vec![0u8; 8192.max(seg + rxe_core::device::SEGMENT_HEADROOM)];
+    let segments = seg > 0;
     let (mut posted, mut done, mut data_pkts, mut all_pkts) = (0u64, 0u64, 0u64, 0u64);
     let start = Wall::now();
     let mut next_check = 0u64;
@@ -156,7 +178,7 @@ fn run_engine(op_len: usize, write: bool, until: Until) -> Result {
                 .unwrap();
             posted += 1;
         }
-        let moved = pump(&mut sim, &mut buf, &mut data_pkts, &mut all_pkts);
+        let moved = pump(&mut sim, &mut buf, segments, &mut data_pkts, &mut all_pkts);
         while let Some(c) = sim.dev(0).poll_cq(ep[0].cq) {
             assert_eq!(c.status, WcStatus::Success, "{c:?}");
             done += 1;
@@ -187,7 +209,7 @@ fn run_engine(op_len: usize, write: bool, until: Until) -> Result {
     let secs = start.elapsed().as_secs_f64();
     // Let the messages still in flight finish, then check the bytes of the last one.
     while posted > done {
-        let moved = pump(&mut sim, &mut buf, &mut data_pkts, &mut all_pkts);
+        let moved = pump(&mut sim, &mut buf, segments, &mut data_pkts, &mut all_pkts);
         while let Some(c) = sim.dev(0).poll_cq(ep[0].cq) {
             assert_eq!(c.status, WcStatus::Success, "{c:?}");
             done += 1;
@@ -209,16 +231,17 @@ fn run_engine(op_len: usize, write: bool, until: Until) -> Result {
     }
 }
 
-/// The baseline: the same data packets framed, parsed and copied, with no engine.
-fn run_baseline(op_len: usize, write: bool, duration: Duration) -> Result {
-    let mtu = 4096usize;
+/// The baseline: the same data packets (or segments of `seg` bytes) framed, parsed and
+/// copied, with no engine.
+fn run_baseline(op_len: usize, write: bool, seg: usize, duration: Duration) -> Result {
+    let mtu = if seg > 0 { seg } else { 4096usize };
     let mut a = VecMemory::new(0, op_len.max(8));
     let mut b = VecMemory::new(0, op_len.max(8));
     a.bytes
         .iter_mut()
         .enumerate()
         .for_each(|(i, x)| *x = i as u8);
-    let mut buf = vec![0u8; 8192];
+    let mut buf = vec![0u8; 8192.max(mtu + rxe_core::device::SEGMENT_HEADROOM)];
     let (mut msgs, mut pkts) = (0u64, 0u64);
     let start = Wall::now();
     let mut psn = 0u32;
@@ -280,16 +303,18 @@ fn main() {
         None => None,
     };
     let d = Duration::from_millis(if has("--quick") { 300 } else { 2000 });
+    // (name, --only, length, WRITE, segment payload: 0 for packets of one path MTU)
     let cases = [
-        ("64 B RC SEND", "send", 64usize, false),
-        ("64 KiB RC WRITE", "write", 65536, true),
+        ("64 B RC SEND", "send", 64usize, false, 0usize),
+        ("64 KiB RC WRITE", "write", 65536, true, 0),
+        ("64 KiB WRITE seg", "write", 65536, true, 65536),
     ];
     let cases = cases
         .iter()
         .filter(|c| only.as_deref().is_none_or(|o| o == c.1));
     if smoke {
-        for &(name, _, len, write) in cases {
-            let e = run_engine(len, write, Until::Messages(300));
+        for &(name, _, len, write, seg) in cases {
+            let e = run_engine(len, write, seg, Until::Messages(300));
             println!(
                 "{name}: {} messages, {} data packets, data checked (smoke test; `cargo bench` measures)",
                 e.msgs, e.data_pkts
@@ -309,8 +334,8 @@ fn main() {
             "case", "msgs/s", "data pkt/s", "all pkt/s", "GB/s", "base pkt/s", "GB/s", "engine"
         );
     }
-    for &(name, _, len, write) in cases {
-        let e = run_engine(len, write, Until::Elapsed(d));
+    for &(name, _, len, write, seg) in cases {
+        let e = run_engine(len, write, seg, Until::Elapsed(d));
         let pps = e.data_pkts as f64 / e.secs;
         let engine = format!(
             "{:<16} | {:>12.0} {:>12.0} {:>12.0} {:>8.2}",
@@ -324,7 +349,7 @@ fn main() {
             println!("{engine}");
             continue;
         }
-        let b = run_baseline(len, write, d);
+        let b = run_baseline(len, write, seg, d);
         let bpps = b.data_pkts as f64 / b.secs;
         println!(
             "{engine} | {:>12.0} {:>8.2} | {:>6.0}%",
