@@ -14,7 +14,7 @@
 //!
 //! # Input format
 //!
-//! A sequence of operations, each an opcode byte (taken modulo 9) and its operands; a missing
+//! A sequence of operations, each an opcode byte (taken modulo 10) and its operands; a missing
 //! operand ends the input. Multi-byte numbers are little-endian.
 //!
 //! | op | operands | operation |
@@ -28,6 +28,7 @@
 //! | 6  | `node qp state` | Modify QP `qp%5` to `state%6` (RESET INIT RTR RTS SQD ERR) with the attributes `Sim::connect` uses; `state >= 128`: the state bit only. |
 //! | 7  | `rounds` | Run the network for `rounds%32+1` rounds: deliver everything in flight, or when nothing is, jump to the next timer. |
 //! | 8  | `node solicited` | Arm the node's CQ. |
+//! | 9  | | Toggle memory mode: the nodes reach each other in memory, as two devices of one process do: RC packets leave in segments of up to 16 KiB (`poll_transmit_segments`) and everything delivered from then on, injected bytes too, arrives through `handle_packet_in_memory`. Packets in flight stay what they were built as. |
 //!
 //! Send menu (`menu%14`): SEND, SEND+imm, SEND+invalidate, WRITE, WRITE+imm, READ, CMP_SWP,
 //! FETCH_ADD, ATOMIC_WRITE, FLUSH, LOCAL_INV, BIND_MW (type 2), REG_MR (fast reg), inline SEND.
@@ -147,7 +148,12 @@ struct World {
     posted: Vec<Option<Owner>>,
     next_wr: u64,
     buf: Vec<u8>,
+    /// Op 9: the nodes reach each other in memory (segments).
+    in_memory: bool,
 }
+
+/// Memory mode's segment payload (op 9).
+const SEGMENT: usize = 16 << 10;
 
 /// A cursor over the input.
 struct Input<'a>(&'a [u8]);
@@ -261,7 +267,8 @@ impl World {
             wire: VecDeque::new(),
             posted: Vec::new(),
             next_wr: 0,
-            buf: vec![0; 8192],
+            buf: vec![0; SEGMENT + rxe_core::device::SEGMENT_HEADROOM],
+            in_memory: false,
         };
         for n in 0..2 {
             let d = &mut w.nodes[n].dev;
@@ -426,10 +433,15 @@ impl World {
             for k in 0.. {
                 assert!(k < MAX_PUMP, "node {n}: poll_transmit never runs dry");
                 let node = &mut self.nodes[n];
-                let Some(tx) = node
-                    .dev
-                    .poll_transmit(self.now, &mut node.mem, &mut self.buf)
-                else {
+                let tx = if self.in_memory {
+                    node.dev
+                        .poll_transmit_segments(self.now, &mut node.mem, &mut self.buf, &|_| true)
+                } else {
+                    // A wire's packets: no more room than a path-MTU packet needs.
+                    node.dev
+                        .poll_transmit(self.now, &mut node.mem, &mut self.buf[..8192])
+                };
+                let Some(tx) = tx else {
                     break;
                 };
                 assert!(tx.len <= self.buf.len(), "{tx:?}");
@@ -484,9 +496,13 @@ impl World {
 
     fn deliver(&mut self, p: InFlight) {
         let node = &mut self.nodes[p.to];
-        let _ = node
-            .dev
-            .handle_packet(self.now, &p.meta, &p.bytes, &mut node.mem);
+        let _ = if self.in_memory {
+            node.dev
+                .handle_packet_in_memory(self.now, &p.meta, &p.bytes, &mut node.mem)
+        } else {
+            node.dev
+                .handle_packet(self.now, &p.meta, &p.bytes, &mut node.mem)
+        };
     }
 
     fn timers(&mut self) {
@@ -721,7 +737,7 @@ impl World {
     }
 
     fn step(&mut self, inp: &mut Input) -> Option<()> {
-        match inp.u8()? % 9 {
+        match inp.u8()? % 10 {
             0 => self.inject(inp)?,
             1 => {
                 let how = inp.u8()?;
@@ -799,6 +815,7 @@ impl World {
                     self.check_cqs();
                 }
             }
+            9 => self.in_memory = !self.in_memory,
             _ => {
                 let n = (inp.u8()? & 1) as usize;
                 let sol = inp.u8()? & 1 == 1;
