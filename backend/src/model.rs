@@ -56,7 +56,8 @@ pub trait PacketSink {
         0
     }
     /// As [`Self::push`], for the packet `roce` (built outside `next_buf()`) whose payload is
-    /// partly `refs` (asked for with [`Self::wants_refs`]).
+    /// partly `refs` (asked for with [`Self::wants_refs`]). A sink that answers yes there
+    /// implements this; the default, for sinks that never do, sends `roce` as it is.
     fn push_refs(&mut self, t: &Transmit, roce: &[u8], _refs: &[crate::payload_ref::PayloadRef]) {
         let n = t.len.min(roce.len());
         let buf = self.next_buf();
