@@ -26,15 +26,16 @@ fn sge(addr: u64, len: usize, lkey: u32) -> Vec<Sge> {
     }]
 }
 
-/// (from, opcode, PSN, payload bytes) of every packet that crossed the link.
-fn packets(sim: &Sim) -> Vec<(usize, Opcode, u32, usize)> {
+/// (opcode, PSN, payload bytes) of every packet node `from` sent.
+fn packets(sim: &Sim, from: usize) -> Vec<(Opcode, u32, usize)> {
     sim.trace
         .as_ref()
         .expect("tracing")
         .iter()
+        .filter(|t| t.from == from)
         .map(|t| {
             let p = Packet::new_checked(&t.bytes[..]).expect("a packet the engine built");
-            (t.from, p.opcode(), p.bth().psn(), p.payload().len())
+            (p.opcode(), p.bth().psn(), p.payload().len())
         })
         .collect()
 }
@@ -117,14 +118,9 @@ fn send_write_read_go_in_segments_with_the_psns_of_their_packets() {
     );
     // 10 000 bytes are 10 packets of 1024 and 3 segments of at most 4096; each segment
     // starts at the PSN of the first packet it stands for.
-    let requests: Vec<_> = packets(&sim)
-        .into_iter()
-        .filter(|p| p.0 == 0)
-        .map(|p| (p.1, p.2, p.3))
-        .collect();
     use Opcode as O;
     assert_eq!(
-        requests,
+        packets(&sim, 0),
         vec![
             (O::RC_SEND_FIRST, 0x100, 4096),
             (O::RC_SEND_MIDDLE, 0x104, 4096),
@@ -136,13 +132,8 @@ fn send_write_read_go_in_segments_with_the_psns_of_their_packets() {
             (O::RC_SEND_ONLY, 0x11e, 0),
         ]
     );
-    let responses: Vec<_> = packets(&sim)
-        .into_iter()
-        .filter(|p| p.0 == 1)
-        .map(|p| (p.1, p.2, p.3))
-        .collect();
     assert_eq!(
-        responses,
+        packets(&sim, 1),
         vec![
             // The SEND's ACK names the last PSN of its last segment.
             (O::RC_ACKNOWLEDGE, 0x109, 0),
