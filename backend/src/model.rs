@@ -297,7 +297,7 @@ pub struct Model {
     /// The GID table changed since [`Model::take_changed_gids`] last looked.
     gids_changed: bool,
     /// The members of a multicast group a packet is for (kept between packets).
-    mcast_scratch: Vec<u32>,
+    mcast_scratch: Vec<rxe_core::Qpn>,
     /// The payload references of the packet being built ([`Self::transmit`]).
     refs_scratch: std::cell::RefCell<Vec<crate::payload_ref::PayloadRef>>,
     /// Where packets are built while the sink takes payload references: room for a
@@ -482,7 +482,7 @@ impl Model {
         if !std::mem::take(&mut self.gids_changed) {
             return None;
         }
-        Some(self.dev.gid_set().to_vec())
+        Some(self.dev.gid_set())
     }
 
     /// The page lists the device keeps against its cap.
@@ -821,7 +821,7 @@ impl Model {
             }
             op::DEREG_MR => {
                 let c: abi::Handle = cmd(b)?;
-                let lb = self.dev.mr(c.handle).map_or(0, mr_list_bytes);
+                let lb = self.dev.with_mr(c.handle, mr_list_bytes).unwrap_or(0);
                 self.dev.dereg_mr(c.handle).map_err(verr)?;
                 self.lists.release(lb);
                 Ok(Vec::new())
@@ -1512,14 +1512,13 @@ impl Model {
         if !q.kernel {
             return false;
         }
-        match self.dev.mr(at(abi::swqe::REG_MR_LKEY)) {
-            Some(mr) => {
+        self.dev
+            .with_mr(at(abi::swqe::REG_MR_LKEY), |mr| {
                 mr.pd == q.pd
                     && matches!(mr.kind, rxe_core::mem::MrKind::FastReg { max_pages }
                         if at(abi::swqe::REG_NUM_PAGES) <= max_pages)
-            }
-            None => false,
-        }
+            })
+            .unwrap_or(false)
     }
 
     /// A send WQE the device cannot execute: it completes with LOC_QP_OP_ERR in send-queue
@@ -1900,9 +1899,9 @@ impl Model {
                 // Every QP attached to the group gets a copy: each needs its receives.
                 let mut members = std::mem::take(&mut self.mcast_scratch);
                 members.clear();
-                members.extend(self.dev.mcast_members(&meta.dst).iter().map(|q| q.0));
+                self.dev.mcast_members(&meta.dst, &mut members);
                 for &q in &members {
-                    self.pull_rq(mem, q);
+                    self.pull_rq(mem, q.0);
                 }
                 self.mcast_scratch = members;
             }

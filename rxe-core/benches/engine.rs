@@ -1,8 +1,9 @@
-//! The engine alone: two devices joined in memory, lossless, on one core.
+//! The engine alone: two devices joined in memory, lossless, on one core (and, in the shards
+//! table, on a thread per shard).
 //!
 //! Run: `cargo bench -p rxe-core --bench engine`; after `--`: `--quick` for a short run,
-//! `--only send` or `--only write` for one case, `--no-baseline` to measure the engine alone
-//! (e.g. under callgrind; no baseline columns and no ratio are printed then).
+//! `--only send`, `--only write` or `--only shards` for one case, `--no-baseline` to measure
+//! the engine alone (e.g. under callgrind; no baseline columns and no ratio are printed then).
 //!
 //! Each line prints the engine's rate beside a baseline measured in the same run: the same
 //! packets built with `wire::emit`, parsed with `Packet::new_checked` and their payload copied
@@ -15,6 +16,10 @@
 //! aborts the run rather than counting as throughput), every completion must succeed, and
 //! after the timed loop the last message's bytes are compared with the source.
 //!
+//! The shards table runs 64 B SENDs with both devices in 1, 2 (and, on a machine with more
+//! cores, as many as cores) shards (`Device::new_sharded`), a QP pair and a thread per shard;
+//! the one-shard rate of the same run is its baseline.
+//!
 //! `cargo test --all-targets` runs this target too, without `--bench`: it then moves a few
 //! hundred messages per case with the same checks and prints no rates (a smoke test, not a
 //! measurement).
@@ -23,11 +28,11 @@ use std::hint::black_box;
 use std::time::{Duration, Instant as Wall};
 
 use rxe_core::device::RecvMeta;
-use rxe_core::mem::{Memory, VecMemory};
-use rxe_core::sim::{ConnOpts, Sim};
+use rxe_core::mem::{Backing, Memory, VecMemory};
+use rxe_core::sim::{bring_up_pair, ConnOpts, Sim};
 use rxe_core::verbs::*;
 use rxe_core::wire::{self, BthRepr, ExtRepr, Opcode, Packet};
-use rxe_core::{DeviceConfig, Instant};
+use rxe_core::{Device, DeviceConfig, Gid, Instant, QpInit};
 
 struct Result {
     msgs: u64,
@@ -95,6 +100,17 @@ fn pump(
     moved
 }
 
+/// Polls CQ `cq` empty, up to 64 completions at a time (as `ibv_poll_cq` with an array).
+fn drain_cq(dev: &mut Device, cq: u32, cqes: &mut Vec<Cqe>, mut f: impl FnMut(&Cqe)) {
+    loop {
+        cqes.clear();
+        if dev.poll_cq_into(cq, 64, cqes) == 0 {
+            return;
+        }
+        cqes.iter().for_each(&mut f);
+    }
+}
+
 /// How long a run goes on: for a time, or (the smoke test) for a number of messages.
 #[derive(Clone, Copy)]
 enum Until {
@@ -144,6 +160,7 @@ fn run_engine(op_len: usize, write: bool, seg: usize, until: Until) -> Result {
     .into();
     let window = 128u64;
     let mut buf = vec![0u8; 8192.max(seg + rxe_core::device::SEGMENT_HEADROOM)];
+    let mut cqes = Vec::with_capacity(64);
     let segments = seg > 0;
     let (mut posted, mut done, mut data_pkts, mut all_pkts) = (0u64, 0u64, 0u64, 0u64);
     let start = Wall::now();
@@ -179,17 +196,17 @@ fn run_engine(op_len: usize, write: bool, seg: usize, until: Until) -> Result {
             posted += 1;
         }
         let moved = pump(&mut sim, &mut buf, segments, &mut data_pkts, &mut all_pkts);
-        while let Some(c) = sim.dev(0).poll_cq(ep[0].cq) {
+        drain_cq(sim.dev(0), ep[0].cq, &mut cqes, |c| {
             assert_eq!(c.status, WcStatus::Success, "{c:?}");
             done += 1;
-        }
-        while let Some(c) = sim.dev(1).poll_cq(ep[1].cq) {
+        });
+        drain_cq(sim.dev(1), ep[1].cq, &mut cqes, |c| {
             assert_eq!(
                 (c.status, c.byte_len as usize),
                 (WcStatus::Success, op_len),
                 "{c:?}"
             );
-        }
+        });
         assert!(
             moved || posted == done,
             "stalled with {} messages outstanding",
@@ -210,11 +227,11 @@ fn run_engine(op_len: usize, write: bool, seg: usize, until: Until) -> Result {
     // Let the messages still in flight finish, then check the bytes of the last one.
     while posted > done {
         let moved = pump(&mut sim, &mut buf, segments, &mut data_pkts, &mut all_pkts);
-        while let Some(c) = sim.dev(0).poll_cq(ep[0].cq) {
+        drain_cq(sim.dev(0), ep[0].cq, &mut cqes, |c| {
             assert_eq!(c.status, WcStatus::Success, "{c:?}");
             done += 1;
-        }
-        while sim.dev(1).poll_cq(ep[1].cq).is_some() {}
+        });
+        drain_cq(sim.dev(1), ep[1].cq, &mut cqes, |_| {});
         assert!(moved || posted == done, "stalled while draining");
     }
     let (a, b) = (&sim.nodes[0].mem, &sim.nodes[1].mem);
@@ -229,6 +246,135 @@ fn run_engine(op_len: usize, write: bool, seg: usize, until: Until) -> Result {
         bytes: done * op_len as u64,
         secs,
     }
+}
+
+/// 64 B RC SENDs between two devices of `shards` shards each, one QP pair per shard and a
+/// thread per pair, each thread driving its two shards as `run_engine` drives two devices.
+/// What the pairs share: each device's PD, MR and object tables (a QP's CQ is its own).
+/// Returns the messages of all threads and the longest thread's time.
+fn run_shards(shards: u32, until: Until) -> (u64, f64) {
+    const LEN: usize = 64;
+    const MEM: usize = 1 << 20;
+    let (ga, gb) = (Gid::from_ipv4([10, 0, 0, 1]), Gid::from_ipv4([10, 0, 0, 2]));
+    let cfg = DeviceConfig {
+        port_mtu: Mtu::M4096,
+        ..Default::default()
+    };
+    let mut a = Device::new_sharded(cfg.clone(), shards);
+    let mut b = Device::new_sharded(cfg, shards);
+    a[0].add_gid(0, ga).unwrap();
+    b[0].add_gid(0, gb).unwrap();
+    let (pa, pb) = (a[0].alloc_pd().unwrap(), b[0].alloc_pd().unwrap());
+    let full = Backing::Contiguous { base: 0 };
+    let ka = a[0]
+        .reg_mr(pa, 0, MEM as u64, Access::LOCAL_WRITE, full.clone())
+        .unwrap();
+    let kb = b[0]
+        .reg_mr(pb, 0, MEM as u64, Access::LOCAL_WRITE, full)
+        .unwrap();
+    let opts = ConnOpts {
+        mtu: Mtu::M4096,
+        ..Default::default()
+    };
+    let mut pairs = Vec::new();
+    for (mut da, mut db) in a.into_iter().zip(b) {
+        let cqs = [da.create_cq(4096).unwrap(), db.create_cq(4096).unwrap()];
+        let mk = |d: &mut Device, pd, cq| {
+            d.create_qp(QpInit {
+                qp_type: QpType::Rc,
+                pd,
+                send_cq: cq,
+                recv_cq: cq,
+                srq: None,
+                cap: opts.cap,
+                sq_sig_all: false,
+            })
+            .unwrap()
+        };
+        let qpns = [mk(&mut da, pa, cqs[0]), mk(&mut db, pb, cqs[1])];
+        bring_up_pair([&mut da, &mut db], qpns, [ga, gb], &opts);
+        pairs.push((da, db, qpns, cqs));
+    }
+    let start = std::sync::Barrier::new(shards as usize);
+    let runs: Vec<(u64, f64)> = std::thread::scope(|s| {
+        let hs: Vec<_> = pairs
+            .into_iter()
+            .map(|(mut da, mut db, qpns, cqs)| {
+                let start = &start;
+                s.spawn(move || {
+                    let mut ma = VecMemory::new(0, MEM);
+                    let mut mb = VecMemory::new(0, MEM);
+                    let sge: SgList = vec![Sge {
+                        addr: 0,
+                        length: LEN as u32,
+                        lkey: ka,
+                    }]
+                    .into();
+                    let rsge: SgList = vec![Sge {
+                        addr: 0,
+                        length: LEN as u32,
+                        lkey: kb,
+                    }]
+                    .into();
+                    let mut buf = vec![0u8; 8192];
+                    let mut cqes = Vec::with_capacity(64);
+                    let (mut posted, mut done) = (0u64, 0u64);
+                    let max = match until {
+                        Until::Messages(n) => n,
+                        Until::Elapsed(_) => u64::MAX,
+                    };
+                    let now = rxe_core::Instant(1);
+                    start.wait();
+                    let t0 = Wall::now();
+                    loop {
+                        while posted - done < 128 && posted < max {
+                            let wr = RecvWr {
+                                wr_id: posted,
+                                sg_list: rsge.clone(),
+                            };
+                            db.post_recv(qpns[1], wr).unwrap();
+                            let wr = SendWr::new(posted, SendOp::Send, sge.clone());
+                            da.post_send(qpns[0], wr).unwrap();
+                            posted += 1;
+                        }
+                        let mut moved = false;
+                        for dir in 0..2 {
+                            let (src, dst, ms, md) = if dir == 0 {
+                                (&mut da, &mut db, &mut ma, &mut mb)
+                            } else {
+                                (&mut db, &mut da, &mut mb, &mut ma)
+                            };
+                            while let Some(t) = src.poll_transmit(now, ms, &mut buf) {
+                                let meta = RecvMeta::from(&t);
+                                if let Err(e) = dst.handle_packet(now, &meta, &buf[..t.len], md) {
+                                    panic!("a packet of a lossless run was dropped: {e:?}");
+                                }
+                                moved = true;
+                            }
+                        }
+                        drain_cq(&mut da, cqs[0], &mut cqes, |c| {
+                            assert_eq!(c.status, WcStatus::Success, "{c:?}");
+                            done += 1;
+                        });
+                        drain_cq(&mut db, cqs[1], &mut cqes, |c| {
+                            assert_eq!(c.status, WcStatus::Success, "{c:?}");
+                        });
+                        assert!(moved || posted == done, "stalled");
+                        match until {
+                            Until::Messages(n) if done >= n => break,
+                            Until::Elapsed(d) if t0.elapsed() >= d => break,
+                            _ => {}
+                        }
+                    }
+                    (done, t0.elapsed().as_secs_f64())
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let msgs = runs.iter().map(|r| r.0).sum();
+    let secs = runs.iter().map(|r| r.1).fold(0.0, f64::max);
+    (msgs, secs)
 }
 
 /// The baseline: the same data packets (or segments of `seg` bytes) framed, parsed and
@@ -294,9 +440,9 @@ fn main() {
     let no_baseline = has("--no-baseline");
     let only = match args.iter().position(|a| a == "--only") {
         Some(i) => match args.get(i + 1).map(|s| s.to_ascii_lowercase()).as_deref() {
-            Some(o @ ("send" | "write")) => Some(o.to_string()),
+            Some(o @ ("send" | "write" | "shards")) => Some(o.to_string()),
             other => {
-                eprintln!("engine bench: --only wants send or write, not {other:?}");
+                eprintln!("engine bench: --only wants send, write or shards, not {other:?}");
                 std::process::exit(2);
             }
         },
@@ -312,7 +458,12 @@ fn main() {
     let cases = cases
         .iter()
         .filter(|c| only.as_deref().is_none_or(|o| o == c.1));
+    let shards = only.as_deref().is_none_or(|o| o == "shards");
     if smoke {
+        if shards {
+            let (msgs, _) = run_shards(2, Until::Messages(300));
+            println!("64 B RC SEND in 2 shards on 2 threads: {msgs} messages (smoke test)");
+        }
         for &(name, _, len, write, seg) in cases {
             let e = run_engine(len, write, seg, Until::Messages(300));
             println!(
@@ -362,5 +513,30 @@ fn main() {
         println!("all pkt/s counts ACKs too; no baseline was run (--no-baseline).");
     } else {
         println!("all pkt/s counts ACKs too; 'engine' is the engine's data packet rate as a share of the baseline's.");
+    }
+    if shards {
+        print_shards(d);
+    }
+}
+
+/// The shards table: 64 B SENDs with the devices in 1, 2 and (where the machine has more
+/// cores) as many shards as cores, a thread per shard; one shard is the baseline.
+fn print_shards(d: Duration) {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+    let mut counts = vec![1, 2];
+    if cores > 2 {
+        counts.push(cores.min(8));
+    }
+    println!();
+    println!("64 B RC SEND, both devices in N shards, a QP pair and a thread per shard ({cores} cores here)");
+    println!("{:>6} | {:>12} | {:>10}", "shards", "msgs/s", "x 1 shard");
+    let mut one = 0.0;
+    for n in counts {
+        let (msgs, secs) = run_shards(n, Until::Elapsed(d));
+        let rate = msgs as f64 / secs;
+        if n == 1 {
+            one = rate;
+        }
+        println!("{n:>6} | {rate:>12.0} | {:>9.2}x", rate / one);
     }
 }

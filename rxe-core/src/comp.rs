@@ -161,7 +161,16 @@ pub(crate) fn handle_response(
                 finish_error(q, res, seq, WcStatus::BadRespErr);
                 return Err(Drop::Unexpected);
             }
-            if copy_to_sges(&res.keys, mem, q.pd, &w.wr.sg_list, done as u64, payload).is_err() {
+            if copy_to_sges(
+                &res.objs().keys,
+                mem,
+                q.pd,
+                &w.wr.sg_list,
+                done as u64,
+                payload,
+            )
+            .is_err()
+            {
                 finish_error(q, res, seq, WcStatus::LocProtErr);
                 return Err(Drop::Unexpected);
             }
@@ -192,7 +201,7 @@ pub(crate) fn handle_response(
             return Err(Drop::Unexpected);
         }
         let v = orig.to_le_bytes();
-        if copy_to_sges(&res.keys, mem, q.pd, &w.wr.sg_list, 0, &v).is_err() {
+        if copy_to_sges(&res.objs().keys, mem, q.pd, &w.wr.sg_list, 0, &v).is_err() {
             finish_error(q, res, seq, WcStatus::LocProtErr);
             return Err(Drop::Unexpected);
         }
@@ -343,11 +352,11 @@ pub(crate) fn flush(q: &mut Qp, res: &mut Resources) {
     if let Some(wr_id) = in_progress {
         let cqe = Cqe::new(wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, q.qpn);
         // A full CQ is in error already; the completion is lost with the others.
-        let _ = res.post_cqe(q.recv_cq, cqe, false);
+        let _ = res.post_cqe(&q.cq_objs[1], q.recv_cq, cqe, false);
     }
     while let Some(r) = q.rq.pop_front() {
         let cqe = Cqe::new(r.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, q.qpn);
-        if res.post_cqe(q.recv_cq, cqe, false).is_err() {
+        if res.post_cqe(&q.cq_objs[1], q.recv_cq, cqe, false).is_err() {
             break;
         }
     }
@@ -370,7 +379,7 @@ pub(crate) fn drain(q: &mut Qp, res: &mut Resources) {
                 byte_len,
                 ..Cqe::new(w.wr.wr_id, status, w.wc_opcode, q.qpn)
             };
-            if res.post_cqe(q.send_cq, cqe, false).is_err() {
+            if res.post_cqe(&q.cq_objs[0], q.send_cq, cqe, false).is_err() {
                 overflow = true;
             }
         }

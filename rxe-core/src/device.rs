@@ -7,7 +7,10 @@
 //! ```
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use crate::brlock::{BrLock, BrRead, BrWrite};
 use crate::mem::*;
 use crate::qp::*;
 use crate::slab::Slab;
@@ -78,12 +81,12 @@ impl Default for DeviceConfig {
     }
 }
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct Cq {
     pub cap: u32,
     pub queue: VecDeque<Cqe>,
-    /// In `Resources::ready_cqs`.
-    pub listed: bool,
+    /// Bit `i`: in shard `i`'s `Resources::ready_cqs`.
+    pub listed: u64,
     /// Armed for the next completion: `Some(solicited_only)`.
     pub armed: Option<bool>,
     pub error: bool,
@@ -183,58 +186,20 @@ pub enum Drop {
     Ghost,
 }
 
-pub(crate) struct Resources {
-    pub cfg: DeviceConfig,
+/// The objects every shard of a device sees (PDs, keys, AHs, GIDs, multicast groups): read
+/// on the packet path, written by verbs and by the few work requests that change a key.
+pub(crate) struct Objects {
     pub pds: Slab<Pd>,
     pub keys: KeyTable,
     pub registered_bytes: u64,
-    pub cqs: Slab<Cq>,
-    pub srqs: Slab<Srq>,
     pub ahs: Slab<(u32, Av)>,
     pub gids: Vec<Option<Gid>>,
     /// The distinct GIDs in `gids`, for the per-packet destination check.
     pub gid_set: Vec<Gid>,
     pub mcast: HashMap<Gid, Vec<Qpn>>,
-    pub events: VecDeque<AsyncEvent>,
-    pub port: PortCounters,
-    /// CQs that received completions since [`Device::take_ready_cqs`] last looked, each
-    /// once: the caller drains those, not every CQ.
-    pub ready_cqs: Vec<u32>,
-    /// The packet being handled came through memory from another device of this process
-    /// ([`Device::handle_packet_in_memory`]): an RC packet may then be a segment of more
-    /// than one path MTU.
-    pub rx_in_memory: bool,
 }
 
-impl Resources {
-    /// Posts a CQE. On overflow the CQ enters the error state and `Err` tells the caller to
-    /// move the QP to ERR.
-    pub fn post_cqe(&mut self, cqn: u32, cqe: Cqe, solicited: bool) -> Result<(), ()> {
-        let Some(cq) = self.cqs.get_mut(cqn) else {
-            return Err(());
-        };
-        if cq.error {
-            return Err(());
-        }
-        if cq.queue.len() as u32 >= cq.cap {
-            cq.error = true;
-            self.events.push_back(AsyncEvent::CqErr { cqn });
-            return Err(());
-        }
-        cq.queue.push_back(cqe);
-        if !cq.listed {
-            cq.listed = true;
-            self.ready_cqs.push(cqn);
-        }
-        if let Some(sol_only) = cq.armed {
-            if !sol_only || solicited || cqe.status != WcStatus::Success {
-                cq.armed = None;
-                self.events.push_back(AsyncEvent::Completion { cqn });
-            }
-        }
-        Ok(())
-    }
-
+impl Objects {
     fn refresh_gid_set(&mut self) {
         self.gid_set.clear();
         for g in self.gids.iter().flatten() {
@@ -248,21 +213,177 @@ impl Resources {
         self.gids.get(index as usize).copied().flatten()
     }
 
+    fn pd_ref(&mut self, pd: u32, delta: i32) -> Result<(), VerbError> {
+        let p = self.pds.get_mut(pd).ok_or(VerbError::NotFound)?;
+        p.users = p.users.wrapping_add_signed(delta);
+        Ok(())
+    }
+}
+
+/// What the shards of one device share ([`Device::new_sharded`]). Lock order: `objs`, then
+/// the `cqs` or `srqs` table, then one CQ or SRQ. No lock is held across a call that takes
+/// one earlier in that order.
+pub(crate) struct Shared {
+    pub objs: BrLock<Objects>,
+    /// CQs: a read lock on the table and the CQ's own lock post a completion, so shards that
+    /// post to different CQs do not wait for each other.
+    pub cqs: RwLock<Slab<Arc<Mutex<Cq>>>>,
+    pub srqs: RwLock<Slab<Arc<Mutex<Srq>>>>,
+    /// Held across an atomic's read-modify-write: QPs of two shards may aim at one address.
+    pub atomics: Mutex<()>,
+    /// Bumped (under `objs`) whenever the GID table changes.
+    pub gid_gen: AtomicU64,
+    /// QPs of every shard (the `max_qp` check).
+    pub live_qps: AtomicU32,
+    pub shards: u32,
+}
+
+/// A lock whose holder panicked is still the object's only lock: the engine never leaves an
+/// object half-changed across a panic it could catch, so the data is taken as it is.
+pub(crate) fn read<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(|e| e.into_inner())
+}
+pub(crate) fn write<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(|e| e.into_inner())
+}
+pub(crate) fn lock<T>(l: &Mutex<T>) -> MutexGuard<'_, T> {
+    l.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One shard's view of the device: the shared objects and what the shard keeps for itself.
+pub(crate) struct Resources {
+    pub cfg: DeviceConfig,
+    pub shared: Arc<Shared>,
+    /// This shard's index (its reader lock of `Shared::objs`) and bit in [`Cq::listed`].
+    pub shard: usize,
+    pub shard_bit: u64,
+    /// This shard's copy of the GID table and its distinct GIDs, as of `gid_gen` (every
+    /// packet reads them; [`Resources::sync_gids`] renews them when the table changed).
+    pub gids: Vec<Option<Gid>>,
+    pub gid_set: Vec<Gid>,
+    pub gid_gen: u64,
+    pub events: VecDeque<AsyncEvent>,
+    pub port: PortCounters,
+    /// CQs that received completions from this shard since [`Device::take_ready_cqs`] last
+    /// looked, each once: the caller drains those, not every CQ.
+    pub ready_cqs: Vec<u32>,
+    /// The packet being handled came through memory from another device of this process
+    /// ([`Device::handle_packet_in_memory`]): an RC packet may then be a segment of more
+    /// than one path MTU.
+    pub rx_in_memory: bool,
+}
+
+impl Resources {
+    #[inline]
+    pub fn objs(&self) -> BrRead<'_, Objects> {
+        self.shared.objs.read(self.shard)
+    }
+    pub fn objs_mut(&self) -> BrWrite<'_, Objects> {
+        self.shared.objs.write()
+    }
+
+    /// Runs `f` on CQ `cqn` under its lock.
+    pub fn with_cq<R>(&self, cqn: u32, f: impl FnOnce(&mut Cq) -> R) -> Option<R> {
+        let t = read(&self.shared.cqs);
+        let mut cq = lock(t.get(cqn)?);
+        Some(f(&mut cq))
+    }
+
+    /// Runs `f` on SRQ `srqn` under its lock.
+    pub fn with_srq<R>(&self, srqn: u32, f: impl FnOnce(&mut Srq) -> R) -> Option<R> {
+        let t = read(&self.shared.srqs);
+        let mut s = lock(t.get(srqn)?);
+        Some(f(&mut s))
+    }
+
+    /// Posts a CQE. On overflow the CQ enters the error state and `Err` tells the caller to
+    /// move the QP to ERR.
+    pub fn post_cqe(
+        &mut self,
+        cq: &Mutex<Cq>,
+        cqn: u32,
+        cqe: Cqe,
+        solicited: bool,
+    ) -> Result<(), ()> {
+        let bit = self.shard_bit;
+        let (events, ready) = (&mut self.events, &mut self.ready_cqs);
+        let mut cq = lock(cq);
+        if cq.error {
+            return Err(());
+        }
+        if cq.queue.len() as u32 >= cq.cap {
+            cq.error = true;
+            events.push_back(AsyncEvent::CqErr { cqn });
+            return Err(());
+        }
+        cq.queue.push_back(cqe);
+        if cq.listed & bit == 0 {
+            cq.listed |= bit;
+            ready.push(cqn);
+        }
+        if let Some(sol_only) = cq.armed {
+            if !sol_only || solicited || cqe.status != WcStatus::Success {
+                cq.armed = None;
+                events.push_back(AsyncEvent::Completion { cqn });
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes the GID table again if a verb changed it since this shard last looked (one
+    /// load when it did not).
+    #[inline]
+    pub fn sync_gids(&mut self) {
+        if self.shared.gid_gen.load(Ordering::Acquire) != self.gid_gen {
+            let o = self.shared.objs.read(self.shard);
+            self.gids.clone_from(&o.gids);
+            self.gid_set.clone_from(&o.gid_set);
+            self.gid_gen = self.shared.gid_gen.load(Ordering::Relaxed);
+        }
+    }
+
+    pub fn gid(&self, index: u8) -> Option<Gid> {
+        self.gids.get(index as usize).copied().flatten()
+    }
+
     pub fn is_our_gid(&self, g: &Gid) -> bool {
         self.gid_set.contains(g)
     }
 }
 
-/// A soft-RoCE device: the engine instance for one port.
+/// A soft-RoCE device: the engine instance for one port, or one shard of it
+/// ([`Device::new_sharded`]).
 pub struct Device {
     pub(crate) res: Resources,
+    /// Indexed by QPN; this shard's QPs only.
     pub(crate) qps: Vec<Option<Box<Qp>>>,
     pub(crate) sched: VecDeque<Qpn>,
-    /// Retransmission and RNR timers of every QP.
+    /// Retransmission and RNR timers of this shard's QPs.
     timers: crate::timers::TimerQueue,
-    /// QPs that exist (the `max_qp` check without a walk over the table).
-    live_qps: u32,
     next_qpn: u32,
+    shard: u32,
+}
+
+/// Queues a receive on a QP's RQ or an SRQ within its limits.
+fn push_recv(
+    queue: &mut VecDeque<RecvWqe>,
+    max_sge: u32,
+    max_wr: u32,
+    wr: RecvWr,
+) -> Result<(), VerbError> {
+    if wr.sg_list.len() as u32 > max_sge {
+        return Err(VerbError::Invalid);
+    }
+    if queue.len() as u32 >= max_wr {
+        return Err(VerbError::NoResources);
+    }
+    let len = sge_total(&wr.sg_list);
+    queue.push_back(RecvWqe {
+        wr_id: wr.wr_id,
+        sges: wr.sg_list,
+        len,
+    });
+    Ok(())
 }
 
 /// First QPN handed to ordinary QPs (0 and 1 are SMI/GSI, rxe starts at 0x11).
@@ -293,45 +414,90 @@ pub struct QpInit {
 
 impl Device {
     pub fn new(cfg: DeviceConfig) -> Self {
-        let res = Resources {
+        Self::new_sharded(cfg, 1).remove(0)
+    }
+
+    /// A device of `shards` shards (1 to 64), each a `Device` of its own that one thread at
+    /// a time drives, all sharing the device's objects: PDs, MRs and MWs, AHs, GIDs, CQs,
+    /// SRQs and multicast groups. A QP lives in one shard, [`Self::shard_of`] its QPN;
+    /// `create_qp` on a shard gives it a QPN of that shard. Verbs on shared objects may be
+    /// called on any shard; verbs on a QP, its packets and its timers, on its own shard.
+    ///
+    /// What a shard cannot do alone, its caller does on every shard: a multicast packet is
+    /// handed to each (each delivers to its own members), and [`Self::cq_overflow`] moves
+    /// the QPs of the shard it is called on. Completions a shard posts are listed by that
+    /// shard's [`Self::take_ready_cqs`].
+    pub fn new_sharded(cfg: DeviceConfig, shards: u32) -> Vec<Self> {
+        let shards = shards.clamp(1, 64);
+        let objs = Objects {
             pds: Slab::new(cfg.max_pd),
             keys: match cfg.seed {
                 Some(seed) => KeyTable::with_seed(cfg.max_mr, seed),
                 None => KeyTable::new(cfg.max_mr),
             },
             registered_bytes: 0,
-            cqs: Slab::new(cfg.max_cq),
-            srqs: Slab::new(cfg.max_srq),
             ahs: Slab::new(cfg.max_ah),
             gids: vec![None; cfg.gid_table_len as usize],
             gid_set: Vec::new(),
             mcast: HashMap::new(),
-            events: VecDeque::new(),
-            port: PortCounters::default(),
-            ready_cqs: Vec::new(),
-            rx_in_memory: false,
-            cfg,
         };
+        let shared = Arc::new(Shared {
+            objs: BrLock::new(shards as usize, objs),
+            cqs: RwLock::new(Slab::new(cfg.max_cq)),
+            srqs: RwLock::new(Slab::new(cfg.max_srq)),
+            atomics: Mutex::new(()),
+            gid_gen: AtomicU64::new(0),
+            live_qps: AtomicU32::new(0),
+            shards,
+        });
         // The QPN space is FIRST_QPN .. FIRST_QPN + 2 × max_qp, handed out round-robin.
-        let next_qpn = match res.cfg.seed {
+        let start = match cfg.seed {
             Some(seed) => {
-                let span = res.cfg.max_qp as u64 * 2;
+                let span = cfg.max_qp as u64 * 2;
                 FIRST_QPN + crate::types::Rng::new(seed ^ 0x0051_504e).below(span) as u32
             }
             None => FIRST_QPN,
         };
-        // The QP table is indexed by QPN: its whole span is reserved now (8 bytes a number,
-        // pages the kernel maps only once numbers are reached), so that handing out new
-        // numbers never reallocates it and the heap stays flat while QPs come and go.
-        let qps = Vec::with_capacity((FIRST_QPN + res.cfg.max_qp.saturating_mul(2)) as usize);
-        Device {
-            res,
-            qps,
-            sched: VecDeque::new(),
-            timers: Default::default(),
-            live_qps: 0,
-            next_qpn,
-        }
+        (0..shards)
+            .map(|shard| {
+                let res = Resources {
+                    cfg: cfg.clone(),
+                    shared: shared.clone(),
+                    shard: shard as usize,
+                    shard_bit: 1 << shard,
+                    gids: vec![None; cfg.gid_table_len as usize],
+                    gid_set: Vec::new(),
+                    gid_gen: 0,
+                    events: VecDeque::new(),
+                    port: PortCounters::default(),
+                    ready_cqs: Vec::new(),
+                    rx_in_memory: false,
+                };
+                // The QP table is indexed by QPN: its whole span is reserved now (8 bytes a
+                // number, pages the kernel maps only once numbers are reached), so that
+                // handing out new numbers never reallocates it and the heap stays flat while
+                // QPs come and go.
+                let qps = Vec::with_capacity((FIRST_QPN + cfg.max_qp.saturating_mul(2)) as usize);
+                Device {
+                    res,
+                    qps,
+                    sched: VecDeque::new(),
+                    timers: Default::default(),
+                    next_qpn: start,
+                    shard,
+                }
+            })
+            .collect()
+    }
+
+    /// The shard (of `shards`) that a QP numbered `qpn` lives in.
+    pub fn shard_of(qpn: Qpn, shards: u32) -> u32 {
+        qpn.0 % shards.max(1)
+    }
+
+    /// This shard's index and the device's number of shards.
+    pub fn shard(&self) -> (u32, u32) {
+        (self.shard, self.res.shared.shards)
     }
 
     pub fn config(&self) -> &DeviceConfig {
@@ -345,98 +511,87 @@ impl Device {
 
     /// Sets GID table entry `index` (the guest owns the table: it adds and deletes entries).
     pub fn add_gid(&mut self, index: u32, gid: Gid) -> Result<(), VerbError> {
-        let slot = self
-            .res
-            .gids
-            .get_mut(index as usize)
-            .ok_or(VerbError::Invalid)?;
-        *slot = Some(gid);
-        self.res.refresh_gid_set();
+        {
+            let mut o = self.res.objs_mut();
+            let slot = o.gids.get_mut(index as usize).ok_or(VerbError::Invalid)?;
+            *slot = Some(gid);
+            o.refresh_gid_set();
+            self.res.shared.gid_gen.fetch_add(1, Ordering::Release);
+        }
+        self.res.sync_gids();
         Ok(())
     }
     pub fn del_gid(&mut self, index: u32) -> Result<(), VerbError> {
-        let slot = self
-            .res
-            .gids
-            .get_mut(index as usize)
-            .ok_or(VerbError::Invalid)?;
-        slot.take().ok_or(VerbError::NotFound)?;
-        self.res.refresh_gid_set();
+        {
+            let mut o = self.res.objs_mut();
+            let slot = o.gids.get_mut(index as usize).ok_or(VerbError::Invalid)?;
+            slot.take().ok_or(VerbError::NotFound)?;
+            o.refresh_gid_set();
+            self.res.shared.gid_gen.fetch_add(1, Ordering::Release);
+        }
+        self.res.sync_gids();
         Ok(())
     }
     pub fn gid(&self, index: u32) -> Option<Gid> {
-        self.res.gids.get(index as usize).copied().flatten()
+        self.res.objs().gids.get(index as usize).copied().flatten()
     }
 
-    /// The QPs attached to multicast group `gid`.
-    pub fn mcast_members(&self, gid: &Gid) -> &[Qpn] {
-        self.res.mcast.get(gid).map_or(&[], |v| v.as_slice())
+    /// The QPs attached to multicast group `gid` (of every shard).
+    pub fn mcast_members(&self, gid: &Gid, out: &mut Vec<Qpn>) {
+        if let Some(v) = self.res.objs().mcast.get(gid) {
+            out.extend_from_slice(v);
+        }
     }
 
     /// The distinct GIDs in the table.
-    pub fn gid_set(&self) -> &[Gid] {
-        &self.res.gid_set
+    pub fn gid_set(&self) -> Vec<Gid> {
+        self.res.objs().gid_set.clone()
     }
 
     pub fn alloc_pd(&mut self) -> Result<u32, VerbError> {
         self.res
+            .objs_mut()
             .pds
             .insert(Pd::default())
             .ok_or(VerbError::NoResources)
     }
     pub fn dealloc_pd(&mut self, pd: u32) -> Result<(), VerbError> {
-        let p = self.res.pds.get(pd).ok_or(VerbError::NotFound)?;
+        let mut o = self.res.objs_mut();
+        let p = o.pds.get(pd).ok_or(VerbError::NotFound)?;
         if p.users != 0 {
             return Err(VerbError::Busy);
         }
-        self.res.pds.remove(pd);
+        o.pds.remove(pd);
         Ok(())
     }
     fn pd_ref(&mut self, pd: u32, delta: i32) -> Result<(), VerbError> {
-        let p = self.res.pds.get_mut(pd).ok_or(VerbError::NotFound)?;
-        p.users = p.users.wrapping_add_signed(delta);
-        Ok(())
+        self.res.objs_mut().pd_ref(pd, delta)
     }
 
     pub fn create_ah(&mut self, pd: u32, av: Av) -> Result<u32, VerbError> {
-        if self.res.gid(av.sgid_index).is_none() {
+        let mut o = self.res.objs_mut();
+        if o.gid(av.sgid_index).is_none() {
             return Err(VerbError::Invalid);
         }
-        self.pd_ref(pd, 0)?;
-        let id = self
-            .res
-            .ahs
-            .insert((pd, av))
-            .ok_or(VerbError::NoResources)?;
-        self.pd_ref(pd, 1)?;
+        o.pd_ref(pd, 0)?;
+        let id = o.ahs.insert((pd, av)).ok_or(VerbError::NoResources)?;
+        o.pd_ref(pd, 1)?;
         Ok(id)
     }
     pub fn ah(&self, id: u32) -> Option<Av> {
-        self.res.ahs.get(id).map(|a| a.1)
+        self.res.objs().ahs.get(id).map(|a| a.1)
     }
     pub fn destroy_ah(&mut self, id: u32) -> Result<(), VerbError> {
-        let (pd, _) = self.res.ahs.remove(id).ok_or(VerbError::NotFound)?;
-        self.pd_ref(pd, -1)
+        let mut o = self.res.objs_mut();
+        let (pd, _) = o.ahs.remove(id).ok_or(VerbError::NotFound)?;
+        o.pd_ref(pd, -1)
     }
 
     // ---------------------------------------------------------------- MRs and MWs
 
     /// Bytes the MRs hold of `max_registered_bytes`.
     pub fn registered_bytes(&self) -> u64 {
-        self.res.registered_bytes
-    }
-
-    fn charge(&mut self, len: u64) -> Result<(), VerbError> {
-        let total = self
-            .res
-            .registered_bytes
-            .checked_add(len)
-            .ok_or(VerbError::NoResources)?;
-        if total > self.res.cfg.max_registered_bytes {
-            return Err(VerbError::NoResources);
-        }
-        self.res.registered_bytes = total;
-        Ok(())
+        self.res.objs().registered_bytes
     }
 
     /// Registers memory; returns the key (lkey == rkey, as in rxe).
@@ -448,7 +603,9 @@ impl Device {
         access: Access,
         backing: Backing,
     ) -> Result<u32, VerbError> {
-        self.pd_ref(pd, 0)?;
+        let max_bytes = self.res.cfg.max_registered_bytes;
+        let mut o = self.res.objs_mut();
+        o.pd_ref(pd, 0)?;
         if access.0 & !Access::ALL.0 != 0
             || length > self.res.cfg.max_mr_size
             || iova.checked_add(length).is_none()
@@ -475,7 +632,11 @@ impl Device {
             check_page_list(*page_offset, length, *page_shift, pages)
                 .map_err(|_| VerbError::Invalid)?;
         }
-        self.charge(length)?;
+        let total = o
+            .registered_bytes
+            .checked_add(length)
+            .filter(|t| *t <= max_bytes)
+            .ok_or(VerbError::NoResources)?;
         let mr = Mr {
             pd,
             kind: MrKind::User,
@@ -486,16 +647,13 @@ impl Device {
             state: KeyState::Valid,
             bound_mws: 0,
         };
-        match self.res.keys.insert(KeyObj::Mr(mr)) {
-            Some(k) => {
-                self.pd_ref(pd, 1)?;
-                Ok(k)
-            }
-            None => {
-                self.res.registered_bytes -= length;
-                Err(VerbError::NoResources)
-            }
-        }
+        let k = o
+            .keys
+            .insert(KeyObj::Mr(mr))
+            .ok_or(VerbError::NoResources)?;
+        o.registered_bytes = total;
+        o.pd_ref(pd, 1)?;
+        Ok(k)
     }
 
     /// A DMA MR covering all of memory (`ib_get_dma_mr`): addresses are memory addresses.
@@ -542,31 +700,35 @@ impl Device {
     }
 
     fn insert_key(&mut self, pd: u32, obj: KeyObj) -> Result<u32, VerbError> {
-        let k = self.res.keys.insert(obj).ok_or(VerbError::NoResources)?;
-        self.pd_ref(pd, 1)?;
+        let mut o = self.res.objs_mut();
+        o.pd_ref(pd, 0)?;
+        let k = o.keys.insert(obj).ok_or(VerbError::NoResources)?;
+        o.pd_ref(pd, 1)?;
         Ok(k)
     }
 
     pub fn dereg_mr(&mut self, key: u32) -> Result<(), VerbError> {
-        match self.res.keys.get(key) {
+        let mut o = self.res.objs_mut();
+        match o.keys.get(key) {
             Some(KeyObj::Mr(mr)) if mr.bound_mws > 0 => return Err(VerbError::Busy),
             Some(KeyObj::Mr(_)) => {}
             _ => return Err(VerbError::NotFound),
         }
-        let Some(KeyObj::Mr(mr)) = self.res.keys.remove(key) else {
+        let Some(KeyObj::Mr(mr)) = o.keys.remove(key) else {
             return Err(VerbError::NotFound);
         };
         // User MRs hold their length from registration, fast-registration MRs the length
         // they mapped last; DMA MRs nothing (they pin nothing the guest has not got).
         if matches!(mr.kind, MrKind::User | MrKind::FastReg { .. }) {
-            self.res.registered_bytes -= mr.length;
+            o.registered_bytes -= mr.length;
         }
-        self.pd_ref(mr.pd, -1)
+        o.pd_ref(mr.pd, -1)
     }
 
-    pub fn mr(&self, key: u32) -> Option<&Mr> {
-        match self.res.keys.get(key) {
-            Some(KeyObj::Mr(m)) => Some(m),
+    /// Runs `f` on the MR that `key` names, if it names one.
+    pub fn with_mr<R>(&self, key: u32, f: impl FnOnce(&Mr) -> R) -> Option<R> {
+        match self.res.objs().keys.get(key) {
+            Some(KeyObj::Mr(m)) => Some(f(m)),
             _ => None,
         }
     }
@@ -587,19 +749,20 @@ impl Device {
     }
 
     pub fn dealloc_mw(&mut self, key: u32) -> Result<(), VerbError> {
-        match self.res.keys.get(key) {
+        let mut o = self.res.objs_mut();
+        match o.keys.get(key) {
             Some(KeyObj::Mw(_)) => {}
             _ => return Err(VerbError::NotFound),
         }
-        let Some(KeyObj::Mw(mw)) = self.res.keys.remove(key) else {
+        let Some(KeyObj::Mw(mw)) = o.keys.remove(key) else {
             return Err(VerbError::NotFound);
         };
         if mw.state == KeyState::Valid {
-            if let Some(KeyObj::Mr(mr)) = self.res.keys.get_mut(mw.mr_key) {
+            if let Some(KeyObj::Mr(mr)) = o.keys.get_mut(mw.mr_key) {
                 mr.bound_mws = mr.bound_mws.saturating_sub(1);
             }
         }
-        self.pd_ref(mw.pd, -1)
+        o.pd_ref(mw.pd, -1)
     }
 
     /// Binds a type 1 MW (`ibv_bind_mw`); returns the new rkey. Type 2 windows are bound with a
@@ -616,7 +779,7 @@ impl Device {
         let pd = self.qp(qpn).map(|q| q.pd).ok_or(WcStatus::MwBindErr)?;
         let new_key = (mw_rkey & !0xff) | ((mw_rkey.wrapping_add(1)) & 0xff);
         crate::req::bind_mw(
-            &mut self.res.keys,
+            &mut self.res.objs_mut().keys,
             pd,
             qpn.0,
             mw_rkey,
@@ -632,69 +795,76 @@ impl Device {
 
     // ---------------------------------------------------------------- CQs
 
+    fn insert_cq(&mut self, cap: u32, queue: VecDeque<Cqe>) -> Result<u32, VerbError> {
+        write(&self.res.shared.cqs)
+            .insert(Arc::new(Mutex::new(Cq {
+                cap,
+                queue,
+                listed: 0,
+                armed: None,
+                error: false,
+                users: 0,
+            })))
+            .ok_or(VerbError::NoResources)
+    }
+
     pub fn create_cq(&mut self, cqe: u32) -> Result<u32, VerbError> {
         if cqe == 0 || cqe > self.res.cfg.max_cqe {
             return Err(VerbError::Invalid);
         }
-        self.res
-            .cqs
-            .insert(Cq {
-                cap: cqe,
-                queue: VecDeque::with_capacity(cqe.min(4096) as usize),
-                listed: false,
-                armed: None,
-                error: false,
-                users: 0,
-            })
-            .ok_or(VerbError::NoResources)
+        self.insert_cq(cqe, VecDeque::with_capacity(cqe.min(4096) as usize))
     }
     /// A CQ with no capacity of its own, for a caller that drains it into a ring of its own
     /// after every call and decides overflow there (the daemon and the guest's CQ ring).
     pub fn create_staging_cq(&mut self) -> Result<u32, VerbError> {
-        self.res
-            .cqs
-            .insert(Cq {
-                cap: u32::MAX,
-                queue: VecDeque::new(),
-                listed: false,
-                armed: None,
-                error: false,
-                users: 0,
-            })
-            .ok_or(VerbError::NoResources)
+        self.insert_cq(u32::MAX, VecDeque::new())
     }
 
     pub fn resize_cq(&mut self, cqn: u32, cqe: u32) -> Result<(), VerbError> {
         let max = self.res.cfg.max_cqe;
-        let cq = self.res.cqs.get_mut(cqn).ok_or(VerbError::NotFound)?;
-        if cqe == 0 || cqe > max || (cqe as usize) < cq.queue.len() {
-            return Err(VerbError::Invalid);
-        }
-        cq.cap = cqe;
-        Ok(())
+        self.res
+            .with_cq(cqn, |cq| {
+                if cqe == 0 || cqe > max || (cqe as usize) < cq.queue.len() {
+                    return Err(VerbError::Invalid);
+                }
+                cq.cap = cqe;
+                Ok(())
+            })
+            .ok_or(VerbError::NotFound)?
     }
     pub fn destroy_cq(&mut self, cqn: u32) -> Result<(), VerbError> {
-        let cq = self.res.cqs.get(cqn).ok_or(VerbError::NotFound)?;
-        if cq.users != 0 {
+        let mut t = write(&self.res.shared.cqs);
+        let cq = t.get_mut(cqn).ok_or(VerbError::NotFound)?;
+        if lock(cq).users != 0 {
             return Err(VerbError::Busy);
         }
-        self.res.cqs.remove(cqn);
+        t.remove(cqn);
         Ok(())
     }
     pub fn poll_cq(&mut self, cqn: u32) -> Option<Cqe> {
-        self.res.cqs.get_mut(cqn)?.queue.pop_front()
+        self.res.with_cq(cqn, |c| c.queue.pop_front()).flatten()
+    }
+    /// Moves up to `max` completions of CQ `cqn` into `out` (one lock for all of them).
+    pub fn poll_cq_into(&mut self, cqn: u32, max: usize, out: &mut Vec<Cqe>) -> usize {
+        self.res
+            .with_cq(cqn, |c| {
+                let n = c.queue.len().min(max);
+                out.extend(c.queue.drain(..n));
+                n
+            })
+            .unwrap_or(0)
     }
     pub fn cq_len(&self, cqn: u32) -> usize {
-        self.res.cqs.get(cqn).map_or(0, |c| c.queue.len())
+        self.res.with_cq(cqn, |c| c.queue.len()).unwrap_or(0)
     }
     pub fn cq_in_error(&self, cqn: u32) -> bool {
-        self.res.cqs.get(cqn).is_some_and(|c| c.error)
+        self.res.with_cq(cqn, |c| c.error).unwrap_or(false)
     }
     /// Arms the CQ: the next (solicited) completion raises [`AsyncEvent::Completion`].
     pub fn req_notify_cq(&mut self, cqn: u32, solicited_only: bool) -> Result<(), VerbError> {
-        let cq = self.res.cqs.get_mut(cqn).ok_or(VerbError::NotFound)?;
-        cq.armed = Some(solicited_only);
-        Ok(())
+        self.res
+            .with_cq(cqn, |cq| cq.armed = Some(solicited_only))
+            .ok_or(VerbError::NotFound)
     }
 
     // ---------------------------------------------------------------- SRQs
@@ -706,28 +876,28 @@ impl Device {
         max_sge: u32,
         limit: u32,
     ) -> Result<u32, VerbError> {
-        self.pd_ref(pd, 0)?;
         if max_wr == 0
             || max_wr > self.res.cfg.max_srq_wr
             || max_sge == 0
             || max_sge > self.res.cfg.max_sge
             || limit > max_wr
         {
+            self.pd_ref(pd, 0)?;
             return Err(VerbError::Invalid);
         }
-        let id = self
-            .res
-            .srqs
-            .insert(Srq {
+        let mut o = self.res.objs_mut();
+        o.pd_ref(pd, 0)?;
+        let id = write(&self.res.shared.srqs)
+            .insert(Arc::new(Mutex::new(Srq {
                 pd,
                 max_wr,
                 max_sge,
                 limit,
                 queue: VecDeque::with_capacity(max_wr.min(4096) as usize),
                 users: 0,
-            })
+            })))
             .ok_or(VerbError::NoResources)?;
-        self.pd_ref(pd, 1)?;
+        o.pd_ref(pd, 1)?;
         Ok(id)
     }
     /// Sets `max_wr` (resize) and/or the limit (arms the SRQ_LIMIT_REACHED event).
@@ -738,56 +908,51 @@ impl Device {
         limit: Option<u32>,
     ) -> Result<(), VerbError> {
         let max = self.res.cfg.max_srq_wr;
-        let s = self.res.srqs.get_mut(srqn).ok_or(VerbError::NotFound)?;
-        let new_max = max_wr.unwrap_or(s.max_wr);
-        let new_limit = limit.unwrap_or(s.limit);
-        if new_max == 0
-            || new_max > max
-            || (new_max as usize) < s.queue.len()
-            || new_limit > new_max
-        {
-            return Err(VerbError::Invalid);
-        }
-        s.max_wr = new_max;
-        s.limit = new_limit;
-        Ok(())
+        self.res
+            .with_srq(srqn, |s| {
+                let new_max = max_wr.unwrap_or(s.max_wr);
+                let new_limit = limit.unwrap_or(s.limit);
+                if new_max == 0
+                    || new_max > max
+                    || (new_max as usize) < s.queue.len()
+                    || new_limit > new_max
+                {
+                    return Err(VerbError::Invalid);
+                }
+                s.max_wr = new_max;
+                s.limit = new_limit;
+                Ok(())
+            })
+            .ok_or(VerbError::NotFound)?
     }
     /// (max_wr, max_sge, limit, posted)
     pub fn query_srq(&self, srqn: u32) -> Option<(u32, u32, u32, usize)> {
         self.res
-            .srqs
-            .get(srqn)
-            .map(|s| (s.max_wr, s.max_sge, s.limit, s.queue.len()))
+            .with_srq(srqn, |s| (s.max_wr, s.max_sge, s.limit, s.queue.len()))
     }
     pub fn destroy_srq(&mut self, srqn: u32) -> Result<(), VerbError> {
-        let s = self.res.srqs.get(srqn).ok_or(VerbError::NotFound)?;
-        if s.users != 0 {
+        let mut o = self.res.objs_mut();
+        let mut t = write(&self.res.shared.srqs);
+        let s = t.get_mut(srqn).ok_or(VerbError::NotFound)?;
+        if lock(s).users != 0 {
             return Err(VerbError::Busy);
         }
-        let s = self.res.srqs.remove(srqn).ok_or(VerbError::NotFound)?;
-        self.pd_ref(s.pd, -1)
+        let s = t.remove(srqn).ok_or(VerbError::NotFound)?;
+        let pd = lock(&s).pd;
+        o.pd_ref(pd, -1)
     }
     pub fn post_srq_recv(&mut self, srqn: u32, wr: RecvWr) -> Result<(), VerbError> {
-        let s = self.res.srqs.get_mut(srqn).ok_or(VerbError::NotFound)?;
-        if wr.sg_list.len() as u32 > s.max_sge {
-            return Err(VerbError::Invalid);
-        }
-        if s.queue.len() as u32 >= s.max_wr {
-            return Err(VerbError::NoResources);
-        }
-        let len = sge_total(&wr.sg_list);
-        s.queue.push_back(RecvWqe {
-            wr_id: wr.wr_id,
-            sges: wr.sg_list,
-            len,
-        });
-        Ok(())
+        self.res
+            .with_srq(srqn, |s| push_recv(&mut s.queue, s.max_sge, s.max_wr, wr))
+            .ok_or(VerbError::NotFound)?
     }
 
     // ---------------------------------------------------------------- QPs
 
+    /// Creates a QP in this shard (its QPN is one of this shard's, [`Self::shard_of`]; the
+    /// GSI QP, QPN 1, only in shard `1 % shards`).
     pub fn create_qp(&mut self, init: QpInit) -> Result<Qpn, VerbError> {
-        let c = self.res.cfg.clone();
+        let c = &self.res.cfg;
         let cap = init.cap;
         if cap.max_send_wr > c.max_qp_wr
             || cap.max_recv_wr > c.max_qp_wr
@@ -800,27 +965,60 @@ impl Device {
         if init.srq.is_some() && init.qp_type != QpType::Rc && init.qp_type != QpType::Ud {
             return Err(VerbError::Invalid);
         }
-        self.pd_ref(init.pd, 0)?;
-        if self.res.cqs.get(init.send_cq).is_none() || self.res.cqs.get(init.recv_cq).is_none() {
-            return Err(VerbError::NotFound);
-        }
-        if let Some(s) = init.srq {
-            if self.res.srqs.get(s).is_none() {
-                return Err(VerbError::NotFound);
+        let max_qp = c.max_qp;
+        let shards = self.res.shared.shards;
+        let shared = self.res.shared.clone();
+        let mut o = shared.objs.write();
+        o.pd_ref(init.pd, 0)?;
+        let cq_objs = {
+            let cqs = read(&shared.cqs);
+            match (cqs.get(init.send_cq), cqs.get(init.recv_cq)) {
+                (Some(s), Some(r)) => [s.clone(), r.clone()],
+                _ => return Err(VerbError::NotFound),
             }
-        }
+        };
+        let srq_obj = match init.srq {
+            Some(s) => Some(
+                read(&shared.srqs)
+                    .get(s)
+                    .ok_or(VerbError::NotFound)?
+                    .clone(),
+            ),
+            None => None,
+        };
         let qpn = if init.qp_type == QpType::Gsi {
+            if Self::shard_of(Qpn::GSI, shards) != self.shard {
+                return Err(VerbError::Invalid);
+            }
             if self.qp(Qpn::GSI).is_some() {
                 return Err(VerbError::Busy);
             }
             Qpn::GSI
         } else {
-            if self.live_qps >= c.max_qp {
+            let live = &shared.live_qps;
+            if live
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                    (n < max_qp).then_some(n + 1)
+                })
+                .is_err()
+            {
                 return Err(VerbError::NoResources);
             }
-            self.alloc_qpn()?
+            match self.alloc_qpn() {
+                Ok(q) => q,
+                Err(e) => {
+                    live.fetch_sub(1, Ordering::Relaxed);
+                    return Err(e);
+                }
+            }
         };
-        let mut qp = Qp::new(qpn, &init);
+        for c in &cq_objs {
+            lock(c).users += 1;
+        }
+        if let Some(s) = &srq_obj {
+            lock(s).users += 1;
+        }
+        let mut qp = Qp::new(qpn, &init, cq_objs, srq_obj);
         if init.qp_type == QpType::Gsi {
             qp.attr.qkey = GSI_QKEY;
         }
@@ -829,30 +1027,22 @@ impl Device {
             self.qps.resize_with(idx + 1, || None);
         }
         self.qps[idx] = Some(Box::new(qp));
-        if qpn != Qpn::GSI {
-            self.live_qps += 1;
-        }
-        self.pd_ref(init.pd, 1)?;
-        if let Some(c) = self.res.cqs.get_mut(init.send_cq) {
-            c.users += 1;
-        }
-        if let Some(c) = self.res.cqs.get_mut(init.recv_cq) {
-            c.users += 1;
-        }
-        if let Some(s) = init.srq.and_then(|s| self.res.srqs.get_mut(s)) {
-            s.users += 1;
-        }
+        o.pd_ref(init.pd, 1)?;
         Ok(qpn)
     }
 
     fn alloc_qpn(&mut self) -> Result<Qpn, VerbError> {
         // QPNs are handed out round-robin so a recently destroyed QPN is not reused at once
-        // (stray packets for the old QP must not land on a new one).
+        // (stray packets for the old QP must not land on a new one). A shard takes the
+        // numbers of its own residue.
+        let shards = self.res.shared.shards;
         let limit = FIRST_QPN + self.res.cfg.max_qp * 2;
         for _ in 0..limit {
             let n = self.next_qpn;
             self.next_qpn = if n + 1 >= limit { FIRST_QPN } else { n + 1 };
-            if self.qps.get(n as usize).is_none_or(|q| q.is_none()) {
+            if Self::shard_of(Qpn(n), shards) == self.shard
+                && self.qps.get(n as usize).is_none_or(|q| q.is_none())
+            {
                 return Ok(Qpn(n));
             }
         }
@@ -861,9 +1051,6 @@ impl Device {
 
     pub fn qp(&self, qpn: Qpn) -> Option<&Qp> {
         self.qps.get(qpn.0 as usize)?.as_deref()
-    }
-    pub(crate) fn qp_mut(&mut self, qpn: Qpn) -> Option<&mut Qp> {
-        self.qps.get_mut(qpn.0 as usize)?.as_deref_mut()
     }
     pub fn qpns(&self) -> impl Iterator<Item = Qpn> + '_ {
         self.qps.iter().filter_map(|q| q.as_ref().map(|q| q.qpn))
@@ -876,33 +1063,32 @@ impl Device {
             .and_then(|q| q.take())
             .ok_or(VerbError::NotFound)?;
         if qpn != Qpn::GSI {
-            self.live_qps -= 1;
+            self.res.shared.live_qps.fetch_sub(1, Ordering::Relaxed);
         }
         if q.timer_queued.is_some() {
             // Its entry is stale now (no QP answers to it); it goes when it comes up.
             self.timers.live -= 1;
         }
-        for g in &q.mcast {
-            if let Some(v) = self.res.mcast.get_mut(g) {
-                v.retain(|x| *x != qpn);
-                if v.is_empty() {
-                    self.res.mcast.remove(g);
-                }
-            }
-        }
-        if let Some(c) = self.res.cqs.get_mut(q.send_cq) {
-            c.users -= 1;
-        }
-        if let Some(c) = self.res.cqs.get_mut(q.recv_cq) {
-            c.users -= 1;
-        }
-        if let Some(s) = q.srq.and_then(|s| self.res.srqs.get_mut(s)) {
-            s.users -= 1;
-        }
         if q.scheduled {
             self.sched.retain(|x| *x != qpn);
         }
-        self.pd_ref(q.pd, -1)
+        let shared = &self.res.shared;
+        let mut o = shared.objs.write();
+        for g in &q.mcast {
+            if let Some(v) = o.mcast.get_mut(g) {
+                v.retain(|x| *x != qpn);
+                if v.is_empty() {
+                    o.mcast.remove(g);
+                }
+            }
+        }
+        for c in &q.cq_objs {
+            lock(c).users -= 1;
+        }
+        if let Some(s) = &q.srq_obj {
+            lock(s).users -= 1;
+        }
+        o.pd_ref(q.pd, -1)
     }
 
     pub fn query_qp(&self, qpn: Qpn) -> Option<(QpAttr, QpCap)> {
@@ -917,8 +1103,7 @@ impl Device {
 
     pub fn modify_qp(&mut self, qpn: Qpn, attr: &QpAttr, mask: AttrMask) -> Result<(), VerbError> {
         let port_mtu = self.res.cfg.port_mtu;
-        let gids = &self.res.gids;
-        let gid_ok = |i: u8| gids.get(i as usize).is_some_and(|g| g.is_some());
+        let gid_ok = |i: u8| self.res.objs().gid(i).is_some();
         let q = self
             .qps
             .get_mut(qpn.0 as usize)
@@ -960,10 +1145,11 @@ impl Device {
         if !matches!(q.qp_type, QpType::Ud) {
             return Err(VerbError::Invalid);
         }
-        if !self.res.mcast.contains_key(&gid) && self.res.mcast.len() >= max_grp {
+        let mut o = self.res.objs_mut();
+        if !o.mcast.contains_key(&gid) && o.mcast.len() >= max_grp {
             return Err(VerbError::NoResources);
         }
-        let v = self.res.mcast.entry(gid).or_default();
+        let v = o.mcast.entry(gid).or_default();
         if v.contains(&qpn) {
             return Ok(());
         }
@@ -976,24 +1162,29 @@ impl Device {
     }
 
     pub fn detach_mcast(&mut self, qpn: Qpn, gid: Gid) -> Result<(), VerbError> {
-        let v = self.res.mcast.get_mut(&gid).ok_or(VerbError::NotFound)?;
+        let q = self
+            .qps
+            .get_mut(qpn.0 as usize)
+            .and_then(|q| q.as_deref_mut())
+            .ok_or(VerbError::NotFound)?;
+        let mut o = self.res.objs_mut();
+        let v = o.mcast.get_mut(&gid).ok_or(VerbError::NotFound)?;
         let before = v.len();
         v.retain(|x| *x != qpn);
         if v.len() == before {
             return Err(VerbError::NotFound);
         }
         if v.is_empty() {
-            self.res.mcast.remove(&gid);
+            o.mcast.remove(&gid);
         }
-        if let Some(q) = self.qp_mut(qpn) {
-            q.mcast.retain(|g| *g != gid);
-        }
+        q.mcast.retain(|g| *g != gid);
         Ok(())
     }
 
     // ---------------------------------------------------------------- work requests
 
     pub fn post_send(&mut self, qpn: Qpn, wr: SendWr) -> Result<(), VerbError> {
+        self.res.sync_gids();
         let q = self
             .qps
             .get_mut(qpn.0 as usize)
@@ -1046,18 +1237,7 @@ impl Device {
         if q.srq.is_some() || q.state() == QpState::Reset {
             return Err(VerbError::Invalid);
         }
-        if wr.sg_list.len() as u32 > q.cap.max_recv_sge {
-            return Err(VerbError::Invalid);
-        }
-        if q.rq.len() as u32 >= q.cap.max_recv_wr {
-            return Err(VerbError::NoResources);
-        }
-        let len = sge_total(&wr.sg_list);
-        q.rq.push_back(RecvWqe {
-            wr_id: wr.wr_id,
-            sges: wr.sg_list,
-            len,
-        });
+        push_recv(&mut q.rq, q.cap.max_recv_sge, q.cap.max_recv_wr, wr)?;
         if q.state() == QpState::Err {
             crate::comp::flush(q, &mut self.res);
         }
@@ -1103,6 +1283,7 @@ impl Device {
         buf: &mut [u8],
         in_memory: &dyn Fn(&Gid) -> bool,
     ) -> Option<Transmit> {
+        self.res.sync_gids();
         while let Some(qpn) = self.sched.pop_front() {
             let Some(q) = self
                 .qps
@@ -1138,6 +1319,7 @@ impl Device {
         bytes: &[u8],
         mem: &mut dyn Memory,
     ) -> Result<(), Drop> {
+        self.res.sync_gids();
         self.res.port.rx_packets += 1;
         self.res.port.rx_bytes += bytes.len() as u64;
         let r = self.handle_packet_inner(now, meta, bytes, mem);
@@ -1191,10 +1373,12 @@ impl Device {
             if !meta.dst.is_multicast() {
                 return Err(Drop::NotOurGid);
             }
-            let members = self.res.mcast.get(&meta.dst).cloned().unwrap_or_default();
-            if members.is_empty() {
+            let members = self.res.objs().mcast.get(&meta.dst).cloned();
+            let Some(members) = members.filter(|m| !m.is_empty()) else {
                 return Err(Drop::UnknownQp);
-            }
+            };
+            // Members of other shards are theirs to serve (the caller gives each shard
+            // the packet).
             for qpn in members {
                 if let Some(q) = self
                     .qps
@@ -1340,10 +1524,16 @@ impl Device {
     /// in the order they first received one), so a caller that moves completions elsewhere
     /// visits those and not every CQ.
     pub fn take_ready_cqs(&mut self, out: &mut Vec<u32>) {
+        if self.res.ready_cqs.is_empty() {
+            return;
+        }
+        let bit = self.res.shard_bit;
+        let t = read(&self.res.shared.cqs);
         for cqn in self.res.ready_cqs.drain(..) {
-            if let Some(cq) = self.res.cqs.get_mut(cqn) {
-                if cq.listed {
-                    cq.listed = false;
+            if let Some(cq) = t.get(cqn) {
+                let mut cq = lock(cq);
+                if cq.listed & bit != 0 {
+                    cq.listed &= !bit;
                     out.push(cqn);
                 }
             }
@@ -1352,9 +1542,12 @@ impl Device {
 
     /// Lists `cqn` again for [`Self::take_ready_cqs`] (the caller could not drain it all).
     pub fn relist_cq(&mut self, cqn: u32) {
-        if let Some(cq) = self.res.cqs.get_mut(cqn) {
-            if !cq.listed {
-                cq.listed = true;
+        let bit = self.res.shard_bit;
+        let t = read(&self.res.shared.cqs);
+        if let Some(cq) = t.get(cqn) {
+            let mut cq = lock(cq);
+            if cq.listed & bit == 0 {
+                cq.listed |= bit;
                 self.res.ready_cqs.push(cqn);
             }
         }
@@ -1369,14 +1562,14 @@ impl Device {
         self.qp(qpn).map(|q| q.counters)
     }
 
-    /// Moves every QP using `cqn` to the error state (the backend calls this when the guest's
-    /// CQ ring overflows).
+    /// Moves every QP of this shard using `cqn` to the error state (the backend calls this,
+    /// on every shard, when the guest's CQ ring overflows).
     pub fn cq_overflow(&mut self, cqn: u32) {
-        if let Some(cq) = self.res.cqs.get_mut(cqn) {
-            if !cq.error {
-                cq.error = true;
-                self.res.events.push_back(AsyncEvent::CqErr { cqn });
-            }
+        let newly = self
+            .res
+            .with_cq(cqn, |cq| !std::mem::replace(&mut cq.error, true));
+        if newly == Some(true) {
+            self.res.events.push_back(AsyncEvent::CqErr { cqn });
         }
         for q in self.qps.iter_mut().flatten() {
             if (q.send_cq == cqn || q.recv_cq == cqn) && q.state() != QpState::Err {

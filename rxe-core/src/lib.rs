@@ -14,6 +14,7 @@ pub mod wire;
 
 pub use types::{Gid, Instant, Psn, Qpn};
 
+mod brlock;
 mod comp;
 pub mod device;
 pub mod qp;

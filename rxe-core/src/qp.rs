@@ -3,6 +3,9 @@
 //! as the kernel's `ib_modify_qp_is_ok`).
 
 use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use crate::device::{Cq, Srq};
 
 use crate::types::{Instant, Psn, Qpn};
 use crate::verbs::*;
@@ -201,6 +204,10 @@ pub struct Qp {
     pub send_cq: u32,
     pub recv_cq: u32,
     pub srq: Option<u32>,
+    /// The send and the receive CQ themselves (they outlive the QP: a CQ in use cannot be
+    /// destroyed), so a completion takes only the CQ's own lock.
+    pub(crate) cq_objs: [Arc<Mutex<Cq>>; 2],
+    pub(crate) srq_obj: Option<Arc<Mutex<Srq>>>,
     pub cap: QpCap,
     pub sq_sig_all: bool,
     pub attr: QpAttr,
@@ -351,7 +358,12 @@ fn transition(cur: QpState, next: QpState, t: QpType) -> Option<(u32, u32)> {
 }
 
 impl Qp {
-    pub(crate) fn new(qpn: Qpn, init: &crate::device::QpInit) -> Self {
+    pub(crate) fn new(
+        qpn: Qpn,
+        init: &crate::device::QpInit,
+        cq_objs: [Arc<Mutex<Cq>>; 2],
+        srq_obj: Option<Arc<Mutex<Srq>>>,
+    ) -> Self {
         let cap = init.cap;
         Qp {
             qpn,
@@ -360,6 +372,8 @@ impl Qp {
             send_cq: init.send_cq,
             recv_cq: init.recv_cq,
             srq: init.srq,
+            cq_objs,
+            srq_obj,
             cap,
             sq_sig_all: init.sq_sig_all,
             attr: QpAttr::default(),
@@ -575,7 +589,8 @@ mod tests {
             cap: QpCap::default(),
             sq_sig_all: false,
         };
-        Qp::new(Qpn(0x11), &init)
+        let cq = Arc::new(Mutex::new(crate::device::Cq::default()));
+        Qp::new(Qpn(0x11), &init, [cq.clone(), cq], None)
     }
 
     #[test]

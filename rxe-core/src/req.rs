@@ -244,7 +244,8 @@ pub(crate) fn invalidate(
 fn local_op(q: &Qp, res: &mut Resources, op: SendOp) -> WcStatus {
     let r = match op {
         SendOp::LocalInv { rkey } => {
-            invalidate(&mut res.keys, q.pd, rkey, Some(q.qpn.0)).map_err(|_| WcStatus::LocQpOpErr)
+            invalidate(&mut res.objs_mut().keys, q.pd, rkey, Some(q.qpn.0))
+                .map_err(|_| WcStatus::LocQpOpErr)
         }
         SendOp::RegMr {
             lkey,
@@ -257,8 +258,11 @@ fn local_op(q: &Qp, res: &mut Resources, op: SendOp) -> WcStatus {
             pages,
         } => {
             let pd = q.pd;
-            let (used, max) = (res.registered_bytes, res.cfg.max_registered_bytes);
-            match res.keys.get_by_index(lkey) {
+            let max = res.cfg.max_registered_bytes;
+            let mut guard = res.objs_mut();
+            let o = &mut *guard;
+            let used = o.registered_bytes;
+            match o.keys.get_by_index(lkey) {
                 Some((KeyObj::Mr(mr), k)) if mr.pd == pd && mr.state == KeyState::Free => {
                     // A fast-registration MR holds the registered-bytes budget for the length
                     // it maps last (until it maps another or is deregistered), as a user MR
@@ -275,7 +279,7 @@ fn local_op(q: &Qp, res: &mut Resources, op: SendOp) -> WcStatus {
                                 && access.0 & !Access::ALL.0 == 0
                                 && fits =>
                         {
-                            res.registered_bytes = used - mr.length + length;
+                            o.registered_bytes = used - mr.length + length;
                             *k = key as u8;
                             mr.iova = iova;
                             mr.length = length;
@@ -302,7 +306,7 @@ fn local_op(q: &Qp, res: &mut Resources, op: SendOp) -> WcStatus {
             length,
             access,
         } => bind_mw(
-            &mut res.keys,
+            &mut res.objs_mut().keys,
             q.pd,
             q.qpn.0,
             mw_rkey,
@@ -600,7 +604,14 @@ fn build(
                 .map(|s| dst.copy_from_slice(s))
                 .ok_or(MemError::Length)
         } else {
-            copy_from_sges(&res.keys, mem, q.pd, &wqe.wr.sg_list, offset as u64, dst)
+            copy_from_sges(
+                &res.objs().keys,
+                mem,
+                q.pd,
+                &wqe.wr.sg_list,
+                offset as u64,
+                dst,
+            )
         };
         if copy.is_err() {
             let w = q.wqe_mut(seq).expect("wqe present");

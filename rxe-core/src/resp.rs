@@ -3,6 +3,7 @@
 //! FLUSH / ATOMIC_WRITE, duplicate handling from the responder resources, and the ACKs, NAKs
 //! and READ responses that go back.
 
+use crate::device::lock;
 use crate::device::{Drop, RecvMeta, Resources, Transmit};
 use crate::icrc::rc_udp_sport;
 use crate::mem::*;
@@ -79,10 +80,16 @@ fn unqueue_resource(q: &mut Qp, (first, last): (Psn, Psn)) {
 fn take_recv(q: &mut Qp, res: &mut Resources) -> Option<RecvWqe> {
     match q.srq {
         Some(s) => {
-            let srq = res.srqs.get_mut(s)?;
-            let w = srq.queue.pop_front()?;
-            if srq.limit > 0 && (srq.queue.len() as u32) < srq.limit {
-                srq.limit = 0;
+            let (w, limit) = {
+                let mut srq = lock(q.srq_obj.as_ref()?);
+                let w = srq.queue.pop_front()?;
+                let limit = srq.limit > 0 && (srq.queue.len() as u32) < srq.limit;
+                if limit {
+                    srq.limit = 0;
+                }
+                (w, limit)
+            };
+            if limit {
                 res.events
                     .push_back(AsyncEvent::SrqLimitReached { srqn: s });
             }
@@ -92,16 +99,19 @@ fn take_recv(q: &mut Qp, res: &mut Resources) -> Option<RecvWqe> {
     }
 }
 
-fn recv_available(q: &Qp, res: &Resources) -> bool {
+fn recv_available(q: &Qp) -> bool {
     match q.srq {
-        Some(s) => res.srqs.get(s).is_some_and(|s| !s.queue.is_empty()),
+        Some(_) => q
+            .srq_obj
+            .as_ref()
+            .is_some_and(|s| !lock(s).queue.is_empty()),
         None => !q.rq.is_empty(),
     }
 }
 
-fn put_back_recv(q: &mut Qp, res: &mut Resources, w: RecvWqe) {
-    match q.srq.and_then(|s| res.srqs.get_mut(s)) {
-        Some(srq) => srq.queue.push_front(w),
+fn put_back_recv(q: &mut Qp, w: RecvWqe) {
+    match &q.srq_obj {
+        Some(s) => lock(s).queue.push_front(w),
         None => q.rq.push_front(w),
     }
 }
@@ -115,7 +125,10 @@ fn recv_cqe(q: &Qp, wr_id: u64, status: WcStatus, opcode: WcOpcode, byte_len: u3
 
 fn post_recv_cqe(q: &mut Qp, res: &mut Resources, mut cqe: Cqe, solicited: bool) {
     cqe.solicited = solicited;
-    if res.post_cqe(q.recv_cq, cqe, solicited).is_err() {
+    if res
+        .post_cqe(&q.cq_objs[1], q.recv_cq, cqe, solicited)
+        .is_err()
+    {
         q.resp.goto_error = true;
     }
 }
@@ -219,8 +232,11 @@ fn ud_recv(
         return Ok(());
     }
     let (g, nht) = grh(meta, pkt.as_bytes().len());
-    let r = copy_to_sges(&res.keys, mem, q.pd, &w.sges, 0, &g)
-        .and_then(|_| copy_to_sges(&res.keys, mem, q.pd, &w.sges, 40, payload));
+    let r = {
+        let keys = &res.objs().keys;
+        copy_to_sges(keys, mem, q.pd, &w.sges, 0, &g)
+            .and_then(|_| copy_to_sges(keys, mem, q.pd, &w.sges, 40, payload))
+    };
     if r.is_err() {
         cqe.status = WcStatus::LocProtErr;
         post_recv_cqe(q, res, cqe, false);
@@ -324,10 +340,10 @@ fn uc_recv(
             // A gap inside a message: UC drops the whole message.
             q.resp.drop_msg = true;
             q.resp.psn = psn.next();
-            abort_uc(q, res);
+            abort_uc(q);
             return Err(Drop::OutOfSequence);
         }
-        abort_uc(q, res);
+        abort_uc(q);
         q.resp.drop_msg = false;
     }
     q.resp.psn = psn.next();
@@ -338,7 +354,7 @@ fn uc_recv(
             Err(Drop::NoReceiveWqe)
         }
         Exec::Err { .. } => {
-            abort_uc(q, res);
+            abort_uc(q);
             q.resp.drop_msg = !pkt.flags().contains(OpFlags::LAST);
             Err(Drop::Unexpected)
         }
@@ -346,10 +362,10 @@ fn uc_recv(
 }
 
 /// UC: a message in progress is abandoned; its receive WQE goes back for the next message.
-fn abort_uc(q: &mut Qp, res: &mut Resources) {
+fn abort_uc(q: &mut Qp) {
     q.resp.last_op = None;
     if let Some(InMsg::Send { wqe, .. }) = q.resp.in_msg.take() {
-        put_back_recv(q, res, wqe);
+        put_back_recv(q, wqe);
     }
 }
 
@@ -425,7 +441,7 @@ fn execute(
     // leaves nothing half done. rxe claims that WQE at this point too, so on RC an error
     // found from here on (length, R_Key) completes it with the error, as for a SEND.
     let rwr_write = f.contains(OpFlags::RWR) && f.contains(OpFlags::WRITE);
-    if rwr_write && !recv_available(q, res) {
+    if rwr_write && !recv_available(q) {
         return Exec::Rnr;
     }
     let r = execute_checked(q, res, mem, pkt, psn);
@@ -493,7 +509,8 @@ fn execute_checked(
                 status: WcStatus::LocLenErr,
             };
         }
-        if plen > 0 && copy_to_sges(&res.keys, mem, pd, &wqe.sges, *offset, payload).is_err() {
+        if plen > 0 && copy_to_sges(&res.objs().keys, mem, pd, &wqe.sges, *offset, payload).is_err()
+        {
             return Exec::Err {
                 nak: NakCode::RemoteOperationalError,
                 status: WcStatus::LocProtErr,
@@ -517,7 +534,7 @@ fn execute_checked(
                 cqe.imm_or_inv = imm;
             }
             if let Some(rkey) = pkt.ieth() {
-                if crate::req::invalidate(&mut res.keys, pd, rkey, None).is_err() {
+                if crate::req::invalidate(&mut res.objs_mut().keys, pd, rkey, None).is_err() {
                     let cqe = recv_cqe(q, wqe.wr_id, WcStatus::RemInvReqErr, WcOpcode::Recv, 0);
                     post_recv_cqe(q, res, cqe, false);
                     return invalid_request();
@@ -539,6 +556,7 @@ fn execute_checked(
             }
             if len > 0
                 && res
+                    .objs()
                     .keys
                     .lookup_remote(pd, qpn, rkey, va, len, Access::REMOTE_WRITE)
                     .is_err()
@@ -567,7 +585,8 @@ fn execute_checked(
         }
         let (cva, crkey, total) = (*va, *rkey, *total);
         if plen > 0 {
-            let r = res
+            let o = res.objs();
+            let r = o
                 .keys
                 .lookup_remote(pd, qpn, crkey, cva, plen as u64, Access::REMOTE_WRITE);
             match r {
@@ -615,6 +634,7 @@ fn execute_checked(
         }
         if len > 0
             && res
+                .objs()
                 .keys
                 .lookup_remote(pd, qpn, rkey, va, len as u64, Access::REMOTE_READ)
                 .is_err()
@@ -652,13 +672,17 @@ fn execute_checked(
         if va & 7 != 0 {
             return invalid_request();
         }
-        let region = match res
+        let o = res.objs();
+        let region = match o
             .keys
             .lookup_remote(pd, qpn, rkey, va, 8, Access::REMOTE_ATOMIC)
         {
             Ok(r) => r,
             Err(_) => return acc_err,
         };
+        // One atomic at a time in the whole device: QPs of other shards may target the
+        // same address.
+        let _one = crate::device::lock(&res.shared.atomics);
         let mut cur = [0u8; 8];
         if region.read(mem, va, &mut cur).is_err() {
             return Exec::Err {
@@ -692,6 +716,7 @@ fn execute_checked(
             return invalid_request();
         }
         match res
+            .objs()
             .keys
             .lookup_remote(pd, qpn, rkey, va, 8, Access::REMOTE_WRITE)
         {
@@ -721,13 +746,14 @@ fn execute_checked(
         // Level "memory region" flushes the MR the key names, whatever the RETH's address and
         // length; every other level (rxe reads the field so) the RETH's range.
         let covered = if feth.selectivity() == flush::MR {
-            match res.keys.lookup_remote_mr(pd, qpn, reth.rkey(), need) {
+            match res.objs().keys.lookup_remote_mr(pd, qpn, reth.rkey(), need) {
                 Ok((_, len)) => len,
                 Err(_) => return acc_err,
             }
         } else {
             let len = reth.dma_len() as u64;
             match res
+                .objs()
                 .keys
                 .lookup_remote(pd, qpn, reth.rkey(), reth.va(), len, need)
             {
@@ -897,6 +923,7 @@ pub(crate) fn next_response(
         if plen > 0 {
             let addr = va + offset as u64;
             let ok = res
+                .objs()
                 .keys
                 .lookup_remote(q.pd, q.qpn.0, rkey, addr, plen as u64, Access::REMOTE_READ)
                 .and_then(|r| r.read(mem, addr, &mut buf[range]));

@@ -507,53 +507,64 @@ impl Sim {
     /// INIT → RTR → RTS for both QPs of a pair (in RESET), each aimed at the other: what
     /// [`Sim::connect`] does after creating them, and what a test that reset a pair repeats.
     pub fn bring_up(&mut self, ep: &[Endpoint; 2], o: &ConnOpts) {
-        for i in 0..2 {
-            let peer = ep[1 - i].qpn;
-            let dgid = self.nodes[1 - i].gid;
-            let mut a = QpAttr {
-                qp_state: QpState::Init,
-                qp_access_flags: o.access,
-                ..Default::default()
-            };
-            let d = self.dev(i);
-            let m =
-                AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS;
-            d.modify_qp(ep[i].qpn, &a, AttrMask(m)).expect("init");
-            a.qp_state = QpState::Rtr;
-            a.path_mtu = o.mtu;
-            a.dest_qp_num = peer.0;
-            a.rq_psn = o.sq_psn[1 - i];
-            a.max_dest_rd_atomic = o.max_rd_atomic;
-            a.min_rnr_timer = o.min_rnr_timer;
-            a.av = Av {
-                dgid,
-                sgid_index: 0,
-                hop_limit: 64,
-                ..Default::default()
-            };
-            let mut m = AttrMask::STATE
-                | AttrMask::AV
-                | AttrMask::PATH_MTU
-                | AttrMask::DEST_QPN
-                | AttrMask::RQ_PSN;
-            if o.qp_type == QpType::Rc {
-                m |= AttrMask::MAX_DEST_RD_ATOMIC | AttrMask::MIN_RNR_TIMER;
-            }
-            d.modify_qp(ep[i].qpn, &a, AttrMask(m)).expect("rtr");
-            a.qp_state = QpState::Rts;
-            a.sq_psn = o.sq_psn[i];
-            a.timeout = o.timeout;
-            a.retry_cnt = o.retry_cnt;
-            a.rnr_retry = o.rnr_retry;
-            a.max_rd_atomic = o.max_rd_atomic;
-            let mut m = AttrMask::STATE | AttrMask::SQ_PSN;
-            if o.qp_type == QpType::Rc {
-                m |= AttrMask::TIMEOUT
-                    | AttrMask::RETRY_CNT
-                    | AttrMask::RNR_RETRY
-                    | AttrMask::MAX_QP_RD_ATOMIC;
-            }
-            d.modify_qp(ep[i].qpn, &a, AttrMask(m)).expect("rts");
+        let gids = [self.nodes[0].gid, self.nodes[1].gid];
+        let (a, b) = self.nodes.split_at_mut(1);
+        bring_up_pair(
+            [&mut a[0].dev, &mut b[0].dev],
+            [ep[0].qpn, ep[1].qpn],
+            gids,
+            o,
+        );
+    }
+}
+
+/// INIT → RTR → RTS for QP `qpns[i]` of device `devs[i]` (its shard), each aimed at the
+/// other QP at the other device's GID `gids[1 - i]` (GID index 0 on both sides).
+pub fn bring_up_pair(devs: [&mut Device; 2], qpns: [Qpn; 2], gids: [Gid; 2], o: &ConnOpts) {
+    for (i, d) in devs.into_iter().enumerate() {
+        let peer = qpns[1 - i];
+        let dgid = gids[1 - i];
+        let mut a = QpAttr {
+            qp_state: QpState::Init,
+            qp_access_flags: o.access,
+            ..Default::default()
+        };
+        let m = AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS;
+        d.modify_qp(qpns[i], &a, AttrMask(m)).expect("init");
+        a.qp_state = QpState::Rtr;
+        a.path_mtu = o.mtu;
+        a.dest_qp_num = peer.0;
+        a.rq_psn = o.sq_psn[1 - i];
+        a.max_dest_rd_atomic = o.max_rd_atomic;
+        a.min_rnr_timer = o.min_rnr_timer;
+        a.av = Av {
+            dgid,
+            sgid_index: 0,
+            hop_limit: 64,
+            ..Default::default()
+        };
+        let mut m = AttrMask::STATE
+            | AttrMask::AV
+            | AttrMask::PATH_MTU
+            | AttrMask::DEST_QPN
+            | AttrMask::RQ_PSN;
+        if o.qp_type == QpType::Rc {
+            m |= AttrMask::MAX_DEST_RD_ATOMIC | AttrMask::MIN_RNR_TIMER;
         }
+        d.modify_qp(qpns[i], &a, AttrMask(m)).expect("rtr");
+        a.qp_state = QpState::Rts;
+        a.sq_psn = o.sq_psn[i];
+        a.timeout = o.timeout;
+        a.retry_cnt = o.retry_cnt;
+        a.rnr_retry = o.rnr_retry;
+        a.max_rd_atomic = o.max_rd_atomic;
+        let mut m = AttrMask::STATE | AttrMask::SQ_PSN;
+        if o.qp_type == QpType::Rc {
+            m |= AttrMask::TIMEOUT
+                | AttrMask::RETRY_CNT
+                | AttrMask::RNR_RETRY
+                | AttrMask::MAX_QP_RD_ATOMIC;
+        }
+        d.modify_qp(qpns[i], &a, AttrMask(m)).expect("rts");
     }
 }
