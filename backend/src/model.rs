@@ -231,6 +231,9 @@ struct CqShadow {
     overflowed: bool,
 }
 
+/// Completions [`Model::flush_cq`] takes from the engine at a time.
+const CQE_BATCH: usize = 64;
+
 fn ring_list_bytes(r: &Ring) -> u64 {
     list_bytes(r.buf.pages.len())
 }
@@ -298,6 +301,8 @@ pub struct Model {
     gids_changed: bool,
     /// The members of a multicast group a packet is for (kept between packets).
     mcast_scratch: Vec<rxe_core::Qpn>,
+    /// [`Model::flush_cq`]'s batch of completions.
+    cqe_scratch: Vec<rxe_core::verbs::Cqe>,
     /// The payload references of the packet being built ([`Self::transmit`]).
     refs_scratch: std::cell::RefCell<Vec<crate::payload_ref::PayloadRef>>,
     /// Where packets are built while the sink takes payload references: room for a
@@ -446,6 +451,7 @@ impl Model {
             source_gids: Vec::new(),
             gids_changed: false,
             mcast_scratch: Vec::new(),
+            cqe_scratch: Vec::new(),
             refs_scratch: Default::default(),
             seg_buf: Vec::new(),
             listed_gids: Default::default(),
@@ -1764,40 +1770,61 @@ impl Model {
         true
     }
 
-    /// Moves the engine's completions for `cqn` into the guest ring.
+    /// Moves the engine's completions for `cqn` into the guest ring: as many at a time as the
+    /// ring has room for (up to [`CQE_BATCH`]), taken from the engine under one lock.
     fn flush_cq(&mut self, mem: &GuestMemoryMmap, cqn: u32) {
         let mut wrote = false;
         // A solicited receive or an error among them: fires a solicited-only arm.
         let mut solicited = false;
-        while self.dev.cq_len(cqn) > 0 {
-            match self.ring_full(mem, cqn) {
-                Some(false) => {}
-                Some(true) => {
-                    // The CQ is in error: what the engine still holds is lost, as the
-                    // completion that did not fit (rxe drops it the same way).
-                    while self.dev.poll_cq(cqn).is_some() {}
-                    break;
-                }
-                None => return,
-            }
-            let Some(c) = self.dev.poll_cq(cqn) else {
-                break;
-            };
-            let cq = self.cqs.get_mut(&cqn).expect("checked by ring_full");
-            let wc = ring::encode_cqe(&c);
-            if cq
-                .ring
-                .write_slot(mem, cq.prod, ring::cqe_bytes(&wc))
-                .is_err()
-            {
+        let mut batch = std::mem::take(&mut self.cqe_scratch);
+        'fill: while let Some(cq) = self.cqs.get(&cqn) {
+            let Ok(cons) = cq.ring.load_index(mem, hdr::CONSUMER_INDEX) else {
                 self.stats.ring_faults += 1;
                 break;
+            };
+            // One slot stays empty: the ring is full when prod + 1 == cons.
+            let mask = cq.ring.mask();
+            let room = (mask - (cq.prod.wrapping_sub(cons) & mask)) as usize;
+            if room == 0 {
+                if self.dev.cq_len(cqn) == 0 {
+                    break;
+                }
+                match self.ring_full(mem, cqn) {
+                    // The guest took some meanwhile.
+                    Some(false) => continue,
+                    Some(true) => {
+                        // The CQ is in error: what the engine still holds is lost, as the
+                        // completion that did not fit (rxe drops it the same way).
+                        batch.clear();
+                        self.dev.poll_cq_into(cqn, usize::MAX, &mut batch);
+                    }
+                    None => {}
+                }
+                break;
             }
-            cq.prod = (cq.prod + 1) & cq.ring.mask();
-            self.stats.cqes += 1;
-            solicited |= c.solicited || c.status != WcStatus::Success;
-            wrote = true;
+            batch.clear();
+            if self.dev.poll_cq_into(cqn, room.min(CQE_BATCH), &mut batch) == 0 {
+                break;
+            }
+            let cq = self.cqs.get_mut(&cqn).expect("present");
+            for c in &batch {
+                let wc = ring::encode_cqe(c);
+                if cq
+                    .ring
+                    .write_slot(mem, cq.prod, ring::cqe_bytes(&wc))
+                    .is_err()
+                {
+                    self.stats.ring_faults += 1;
+                    break 'fill;
+                }
+                cq.prod = (cq.prod + 1) & cq.ring.mask();
+                self.stats.cqes += 1;
+                solicited |= c.solicited || c.status != WcStatus::Success;
+                wrote = true;
+            }
         }
+        batch.clear();
+        self.cqe_scratch = batch;
         if wrote {
             let cq = self.cqs.get(&cqn).expect("present");
             if cq
