@@ -12,8 +12,9 @@
 //!
 //! Backpressure keeps the socket's: a full socket buffer stops the I/O thread taking
 //! batches, a full channel stops the worker's pump ([`crate::model::Pump::Blocked`]) until
-//! the I/O thread has taken a batch and woken it. A full inbox drops, and counts, as a full
-//! socket buffer does.
+//! the I/O thread has taken a batch and woken it. A full inbox stops the I/O thread reading
+//! the socket until the worker has taken half of it: packets wait in the socket buffer, which
+//! drops what does not fit, as it would with no thread between.
 //!
 //! A batch of a few packets (an ACK, a lone small message) the worker sends itself when the
 //! I/O thread sleeps with nothing in hand, rather than wake it: it then leaves as it would
@@ -99,6 +100,8 @@ pub struct IoStats {
     pub io_wakeups: AtomicU64,
     /// Batches the worker sent itself: the I/O thread was asleep with nothing in hand.
     pub tx_inline: AtomicU64,
+    /// Times the I/O thread stopped reading the socket because the inbox was full.
+    pub rx_full: AtomicU64,
 }
 
 /// The worker's end: hands send batches to the I/O thread.
@@ -235,6 +238,7 @@ impl IoThread {
             epoll: epoll_new()?,
             interest: 0,
             rx_pause: crate::vhu_rdma::RxBackoff::default(),
+            rx_full: false,
         };
         let thread = std::thread::Builder::new()
             .name("vur-io".into())
@@ -269,13 +273,14 @@ impl IoThread {
         let i = &self.link.inbox.stats;
         let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
         format!(
-            "\"tx_batches\":{},\"tx_inline\":{},\"tx_channel_full\":{},\"io_wakeups\":{},\"rx_packets\":{},\"rx_dropped\":{},\"rx_waiting\":{}",
+            "\"tx_batches\":{},\"tx_inline\":{},\"tx_channel_full\":{},\"io_wakeups\":{},\"rx_packets\":{},\"rx_dropped\":{},\"rx_full\":{},\"rx_waiting\":{}",
             r(&s.tx_batches),
             r(&s.tx_inline),
             r(&s.tx_channel_full),
             r(&s.io_wakeups),
             r(&i.rx_packets),
             r(&i.rx_dropped),
+            r(&s.rx_full),
             self.link.inbox.len()
         )
     }
@@ -333,6 +338,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 const TOKEN_SOCKET: u64 = 0;
 const TOKEN_WAKE: u64 = 1;
+const TOKEN_ROOM: u64 = 2;
 
 fn epoll_new() -> io::Result<OwnedFd> {
     // SAFETY: epoll_create1 takes flags and returns a new fd or -1.
@@ -363,6 +369,8 @@ struct Run {
     /// The socket's epoll interest now (EPOLLIN while receiving, EPOLLOUT while blocked).
     interest: u32,
     rx_pause: crate::vhu_rdma::RxBackoff,
+    /// The inbox was full: the socket is not read until the worker has made room.
+    rx_full: bool,
 }
 
 impl Run {
@@ -384,6 +392,13 @@ impl Run {
             TOKEN_WAKE,
         )?;
         epoll_ctl(ep, libc::EPOLL_CTL_ADD, sock, 0, TOKEN_SOCKET)?;
+        epoll_ctl(
+            ep,
+            libc::EPOLL_CTL_ADD,
+            self.link.inbox.room_fd(),
+            libc::EPOLLIN as u32,
+            TOKEN_ROOM,
+        )?;
         let mut events = [libc::epoll_event { events: 0, u64: 0 }; 4];
         loop {
             if self.link.stop.load(Ordering::SeqCst) {
@@ -395,11 +410,11 @@ impl Run {
             }
             let blocked = self.send();
             self.link.io_holding.store(blocked, Ordering::SeqCst);
-            if self.rx_pause.until.is_none() {
+            if self.rx_pause.until.is_none() && !self.rx_full {
                 self.receive();
             }
             let want = if blocked { libc::EPOLLOUT as u32 } else { 0 }
-                | if self.rx_pause.until.is_none() {
+                | if self.rx_pause.until.is_none() && !self.rx_full {
                     libc::EPOLLIN as u32
                 } else {
                     0
@@ -436,6 +451,12 @@ impl Run {
             }) {
                 let _ = self.link.io_wake.read();
             }
+            if events[..n.max(0) as usize].iter().any(|e| {
+                let token = e.u64;
+                token == TOKEN_ROOM
+            }) {
+                self.rx_full = self.link.inbox.room_taken();
+            }
         }
     }
 
@@ -469,6 +490,11 @@ impl Run {
         let inbox = &self.link.inbox;
         let mut total = 0;
         while total < RX_ROUND {
+            if inbox.wait_for_room(crate::transport::RX_BATCH) {
+                self.rx_full = true;
+                self.link.stats.rx_full.fetch_add(1, Ordering::Relaxed);
+                break;
+            }
             let n = t.recv_batch();
             for i in 0..n {
                 if let Some((meta, bytes)) = t.packet(i) {

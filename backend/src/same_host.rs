@@ -81,6 +81,10 @@ pub struct Inbox {
     /// writes the eventfd only on the edge, not per packet.
     signalled: AtomicBool,
     event: EventFd,
+    /// A receiver that stopped for a full inbox ([`Self::wait_for_room`]) waits on `room`,
+    /// written by [`Self::drain`] once half the inbox is free.
+    room_wanted: AtomicBool,
+    room: EventFd,
     pub stats: SameHostStats,
 }
 
@@ -92,6 +96,8 @@ impl Inbox {
             unpacked: Mutex::new(Vec::new()),
             signalled: AtomicBool::new(false),
             event: EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC)?,
+            room_wanted: AtomicBool::new(false),
+            room: EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC)?,
             stats: SameHostStats::default(),
         })
     }
@@ -206,10 +212,42 @@ impl Inbox {
             self.recycle((p.buf, p.refs));
             n += 1;
         }
-        if n == max && !lock(&self.queue).is_empty() {
+        let left = lock(&self.queue).len();
+        if n == max && left > 0 {
             self.signal();
         }
+        if left <= INBOX_CAP / 2 && self.room_wanted.swap(false, Ordering::AcqRel) {
+            let _ = self.room.write(1);
+        }
         n
+    }
+
+    /// Whether `n` more packets fit. If not, the caller is to stop taking packets in until
+    /// [`Self::room_fd`] is readable (then [`Self::room_taken`]): a receiver that has a
+    /// socket leaves its packets there (its buffer drops, as it would with no inbox between)
+    /// rather than drop them here.
+    pub fn wait_for_room(&self, n: usize) -> bool {
+        if lock(&self.queue).len() + n <= INBOX_CAP {
+            return false;
+        }
+        self.room_wanted.store(true, Ordering::SeqCst);
+        // The worker may have drained in between: look again after saying so.
+        if lock(&self.queue).len() + n <= INBOX_CAP {
+            self.room_wanted.store(false, Ordering::SeqCst);
+            return false;
+        }
+        true
+    }
+
+    /// Readable when a receiver that waited for room may take packets in again.
+    pub fn room_fd(&self) -> RawFd {
+        self.room.as_raw_fd()
+    }
+
+    /// Consumes the room notification; true if the receiver still waits (none came).
+    pub fn room_taken(&self) -> bool {
+        let _ = self.room.read();
+        self.room_wanted.load(Ordering::SeqCst)
     }
 
     /// Drops up to `max` waiting packets (no frontend to take them); returns how many.
@@ -474,5 +512,35 @@ mod tests {
             5 + INBOX_CAP as u64
         );
         assert!(!readable(b.inbox().fd()));
+    }
+
+    /// A receiver that would overfill the inbox is told to wait, and its room eventfd turns
+    /// readable once the worker has drained half of the inbox, not before.
+    #[test]
+    fn a_receiver_waits_for_room_and_is_woken_at_half() {
+        let inbox = Inbox::standalone().unwrap();
+        let meta = RecvMeta::default();
+        for _ in 0..INBOX_CAP - 10 {
+            assert!(inbox.put_packet(meta, &[1]));
+        }
+        assert!(!inbox.wait_for_room(10), "exactly full fits");
+        assert!(inbox.wait_for_room(32));
+        let readable = |fd: RawFd| {
+            let mut p = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one live pollfd, zero timeout.
+            unsafe { libc::poll(&mut p, 1, 0) == 1 }
+        };
+        assert!(!readable(inbox.room_fd()));
+        inbox.drain(INBOX_CAP / 2 - 20, |_, _, _| {});
+        assert!(!readable(inbox.room_fd()), "more than half still waits");
+        inbox.drain(20, |_, _, _| {});
+        assert!(readable(inbox.room_fd()), "half free");
+        assert!(!inbox.room_taken(), "the receiver goes on");
+        assert!(!readable(inbox.room_fd()));
+        assert_eq!(inbox.stats.rx_dropped.load(Ordering::Relaxed), 0);
     }
 }
