@@ -115,6 +115,12 @@ pub struct Args {
     /// one path MTU, as on a wire. 4K to 1M.
     #[arg(long, default_value = "64K")]
     pub same_host_segment: String,
+    /// The engine of each device in N shards (1 to 64): its QPs spread over them by QPN,
+    /// everything else shared (docs/decisions.md, "The engine in shards"). The device's
+    /// worker drives every shard in turn: this is the layout that threads per shard will
+    /// run, not yet more cores.
+    #[arg(long, default_value_t = 1)]
+    pub engine_shards: u32,
     /// Every device's UDP socket work (sendmmsg, recvmmsg, receive-side ICRC checks) on a
     /// thread of its own beside the worker that runs the engine: two cores per frontend,
     /// for bulk traffic; a lone small message waits for one more thread wake-up each way
@@ -203,6 +209,8 @@ pub enum ConfigError {
     SameHostAlone,
     #[error("--same-host-segment {0}: want 0 or a size from 4K to 1M")]
     Segment(String),
+    #[error("--engine-shards {0}: want 1 to 64")]
+    Shards(u32),
     #[error("--io-thread is for the udp transport (the raw one shares its ring with the worker)")]
     IoThreadRaw,
     #[error("this is one device's configuration; {0} --socket-path make {0}: use configs()")]
@@ -404,6 +412,9 @@ impl TryFrom<Args> for Config {
                     .filter(|v| v.is_power_of_two() && (1 << 16..=1 << 40).contains(v))
                     .ok_or_else(|| ConfigError::PageListBytes(a.max_page_list_bytes.clone()))?,
                 allow_remote_dma_mr: a.allow_remote_dma_mr,
+                shards: Some(a.engine_shards)
+                    .filter(|n| (1..=64).contains(n))
+                    .ok_or(ConfigError::Shards(a.engine_shards))?,
                 egress: EgressPolicy::new(
                     local_ip,
                     a.allow_peer
@@ -563,6 +574,22 @@ mod tests {
             assert_eq!(
                 configs(args(&[&sh[..], &["--same-host-segment", v]].concat())).unwrap_err(),
                 ConfigError::Segment(v.into())
+            );
+        }
+        // Engine shards: 1 by default, 1 to 64.
+        assert!(configs(args(&two))
+            .unwrap()
+            .iter()
+            .all(|c| c.model.shards == 1));
+        let c = configs(args(&[&two[..], &["--engine-shards", "4"]].concat())).unwrap();
+        assert!(c.iter().all(|c| c.model.shards == 4));
+        for v in [0, 65] {
+            assert_eq!(
+                configs(args(
+                    &[&two[..], &["--engine-shards", &v.to_string()]].concat()
+                ))
+                .unwrap_err(),
+                ConfigError::Shards(v)
             );
         }
         assert_eq!(

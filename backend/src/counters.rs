@@ -88,7 +88,7 @@ pub fn render_body(t: &TransportStats, model: Option<&Model>) -> String {
     );
     o.push('}');
     if let Some(m) = model {
-        let p = m.dev.port_counters();
+        let p = m.port_counters();
         o.push_str(",\"port\":{");
         json_fields!(
             o,
@@ -106,6 +106,15 @@ pub fn render_body(t: &TransportStats, model: Option<&Model>) -> String {
             ]
         );
         o.push('}');
+        // With --engine-shards: how the QPs and packets spread over the shards.
+        let loads = m.shard_loads();
+        if loads.len() > 1 {
+            for (k, (qps, p)) in loads.iter().enumerate() {
+                o.push_str(&format!(",\"shard{k}\":{{\"qps\":{qps},"));
+                json_fields!(o, p, [rx_packets, tx_packets]);
+                o.push('}');
+            }
+        }
         let s = m.stats;
         o.push_str(",\"device\":{");
         json_fields!(

@@ -33,6 +33,7 @@ pub mod poll;
 pub mod raw;
 pub mod ring;
 pub mod same_host;
+pub mod steer;
 pub mod transport;
 pub mod unix_socket;
 pub mod vhost_proxy;

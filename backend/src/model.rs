@@ -259,6 +259,8 @@ pub struct ModelConfig {
     pub allow_remote_dma_mr: bool,
     /// Destinations address vectors may name (CREATE_AH, MODIFY_QP's AV).
     pub egress: crate::egress::EgressPolicy,
+    /// Engine shards (`--engine-shards`, 1 to 64): QPs are spread over them.
+    pub shards: u32,
 }
 
 impl Default for ModelConfig {
@@ -269,6 +271,7 @@ impl Default for ModelConfig {
             max_page_list_bytes: DEFAULT_MAX_PAGE_LIST_BYTES,
             allow_remote_dma_mr: false,
             egress: Default::default(),
+            shards: 1,
         }
     }
 }
@@ -280,7 +283,13 @@ const DMA_MR_REMOTE_RIGHTS: Access = Access(
 );
 
 pub struct Model {
-    pub dev: Device,
+    /// The engine, in `ModelConfig::shards` shards (QPs spread over them; everything else
+    /// shared). One worker drives them all in turn.
+    devs: Vec<Device>,
+    /// The shard the next QP goes to.
+    next_shard: usize,
+    /// The shard [`Self::transmit`] asks first.
+    tx_shard: usize,
     cfg: ModelConfig,
     qps: HashMap<u32, QpShadow>,
     cqs: BTreeMap<u32, CqShadow>,
@@ -438,7 +447,9 @@ fn to_qp_attr(w: &abi::QpAttrs) -> Result<QpAttr, Status> {
 impl Model {
     pub fn new(cfg: ModelConfig) -> Self {
         Model {
-            dev: Device::new(cfg.dev.clone()),
+            devs: Device::new_sharded(cfg.dev.clone(), cfg.shards),
+            next_shard: 0,
+            tx_shard: 0,
             qps: HashMap::new(),
             cqs: BTreeMap::new(),
             srqs: HashMap::new(),
@@ -469,7 +480,7 @@ impl Model {
         if let Some(s) = self.cfg.dev.seed.as_mut() {
             *s = rxe_core::types::Rng::new(*s).next_u64();
         }
-        self.dev = Device::new(self.cfg.dev.clone());
+        self.devs = Device::new_sharded(self.cfg.dev.clone(), self.cfg.shards);
         self.qps.clear();
         self.cqs.clear();
         self.srqs.clear();
@@ -488,7 +499,7 @@ impl Model {
         if !std::mem::take(&mut self.gids_changed) {
             return None;
         }
-        Some(self.dev.gid_set())
+        Some(self.devs[0].gid_set())
     }
 
     /// The page lists the device keeps against its cap.
@@ -678,7 +689,7 @@ impl Model {
                 })
             }
             op::CREATE_PD => {
-                let pd = self.dev.alloc_pd().map_err(verr)?;
+                let pd = self.devs[0].alloc_pd().map_err(verr)?;
                 body(abi::Handle {
                     handle: pd,
                     reserved: 0,
@@ -686,14 +697,14 @@ impl Model {
             }
             op::DESTROY_PD => {
                 let c: abi::Handle = cmd(b)?;
-                self.dev.dealloc_pd(c.handle).map_err(verr)?;
+                self.devs[0].dealloc_pd(c.handle).map_err(verr)?;
                 Ok(Vec::new())
             }
             op::CREATE_CQ => self.create_cq(mem, cmd(b)?),
             op::RESIZE_CQ => self.resize_cq(mem, cmd(b)?),
             op::DESTROY_CQ => {
                 let c: abi::Handle = cmd(b)?;
-                self.dev.destroy_cq(c.handle).map_err(verr)?;
+                self.devs[0].destroy_cq(c.handle).map_err(verr)?;
                 if let Some(cq) = self.cqs.remove(&c.handle) {
                     self.lists.release(ring_list_bytes(&cq.ring));
                 }
@@ -703,7 +714,10 @@ impl Model {
             op::MODIFY_QP => self.modify_qp(mem, cmd(b)?),
             op::QUERY_QP => {
                 let c: abi::QpAttrs = cmd(b)?;
-                let (a, cap) = self.dev.query_qp(Qpn(c.qpn)).ok_or(Status::NotFound)?;
+                let (a, cap) = self
+                    .qd(c.qpn)
+                    .query_qp(Qpn(c.qpn))
+                    .ok_or(Status::NotFound)?;
                 body(abi::QpAttrs {
                     qpn: c.qpn,
                     attr_mask: 0x1f_ffff,
@@ -736,7 +750,7 @@ impl Model {
             }
             op::DESTROY_QP => {
                 let c: abi::Handle = cmd(b)?;
-                self.dev.destroy_qp(Qpn(c.handle)).map_err(verr)?;
+                self.qd(c.handle).destroy_qp(Qpn(c.handle)).map_err(verr)?;
                 if let Some(q) = self.qps.remove(&c.handle) {
                     self.lists.release(q.list_bytes + q.reg_mr_held);
                 }
@@ -757,14 +771,14 @@ impl Model {
                     return Err(Status::Unsupported);
                 }
                 let limit = (c.attr_mask & abi::SRQ_ATTR_LIMIT != 0).then_some(c.srq_limit);
-                self.dev.modify_srq(c.srqn, None, limit).map_err(verr)?;
+                self.devs[0].modify_srq(c.srqn, None, limit).map_err(verr)?;
                 Ok(Vec::new())
             }
             op::RESIZE_SRQ => self.resize_srq(mem, cmd(b)?),
             op::QUERY_SRQ => {
                 let c: abi::Handle = cmd(b)?;
                 let (max_wr, max_sge, limit, _) =
-                    self.dev.query_srq(c.handle).ok_or(Status::NotFound)?;
+                    self.devs[0].query_srq(c.handle).ok_or(Status::NotFound)?;
                 body(abi::RespQuerySrq {
                     max_wr,
                     max_sge,
@@ -774,7 +788,7 @@ impl Model {
             }
             op::DESTROY_SRQ => {
                 let c: abi::Handle = cmd(b)?;
-                self.dev.destroy_srq(c.handle).map_err(verr)?;
+                self.devs[0].destroy_srq(c.handle).map_err(verr)?;
                 if let Some(s) = self.srqs.remove(&c.handle) {
                     self.lists.release(ring_list_bytes(&s.ring));
                 }
@@ -806,7 +820,7 @@ impl Model {
                     );
                     return Err(Status::Permission);
                 }
-                let k = self.dev.reg_dma_mr(c.pdn, access).map_err(verr)?;
+                let k = self.devs[0].reg_dma_mr(c.pdn, access).map_err(verr)?;
                 body(abi::RespMr { lkey: k, rkey: k })
             }
             op::ALLOC_MR => {
@@ -817,7 +831,7 @@ impl Model {
                 // The MR's page list is reserved now: a REG_MR never needs more.
                 let lb = list_bytes(c.max_num_sg as usize);
                 self.lists.charge(lb)?;
-                match self.dev.alloc_mr(c.pdn, c.max_num_sg) {
+                match self.devs[0].alloc_mr(c.pdn, c.max_num_sg) {
                     Ok(k) => body(abi::RespMr { lkey: k, rkey: k }),
                     Err(e) => {
                         self.lists.release(lb);
@@ -827,8 +841,8 @@ impl Model {
             }
             op::DEREG_MR => {
                 let c: abi::Handle = cmd(b)?;
-                let lb = self.dev.with_mr(c.handle, mr_list_bytes).unwrap_or(0);
-                self.dev.dereg_mr(c.handle).map_err(verr)?;
+                let lb = self.devs[0].with_mr(c.handle, mr_list_bytes).unwrap_or(0);
+                self.devs[0].dereg_mr(c.handle).map_err(verr)?;
                 self.lists.release(lb);
                 Ok(Vec::new())
             }
@@ -839,7 +853,7 @@ impl Model {
                     2 => MwType::Type2,
                     _ => return Err(Status::Invalid),
                 };
-                let k = self.dev.alloc_mw(c.pdn, t).map_err(verr)?;
+                let k = self.devs[0].alloc_mw(c.pdn, t).map_err(verr)?;
                 body(abi::RespMr { lkey: k, rkey: k })
             }
             op::BIND_MW => {
@@ -853,7 +867,7 @@ impl Model {
                     return Err(Status::NotFound);
                 }
                 let k = self
-                    .dev
+                    .qd(c.qpn)
                     .bind_mw_type1(
                         Qpn(c.qpn),
                         c.mw_rkey,
@@ -869,11 +883,11 @@ impl Model {
                 let c: abi::Handle = cmd(b)?;
                 // The window is named by its index: librxe's binds give it new key bytes
                 // the driver never sees, so the key byte of the handle may be stale.
-                let r = self.dev.dealloc_mw(c.handle);
+                let r = self.devs[0].dealloc_mw(c.handle);
                 if matches!(r, Err(VerbError::NotFound)) {
                     let found = (0..=255u32)
                         .map(|k| (c.handle & !0xff) | k)
-                        .any(|key| self.dev.dealloc_mw(key).is_ok());
+                        .any(|key| self.devs[0].dealloc_mw(key).is_ok());
                     if found {
                         return Ok(Vec::new());
                     }
@@ -884,7 +898,9 @@ impl Model {
             op::CREATE_AH => {
                 let c: abi::CmdCreateAh = cmd(b)?;
                 self.av_allowed(&to_av(&c.attr))?;
-                let id = self.dev.create_ah(c.pdn, to_av(&c.attr)).map_err(verr)?;
+                let id = self.devs[0]
+                    .create_ah(c.pdn, to_av(&c.attr))
+                    .map_err(verr)?;
                 // AH numbers start at 1: librxe treats ah_num 0 as "AV inline in the WQE".
                 body(abi::Handle {
                     handle: id + 1,
@@ -894,7 +910,7 @@ impl Model {
             op::DESTROY_AH => {
                 let c: abi::Handle = cmd(b)?;
                 let id = c.handle.checked_sub(1).ok_or(Status::NotFound)?;
-                self.dev.destroy_ah(id).map_err(verr)?;
+                self.devs[0].destroy_ah(id).map_err(verr)?;
                 Ok(Vec::new())
             }
             op::ADD_GID => {
@@ -912,11 +928,11 @@ impl Model {
                 // A GID the transport cannot send from is listed but never used: a QP or AH
                 // naming it would send from another address, which its peer drops.
                 if !self.source_gids.is_empty() && !self.source_gids.contains(&g) {
-                    let _ = self.dev.del_gid(c.index);
+                    let _ = self.devs[0].del_gid(c.index);
                     self.listed_gids.insert(c.index, g);
                     return Ok(Vec::new());
                 }
-                self.dev.add_gid(c.index, g).map_err(verr)?;
+                self.devs[0].add_gid(c.index, g).map_err(verr)?;
                 self.listed_gids.remove(&c.index);
                 self.gids_changed = true;
                 Ok(Vec::new())
@@ -924,21 +940,21 @@ impl Model {
             op::DEL_GID => {
                 let c: abi::Handle = cmd(b)?;
                 if self.listed_gids.remove(&c.handle).is_none() {
-                    self.dev.del_gid(c.handle).map_err(verr)?;
+                    self.devs[0].del_gid(c.handle).map_err(verr)?;
                     self.gids_changed = true;
                 }
                 Ok(Vec::new())
             }
             op::ATTACH_MCAST => {
                 let c: abi::CmdMcast = cmd(b)?;
-                self.dev
+                self.qd(c.qpn)
                     .attach_mcast(Qpn(c.qpn), Gid(c.gid))
                     .map_err(verr)?;
                 Ok(Vec::new())
             }
             op::DETACH_MCAST => {
                 let c: abi::CmdMcast = cmd(b)?;
-                self.dev
+                self.qd(c.qpn)
                     .detach_mcast(Qpn(c.qpn), Gid(c.gid))
                     .map_err(verr)?;
                 Ok(Vec::new())
@@ -964,7 +980,7 @@ impl Model {
         self.lists.charge(lb)?;
         // The engine's queue is only a staging area drained into the ring after every step;
         // overflow is decided by the guest ring, as in rxe.
-        let cqn = match self.dev.create_staging_cq() {
+        let cqn = match self.devs[0].create_staging_cq() {
             Ok(n) => n,
             Err(e) => {
                 self.lists.release(lb);
@@ -1111,7 +1127,14 @@ impl Model {
         let srq = has_srq.then_some(c.srqn);
         let lb = sq.as_ref().map_or(0, ring_list_bytes) + rq.as_ref().map_or(0, ring_list_bytes);
         self.lists.charge(lb)?;
-        let qpn = match self.dev.create_qp(QpInit {
+        // A new QP goes to the next shard in turn (the GSI QP to the one its number names).
+        let shard = if qp_type == QpType::Gsi {
+            Device::shard_of(Qpn::GSI, self.devs.len() as u32) as usize
+        } else {
+            self.next_shard = (self.next_shard + 1) % self.devs.len();
+            self.next_shard
+        };
+        let qpn = match self.devs[shard].create_qp(QpInit {
             qp_type,
             pd: c.pdn,
             send_cq: c.send_cqn,
@@ -1184,7 +1207,7 @@ impl Model {
         if AttrMask(c.attr_mask).has(AttrMask::AV) {
             self.av_allowed(&attr.av)?;
         }
-        self.dev
+        self.qd(c.qpn)
             .modify_qp(Qpn(c.qpn), &attr, AttrMask(c.attr_mask))
             .map_err(verr)?;
         // WQEs the driver posted while the QP could not take them can go now (or be flushed).
@@ -1218,7 +1241,7 @@ impl Model {
         let ring = Ring::new(mem, &c.queue, ring::recv_wqe_size(c.max_sge), c.max_wr)?;
         let lb = ring_list_bytes(&ring);
         self.lists.charge(lb)?;
-        let srqn = match self.dev.create_srq(c.pdn, c.max_wr, c.max_sge, c.srq_limit) {
+        let srqn = match self.devs[0].create_srq(c.pdn, c.max_wr, c.max_sge, c.srq_limit) {
             Ok(n) => n,
             Err(e) => {
                 self.lists.release(lb);
@@ -1258,7 +1281,7 @@ impl Model {
             .map_err(|_| Status::BadAddress)?;
         let n = prod.wrapping_sub(cons) & old.mask();
         // the new ring holds what is queued in it and what the device holds already
-        let (_, _, limit, posted) = self.dev.query_srq(c.srqn).ok_or(Status::NotFound)?;
+        let (_, _, limit, posted) = self.devs[0].query_srq(c.srqn).ok_or(Status::NotFound)?;
         if n > new.mask() || (n as usize + posted) > c.max_wr as usize || limit > c.max_wr {
             return Err(Status::Invalid);
         }
@@ -1278,7 +1301,7 @@ impl Model {
                 .map_err(|_| Status::BadAddress)
         })();
         if let Err(e) = moved.and_then(|_| {
-            self.dev
+            self.devs[0]
                 .modify_srq(c.srqn, Some(c.max_wr), None)
                 .map_err(verr)
         }) {
@@ -1332,8 +1355,7 @@ impl Model {
             return Err(Status::Invalid);
         }
         // Both budgets before the list is read: a registration that cannot fit costs nothing.
-        let fits = self
-            .dev
+        let fits = self.devs[0]
             .registered_bytes()
             .checked_add(c.length)
             .is_some_and(|t| t <= self.cfg.dev.max_registered_bytes);
@@ -1344,7 +1366,7 @@ impl Model {
         let lb = list_bytes(need as usize);
         self.lists.charge(lb)?;
         let r = resolve_page_list(mem, &c.pages, need as u32).and_then(|pages| {
-            self.dev
+            self.devs[0]
                 .reg_mr(
                     c.pdn,
                     c.iova,
@@ -1401,7 +1423,7 @@ impl Model {
         };
         let max = q.caps.max_send_wr as usize;
         let mut taken = q.sq_taken;
-        let outstanding = self.dev.sq_outstanding(Qpn(qpn)).unwrap_or(0);
+        let outstanding = self.qd(qpn).sq_outstanding(Qpn(qpn)).unwrap_or(0);
         let mut room = max.saturating_sub(outstanding);
         self.slot.resize(sq.elem_size(), 0);
         let mut backlog = false;
@@ -1444,10 +1466,10 @@ impl Model {
                 taken = (taken + 1) & sq.mask();
                 continue;
             }
-            let dev = &self.dev;
+            let dev = &self.devs[0];
             let ah = |n: u32| n.checked_sub(1).and_then(|id| dev.ah(id));
             let r = match ring::decode_send_wqe(&self.slot, caps, &ah, mem) {
-                Ok(wr) => match self.dev.post_send(Qpn(qpn), wr) {
+                Ok(wr) => match self.qd(qpn).post_send(Qpn(qpn), wr) {
                     Ok(()) => {
                         self.stats.sq_wqes += 1;
                         Ok(())
@@ -1495,7 +1517,7 @@ impl Model {
     /// Brings the budget's share of `qpn`'s REG_MR lists up to what the engine holds now
     /// (lists leave it as their WQEs execute or are flushed); returns that.
     fn sync_reg_mr_held(&mut self, qpn: u32) -> u64 {
-        let now = self.dev.sq_reg_mr_bytes(Qpn(qpn)).unwrap_or(0);
+        let now = self.qd(qpn).sq_reg_mr_bytes(Qpn(qpn)).unwrap_or(0);
         if let Some(q) = self.qps.get_mut(&qpn) {
             self.lists.release(q.reg_mr_held);
             self.lists.used = self.lists.used.saturating_add(now);
@@ -1518,7 +1540,7 @@ impl Model {
         if !q.kernel {
             return false;
         }
-        self.dev
+        self.devs[0]
             .with_mr(at(abi::swqe::REG_MR_LKEY), |mr| {
                 mr.pd == q.pd
                     && matches!(mr.kind, rxe_core::mem::MrKind::FastReg { max_pages }
@@ -1544,7 +1566,7 @@ impl Model {
             abi::wr_op::FLUSH => WcOpcode::Flush,
             _ => WcOpcode::Send,
         };
-        self.dev
+        self.qd(qpn)
             .post_send_failed(Qpn(qpn), wr_id, wc_op, WcStatus::LocQpOpErr)?;
         self.stats.bad_wqes += 1;
         Ok(())
@@ -1553,7 +1575,7 @@ impl Model {
     /// Publishes the SQ consumer index: the oldest WQE the engine has not completed.
     fn sync_sq_cons(&mut self, mem: &GuestMemoryMmap, qpn: u32) {
         self.sync_reg_mr_held(qpn);
-        let outstanding = self.dev.sq_outstanding(Qpn(qpn)).unwrap_or(0) as u32;
+        let outstanding = self.qd(qpn).sq_outstanding(Qpn(qpn)).unwrap_or(0) as u32;
         let Some(q) = self.qps.get_mut(&qpn) else {
             self.sq_active.remove(&qpn);
             return;
@@ -1593,7 +1615,7 @@ impl Model {
             ..Default::default()
         };
         let _ = self
-            .dev
+            .qd(qpn)
             .modify_qp(Qpn(qpn), &attr, AttrMask(AttrMask::STATE));
         self.flush_cq(mem, cqn);
         self.push_event(abi::event::KIND_ASYNC, abi::event::QP_FATAL, qpn);
@@ -1606,7 +1628,7 @@ impl Model {
             ..Default::default()
         };
         let _ = self
-            .dev
+            .qd(qpn)
             .modify_qp(Qpn(qpn), &attr, AttrMask(AttrMask::STATE));
         let Some(q) = self.qps.get(&qpn) else {
             return;
@@ -1646,7 +1668,7 @@ impl Model {
                 break;
             }
             match ring::decode_recv_wqe(&self.slot, max_sge) {
-                Ok(wr) => match self.dev.post_recv(Qpn(qpn), wr) {
+                Ok(wr) => match self.qd(qpn).post_recv(Qpn(qpn), wr) {
                     Ok(()) => self.stats.rq_wqes += 1,
                     // Full, or RESET: leave the rest in the ring.
                     Err(_) => break,
@@ -1665,7 +1687,7 @@ impl Model {
 
     /// Publishes the RQ consumer index: the oldest receive the engine has not completed.
     fn sync_rq_cons(&mut self, mem: &GuestMemoryMmap, qpn: u32) {
-        let outstanding = self.dev.rq_outstanding(Qpn(qpn)).unwrap_or(0) as u32;
+        let outstanding = self.qd(qpn).rq_outstanding(Qpn(qpn)).unwrap_or(0) as u32;
         let Some(q) = self.qps.get_mut(&qpn) else {
             self.rq_active.remove(&qpn);
             return;
@@ -1707,7 +1729,7 @@ impl Model {
                 break;
             }
             match ring::decode_recv_wqe(&self.slot, max_sge) {
-                Ok(wr) => match self.dev.post_srq_recv(srqn, wr) {
+                Ok(wr) => match self.devs[0].post_srq_recv(srqn, wr) {
                     Ok(()) => self.stats.rq_wqes += 1,
                     Err(_) => break,
                 },
@@ -1738,7 +1760,9 @@ impl Model {
         if !cq.overflowed {
             cq.overflowed = true;
             self.stats.cq_overflows += 1;
-            self.dev.cq_overflow(cqn);
+            for d in &mut self.devs {
+                d.cq_overflow(cqn);
+            }
         }
         Some(true)
     }
@@ -1786,7 +1810,7 @@ impl Model {
             let mask = cq.ring.mask();
             let room = (mask - (cq.prod.wrapping_sub(cons) & mask)) as usize;
             if room == 0 {
-                if self.dev.cq_len(cqn) == 0 {
+                if self.devs[0].cq_len(cqn) == 0 {
                     break;
                 }
                 match self.ring_full(mem, cqn) {
@@ -1796,14 +1820,14 @@ impl Model {
                         // The CQ is in error: what the engine still holds is lost, as the
                         // completion that did not fit (rxe drops it the same way).
                         batch.clear();
-                        self.dev.poll_cq_into(cqn, usize::MAX, &mut batch);
+                        self.devs[0].poll_cq_into(cqn, usize::MAX, &mut batch);
                     }
                     None => {}
                 }
                 break;
             }
             batch.clear();
-            if self.dev.poll_cq_into(cqn, room.min(CQE_BATCH), &mut batch) == 0 {
+            if self.devs[0].poll_cq_into(cqn, room.min(CQE_BATCH), &mut batch) == 0 {
                 break;
             }
             let cq = self.cqs.get_mut(&cqn).expect("present");
@@ -1926,7 +1950,7 @@ impl Model {
                 // Every QP attached to the group gets a copy: each needs its receives.
                 let mut members = std::mem::take(&mut self.mcast_scratch);
                 members.clear();
-                self.dev.mcast_members(&meta.dst, &mut members);
+                self.devs[0].mcast_members(&meta.dst, &mut members);
                 for &q in &members {
                     self.pull_rq(mem, q.0);
                 }
@@ -1942,19 +1966,66 @@ impl Model {
             }
             _ => &mut own,
         };
-        let _ = if in_memory {
-            self.dev.handle_packet_in_memory(now, meta, bytes, ram)
-        } else {
-            self.dev.handle_packet(now, meta, bytes, ram)
+        // The shard of the destination QP; a multicast packet to every shard (each delivers
+        // to its own members); one too short to name a QP to the first, which drops it.
+        let n = self.devs.len();
+        let (first, count) = match bytes.get(5..8) {
+            Some(q) if n > 1 => {
+                let dqpn = u32::from_be_bytes([0, q[0], q[1], q[2]]);
+                if dqpn == MULTICAST_QPN {
+                    (0, n)
+                } else {
+                    (Device::shard_of(Qpn(dqpn), n as u32) as usize, 1)
+                }
+            }
+            _ => (0, 1),
         };
+        for d in &mut self.devs[first..first + count] {
+            let _ = if in_memory {
+                d.handle_packet_in_memory(now, meta, bytes, ram)
+            } else {
+                d.handle_packet(now, meta, bytes, ram)
+            };
+        }
     }
 
     pub fn handle_timeout(&mut self, now: Instant) {
-        self.dev.handle_timeout(now);
+        for d in &mut self.devs {
+            d.handle_timeout(now);
+        }
     }
 
     pub fn poll_timeout(&mut self) -> Option<Instant> {
-        self.dev.poll_timeout()
+        self.devs.iter_mut().filter_map(|d| d.poll_timeout()).min()
+    }
+
+    /// The engine shard QP `qpn` lives in.
+    fn qd(&mut self, qpn: u32) -> &mut Device {
+        let n = self.devs.len() as u32;
+        &mut self.devs[Device::shard_of(Qpn(qpn), n) as usize]
+    }
+
+    /// The engine shard QP `qpn` lives in, to read.
+    pub fn qp_dev(&self, qpn: u32) -> &Device {
+        let n = self.devs.len() as u32;
+        &self.devs[Device::shard_of(Qpn(qpn), n) as usize]
+    }
+
+    /// Each engine shard's QPs and port counters, in shard order.
+    pub fn shard_loads(&self) -> Vec<(usize, rxe_core::device::PortCounters)> {
+        self.devs
+            .iter()
+            .map(|d| (d.qpns().count(), d.port_counters()))
+            .collect()
+    }
+
+    /// The device's port counters: every shard's, added up.
+    pub fn port_counters(&self) -> rxe_core::device::PortCounters {
+        let mut p = rxe_core::device::PortCounters::default();
+        for d in &self.devs {
+            p.add(&d.port_counters());
+        }
+        p
     }
 
     /// Runs the engine for at most [`TX_BUDGET`] packets: sends what it produces through
@@ -2002,8 +2073,10 @@ impl Model {
             }
             tx.flush();
             self.flush_all_cqs(mem);
-            while let Some(e) = self.dev.poll_event() {
-                self.engine_event(e);
+            for k in 0..self.devs.len() {
+                while let Some(e) = self.devs[k].poll_event() {
+                    self.engine_event(e);
+                }
             }
             match stop {
                 _ if tx.blocked() => return Pump::Blocked,
@@ -2031,11 +2104,17 @@ impl Model {
     fn transmit(&mut self, mem: &GuestMemoryMmap, now: Instant, tx: &mut dyn PacketSink) -> bool {
         if !tx.takes_refs() {
             let mut ram = crate::guest_mem::GuestRam(mem);
-            let Some(t) = self.dev.poll_transmit(now, &mut ram, tx.next_buf()) else {
-                return false;
-            };
-            tx.push(&t);
-            return true;
+            let n = self.devs.len();
+            // The shards in turn, from the one after the last that sent.
+            for i in 0..n {
+                let k = (self.tx_shard + i) % n;
+                if let Some(t) = self.devs[k].poll_transmit(now, &mut ram, tx.next_buf()) {
+                    self.tx_shard = (k + 1) % n;
+                    tx.push(&t);
+                    return true;
+                }
+            }
+            return false;
         }
         let refs = std::mem::take(&mut self.refs_scratch);
         let seg = tx.segment();
@@ -2047,12 +2126,25 @@ impl Model {
             let buf = &mut self.seg_buf[..cap];
             let mut ram = crate::payload_ref::DeferringRam::new(mem, buf, &refs);
             let sink = &*tx;
-            self.dev
-                .poll_transmit_segments(now, &mut ram, buf, &|g| seg > 0 && sink.in_memory(g))
+            let in_memory = |g: &Gid| seg > 0 && sink.in_memory(g);
+            let n = self.devs.len();
+            let mut sent = None;
+            for i in 0..n {
+                let k = (self.tx_shard + i) % n;
+                sent = self.devs[k].poll_transmit_segments(now, &mut ram, buf, &in_memory);
+                if sent.is_some() {
+                    self.tx_shard = (k + 1) % n;
+                    break;
+                }
+            }
+            sent
         };
         if let Some(t) = &t {
             let noted = !refs.borrow().is_empty();
-            let rc = self.dev.qp(t.qpn).is_some_and(|q| q.qp_type == QpType::Rc);
+            let rc = self
+                .qd(t.qpn.0)
+                .qp(t.qpn)
+                .is_some_and(|q| q.qp_type == QpType::Rc);
             let roce = &self.seg_buf[..t.len.min(cap)];
             if rc && tx.wants_refs(t) {
                 tx.push_refs(t, roce, &refs.borrow());
@@ -2108,13 +2200,20 @@ impl Model {
         }
         // The CQs that received completions, not every CQ.
         v.clear();
-        self.dev.take_ready_cqs(&mut v);
+        for d in &mut self.devs {
+            d.take_ready_cqs(&mut v);
+        }
+        // A CQ that QPs of several shards completed into is listed by each: once is enough.
+        if self.devs.len() > 1 {
+            v.sort_unstable();
+            v.dedup();
+        }
         for &c in &v {
             self.flush_cq(mem, c);
-            if self.dev.cq_len(c) > 0 && self.cqs.contains_key(&c) {
+            if self.devs[0].cq_len(c) > 0 && self.cqs.contains_key(&c) {
                 // Left in the engine (a ring it could not read): try again next pass, as
                 // before the list existed.
-                self.dev.relist_cq(c);
+                self.devs[0].relist_cq(c);
             }
         }
         self.scratch = v;
@@ -2155,7 +2254,7 @@ impl Model {
     pub fn qp_counters(&self) -> Vec<(u32, rxe_core::QpCounters)> {
         self.qpns()
             .into_iter()
-            .filter_map(|q| self.dev.qp_counters(Qpn(q)).map(|c| (q, c)))
+            .filter_map(|q| self.qp_dev(q).qp_counters(Qpn(q)).map(|c| (q, c)))
             .collect()
     }
 }
@@ -2253,11 +2352,10 @@ mod tests {
             ..Default::default()
         });
         let names = |m: &mut Model| {
-            let pd = m.dev.alloc_pd().unwrap();
-            let cq = m.dev.create_cq(16).unwrap();
-            let key = m.dev.alloc_mr(pd, 16).unwrap();
-            let qpn = m
-                .dev
+            let pd = m.devs[0].alloc_pd().unwrap();
+            let cq = m.devs[0].create_cq(16).unwrap();
+            let key = m.devs[0].alloc_mr(pd, 16).unwrap();
+            let qpn = m.devs[0]
                 .create_qp(rxe_core::QpInit {
                     qp_type: QpType::Rc,
                     pd,

@@ -1099,7 +1099,7 @@ fn gso_cmsg(buf: &mut [u64; GSO_CMSG_WORDS], seg: u16) -> usize {
 }
 
 /// Writes `a` as a C socket address; returns its length.
-fn sockaddr_from(a: SocketAddr, out: &mut libc::sockaddr_storage) -> libc::socklen_t {
+pub(crate) fn sockaddr_from(a: SocketAddr, out: &mut libc::sockaddr_storage) -> libc::socklen_t {
     match a {
         SocketAddr::V4(v4) => {
             let sin = libc::sockaddr_in {

@@ -65,7 +65,7 @@ fn the_rig_carries_rc_uc_and_ud_traffic_to_completion() {
     for c in 0..rig::NCQ {
         r.consume(c, 64);
     }
-    let p = r.m.dev.port_counters();
+    let p = r.m.port_counters();
     assert!(p.rx_packets >= 8, "packets looped back: {p:?}");
     assert_eq!(p.rx_dropped, 0, "{p:?}");
     // 3 RC sends + 1 RC receive + 2 × (send + receive).

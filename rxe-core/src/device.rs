@@ -126,6 +126,22 @@ pub struct PortCounters {
     pub tx_segments: u64,
 }
 
+impl PortCounters {
+    /// Adds `o` in (the counters of a device in shards are every shard's).
+    pub fn add(&mut self, o: &PortCounters) {
+        self.rx_packets += o.rx_packets;
+        self.rx_bytes += o.rx_bytes;
+        self.tx_packets += o.tx_packets;
+        self.tx_bytes += o.tx_bytes;
+        self.rx_dropped += o.rx_dropped;
+        self.rx_unknown_qp += o.rx_unknown_qp;
+        self.rx_bad_gid += o.rx_bad_gid;
+        self.rx_malformed += o.rx_malformed;
+        self.rx_cnp += o.rx_cnp;
+        self.tx_segments += o.tx_segments;
+    }
+}
+
 /// Where an incoming packet came from (filled in by the transport).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct RecvMeta {

@@ -2127,6 +2127,13 @@ impl Launch {
         cmd.arg("--counters-socket")
             .arg(&self.counters)
             .args(&self.extra)
+            // Arguments for every daemon of a run (e.g. `--engine-shards 3`: the whole
+            // suite against a device in shards).
+            .args(
+                std::env::var("VUR_DAEMON_ARGS")
+                    .unwrap_or_default()
+                    .split_whitespace(),
+            )
             .env(
                 "RUST_LOG",
                 std::env::var("RUST_LOG").unwrap_or("warn".into()),

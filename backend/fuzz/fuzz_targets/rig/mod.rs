@@ -599,7 +599,11 @@ impl Rig {
         );
         // The engine holds at most max_send_wr of a QP's send WQEs, whatever its ring says.
         for q in self.qps.iter().filter(|q| q.alive) {
-            let n = self.m.dev.sq_outstanding(rxe_core::Qpn(q.qpn)).unwrap_or(0);
+            let n = self
+                .m
+                .qp_dev(q.qpn)
+                .sq_outstanding(rxe_core::Qpn(q.qpn))
+                .unwrap_or(0);
             assert!(
                 n <= MAX_WR as usize,
                 "{what}: qp {:#x} holds {n} send WQEs",
@@ -1157,7 +1161,7 @@ impl Rig {
                          SQ prod/cons {}/{}, RQ prod/cons {}/{}; {:?}; outstanding: {left:x?})",
                         q.qpn,
                         self.m
-                            .dev
+                            .qp_dev(q.qpn)
                             .query_qp(rxe_core::Qpn(q.qpn))
                             .map(|a| a.0.qp_state),
                         self.load(q.sq.gpa + hdr::PRODUCER_INDEX),

@@ -1,0 +1,164 @@
+//! `--engine-shards`: two daemons whose engines run in three shards, two test guests. The
+//! guests' QPs land in every shard (their QPNs say which) and share one CQ per side and one
+//! SRQ, as QPs of one device do; every message arrives, in order per QP, with its bytes.
+//!
+//! The whole suite also runs against sharded daemons:
+//! `VUR_DAEMON_ARGS="--engine-shards 3" cargo test -p vur-testguest`.
+
+mod common;
+
+use common::{bin, T};
+use rxe_core::verbs::*;
+use vur_testguest::*;
+
+const ALL: Access = Access::LOCAL_WRITE.union(Access::REMOTE);
+const SHARDS: u32 = 3;
+const PAIRS: usize = 6;
+const MSGS: usize = 20;
+
+#[test]
+fn qps_of_every_shard_share_one_cq_and_one_srq() {
+    let (aa, ba) = loopback_pair(4791);
+    let arg = ["--engine-shards", "3"];
+    let mut a = Node::start(bin(), aa, &arg).expect("node a");
+    let mut b = Node::start(bin(), ba, &arg).expect("node b");
+    let o = ConnOpts::default();
+    let pa = a.guest.alloc_pd().unwrap();
+    let pb = b.guest.alloc_pd().unwrap();
+    let ca = a.guest.create_cq(1023).unwrap();
+    let cb = b.guest.create_cq(1023).unwrap();
+    let srq = b.guest.create_srq(pb, 256, 1, 0).unwrap();
+    let cap_b = QpCap {
+        max_recv_wr: 0,
+        max_recv_sge: 0,
+        ..o.cap
+    };
+    let mut qa = Vec::new();
+    let mut qb = Vec::new();
+    for _ in 0..PAIRS {
+        qa.push(
+            a.guest
+                .create_qp(QpType::Rc, pa, &ca, &ca, None, o.cap)
+                .unwrap(),
+        );
+        qb.push(
+            b.guest
+                .create_qp(QpType::Rc, pb, &cb, &cb, Some(&srq), cap_b)
+                .unwrap(),
+        );
+    }
+    // The QPs went to every shard: their QPNs take every residue.
+    for (side, qs) in [("a", &qa), ("b", &qb)] {
+        let mut shards: Vec<u32> = qs.iter().map(|q| q.qpn % SHARDS).collect();
+        shards.sort_unstable();
+        shards.dedup();
+        let qpns: Vec<u32> = qs.iter().map(|q| q.qpn).collect();
+        assert_eq!(shards, [0, 1, 2], "side {side}: QPNs {qpns:?}");
+    }
+    for i in 0..PAIRS {
+        bring_up(&mut a.guest, &qa[i], b.gid, qb[i].qpn, &o).unwrap();
+        bring_up(&mut b.guest, &qb[i], a.gid, qa[i].qpn, &o).unwrap();
+    }
+    let s = a.guest.reg_mr(pa, PAIRS * MSGS * 64, ALL).unwrap();
+    let r = b.guest.reg_mr(pb, 2 * PAIRS * MSGS * 64, ALL).unwrap();
+    // Receive slot k: 64 bytes at k × 64.
+    for k in 0..PAIRS * MSGS / 2 {
+        b.guest
+            .post_srq_recv(
+                &srq,
+                &RecvWr {
+                    wr_id: k as u64,
+                    sg_list: vec![r.sge(k * 64, 64)].into(),
+                },
+            )
+            .unwrap();
+    }
+    // Message m of pair i: a SEND when m is even (into an SRQ slot), else a WRITE into the
+    // second half of b's MR.
+    let write_at = |i: usize, m: usize| PAIRS * MSGS * 64 + (i * MSGS + m) * 64;
+    for m in 0..MSGS {
+        for (i, q) in qa.iter().enumerate() {
+            let at = (i * MSGS + m) * 64;
+            s.buf
+                .write(at, format!("pair {i} message {m:02}").as_bytes());
+            let op = if m % 2 == 0 {
+                SendOp::Send
+            } else {
+                SendOp::Write {
+                    remote_addr: r.addr(write_at(i, m)),
+                    rkey: r.rkey,
+                }
+            };
+            let wr = SendWr::new((i * MSGS + m) as u64, op, vec![s.sge(at, 64)]);
+            a.guest.post_send(q, &wr).unwrap();
+        }
+    }
+    // a: every WQE of each QP succeeded, in posting order.
+    let wa = a.guest.wait_cq(&ca, PAIRS * MSGS, T);
+    assert_eq!(wa.len(), PAIRS * MSGS, "send completions on the shared CQ");
+    let mut next = [0usize; PAIRS];
+    for w in &wa {
+        assert_eq!(w.status, 0, "{w:?}");
+        let i = qa
+            .iter()
+            .position(|q| q.qpn == w.qp_num)
+            .expect("one of a's QPs");
+        assert_eq!(
+            w.wr_id as usize,
+            i * MSGS + next[i],
+            "QP {i} completes in order"
+        );
+        next[i] += 1;
+    }
+    // b: each QP's SENDs, in order, each in the SRQ slot its completion names.
+    let wb = b.guest.wait_cq(&cb, PAIRS * MSGS / 2, T);
+    assert_eq!(
+        wb.len(),
+        PAIRS * MSGS / 2,
+        "receive completions on the shared CQ"
+    );
+    let mut next = [0usize; PAIRS];
+    for w in &wb {
+        assert_eq!(w.status, 0, "{w:?}");
+        let i = qb
+            .iter()
+            .position(|q| q.qpn == w.qp_num)
+            .expect("one of b's QPs");
+        let mut got = [0u8; 17];
+        r.buf.read(w.wr_id as usize * 64, &mut got);
+        let want = format!("pair {i} message {:02}", next[i]);
+        assert_eq!(
+            String::from_utf8_lossy(&got),
+            want,
+            "SEND {} of QP {i}",
+            next[i] / 2
+        );
+        next[i] += 2;
+    }
+    // Each daemon's counters: two QPs in every shard, and packets through every shard.
+    for (side, n) in [("a", &a), ("b", &b)] {
+        let c = n.daemon.counters().expect("counters");
+        for k in 0..SHARDS {
+            let get = |key| {
+                json_u64(&c, &format!("shard{k}"), key)
+                    .unwrap_or_else(|| panic!("side {side}: no shard{k}.{key} in {c}"))
+            };
+            assert_eq!(get("qps"), 2, "side {side}, shard {k}: {c}");
+            // The two QPs' messages one way, ACKs (coalesced) the other.
+            let (rx, tx) = (get("rx_packets"), get("tx_packets"));
+            assert!(rx > 0 && tx > 0, "side {side}, shard {k}: {c}");
+            assert!(rx.max(tx) >= 2 * MSGS as u64, "side {side}, shard {k}: {c}");
+        }
+        assert!(!c.contains("\"shard3\""), "side {side}: {c}");
+    }
+    for (i, _) in qa.iter().enumerate() {
+        for m in (1..MSGS).step_by(2) {
+            let mut got = [0u8; 17];
+            r.buf.read(write_at(i, m), &mut got);
+            assert_eq!(
+                String::from_utf8_lossy(&got),
+                format!("pair {i} message {m:02}")
+            );
+        }
+    }
+}
