@@ -101,7 +101,8 @@ vm_device_prereqs() {
 # counters socket DIR/counters.sock, log DIR/daemon.log and its udp transport on ADDR:4791
 # (ADDR is added to this namespace's loopback; an IPv6 ADDR to the bridge, where neighbour
 # solicitations for it arrive); wait (10 s at most) for the socket. Sets
-# $REPLY to the daemon's pid; fails saying why.
+# $REPLY to the daemon's pid; fails saying why. $VUR_DAEMON_ARGS is added to every daemon's
+# arguments.
 vm_start_daemon() {
     local dir=$1 addr=$2 mac=$3 pid
     shift 3
@@ -115,8 +116,10 @@ vm_start_daemon() {
     else
         ip addr replace "$addr/32" dev lo
     fi
+    # $VUR_DAEMON_ARGS: arguments for every daemon of a run (e.g. --engine-shards 3).
+    # shellcheck disable=SC2086
     "$daemon" --socket-path "$dir/rdma.sock" --udp-addr "$udp" --mac "$mac" \
-        --counters-socket "$dir/counters.sock" "$@" >"$dir/daemon.log" 2>&1 &
+        --counters-socket "$dir/counters.sock" "$@" ${VUR_DAEMON_ARGS:-} >"$dir/daemon.log" 2>&1 &
     pid=$!
     for _ in $(seq 100); do
         [[ -S $dir/rdma.sock ]] && break
@@ -216,15 +219,23 @@ if bad:
 PY
 }
 
-# vm_daemon_traffic NAME COUNTERS.json: one line with the daemon's transport counters; fail
-# (return 1) when it sent or received nothing or received a packet whose ICRC was wrong.
+# vm_daemon_traffic NAME COUNTERS.json: one line with the daemon's transport counters (and,
+# with --engine-shards, each shard's packets); fail (return 1) when it sent or received
+# nothing, received a packet whose ICRC was wrong, or a shard carried nothing.
 vm_daemon_traffic() {
     python3 - "$1" "$2" <<'PY'
 import json, sys
-t = json.load(open(sys.argv[2])).get("transport", {})
+j = json.load(open(sys.argv[2]))
+t = j.get("transport", {})
 keys = ("tx_packets", "rx_packets", "rx_icrc_ok", "rx_icrc_id_solved", "rx_icrc_bad", "tx_dropped")
 print(sys.argv[1] + ": transport " + " ".join(f"{k}={t.get(k, '?')}" for k in keys))
 bad = [k for k in ("tx_packets", "rx_packets") if not t.get(k)] + [k for k in ("rx_icrc_bad",) if t.get(k)]
+# --engine-shards: every shard carried traffic (the tools' QPs went to each in turn).
+shards = sorted(k for k in j if k.startswith("shard"))
+if shards:
+    print(sys.argv[1] + ": " + " ".join(
+        f"{k} rx_packets={j[k].get('rx_packets')} tx_packets={j[k].get('tx_packets')}" for k in shards))
+    bad += [f"{k} idle" for k in shards if not (j[k].get("rx_packets") and j[k].get("tx_packets"))]
 if bad:
     print(sys.argv[1] + ": FAIL: " + ", ".join(bad))
     sys.exit(1)
