@@ -432,6 +432,17 @@ mod tests {
     use super::*;
     use rxe_core::{Gid, Qpn};
 
+    /// Whether `fd` is readable now.
+    fn readable(fd: RawFd) -> bool {
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one live pollfd, zero timeout.
+        unsafe { libc::poll(&mut p, 1, 0) == 1 }
+    }
+
     fn tx(src: IpAddr, dst: IpAddr, len: usize) -> Transmit {
         Transmit {
             len,
@@ -462,15 +473,6 @@ mod tests {
         );
         assert!(!a.deliver(&tx(a_ip, a_ip, 4), b"self"));
         assert!(!a.deliver(&tx(a_ip, "127.0.0.3".parse().unwrap(), 4), b"away"));
-        let readable = |fd: RawFd| {
-            let mut p = libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one live pollfd, zero timeout.
-            unsafe { libc::poll(&mut p, 1, 0) == 1 }
-        };
         assert!(!readable(b.inbox().fd()));
         for i in 0..5u8 {
             assert!(a.deliver(&tx(a_ip, b_ip, 3), &[i; 3]));
@@ -525,15 +527,6 @@ mod tests {
         }
         assert!(!inbox.wait_for_room(10), "exactly full fits");
         assert!(inbox.wait_for_room(32));
-        let readable = |fd: RawFd| {
-            let mut p = libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one live pollfd, zero timeout.
-            unsafe { libc::poll(&mut p, 1, 0) == 1 }
-        };
         assert!(!readable(inbox.room_fd()));
         inbox.drain(INBOX_CAP / 2 - 20, |_, _, _| {});
         assert!(!readable(inbox.room_fd()), "more than half still waits");
