@@ -1942,8 +1942,10 @@ impl Model {
         src: Option<(&GuestMemoryMmap, &[crate::payload_ref::PayloadRef])>,
         in_memory: bool,
     ) {
-        if bytes.len() >= 12 {
-            let dqpn = u32::from_be_bytes([0, bytes[5], bytes[6], bytes[7]]);
+        // The BTH's destination QP, if the packet holds a BTH.
+        let dqpn =
+            (bytes.len() >= 12).then(|| u32::from_be_bytes([0, bytes[5], bytes[6], bytes[7]]));
+        if let Some(dqpn) = dqpn {
             if self.qps.contains_key(&dqpn) {
                 self.pull_rq(mem, dqpn);
             } else if dqpn == MULTICAST_QPN && meta.dst.is_multicast() {
@@ -1969,16 +1971,10 @@ impl Model {
         // The shard of the destination QP; a multicast packet to every shard (each delivers
         // to its own members); one too short to name a QP to the first, which drops it.
         let n = self.devs.len();
-        let (first, count) = match bytes.get(5..8) {
-            Some(q) if n > 1 => {
-                let dqpn = u32::from_be_bytes([0, q[0], q[1], q[2]]);
-                if dqpn == MULTICAST_QPN {
-                    (0, n)
-                } else {
-                    (Device::shard_of(Qpn(dqpn), n as u32) as usize, 1)
-                }
-            }
-            _ => (0, 1),
+        let (first, count) = match dqpn {
+            Some(MULTICAST_QPN) => (0, n),
+            Some(q) => (Device::shard_of(Qpn(q), n as u32) as usize, 1),
+            None => (0, 1),
         };
         for d in &mut self.devs[first..first + count] {
             let _ = if in_memory {
