@@ -2107,6 +2107,34 @@ impl Daemon {
     }
 }
 
+/// `$VUR_DAEMON_ARGS`: arguments for every daemon of a run (e.g. `--engine-shards 3`: the
+/// whole suite against a device in shards), but for an option the test gives itself
+/// (`extra`), whose value stands.
+fn run_args(extra: &[String]) -> Vec<String> {
+    merge_args(&std::env::var("VUR_DAEMON_ARGS").unwrap_or_default(), extra)
+}
+
+/// The words of `env` but the options `extra` names (each with its value, if it has one).
+fn merge_args(env: &str, extra: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut words = env.split_whitespace().peekable();
+    while let Some(w) = words.next() {
+        let name = w.split('=').next().unwrap_or(w);
+        let own = name.starts_with("--")
+            && extra
+                .iter()
+                .any(|e| e == name || e.starts_with(&format!("{name}=")));
+        let value = (!w.contains('=') && words.peek().is_some_and(|v| !v.starts_with("--")))
+            .then(|| words.next())
+            .flatten();
+        if !own {
+            out.push(w.to_string());
+            out.extend(value.map(str::to_string));
+        }
+    }
+    out
+}
+
 impl Launch {
     /// Starts the process on this socket, address and arguments.
     fn start(&self) -> io::Result<Child> {
@@ -2127,13 +2155,7 @@ impl Launch {
         cmd.arg("--counters-socket")
             .arg(&self.counters)
             .args(&self.extra)
-            // Arguments for every daemon of a run (e.g. `--engine-shards 3`: the whole
-            // suite against a device in shards).
-            .args(
-                std::env::var("VUR_DAEMON_ARGS")
-                    .unwrap_or_default()
-                    .split_whitespace(),
-            )
+            .args(run_args(&self.extra))
             .env(
                 "RUST_LOG",
                 std::env::var("RUST_LOG").unwrap_or("warn".into()),
@@ -2866,5 +2888,25 @@ pub mod perf {
             .join()
             .map_err(|_| io::Error::other("receiver panicked"))??;
         Ok(got as f64 / start.elapsed().as_secs_f64())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::merge_args;
+
+    #[test]
+    fn run_arguments_yield_to_the_tests_own() {
+        let own = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let env = "--engine-shards 3 --io-thread --poll-us=20 --mtu 9000";
+        assert_eq!(
+            merge_args(env, &own(&["--engine-shards", "2"])),
+            own(&["--io-thread", "--poll-us=20", "--mtu", "9000"])
+        );
+        assert_eq!(
+            merge_args(env, &own(&["--poll-us", "5", "--mtu=1500"])),
+            own(&["--engine-shards", "3", "--io-thread"])
+        );
+        assert_eq!(merge_args("", &own(&["--io-thread"])), Vec::<String>::new());
     }
 }
