@@ -115,7 +115,7 @@ pub fn render_body(t: &TransportStats, model: Option<&Model>) -> String {
                 o.push('}');
             }
         }
-        let s = m.stats;
+        let s = m.stats();
         o.push_str(",\"device\":{");
         json_fields!(
             o,

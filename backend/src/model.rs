@@ -8,8 +8,9 @@
 //!  timerfd ─────► handle_timeout┘   Device       └─► pump: CQEs → CQ rings, events → event vq
 //! ```
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{fence, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use rxe_core::device::{DeviceConfig, QpInit, RecvMeta, Transmit};
 use rxe_core::mem::MwType;
@@ -195,6 +196,26 @@ pub struct ModelStats {
     pub tx_lost_segments: u64,
 }
 
+impl ModelStats {
+    /// Adds `o`'s counts to these.
+    pub fn add(&mut self, o: &ModelStats) {
+        self.ctrl_cmds += o.ctrl_cmds;
+        self.ctrl_errors += o.ctrl_errors;
+        self.doorbells += o.doorbells;
+        self.bad_doorbells += o.bad_doorbells;
+        self.bad_wqes += o.bad_wqes;
+        self.ring_faults += o.ring_faults;
+        self.cq_overflows += o.cq_overflows;
+        self.events_raised += o.events_raised;
+        self.events_dropped += o.events_dropped;
+        self.sq_wqes += o.sq_wqes;
+        self.rq_wqes += o.rq_wqes;
+        self.cqes += o.cqes;
+        self.reg_mr_waits += o.reg_mr_waits;
+        self.tx_lost_segments += o.tx_lost_segments;
+    }
+}
+
 #[derive(Debug)]
 struct QpShadow {
     qp_type: QpType,
@@ -231,7 +252,7 @@ struct CqShadow {
     overflowed: bool,
 }
 
-/// Completions [`Model::flush_cq`] takes from the engine at a time.
+/// Completions [`Shard::flush_cq`] takes from the engine at a time.
 const CQE_BATCH: usize = 64;
 
 fn ring_list_bytes(r: &Ring) -> u64 {
@@ -282,48 +303,129 @@ const DMA_MR_REMOTE_RIGHTS: Access = Access(
     Access::REMOTE.0 | Access::MW_BIND.0 | Access::FLUSH_GLOBAL.0 | Access::FLUSH_PERSISTENT.0,
 );
 
+/// A device: its engine in `ModelConfig::shards` shards, each with the QPs it holds and
+/// their ring shadows behind a lock of its own, and what the shards share ([`Common`]).
+/// The control path takes the lock of a QP's shard for a QP command; a packet, a doorbell
+/// or a pump for a QP takes that shard's lock and, to write completions, one CQ's.
 pub struct Model {
-    /// The engine, in `ModelConfig::shards` shards (QPs spread over them; everything else
-    /// shared). One worker drives them all in turn.
-    devs: Vec<Device>,
+    common: Arc<Common>,
+    shards: Vec<Arc<Mutex<Shard>>>,
     /// The shard the next QP goes to.
     next_shard: usize,
-    /// The shard [`Self::transmit`] asks first.
+    /// The shard [`Self::pump_budget`] pumps first.
     tx_shard: usize,
     cfg: ModelConfig,
-    qps: HashMap<u32, QpShadow>,
-    cqs: BTreeMap<u32, CqShadow>,
-    srqs: HashMap<u32, SrqShadow>,
-    /// Events waiting for an event-queue buffer.
-    pub events: EventQueue,
-    sq_backlog: BTreeSet<u32>,
-    /// QPs with send WQEs in the engine: their SQ consumer index follows completions.
-    sq_active: BTreeSet<u32>,
-    /// QPs with receives taken from their RQ ring and not yet completed.
-    rq_active: BTreeSet<u32>,
-    pub stats: ModelStats,
+    /// The control path's counters (the shards keep their own).
+    stats: ModelStats,
     /// A control command freed an object since [`Model::clear_released`].
     released: bool,
     /// GIDs the transport can send from. Empty: no restriction.
     source_gids: Vec<Gid>,
     /// The GID table changed since [`Model::take_changed_gids`] last looked.
     gids_changed: bool,
+    /// GID table entries the transport cannot send from (index → GID): listed, so the guest's
+    /// table is what its netdev has, but an address vector that names one is refused.
+    listed_gids: std::collections::BTreeMap<u32, Gid>,
+}
+
+/// What the shards of a device share: the CQ and SRQ shadows, each behind its own lock (a
+/// CQ may take the completions of QPs of several shards), the events waiting for the
+/// guest, the page-list budget. Lock order: a shard, then one CQ or SRQ shadow, then the
+/// events or the budget; never two shards, never the table locks while holding a shadow.
+struct Common {
+    cqs: RwLock<HashMap<u32, Arc<Mutex<CqShadow>>>>,
+    srqs: RwLock<HashMap<u32, Arc<Mutex<SrqShadow>>>>,
+    events: Mutex<Events>,
+    lists: Mutex<PageListBudget>,
+    /// Per shard: CQs that overflowed while another shard wrote them; the shard moves its
+    /// QPs using them to ERR at its next pump ([`Shard::apply_overflows`]).
+    overflowed: Vec<Mutex<Vec<u32>>>,
+}
+
+/// Events waiting for an event-queue buffer, and what became of those raised.
+#[derive(Default)]
+struct Events {
+    q: EventQueue,
+    raised: u64,
+    dropped: u64,
+}
+
+/// One engine shard and the shadows of the QPs it holds.
+struct Shard {
+    /// Its index in [`Model::shards`].
+    k: usize,
+    dev: Device,
+    qps: HashMap<u32, QpShadow>,
+    sq_backlog: BTreeSet<u32>,
+    /// QPs with send WQEs in the engine: their SQ consumer index follows completions.
+    sq_active: BTreeSet<u32>,
+    /// QPs with receives taken from their RQ ring and not yet completed.
+    rq_active: BTreeSet<u32>,
+    stats: ModelStats,
     /// The members of a multicast group a packet is for (kept between packets).
     mcast_scratch: Vec<rxe_core::Qpn>,
-    /// [`Model::flush_cq`]'s batch of completions.
+    /// [`Shard::flush_cq`]'s batch of completions.
     cqe_scratch: Vec<rxe_core::verbs::Cqe>,
-    /// The payload references of the packet being built ([`Self::transmit`]).
+    /// The payload references of the packet being built ([`Shard::transmit`]).
     refs_scratch: std::cell::RefCell<Vec<crate::payload_ref::PayloadRef>>,
     /// Where packets are built while the sink takes payload references: room for a
     /// segment of [`PacketSink::segment`] bytes, allocated on first use.
     seg_buf: Vec<u8>,
-    /// GID table entries the transport cannot send from (index → GID): listed, so the guest's
-    /// table is what its netdev has, but an address vector that names one is refused.
-    listed_gids: std::collections::BTreeMap<u32, Gid>,
     slot: Vec<u8>,
     /// Scratch list of object numbers (no allocation per pass).
     scratch: Vec<u32>,
-    lists: PageListBudget,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic elsewhere must not take the daemon down with poisoned locks.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn read<T>(m: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    m.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn write<T>(m: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    m.write().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Common {
+    fn new(shards: usize, lists: u64) -> Self {
+        Common {
+            cqs: Default::default(),
+            srqs: Default::default(),
+            events: Default::default(),
+            lists: Mutex::new(PageListBudget::new(lists)),
+            overflowed: (0..shards).map(|_| Mutex::default()).collect(),
+        }
+    }
+
+    fn cq(&self, cqn: u32) -> Option<Arc<Mutex<CqShadow>>> {
+        read(&self.cqs).get(&cqn).cloned()
+    }
+
+    fn srq(&self, srqn: u32) -> Option<Arc<Mutex<SrqShadow>>> {
+        read(&self.srqs).get(&srqn).cloned()
+    }
+
+    fn lists(&self) -> MutexGuard<'_, PageListBudget> {
+        lock(&self.lists)
+    }
+
+    fn push_event(&self, kind: u32, event: u32, object: u32) {
+        let e = abi::Event {
+            kind,
+            event,
+            object,
+            reserved: 0,
+        };
+        let mut ev = lock(&self.events);
+        match ev.q.push(e) {
+            Pushed::Queued => ev.raised += 1,
+            Pushed::Merged => {}
+            Pushed::Dropped => ev.dropped += 1,
+        }
+    }
 }
 
 fn verr(e: VerbError) -> Status {
@@ -446,31 +548,35 @@ fn to_qp_attr(w: &abi::QpAttrs) -> Result<QpAttr, Status> {
 
 impl Model {
     pub fn new(cfg: ModelConfig) -> Self {
+        let devs = Device::new_sharded(cfg.dev.clone(), cfg.shards);
+        let n = devs.len();
         Model {
-            devs: Device::new_sharded(cfg.dev.clone(), cfg.shards),
+            common: Arc::new(Common::new(n, cfg.max_page_list_bytes)),
+            shards: devs
+                .into_iter()
+                .enumerate()
+                .map(|(k, dev)| Arc::new(Mutex::new(Shard::new(k, dev))))
+                .collect(),
             next_shard: 0,
             tx_shard: 0,
-            qps: HashMap::new(),
-            cqs: BTreeMap::new(),
-            srqs: HashMap::new(),
-            events: EventQueue::default(),
-            sq_backlog: BTreeSet::new(),
-            sq_active: BTreeSet::new(),
-            rq_active: BTreeSet::new(),
             stats: ModelStats::default(),
             released: false,
             source_gids: Vec::new(),
             gids_changed: false,
-            mcast_scratch: Vec::new(),
-            cqe_scratch: Vec::new(),
-            refs_scratch: Default::default(),
-            seg_buf: Vec::new(),
             listed_gids: Default::default(),
-            slot: Vec::new(),
-            scratch: Vec::new(),
-            lists: PageListBudget::new(cfg.max_page_list_bytes),
             cfg,
         }
+    }
+
+    /// The shard that holds QP `qpn`, locked.
+    fn shard(&self, qpn: u32) -> MutexGuard<'_, Shard> {
+        let n = self.shards.len() as u32;
+        lock(&self.shards[Device::shard_of(Qpn(qpn), n) as usize])
+    }
+
+    /// A shard for what all of them share (PDs, MRs, AHs, GIDs, CQs, SRQs), locked.
+    fn any(&self) -> MutexGuard<'_, Shard> {
+        lock(&self.shards[0])
     }
 
     /// Device reset: every object destroyed, every ring forgotten.
@@ -480,15 +586,21 @@ impl Model {
         if let Some(s) = self.cfg.dev.seed.as_mut() {
             *s = rxe_core::types::Rng::new(*s).next_u64();
         }
-        self.devs = Device::new_sharded(self.cfg.dev.clone(), self.cfg.shards);
-        self.qps.clear();
-        self.cqs.clear();
-        self.srqs.clear();
-        self.events.clear();
-        self.sq_backlog.clear();
-        self.sq_active.clear();
-        self.rq_active.clear();
-        self.lists.used = 0;
+        let devs = Device::new_sharded(self.cfg.dev.clone(), self.cfg.shards);
+        for (s, dev) in self.shards.iter().zip(devs) {
+            let mut s = lock(s);
+            let k = s.k;
+            let stats = s.stats;
+            *s = Shard::new(k, dev);
+            s.stats = stats;
+        }
+        write(&self.common.cqs).clear();
+        write(&self.common.srqs).clear();
+        lock(&self.common.events).q.clear();
+        self.common.lists().used = 0;
+        for o in &self.common.overflowed {
+            lock(o).clear();
+        }
         self.listed_gids.clear();
         self.gids_changed = true;
     }
@@ -499,23 +611,58 @@ impl Model {
         if !std::mem::take(&mut self.gids_changed) {
             return None;
         }
-        Some(self.devs[0].gid_set())
+        Some(self.any().dev.gid_set())
     }
 
     /// The page lists the device keeps against its cap.
     pub fn page_lists(&self) -> PageListBudget {
-        self.lists
+        *self.common.lists()
     }
 
     /// Number of live objects (QPs, CQs, SRQs): for leak checks.
     pub fn object_counts(&self) -> (usize, usize, usize) {
-        (self.qps.len(), self.cqs.len(), self.srqs.len())
+        let qps = self.shards.iter().map(|s| lock(s).qps.len()).sum();
+        (
+            qps,
+            read(&self.common.cqs).len(),
+            read(&self.common.srqs).len(),
+        )
     }
 
     pub fn qpns(&self) -> Vec<u32> {
-        let mut v: Vec<u32> = self.qps.keys().copied().collect();
+        let mut v: Vec<u32> = Vec::new();
+        for s in &self.shards {
+            v.extend(lock(s).qps.keys().copied());
+        }
         v.sort_unstable();
         v
+    }
+
+    /// The device's counters: the control path's and every shard's, added up.
+    pub fn stats(&self) -> ModelStats {
+        let mut t = self.stats;
+        for s in &self.shards {
+            t.add(&lock(s).stats);
+        }
+        let ev = lock(&self.common.events);
+        t.events_raised += ev.raised;
+        t.events_dropped += ev.dropped;
+        t
+    }
+
+    /// Whether events wait for an event-queue buffer.
+    pub fn has_events(&self) -> bool {
+        !lock(&self.common.events).q.is_empty()
+    }
+
+    /// Events waiting for an event-queue buffer.
+    pub fn events_len(&self) -> usize {
+        lock(&self.common.events).q.len()
+    }
+
+    /// The oldest event waiting for an event-queue buffer.
+    pub fn pop_event(&self) -> Option<abi::Event> {
+        lock(&self.common.events).q.pop()
     }
 
     /// The GIDs the transport sends from (the udp transport: its bound address). From then
@@ -689,7 +836,7 @@ impl Model {
                 })
             }
             op::CREATE_PD => {
-                let pd = self.devs[0].alloc_pd().map_err(verr)?;
+                let pd = self.any().dev.alloc_pd().map_err(verr)?;
                 body(abi::Handle {
                     handle: pd,
                     reserved: 0,
@@ -697,16 +844,18 @@ impl Model {
             }
             op::DESTROY_PD => {
                 let c: abi::Handle = cmd(b)?;
-                self.devs[0].dealloc_pd(c.handle).map_err(verr)?;
+                self.any().dev.dealloc_pd(c.handle).map_err(verr)?;
                 Ok(Vec::new())
             }
             op::CREATE_CQ => self.create_cq(mem, cmd(b)?),
             op::RESIZE_CQ => self.resize_cq(mem, cmd(b)?),
             op::DESTROY_CQ => {
                 let c: abi::Handle = cmd(b)?;
-                self.devs[0].destroy_cq(c.handle).map_err(verr)?;
-                if let Some(cq) = self.cqs.remove(&c.handle) {
-                    self.lists.release(ring_list_bytes(&cq.ring));
+                self.any().dev.destroy_cq(c.handle).map_err(verr)?;
+                let cq = write(&self.common.cqs).remove(&c.handle);
+                if let Some(cq) = cq {
+                    let lb = ring_list_bytes(&lock(&cq).ring);
+                    self.common.lists().release(lb);
                 }
                 Ok(Vec::new())
             }
@@ -715,7 +864,8 @@ impl Model {
             op::QUERY_QP => {
                 let c: abi::QpAttrs = cmd(b)?;
                 let (a, cap) = self
-                    .qd(c.qpn)
+                    .shard(c.qpn)
+                    .dev
                     .query_qp(Qpn(c.qpn))
                     .ok_or(Status::NotFound)?;
                 body(abi::QpAttrs {
@@ -750,13 +900,14 @@ impl Model {
             }
             op::DESTROY_QP => {
                 let c: abi::Handle = cmd(b)?;
-                self.qd(c.handle).destroy_qp(Qpn(c.handle)).map_err(verr)?;
-                if let Some(q) = self.qps.remove(&c.handle) {
-                    self.lists.release(q.list_bytes + q.reg_mr_held);
+                let mut s = self.shard(c.handle);
+                s.dev.destroy_qp(Qpn(c.handle)).map_err(verr)?;
+                if let Some(q) = s.qps.remove(&c.handle) {
+                    self.common.lists().release(q.list_bytes + q.reg_mr_held);
                 }
-                self.sq_backlog.remove(&c.handle);
-                self.sq_active.remove(&c.handle);
-                self.rq_active.remove(&c.handle);
+                s.sq_backlog.remove(&c.handle);
+                s.sq_active.remove(&c.handle);
+                s.rq_active.remove(&c.handle);
                 Ok(Vec::new())
             }
             op::CREATE_SRQ => self.create_srq(mem, cmd(b)?),
@@ -771,14 +922,17 @@ impl Model {
                     return Err(Status::Unsupported);
                 }
                 let limit = (c.attr_mask & abi::SRQ_ATTR_LIMIT != 0).then_some(c.srq_limit);
-                self.devs[0].modify_srq(c.srqn, None, limit).map_err(verr)?;
+                self.any()
+                    .dev
+                    .modify_srq(c.srqn, None, limit)
+                    .map_err(verr)?;
                 Ok(Vec::new())
             }
             op::RESIZE_SRQ => self.resize_srq(mem, cmd(b)?),
             op::QUERY_SRQ => {
                 let c: abi::Handle = cmd(b)?;
-                let (max_wr, max_sge, limit, _) =
-                    self.devs[0].query_srq(c.handle).ok_or(Status::NotFound)?;
+                let q = self.any().dev.query_srq(c.handle);
+                let (max_wr, max_sge, limit, _) = q.ok_or(Status::NotFound)?;
                 body(abi::RespQuerySrq {
                     max_wr,
                     max_sge,
@@ -788,9 +942,11 @@ impl Model {
             }
             op::DESTROY_SRQ => {
                 let c: abi::Handle = cmd(b)?;
-                self.devs[0].destroy_srq(c.handle).map_err(verr)?;
-                if let Some(s) = self.srqs.remove(&c.handle) {
-                    self.lists.release(ring_list_bytes(&s.ring));
+                self.any().dev.destroy_srq(c.handle).map_err(verr)?;
+                let srq = write(&self.common.srqs).remove(&c.handle);
+                if let Some(s) = srq {
+                    let lb = ring_list_bytes(&lock(&s).ring);
+                    self.common.lists().release(lb);
                 }
                 Ok(Vec::new())
             }
@@ -820,7 +976,7 @@ impl Model {
                     );
                     return Err(Status::Permission);
                 }
-                let k = self.devs[0].reg_dma_mr(c.pdn, access).map_err(verr)?;
+                let k = self.any().dev.reg_dma_mr(c.pdn, access).map_err(verr)?;
                 body(abi::RespMr { lkey: k, rkey: k })
             }
             op::ALLOC_MR => {
@@ -830,20 +986,24 @@ impl Model {
                 }
                 // The MR's page list is reserved now: a REG_MR never needs more.
                 let lb = list_bytes(c.max_num_sg as usize);
-                self.lists.charge(lb)?;
-                match self.devs[0].alloc_mr(c.pdn, c.max_num_sg) {
+                self.common.lists().charge(lb)?;
+                let r = self.any().dev.alloc_mr(c.pdn, c.max_num_sg);
+                match r {
                     Ok(k) => body(abi::RespMr { lkey: k, rkey: k }),
                     Err(e) => {
-                        self.lists.release(lb);
+                        self.common.lists().release(lb);
                         Err(verr(e))
                     }
                 }
             }
             op::DEREG_MR => {
                 let c: abi::Handle = cmd(b)?;
-                let lb = self.devs[0].with_mr(c.handle, mr_list_bytes).unwrap_or(0);
-                self.devs[0].dereg_mr(c.handle).map_err(verr)?;
-                self.lists.release(lb);
+                {
+                    let mut s = self.any();
+                    let lb = s.dev.with_mr(c.handle, mr_list_bytes).unwrap_or(0);
+                    s.dev.dereg_mr(c.handle).map_err(verr)?;
+                    self.common.lists().release(lb);
+                }
                 Ok(Vec::new())
             }
             op::ALLOC_MW => {
@@ -853,7 +1013,7 @@ impl Model {
                     2 => MwType::Type2,
                     _ => return Err(Status::Invalid),
                 };
-                let k = self.devs[0].alloc_mw(c.pdn, t).map_err(verr)?;
+                let k = self.any().dev.alloc_mw(c.pdn, t).map_err(verr)?;
                 body(abi::RespMr { lkey: k, rkey: k })
             }
             op::BIND_MW => {
@@ -863,11 +1023,12 @@ impl Model {
                 if c.access & !Access::ALL.0 != 0 {
                     return Err(Status::Invalid);
                 }
-                if !self.qps.contains_key(&c.qpn) {
+                let mut s = self.shard(c.qpn);
+                if !s.qps.contains_key(&c.qpn) {
                     return Err(Status::NotFound);
                 }
-                let k = self
-                    .qd(c.qpn)
+                let k = s
+                    .dev
                     .bind_mw_type1(
                         Qpn(c.qpn),
                         c.mw_rkey,
@@ -883,11 +1044,12 @@ impl Model {
                 let c: abi::Handle = cmd(b)?;
                 // The window is named by its index: librxe's binds give it new key bytes
                 // the driver never sees, so the key byte of the handle may be stale.
-                let r = self.devs[0].dealloc_mw(c.handle);
+                let mut s = self.any();
+                let r = s.dev.dealloc_mw(c.handle);
                 if matches!(r, Err(VerbError::NotFound)) {
                     let found = (0..=255u32)
                         .map(|k| (c.handle & !0xff) | k)
-                        .any(|key| self.devs[0].dealloc_mw(key).is_ok());
+                        .any(|key| s.dev.dealloc_mw(key).is_ok());
                     if found {
                         return Ok(Vec::new());
                     }
@@ -898,7 +1060,9 @@ impl Model {
             op::CREATE_AH => {
                 let c: abi::CmdCreateAh = cmd(b)?;
                 self.av_allowed(&to_av(&c.attr))?;
-                let id = self.devs[0]
+                let id = self
+                    .any()
+                    .dev
                     .create_ah(c.pdn, to_av(&c.attr))
                     .map_err(verr)?;
                 // AH numbers start at 1: librxe treats ah_num 0 as "AV inline in the WQE".
@@ -910,7 +1074,7 @@ impl Model {
             op::DESTROY_AH => {
                 let c: abi::Handle = cmd(b)?;
                 let id = c.handle.checked_sub(1).ok_or(Status::NotFound)?;
-                self.devs[0].destroy_ah(id).map_err(verr)?;
+                self.any().dev.destroy_ah(id).map_err(verr)?;
                 Ok(Vec::new())
             }
             op::ADD_GID => {
@@ -928,11 +1092,11 @@ impl Model {
                 // A GID the transport cannot send from is listed but never used: a QP or AH
                 // naming it would send from another address, which its peer drops.
                 if !self.source_gids.is_empty() && !self.source_gids.contains(&g) {
-                    let _ = self.devs[0].del_gid(c.index);
+                    let _ = self.any().dev.del_gid(c.index);
                     self.listed_gids.insert(c.index, g);
                     return Ok(Vec::new());
                 }
-                self.devs[0].add_gid(c.index, g).map_err(verr)?;
+                self.any().dev.add_gid(c.index, g).map_err(verr)?;
                 self.listed_gids.remove(&c.index);
                 self.gids_changed = true;
                 Ok(Vec::new())
@@ -940,21 +1104,23 @@ impl Model {
             op::DEL_GID => {
                 let c: abi::Handle = cmd(b)?;
                 if self.listed_gids.remove(&c.handle).is_none() {
-                    self.devs[0].del_gid(c.handle).map_err(verr)?;
+                    self.any().dev.del_gid(c.handle).map_err(verr)?;
                     self.gids_changed = true;
                 }
                 Ok(Vec::new())
             }
             op::ATTACH_MCAST => {
                 let c: abi::CmdMcast = cmd(b)?;
-                self.qd(c.qpn)
+                self.shard(c.qpn)
+                    .dev
                     .attach_mcast(Qpn(c.qpn), Gid(c.gid))
                     .map_err(verr)?;
                 Ok(Vec::new())
             }
             op::DETACH_MCAST => {
                 let c: abi::CmdMcast = cmd(b)?;
-                self.qd(c.qpn)
+                self.shard(c.qpn)
+                    .dev
                     .detach_mcast(Qpn(c.qpn), Gid(c.gid))
                     .map_err(verr)?;
                 Ok(Vec::new())
@@ -977,28 +1143,28 @@ impl Model {
         let ring = Ring::new(mem, &c.queue, abi::CQE_SIZE, c.cqe)?;
         let cap = ring.mask();
         let lb = ring_list_bytes(&ring);
-        self.lists.charge(lb)?;
+        self.common.lists().charge(lb)?;
         // The engine's queue is only a staging area drained into the ring after every step;
         // overflow is decided by the guest ring, as in rxe.
-        let cqn = match self.devs[0].create_staging_cq() {
+        let r = self.any().dev.create_staging_cq();
+        let cqn = match r {
             Ok(n) => n,
             Err(e) => {
-                self.lists.release(lb);
+                self.common.lists().release(lb);
                 return Err(verr(e));
             }
         };
-        self.cqs.insert(
-            cqn,
-            CqShadow {
-                ring,
-                prod: 0,
-                overflowed: false,
-            },
-        );
         // The device owns the producer index from here on; start from what the driver wrote
         // (0 for a fresh ring), masked.
-        let cq = self.cqs.get_mut(&cqn).expect("just inserted");
-        cq.prod = cq.ring.load_index(mem, hdr::PRODUCER_INDEX).unwrap_or(0);
+        let prod = ring.load_index(mem, hdr::PRODUCER_INDEX).unwrap_or(0);
+        write(&self.common.cqs).insert(
+            cqn,
+            Arc::new(Mutex::new(CqShadow {
+                ring,
+                prod,
+                overflowed: false,
+            })),
+        );
         body(abi::RespCreateCq { cqn, cqe: cap })
     }
 
@@ -1010,22 +1176,23 @@ impl Model {
         {
             return Err(Status::Invalid);
         }
-        if !self.cqs.contains_key(&c.cqn) {
+        let Some(cq) = self.common.cq(c.cqn) else {
             return Err(Status::NotFound);
-        }
+        };
         let new = Ring::new(mem, &c.queue, abi::CQE_SIZE, c.cqe)?;
         let lb = ring_list_bytes(&new);
-        self.lists.charge(lb)?;
-        match self.move_cq(mem, c.cqn, new) {
+        self.common.lists().charge(lb)?;
+        let moved = Self::move_cq(mem, &mut lock(&cq), new);
+        match moved {
             Ok((cap, old_lb)) => {
-                self.lists.release(old_lb);
+                self.common.lists().release(old_lb);
                 body(abi::RespCreateCq {
                     cqn: c.cqn,
                     cqe: cap,
                 })
             }
             Err(e) => {
-                self.lists.release(lb);
+                self.common.lists().release(lb);
                 Err(e)
             }
         }
@@ -1033,13 +1200,7 @@ impl Model {
 
     /// RESIZE_CQ's move into the new ring; returns its capacity and the page-list bytes of
     /// the old one. On error the old ring stays in use.
-    fn move_cq(
-        &mut self,
-        mem: &GuestMemoryMmap,
-        cqn: u32,
-        new: Ring,
-    ) -> Result<(u32, u64), Status> {
-        let old = self.cqs.get(&cqn).ok_or(Status::NotFound)?;
+    fn move_cq(mem: &GuestMemoryMmap, old: &mut CqShadow, new: Ring) -> Result<(u32, u64), Status> {
         // Move the entries the driver has not consumed yet to the start of the new ring.
         let cons = old
             .ring
@@ -1069,10 +1230,9 @@ impl Model {
         new.store_index(mem, hdr::PRODUCER_INDEX, n)
             .map_err(|_| Status::BadAddress)?;
         let cap = new.mask();
-        let cq = self.cqs.get_mut(&cqn).expect("checked");
-        let old_lb = ring_list_bytes(&cq.ring);
-        cq.ring = new;
-        cq.prod = n;
+        let old_lb = ring_list_bytes(&old.ring);
+        old.ring = new;
+        old.prod = n;
         Ok((cap, old_lb))
     }
 
@@ -1126,15 +1286,17 @@ impl Model {
         };
         let srq = has_srq.then_some(c.srqn);
         let lb = sq.as_ref().map_or(0, ring_list_bytes) + rq.as_ref().map_or(0, ring_list_bytes);
-        self.lists.charge(lb)?;
+        self.common.lists().charge(lb)?;
         // A new QP goes to the next shard in turn (the GSI QP to the one its number names).
+        let n = self.shards.len();
         let shard = if qp_type == QpType::Gsi {
-            Device::shard_of(Qpn::GSI, self.devs.len() as u32) as usize
+            Device::shard_of(Qpn::GSI, n as u32) as usize
         } else {
-            self.next_shard = (self.next_shard + 1) % self.devs.len();
+            self.next_shard = (self.next_shard + 1) % n;
             self.next_shard
         };
-        let qpn = match self.devs[shard].create_qp(QpInit {
+        let mut s = lock(&self.shards[shard]);
+        let qpn = match s.dev.create_qp(QpInit {
             qp_type,
             pd: c.pdn,
             send_cq: c.send_cqn,
@@ -1145,7 +1307,7 @@ impl Model {
         }) {
             Ok(n) => n,
             Err(e) => {
-                self.lists.release(lb);
+                self.common.lists().release(lb);
                 return Err(verr(e));
             }
         };
@@ -1157,7 +1319,7 @@ impl Model {
             .as_ref()
             .and_then(|r| r.load_index(mem, hdr::CONSUMER_INDEX).ok())
             .unwrap_or(0);
-        self.qps.insert(
+        s.qps.insert(
             qpn.0,
             QpShadow {
                 qp_type,
@@ -1189,13 +1351,14 @@ impl Model {
     }
 
     fn modify_qp(&mut self, mem: &GuestMemoryMmap, mut c: abi::QpAttrs) -> CmdResult {
-        let Some(q) = self.qps.get(&c.qpn) else {
+        let qp_type = self.shard(c.qpn).qps.get(&c.qpn).map(|q| q.qp_type);
+        let Some(qp_type) = qp_type else {
             return Err(Status::NotFound);
         };
         // IBTA's GSI column (Linux ib_modify_qp_is_ok): a move to INIT needs PKEY_INDEX and
         // QKEY, not PORT, and the MAD layer sends exactly STATE|PKEY_INDEX|QKEY. The engine's
         // table treats GSI as UD, which requires PORT: name the one port for the driver.
-        if matches!(q.qp_type, QpType::Gsi)
+        if matches!(qp_type, QpType::Gsi)
             && c.attr_mask & AttrMask::STATE != 0
             && c.qp_state == 1
             && c.attr_mask & AttrMask::PORT == 0
@@ -1207,12 +1370,13 @@ impl Model {
         if AttrMask(c.attr_mask).has(AttrMask::AV) {
             self.av_allowed(&attr.av)?;
         }
-        self.qd(c.qpn)
+        let mut s = self.shard(c.qpn);
+        s.dev
             .modify_qp(Qpn(c.qpn), &attr, AttrMask(c.attr_mask))
             .map_err(verr)?;
         // WQEs the driver posted while the QP could not take them can go now (or be flushed).
-        self.pull_rq(mem, c.qpn);
-        self.pull_sq(mem, c.qpn);
+        s.pull_rq(&self.common, mem, c.qpn);
+        s.pull_sq(&self.common, mem, c.qpn);
         Ok(Vec::new())
     }
 
@@ -1240,22 +1404,26 @@ impl Model {
         }
         let ring = Ring::new(mem, &c.queue, ring::recv_wqe_size(c.max_sge), c.max_wr)?;
         let lb = ring_list_bytes(&ring);
-        self.lists.charge(lb)?;
-        let srqn = match self.devs[0].create_srq(c.pdn, c.max_wr, c.max_sge, c.srq_limit) {
+        self.common.lists().charge(lb)?;
+        let r = self
+            .any()
+            .dev
+            .create_srq(c.pdn, c.max_wr, c.max_sge, c.srq_limit);
+        let srqn = match r {
             Ok(n) => n,
             Err(e) => {
-                self.lists.release(lb);
+                self.common.lists().release(lb);
                 return Err(verr(e));
             }
         };
         let cons = ring.load_index(mem, hdr::CONSUMER_INDEX).unwrap_or(0);
-        self.srqs.insert(
+        write(&self.common.srqs).insert(
             srqn,
-            SrqShadow {
+            Arc::new(Mutex::new(SrqShadow {
                 ring,
                 cons,
                 max_sge: c.max_sge,
-            },
+            })),
         );
         body(abi::RespCreateSrq {
             srqn,
@@ -1268,10 +1436,13 @@ impl Model {
     /// RESIZE_SRQ: the receives the device has not taken yet move to the start of the new
     /// ring, which the SRQ uses from then on with the new max_wr; on error the old ring stays.
     fn resize_srq(&mut self, mem: &GuestMemoryMmap, c: abi::CmdResizeSrq) -> CmdResult {
-        let s = self.srqs.get(&c.srqn).ok_or(Status::NotFound)?;
+        let srq = self.common.srq(c.srqn).ok_or(Status::NotFound)?;
         if c.max_wr == 0 || c.max_wr > self.cfg.dev.max_srq_wr {
             return Err(Status::Invalid);
         }
+        // The shard that pulls the SRQ's receives, then the SRQ: the lock order.
+        let mut sh = self.any();
+        let mut s = lock(&srq);
         let max_sge = s.max_sge;
         let new = Ring::new(mem, &c.queue, ring::recv_wqe_size(max_sge), c.max_wr)?;
         let old = s.ring.clone();
@@ -1281,12 +1452,12 @@ impl Model {
             .map_err(|_| Status::BadAddress)?;
         let n = prod.wrapping_sub(cons) & old.mask();
         // the new ring holds what is queued in it and what the device holds already
-        let (_, _, limit, posted) = self.devs[0].query_srq(c.srqn).ok_or(Status::NotFound)?;
+        let (_, _, limit, posted) = sh.dev.query_srq(c.srqn).ok_or(Status::NotFound)?;
         if n > new.mask() || (n as usize + posted) > c.max_wr as usize || limit > c.max_wr {
             return Err(Status::Invalid);
         }
         let lb = ring_list_bytes(&new);
-        self.lists.charge(lb)?;
+        self.common.lists().charge(lb)?;
         let moved = (|| -> Result<(), Status> {
             let mut e = vec![0u8; old.elem_size()];
             e.resize(old.elem_size().max(new.elem_size()), 0);
@@ -1301,20 +1472,20 @@ impl Model {
                 .map_err(|_| Status::BadAddress)
         })();
         if let Err(e) = moved.and_then(|_| {
-            self.devs[0]
+            sh.dev
                 .modify_srq(c.srqn, Some(c.max_wr), None)
                 .map_err(verr)
         }) {
-            self.lists.release(lb);
+            self.common.lists().release(lb);
             return Err(e);
         }
-        let s = self.srqs.get_mut(&c.srqn).expect("checked");
         let old_lb = ring_list_bytes(&s.ring);
         s.ring = new;
         s.cons = 0;
-        self.lists.release(old_lb);
+        drop(s);
+        self.common.lists().release(old_lb);
         // a bigger SRQ may take receives the old one had no room for
-        self.pull_srq(mem, c.srqn);
+        sh.pull_srq(&self.common, mem, c.srqn);
         body(abi::RespQuerySrq {
             max_wr: c.max_wr,
             max_sge,
@@ -1355,7 +1526,9 @@ impl Model {
             return Err(Status::Invalid);
         }
         // Both budgets before the list is read: a registration that cannot fit costs nothing.
-        let fits = self.devs[0]
+        let fits = self
+            .any()
+            .dev
             .registered_bytes()
             .checked_add(c.length)
             .is_some_and(|t| t <= self.cfg.dev.max_registered_bytes);
@@ -1364,9 +1537,10 @@ impl Model {
         }
         // The list's copy is what the page-list cap bounds.
         let lb = list_bytes(need as usize);
-        self.lists.charge(lb)?;
+        self.common.lists().charge(lb)?;
         let r = resolve_page_list(mem, &c.pages, need as u32).and_then(|pages| {
-            self.devs[0]
+            self.any()
+                .dev
                 .reg_mr(
                     c.pdn,
                     c.iova,
@@ -1379,7 +1553,7 @@ impl Model {
         match r {
             Ok(k) => body(abi::RespMr { lkey: k, rkey: k }),
             Err(e) => {
-                self.lists.release(lb);
+                self.common.lists().release(lb);
                 Err(e)
             }
         }
@@ -1387,533 +1561,42 @@ impl Model {
 
     // ------------------------------------------------------------------ doorbells and rings
 
-    /// Handles one doorbell entry.
+    /// Handles one doorbell entry: the QP's shard for an SQ or RQ, a shard chosen by the
+    /// object's number for an SRQ or CQ.
     pub fn doorbell(&mut self, mem: &GuestMemoryMmap, db: &abi::Doorbell) {
         self.stats.doorbells += 1;
-        match db.kind {
-            abi::doorbell::SQ if self.qps.contains_key(&db.object) => self.pull_sq(mem, db.object),
-            abi::doorbell::RQ if self.qps.contains_key(&db.object) => self.pull_rq(mem, db.object),
-            abi::doorbell::SRQ if self.srqs.contains_key(&db.object) => {
-                self.pull_srq(mem, db.object)
-            }
-            abi::doorbell::CQ if self.cqs.contains_key(&db.object) => {
-                self.check_cq_arm(mem, db.object, None)
-            }
-            _ => self.stats.bad_doorbells += 1,
-        }
-    }
-
-    /// Moves send WQEs from the SQ ring into the engine: at most `max_send_wr` outstanding,
-    /// as rxe, so the driver can never have more WQEs in flight than it sized its CQ for.
-    fn pull_sq(&mut self, mem: &GuestMemoryMmap, qpn: u32) {
-        let Some(q) = self.qps.get(&qpn) else {
-            return;
-        };
-        let Some(sq) = q.sq.clone() else {
-            return;
-        };
-        let Ok(prod) = sq.load_index(mem, hdr::PRODUCER_INDEX) else {
-            self.qp_ring_fault(mem, qpn);
-            return;
-        };
-        let caps = SqCaps {
-            max_sge: q.caps.max_send_sge,
-            max_inline: q.caps.max_inline_data,
-            ud: matches!(q.qp_type, QpType::Ud | QpType::Gsi),
-        };
-        let max = q.caps.max_send_wr as usize;
-        let mut taken = q.sq_taken;
-        let outstanding = self.qd(qpn).sq_outstanding(Qpn(qpn)).unwrap_or(0);
-        let mut room = max.saturating_sub(outstanding);
-        self.slot.resize(sq.elem_size(), 0);
-        let mut backlog = false;
-        while taken != prod {
-            if room == 0 {
-                // Completions will make room: look again then.
-                backlog = true;
-                break;
-            }
-            if sq.read_slot(mem, taken, &mut self.slot).is_err() {
-                self.qp_ring_fault(mem, qpn);
-                break;
-            }
-            let reg_list = self.reg_mr_list_in_slot();
-            let mut refuse = !self.reg_mr_allowed(qpn);
-            if let (Some(s), false) = (reg_list, refuse) {
-                // The caps, checked before the page list is read: a QP holds at most
-                // MAX_QP_REG_MR_LIST_BYTES of REG_MR lists (more waits here until its earlier
-                // REG_MRs have executed); the device's budget takes the list or the WQE fails.
-                let held = self.sync_reg_mr_held(qpn);
-                if held > 0 && held.saturating_add(s) > MAX_QP_REG_MR_LIST_BYTES {
-                    self.stats.reg_mr_waits += 1;
-                    backlog = true;
-                    break;
+        let n = self.shards.len();
+        let c = &*self.common;
+        let known = match db.kind {
+            abi::doorbell::SQ | abi::doorbell::RQ => {
+                let mut s = self.shard(db.object);
+                let known = s.qps.contains_key(&db.object);
+                if known && db.kind == abi::doorbell::SQ {
+                    s.pull_sq(c, mem, db.object);
+                } else if known {
+                    s.pull_rq(c, mem, db.object);
                 }
-                if !self.lists.fits(s) {
-                    log::debug!("qp {qpn}: REG_MR page list of {s} bytes beyond the device cap");
-                    refuse = true;
-                }
+                known
             }
-            if refuse {
-                // Checked before the page list is read: a user ring cannot make the device
-                // walk (and hold) page lists.
-                let r = self.post_failed(qpn);
-                if r.is_err() {
-                    backlog = true;
-                    break;
-                }
-                room -= 1;
-                taken = (taken + 1) & sq.mask();
-                continue;
+            abi::doorbell::SRQ if c.srq(db.object).is_some() => {
+                lock(&self.shards[db.object as usize % n]).pull_srq(c, mem, db.object);
+                true
             }
-            let dev = &self.devs[0];
-            let ah = |n: u32| n.checked_sub(1).and_then(|id| dev.ah(id));
-            let r = match ring::decode_send_wqe(&self.slot, caps, &ah, mem) {
-                Ok(wr) => match self.qd(qpn).post_send(Qpn(qpn), wr) {
-                    Ok(()) => {
-                        self.stats.sq_wqes += 1;
-                        Ok(())
-                    }
-                    Err(e @ (VerbError::NoResources | VerbError::BadState)) => Err(e),
-                    Err(_) => self.post_failed(qpn),
-                },
-                Err((_, e)) => {
-                    log::debug!("qp {qpn}: bad send WQE {e:?}");
-                    self.post_failed(qpn)
-                }
-            };
-            if r.is_err() {
-                // Not ready (RESET/INIT/RTR) or full: leave the rest in the ring.
-                backlog = true;
-                break;
+            abi::doorbell::CQ if c.cq(db.object).is_some() => {
+                lock(&self.shards[db.object as usize % n]).check_cq_arm(c, mem, db.object);
+                true
             }
-            if reg_list.is_some() {
-                // The engine holds the list now: it counts against the budget.
-                self.sync_reg_mr_held(qpn);
-            }
-            room -= 1;
-            taken = (taken + 1) & sq.mask();
-        }
-        if let Some(q) = self.qps.get_mut(&qpn) {
-            q.sq_taken = taken;
-        }
-        if backlog {
-            self.sq_backlog.insert(qpn);
-        } else {
-            self.sq_backlog.remove(&qpn);
-        }
-        self.sq_active.insert(qpn);
-        self.sync_sq_cons(mem, qpn);
-    }
-
-    /// For a REG_MR WQE in `self.slot`: the bytes of its page list (`num_pages` × 8; the
-    /// list is not read). Other opcodes: `None`.
-    fn reg_mr_list_in_slot(&self) -> Option<u64> {
-        let at = |o: usize| u32::from_le_bytes(self.slot[o..o + 4].try_into().expect("4"));
-        (at(abi::swqe::OPCODE) == abi::wr_op::REG_MR)
-            .then(|| list_bytes(at(abi::swqe::REG_NUM_PAGES) as usize))
-    }
-
-    /// Brings the budget's share of `qpn`'s REG_MR lists up to what the engine holds now
-    /// (lists leave it as their WQEs execute or are flushed); returns that.
-    fn sync_reg_mr_held(&mut self, qpn: u32) -> u64 {
-        let now = self.qd(qpn).sq_reg_mr_bytes(Qpn(qpn)).unwrap_or(0);
-        if let Some(q) = self.qps.get_mut(&qpn) {
-            self.lists.release(q.reg_mr_held);
-            self.lists.used = self.lists.used.saturating_add(now);
-            q.reg_mr_held = now;
-        }
-        now
-    }
-
-    /// For a REG_MR WQE in `self.slot`: the QP is a kernel QP (CREATE_QP_KERNEL) and the MR
-    /// is a fast-registration MR of the QP's PD with room for the page list. Other opcodes:
-    /// true (they are validated by the decoder).
-    fn reg_mr_allowed(&self, qpn: u32) -> bool {
-        let at = |o: usize| u32::from_le_bytes(self.slot[o..o + 4].try_into().expect("4"));
-        if at(abi::swqe::OPCODE) != abi::wr_op::REG_MR {
-            return true;
-        }
-        let Some(q) = self.qps.get(&qpn) else {
-            return false;
+            _ => false,
         };
-        if !q.kernel {
-            return false;
-        }
-        self.devs[0]
-            .with_mr(at(abi::swqe::REG_MR_LKEY), |mr| {
-                mr.pd == q.pd
-                    && matches!(mr.kind, rxe_core::mem::MrKind::FastReg { max_pages }
-                        if at(abi::swqe::REG_NUM_PAGES) <= max_pages)
-            })
-            .unwrap_or(false)
-    }
-
-    /// A send WQE the device cannot execute: it completes with LOC_QP_OP_ERR in send-queue
-    /// order and the QP moves to ERR (the engine flushes what came before and raises QP_FATAL).
-    fn post_failed(&mut self, qpn: u32) -> Result<(), VerbError> {
-        let wr_id = u64::from_le_bytes(self.slot[..8].try_into().expect("8"));
-        let opc = u32::from_le_bytes(self.slot[12..16].try_into().expect("4"));
-        let wc_op = match opc {
-            abi::wr_op::RDMA_WRITE | abi::wr_op::RDMA_WRITE_WITH_IMM => WcOpcode::RdmaWrite,
-            abi::wr_op::RDMA_READ => WcOpcode::RdmaRead,
-            abi::wr_op::ATOMIC_CMP_AND_SWP => WcOpcode::CompSwap,
-            abi::wr_op::ATOMIC_FETCH_AND_ADD => WcOpcode::FetchAdd,
-            abi::wr_op::LOCAL_INV => WcOpcode::LocalInv,
-            abi::wr_op::BIND_MW => WcOpcode::BindMw,
-            abi::wr_op::REG_MR => WcOpcode::RegMr,
-            abi::wr_op::ATOMIC_WRITE => WcOpcode::AtomicWrite,
-            abi::wr_op::FLUSH => WcOpcode::Flush,
-            _ => WcOpcode::Send,
-        };
-        self.qd(qpn)
-            .post_send_failed(Qpn(qpn), wr_id, wc_op, WcStatus::LocQpOpErr)?;
-        self.stats.bad_wqes += 1;
-        Ok(())
-    }
-
-    /// Publishes the SQ consumer index: the oldest WQE the engine has not completed.
-    fn sync_sq_cons(&mut self, mem: &GuestMemoryMmap, qpn: u32) {
-        self.sync_reg_mr_held(qpn);
-        let outstanding = self.qd(qpn).sq_outstanding(Qpn(qpn)).unwrap_or(0) as u32;
-        let Some(q) = self.qps.get_mut(&qpn) else {
-            self.sq_active.remove(&qpn);
-            return;
-        };
-        let Some(sq) = &q.sq else {
-            self.sq_active.remove(&qpn);
-            return;
-        };
-        let cons = q.sq_taken.wrapping_sub(outstanding) & sq.mask();
-        if cons != q.sq_cons {
-            q.sq_cons = cons;
-            if sq.store_index(mem, hdr::CONSUMER_INDEX, cons).is_err() {
-                self.qp_ring_fault(mem, qpn);
-            }
-        }
-        if outstanding == 0 {
-            self.sq_active.remove(&qpn);
-        }
-    }
-
-    /// A receive WQE the device cannot use: the QP goes to the error state (flushing what
-    /// came before), then the WQE completes with LOC_QP_OP_ERR.
-    /// A QP ring the device cannot read or write (its pages left guest memory): counted, and
-    /// the QP moves to ERR with QP_FATAL (once), so its user sees an error rather than a QP
-    /// that silently stops.
-    fn qp_ring_fault(&mut self, mem: &GuestMemoryMmap, qpn: u32) {
-        self.stats.ring_faults += 1;
-        let Some(q) = self.qps.get_mut(&qpn) else {
-            return;
-        };
-        if std::mem::replace(&mut q.faulted, true) {
-            return;
-        }
-        let cqn = q.recv_cq;
-        let attr = QpAttr {
-            qp_state: QpState::Err,
-            ..Default::default()
-        };
-        let _ = self
-            .qd(qpn)
-            .modify_qp(Qpn(qpn), &attr, AttrMask(AttrMask::STATE));
-        self.flush_cq(mem, cqn);
-        self.push_event(abi::event::KIND_ASYNC, abi::event::QP_FATAL, qpn);
-    }
-
-    fn bad_recv_wqe(&mut self, mem: &GuestMemoryMmap, qpn: u32, wr_id: u64) {
-        self.stats.bad_wqes += 1;
-        let attr = QpAttr {
-            qp_state: QpState::Err,
-            ..Default::default()
-        };
-        let _ = self
-            .qd(qpn)
-            .modify_qp(Qpn(qpn), &attr, AttrMask(AttrMask::STATE));
-        let Some(q) = self.qps.get(&qpn) else {
-            return;
-        };
-        let cqn = q.recv_cq;
-        self.flush_cq(mem, cqn);
-        let wc = ring::error_cqe(wr_id, qpn, WcOpcode::Recv as u32, WcStatus::LocQpOpErr);
-        self.write_cqe(mem, cqn, &wc);
-        self.push_event(abi::event::KIND_ASYNC, abi::event::QP_FATAL, qpn);
-    }
-
-    /// Moves receive WQEs from the RQ ring into the engine.
-    fn pull_rq(&mut self, mem: &GuestMemoryMmap, qpn: u32) {
-        let Some(q) = self.qps.get(&qpn) else {
-            return;
-        };
-        if let Some(s) = q.srq {
-            self.pull_srq(mem, s);
-            return;
-        }
-        let Some(rq) = q.rq.clone() else {
-            return;
-        };
-        let max_sge = q.caps.max_recv_sge;
-        let Ok(prod) = rq.load_index(mem, hdr::PRODUCER_INDEX) else {
-            self.qp_ring_fault(mem, qpn);
-            return;
-        };
-        let mut cons = q.rq_taken;
-        if cons == prod {
-            return;
-        }
-        self.slot.resize(rq.elem_size(), 0);
-        while cons != prod {
-            if rq.read_slot(mem, cons, &mut self.slot).is_err() {
-                self.qp_ring_fault(mem, qpn);
-                break;
-            }
-            match ring::decode_recv_wqe(&self.slot, max_sge) {
-                Ok(wr) => match self.qd(qpn).post_recv(Qpn(qpn), wr) {
-                    Ok(()) => self.stats.rq_wqes += 1,
-                    // Full, or RESET: leave the rest in the ring.
-                    Err(_) => break,
-                },
-                Err((wr_id, _)) => self.bad_recv_wqe(mem, qpn, wr_id),
-            }
-            cons = (cons + 1) & rq.mask();
-        }
-        if let Some(q) = self.qps.get_mut(&qpn) {
-            q.rq_taken = cons;
-        }
-        self.rq_active.insert(qpn);
-        // receives with a bad WQE completed at once
-        self.sync_rq_cons(mem, qpn);
-    }
-
-    /// Publishes the RQ consumer index: the oldest receive the engine has not completed.
-    fn sync_rq_cons(&mut self, mem: &GuestMemoryMmap, qpn: u32) {
-        let outstanding = self.qd(qpn).rq_outstanding(Qpn(qpn)).unwrap_or(0) as u32;
-        let Some(q) = self.qps.get_mut(&qpn) else {
-            self.rq_active.remove(&qpn);
-            return;
-        };
-        let Some(rq) = &q.rq else {
-            self.rq_active.remove(&qpn);
-            return;
-        };
-        let cons = q.rq_taken.wrapping_sub(outstanding) & rq.mask();
-        if cons != q.rq_cons {
-            q.rq_cons = cons;
-            if rq.store_index(mem, hdr::CONSUMER_INDEX, cons).is_err() {
-                self.qp_ring_fault(mem, qpn);
-            }
-        }
-        if outstanding == 0 {
-            self.rq_active.remove(&qpn);
-        }
-    }
-
-    fn pull_srq(&mut self, mem: &GuestMemoryMmap, srqn: u32) {
-        let Some(s) = self.srqs.get(&srqn) else {
-            return;
-        };
-        let ring = s.ring.clone();
-        let max_sge = s.max_sge;
-        let Ok(prod) = ring.load_index(mem, hdr::PRODUCER_INDEX) else {
-            self.stats.ring_faults += 1;
-            return;
-        };
-        let mut cons = s.cons;
-        if cons == prod {
-            return;
-        }
-        self.slot.resize(ring.elem_size(), 0);
-        while cons != prod {
-            if ring.read_slot(mem, cons, &mut self.slot).is_err() {
-                self.stats.ring_faults += 1;
-                break;
-            }
-            match ring::decode_recv_wqe(&self.slot, max_sge) {
-                Ok(wr) => match self.devs[0].post_srq_recv(srqn, wr) {
-                    Ok(()) => self.stats.rq_wqes += 1,
-                    Err(_) => break,
-                },
-                // No QP to blame: the WQE is skipped and counted.
-                Err(_) => self.stats.bad_wqes += 1,
-            }
-            cons = (cons + 1) & ring.mask();
-        }
-        if let Some(s) = self.srqs.get_mut(&srqn) {
-            s.cons = cons;
-        }
-        if ring.store_index(mem, hdr::CONSUMER_INDEX, cons).is_err() {
-            self.stats.ring_faults += 1;
-        }
-    }
-
-    /// Is the CQ ring full? Marks the overflow (once) and tells the engine, which moves
-    /// every QP using the CQ to ERR and raises CQ_ERR, as rxe.
-    fn ring_full(&mut self, mem: &GuestMemoryMmap, cqn: u32) -> Option<bool> {
-        let cq = self.cqs.get_mut(&cqn)?;
-        let Ok(cons) = cq.ring.load_index(mem, hdr::CONSUMER_INDEX) else {
-            self.stats.ring_faults += 1;
-            return None;
-        };
-        if (cq.prod.wrapping_add(1).wrapping_sub(cons)) & cq.ring.mask() != 0 {
-            return Some(false);
-        }
-        if !cq.overflowed {
-            cq.overflowed = true;
-            self.stats.cq_overflows += 1;
-            for d in &mut self.devs {
-                d.cq_overflow(cqn);
-            }
-        }
-        Some(true)
-    }
-
-    /// Writes one CQE into a CQ ring (overflow moves the CQ's QPs to the error state).
-    fn write_cqe(&mut self, mem: &GuestMemoryMmap, cqn: u32, wc: &abi::UverbsWc) -> bool {
-        if self.ring_full(mem, cqn) != Some(false) {
-            return false;
-        }
-        let cq = self.cqs.get_mut(&cqn).expect("checked by ring_full");
-        if cq
-            .ring
-            .write_slot(mem, cq.prod, ring::cqe_bytes(wc))
-            .is_err()
-        {
-            self.stats.ring_faults += 1;
-            return false;
-        }
-        cq.prod = (cq.prod + 1) & cq.ring.mask();
-        if cq
-            .ring
-            .store_index(mem, hdr::PRODUCER_INDEX, cq.prod)
-            .is_err()
-        {
-            self.stats.ring_faults += 1;
-        }
-        self.stats.cqes += 1;
-        self.check_cq_arm(mem, cqn, Some(wc.status != 0));
-        true
-    }
-
-    /// Moves the engine's completions for `cqn` into the guest ring: as many at a time as the
-    /// ring has room for (up to [`CQE_BATCH`]), taken from the engine under one lock.
-    fn flush_cq(&mut self, mem: &GuestMemoryMmap, cqn: u32) {
-        let mut wrote = false;
-        // A solicited receive or an error among them: fires a solicited-only arm.
-        let mut solicited = false;
-        let mut batch = std::mem::take(&mut self.cqe_scratch);
-        'fill: while let Some(cq) = self.cqs.get(&cqn) {
-            let Ok(cons) = cq.ring.load_index(mem, hdr::CONSUMER_INDEX) else {
-                self.stats.ring_faults += 1;
-                break;
-            };
-            // One slot stays empty: the ring is full when prod + 1 == cons.
-            let mask = cq.ring.mask();
-            let room = (mask - (cq.prod.wrapping_sub(cons) & mask)) as usize;
-            if room == 0 {
-                if self.devs[0].cq_len(cqn) == 0 {
-                    break;
-                }
-                match self.ring_full(mem, cqn) {
-                    // The guest took some meanwhile.
-                    Some(false) => continue,
-                    Some(true) => {
-                        // The CQ is in error: what the engine still holds is lost, as the
-                        // completion that did not fit (rxe drops it the same way).
-                        batch.clear();
-                        self.devs[0].poll_cq_into(cqn, usize::MAX, &mut batch);
-                    }
-                    None => {}
-                }
-                break;
-            }
-            batch.clear();
-            if self.devs[0].poll_cq_into(cqn, room.min(CQE_BATCH), &mut batch) == 0 {
-                break;
-            }
-            let cq = self.cqs.get_mut(&cqn).expect("present");
-            for c in &batch {
-                let wc = ring::encode_cqe(c);
-                if cq
-                    .ring
-                    .write_slot(mem, cq.prod, ring::cqe_bytes(&wc))
-                    .is_err()
-                {
-                    self.stats.ring_faults += 1;
-                    break 'fill;
-                }
-                cq.prod = (cq.prod + 1) & cq.ring.mask();
-                self.stats.cqes += 1;
-                solicited |= c.solicited || c.status != WcStatus::Success;
-                wrote = true;
-            }
-        }
-        batch.clear();
-        self.cqe_scratch = batch;
-        if wrote {
-            let cq = self.cqs.get(&cqn).expect("present");
-            if cq
-                .ring
-                .store_index(mem, hdr::PRODUCER_INDEX, cq.prod)
-                .is_err()
-            {
-                self.stats.ring_faults += 1;
-            }
-            self.check_cq_arm(mem, cqn, Some(solicited));
-        }
-    }
-
-    /// The arm protocol (doc: "CQ notification"): after publishing CQEs the device fences and
-    /// reads the notify word. `wrote` is `Some(solicited)` after publishing completions
-    /// (`solicited`: one of them was a solicited receive or an error), `None` for a CQ
-    /// doorbell. NEXT_COMP fires on any new CQE (on a doorbell: if the ring is not empty);
-    /// SOLICITED fires on a solicited or error completion.
-    fn check_cq_arm(&mut self, mem: &GuestMemoryMmap, cqn: u32, wrote: Option<bool>) {
-        let Some(cq) = self.cqs.get_mut(&cqn) else {
-            return;
-        };
-        fence(Ordering::SeqCst);
-        let Ok(w) = cq.ring.buf.load_u32(mem, hdr::CQ_NOTIFY, Ordering::Acquire) else {
-            self.stats.ring_faults += 1;
-            return;
-        };
-        let fire = match wrote {
-            Some(solicited) => {
-                w & hdr::NOTIFY_NEXT_COMP != 0 || (w & hdr::NOTIFY_SOLICITED != 0 && solicited)
-            }
-            None => {
-                w & hdr::NOTIFY_NEXT_COMP != 0
-                    && cq
-                        .ring
-                        .load_index(mem, hdr::CONSUMER_INDEX)
-                        .is_ok_and(|c| c != cq.prod)
-            }
-        };
-        if fire {
-            let _ = cq
-                .ring
-                .buf
-                .store_u32(mem, hdr::CQ_NOTIFY, 0, Ordering::Release);
-            self.push_event(abi::event::KIND_COMPLETION, 0, cqn);
+        if !known {
+            self.stats.bad_doorbells += 1;
         }
     }
 
     /// The guest's objects are gone (a reconnect lost the device's state): DEVICE_FATAL.
     pub fn device_fatal(&mut self) {
-        self.push_event(abi::event::KIND_ASYNC, abi::event::DEVICE_FATAL, 0);
-    }
-
-    fn push_event(&mut self, kind: u32, event: u32, object: u32) {
-        let e = abi::Event {
-            kind,
-            event,
-            object,
-            reserved: 0,
-        };
-        match self.events.push(e) {
-            Pushed::Queued => self.stats.events_raised += 1,
-            Pushed::Merged => {}
-            Pushed::Dropped => self.stats.events_dropped += 1,
-        }
+        self.common
+            .push_event(abi::event::KIND_ASYNC, abi::event::DEVICE_FATAL, 0);
     }
 
     // ------------------------------------------------------------------ network side
@@ -1945,16 +1628,157 @@ impl Model {
         // The BTH's destination QP, if the packet holds a BTH.
         let dqpn =
             (bytes.len() >= 12).then(|| u32::from_be_bytes([0, bytes[5], bytes[6], bytes[7]]));
+        // The shard of the destination QP; a multicast packet to every shard (each delivers
+        // to its own members); one too short to name a QP to the first, which drops it.
+        let n = self.shards.len();
+        let (first, count) = match dqpn {
+            Some(MULTICAST_QPN) => (0, n),
+            Some(q) => (Device::shard_of(Qpn(q), n as u32) as usize, 1),
+            None => (0, 1),
+        };
+        for s in &self.shards[first..first + count] {
+            lock(s).handle_packet(&self.common, mem, now, meta, bytes, dqpn, src, in_memory);
+        }
+    }
+
+    pub fn handle_timeout(&mut self, now: Instant) {
+        for s in &self.shards {
+            lock(s).dev.handle_timeout(now);
+        }
+    }
+
+    pub fn poll_timeout(&mut self) -> Option<Instant> {
+        self.shards
+            .iter()
+            .filter_map(|s| lock(s).dev.poll_timeout())
+            .min()
+    }
+
+    /// `f` on the engine shard QP `qpn` lives in.
+    pub fn with_qp_dev<R>(&self, qpn: u32, f: impl FnOnce(&Device) -> R) -> R {
+        f(&self.shard(qpn).dev)
+    }
+
+    /// Each engine shard's QPs and port counters, in shard order.
+    pub fn shard_loads(&self) -> Vec<(usize, rxe_core::device::PortCounters)> {
+        self.shards
+            .iter()
+            .map(|s| {
+                let s = lock(s);
+                (s.dev.qpns().count(), s.dev.port_counters())
+            })
+            .collect()
+    }
+
+    /// The device's port counters: every shard's, added up.
+    pub fn port_counters(&self) -> rxe_core::device::PortCounters {
+        let mut p = rxe_core::device::PortCounters::default();
+        for s in &self.shards {
+            p.add(&lock(s).dev.port_counters());
+        }
+        p
+    }
+
+    /// Runs the engine for at most [`TX_BUDGET`] packets: sends what it produces through
+    /// `tx`, moves completions into CQ rings, collects events. Says why it stopped.
+    pub fn pump(&mut self, mem: &GuestMemoryMmap, now: Instant, tx: &mut dyn PacketSink) -> Pump {
+        self.pump_budget(mem, now, tx, TX_BUDGET)
+    }
+
+    /// [`Self::pump`] with a packet budget of `budget`, for the shards in turn: a shard that
+    /// spends what is left ends the pump, and the next pump starts with the shard after it.
+    pub fn pump_budget(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        now: Instant,
+        tx: &mut dyn PacketSink,
+        budget: usize,
+    ) -> Pump {
+        let n = self.shards.len();
+        let mut left = budget;
+        for i in 0..n {
+            let k = (self.tx_shard + i) % n;
+            let p = lock(&self.shards[k]).pump(&self.common, mem, now, tx, &mut left);
+            if p != Pump::Idle {
+                self.tx_shard = (k + 1) % n;
+                return p;
+            }
+        }
+        Pump::Idle
+    }
+
+    /// Raises a port event (the transport lost or regained its socket).
+    pub fn port_event(&mut self, active: bool) {
+        let e = if active {
+            abi::event::PORT_ACTIVE
+        } else {
+            abi::event::PORT_ERR
+        };
+        self.common.push_event(abi::event::KIND_ASYNC, e, 1);
+    }
+
+    /// Per-QP counters as (qpn, counters).
+    pub fn qp_counters(&self) -> Vec<(u32, rxe_core::QpCounters)> {
+        let mut v = Vec::new();
+        for s in &self.shards {
+            let s = lock(s);
+            v.extend(
+                s.qps
+                    .keys()
+                    .filter_map(|&q| s.dev.qp_counters(Qpn(q)).map(|c| (q, c))),
+            );
+        }
+        v.sort_unstable_by_key(|e| e.0);
+        v
+    }
+}
+
+impl Shard {
+    fn new(k: usize, dev: Device) -> Self {
+        Shard {
+            k,
+            dev,
+            qps: HashMap::new(),
+            sq_backlog: BTreeSet::new(),
+            sq_active: BTreeSet::new(),
+            rq_active: BTreeSet::new(),
+            stats: ModelStats::default(),
+            mcast_scratch: Vec::new(),
+            cqe_scratch: Vec::new(),
+            refs_scratch: Default::default(),
+            seg_buf: Vec::new(),
+            slot: Vec::new(),
+            scratch: Vec::new(),
+        }
+    }
+
+    /// [`Model::handle_packet_refs`] in this shard, whose QP `dqpn` is (or, for multicast,
+    /// whose members of the group are) the destination.
+    #[allow(clippy::too_many_arguments)]
+    fn handle_packet(
+        &mut self,
+        c: &Common,
+        mem: &GuestMemoryMmap,
+        now: Instant,
+        meta: &RecvMeta,
+        bytes: &[u8],
+        dqpn: Option<u32>,
+        src: Option<(&GuestMemoryMmap, &[crate::payload_ref::PayloadRef])>,
+        in_memory: bool,
+    ) {
         if let Some(dqpn) = dqpn {
             if self.qps.contains_key(&dqpn) {
-                self.pull_rq(mem, dqpn);
+                self.pull_rq(c, mem, dqpn);
             } else if dqpn == MULTICAST_QPN && meta.dst.is_multicast() {
-                // Every QP attached to the group gets a copy: each needs its receives.
+                // Every QP of this shard attached to the group gets a copy: each needs its
+                // receives.
                 let mut members = std::mem::take(&mut self.mcast_scratch);
                 members.clear();
-                self.devs[0].mcast_members(&meta.dst, &mut members);
+                self.dev.mcast_members(&meta.dst, &mut members);
                 for &q in &members {
-                    self.pull_rq(mem, q.0);
+                    if self.qps.contains_key(&q.0) {
+                        self.pull_rq(c, mem, q.0);
+                    }
                 }
                 self.mcast_scratch = members;
             }
@@ -1968,83 +1792,29 @@ impl Model {
             }
             _ => &mut own,
         };
-        // The shard of the destination QP; a multicast packet to every shard (each delivers
-        // to its own members); one too short to name a QP to the first, which drops it.
-        let n = self.devs.len();
-        let (first, count) = match dqpn {
-            Some(MULTICAST_QPN) => (0, n),
-            Some(q) => (Device::shard_of(Qpn(q), n as u32) as usize, 1),
-            None => (0, 1),
+        let _ = if in_memory {
+            self.dev.handle_packet_in_memory(now, meta, bytes, ram)
+        } else {
+            self.dev.handle_packet(now, meta, bytes, ram)
         };
-        for d in &mut self.devs[first..first + count] {
-            let _ = if in_memory {
-                d.handle_packet_in_memory(now, meta, bytes, ram)
-            } else {
-                d.handle_packet(now, meta, bytes, ram)
-            };
-        }
     }
 
-    pub fn handle_timeout(&mut self, now: Instant) {
-        for d in &mut self.devs {
-            d.handle_timeout(now);
-        }
-    }
-
-    pub fn poll_timeout(&mut self) -> Option<Instant> {
-        self.devs.iter_mut().filter_map(|d| d.poll_timeout()).min()
-    }
-
-    /// The engine shard QP `qpn` lives in.
-    fn qd(&mut self, qpn: u32) -> &mut Device {
-        let n = self.devs.len() as u32;
-        &mut self.devs[Device::shard_of(Qpn(qpn), n) as usize]
-    }
-
-    /// The engine shard QP `qpn` lives in, to read.
-    pub fn qp_dev(&self, qpn: u32) -> &Device {
-        let n = self.devs.len() as u32;
-        &self.devs[Device::shard_of(Qpn(qpn), n) as usize]
-    }
-
-    /// Each engine shard's QPs and port counters, in shard order.
-    pub fn shard_loads(&self) -> Vec<(usize, rxe_core::device::PortCounters)> {
-        self.devs
-            .iter()
-            .map(|d| (d.qpns().count(), d.port_counters()))
-            .collect()
-    }
-
-    /// The device's port counters: every shard's, added up.
-    pub fn port_counters(&self) -> rxe_core::device::PortCounters {
-        let mut p = rxe_core::device::PortCounters::default();
-        for d in &self.devs {
-            p.add(&d.port_counters());
-        }
-        p
-    }
-
-    /// Runs the engine for at most [`TX_BUDGET`] packets: sends what it produces through
-    /// `tx`, moves completions into CQ rings, collects events. Says why it stopped.
-    pub fn pump(&mut self, mem: &GuestMemoryMmap, now: Instant, tx: &mut dyn PacketSink) -> Pump {
-        self.pump_budget(mem, now, tx, TX_BUDGET)
-    }
-
-    /// [`Self::pump`] with a packet budget of `budget`.
-    pub fn pump_budget(
+    /// This shard's part of [`Model::pump_budget`]: at most `left` packets (counted down).
+    fn pump(
         &mut self,
+        c: &Common,
         mem: &GuestMemoryMmap,
         now: Instant,
         tx: &mut dyn PacketSink,
-        budget: usize,
+        left: &mut usize,
     ) -> Pump {
-        let mut left = budget;
+        self.apply_overflows(c);
         // What a full socket kept back goes first; it may have drained since.
         tx.flush();
         for _ in 0..64 {
             // Completions made room in the engine's send queues: take what waits in rings.
             let before = self.stats.sq_wqes;
-            self.pull_backlog(mem);
+            self.pull_backlog(c, mem);
             let mut sent = (self.stats.sq_wqes - before) as usize;
             let mut stop = None;
             loop {
@@ -2052,27 +1822,25 @@ impl Model {
                     stop = Some(Pump::Blocked);
                     break;
                 }
-                if left == 0 {
+                if *left == 0 {
                     stop = Some(Pump::Budget);
                     break;
                 }
                 if !self.transmit(mem, now, tx) {
                     break;
                 }
-                left -= 1;
+                *left -= 1;
                 sent += 1;
                 if sent.is_multiple_of(64) {
                     // Let packets and completions out between bursts.
                     tx.flush();
-                    self.flush_all_cqs(mem);
+                    self.flush_all_cqs(c, mem);
                 }
             }
             tx.flush();
-            self.flush_all_cqs(mem);
-            for k in 0..self.devs.len() {
-                while let Some(e) = self.devs[k].poll_event() {
-                    self.engine_event(e);
-                }
+            self.flush_all_cqs(c, mem);
+            while let Some(e) = self.dev.poll_event() {
+                Self::engine_event(c, e);
             }
             match stop {
                 _ if tx.blocked() => return Pump::Blocked,
@@ -2085,7 +1853,7 @@ impl Model {
                 // Local work requests (REG_MR, LOCAL_INV, BIND_MW) complete without a packet
                 // and may have made room for what waits in a ring: go on only if it moved.
                 let before = self.stats.sq_wqes + self.stats.bad_wqes;
-                self.pull_backlog(mem);
+                self.pull_backlog(c, mem);
                 if self.stats.sq_wqes + self.stats.bad_wqes == before {
                     return Pump::Idle;
                 }
@@ -2095,22 +1863,547 @@ impl Model {
         Pump::Budget
     }
 
+    /// Moves send WQEs from the SQ ring into the engine: at most `max_send_wr` outstanding,
+    /// as rxe, so the driver can never have more WQEs in flight than it sized its CQ for.
+    fn pull_sq(&mut self, c: &Common, mem: &GuestMemoryMmap, qpn: u32) {
+        let Some(q) = self.qps.get(&qpn) else {
+            return;
+        };
+        let Some(sq) = q.sq.clone() else {
+            return;
+        };
+        let Ok(prod) = sq.load_index(mem, hdr::PRODUCER_INDEX) else {
+            self.qp_ring_fault(c, mem, qpn);
+            return;
+        };
+        let caps = SqCaps {
+            max_sge: q.caps.max_send_sge,
+            max_inline: q.caps.max_inline_data,
+            ud: matches!(q.qp_type, QpType::Ud | QpType::Gsi),
+        };
+        let max = q.caps.max_send_wr as usize;
+        let mut taken = q.sq_taken;
+        let outstanding = self.dev.sq_outstanding(Qpn(qpn)).unwrap_or(0);
+        let mut room = max.saturating_sub(outstanding);
+        self.slot.resize(sq.elem_size(), 0);
+        let mut backlog = false;
+        while taken != prod {
+            if room == 0 {
+                // Completions will make room: look again then.
+                backlog = true;
+                break;
+            }
+            if sq.read_slot(mem, taken, &mut self.slot).is_err() {
+                self.qp_ring_fault(c, mem, qpn);
+                break;
+            }
+            let reg_list = self.reg_mr_list_in_slot();
+            let mut refuse = !self.reg_mr_allowed(qpn);
+            if let (Some(s), false) = (reg_list, refuse) {
+                // The caps, checked before the page list is read: a QP holds at most
+                // MAX_QP_REG_MR_LIST_BYTES of REG_MR lists (more waits here until its earlier
+                // REG_MRs have executed); the device's budget takes the list or the WQE fails.
+                let held = self.sync_reg_mr_held(c, qpn);
+                if held > 0 && held.saturating_add(s) > MAX_QP_REG_MR_LIST_BYTES {
+                    self.stats.reg_mr_waits += 1;
+                    backlog = true;
+                    break;
+                }
+                if !c.lists().fits(s) {
+                    log::debug!("qp {qpn}: REG_MR page list of {s} bytes beyond the device cap");
+                    refuse = true;
+                }
+            }
+            if refuse {
+                // Checked before the page list is read: a user ring cannot make the device
+                // walk (and hold) page lists.
+                let r = self.post_failed(qpn);
+                if r.is_err() {
+                    backlog = true;
+                    break;
+                }
+                room -= 1;
+                taken = (taken + 1) & sq.mask();
+                continue;
+            }
+            let dev = &self.dev;
+            let ah = |n: u32| n.checked_sub(1).and_then(|id| dev.ah(id));
+            let r = match ring::decode_send_wqe(&self.slot, caps, &ah, mem) {
+                Ok(wr) => match self.dev.post_send(Qpn(qpn), wr) {
+                    Ok(()) => {
+                        self.stats.sq_wqes += 1;
+                        Ok(())
+                    }
+                    Err(e @ (VerbError::NoResources | VerbError::BadState)) => Err(e),
+                    Err(_) => self.post_failed(qpn),
+                },
+                Err((_, e)) => {
+                    log::debug!("qp {qpn}: bad send WQE {e:?}");
+                    self.post_failed(qpn)
+                }
+            };
+            if r.is_err() {
+                // Not ready (RESET/INIT/RTR) or full: leave the rest in the ring.
+                backlog = true;
+                break;
+            }
+            if reg_list.is_some() {
+                // The engine holds the list now: it counts against the budget.
+                self.sync_reg_mr_held(c, qpn);
+            }
+            room -= 1;
+            taken = (taken + 1) & sq.mask();
+        }
+        if let Some(q) = self.qps.get_mut(&qpn) {
+            q.sq_taken = taken;
+        }
+        if backlog {
+            self.sq_backlog.insert(qpn);
+        } else {
+            self.sq_backlog.remove(&qpn);
+        }
+        self.sq_active.insert(qpn);
+        self.sync_sq_cons(c, mem, qpn);
+    }
+
+    /// For a REG_MR WQE in `self.slot`: the bytes of its page list (`num_pages` × 8; the
+    /// list is not read). Other opcodes: `None`.
+    fn reg_mr_list_in_slot(&self) -> Option<u64> {
+        let at = |o: usize| u32::from_le_bytes(self.slot[o..o + 4].try_into().expect("4"));
+        (at(abi::swqe::OPCODE) == abi::wr_op::REG_MR)
+            .then(|| list_bytes(at(abi::swqe::REG_NUM_PAGES) as usize))
+    }
+
+    /// Brings the budget's share of `qpn`'s REG_MR lists up to what the engine holds now
+    /// (lists leave it as their WQEs execute or are flushed); returns that.
+    fn sync_reg_mr_held(&mut self, c: &Common, qpn: u32) -> u64 {
+        let now = self.dev.sq_reg_mr_bytes(Qpn(qpn)).unwrap_or(0);
+        if let Some(q) = self.qps.get_mut(&qpn) {
+            let mut l = c.lists();
+            l.release(q.reg_mr_held);
+            l.used = l.used.saturating_add(now);
+            q.reg_mr_held = now;
+        }
+        now
+    }
+
+    /// For a REG_MR WQE in `self.slot`: the QP is a kernel QP (CREATE_QP_KERNEL) and the MR
+    /// is a fast-registration MR of the QP's PD with room for the page list. Other opcodes:
+    /// true (they are validated by the decoder).
+    fn reg_mr_allowed(&self, qpn: u32) -> bool {
+        let at = |o: usize| u32::from_le_bytes(self.slot[o..o + 4].try_into().expect("4"));
+        if at(abi::swqe::OPCODE) != abi::wr_op::REG_MR {
+            return true;
+        }
+        let Some(q) = self.qps.get(&qpn) else {
+            return false;
+        };
+        if !q.kernel {
+            return false;
+        }
+        self.dev
+            .with_mr(at(abi::swqe::REG_MR_LKEY), |mr| {
+                mr.pd == q.pd
+                    && matches!(mr.kind, rxe_core::mem::MrKind::FastReg { max_pages }
+                        if at(abi::swqe::REG_NUM_PAGES) <= max_pages)
+            })
+            .unwrap_or(false)
+    }
+
+    /// A send WQE the device cannot execute: it completes with LOC_QP_OP_ERR in send-queue
+    /// order and the QP moves to ERR (the engine flushes what came before and raises QP_FATAL).
+    fn post_failed(&mut self, qpn: u32) -> Result<(), VerbError> {
+        let wr_id = u64::from_le_bytes(self.slot[..8].try_into().expect("8"));
+        let opc = u32::from_le_bytes(self.slot[12..16].try_into().expect("4"));
+        let wc_op = match opc {
+            abi::wr_op::RDMA_WRITE | abi::wr_op::RDMA_WRITE_WITH_IMM => WcOpcode::RdmaWrite,
+            abi::wr_op::RDMA_READ => WcOpcode::RdmaRead,
+            abi::wr_op::ATOMIC_CMP_AND_SWP => WcOpcode::CompSwap,
+            abi::wr_op::ATOMIC_FETCH_AND_ADD => WcOpcode::FetchAdd,
+            abi::wr_op::LOCAL_INV => WcOpcode::LocalInv,
+            abi::wr_op::BIND_MW => WcOpcode::BindMw,
+            abi::wr_op::REG_MR => WcOpcode::RegMr,
+            abi::wr_op::ATOMIC_WRITE => WcOpcode::AtomicWrite,
+            abi::wr_op::FLUSH => WcOpcode::Flush,
+            _ => WcOpcode::Send,
+        };
+        self.dev
+            .post_send_failed(Qpn(qpn), wr_id, wc_op, WcStatus::LocQpOpErr)?;
+        self.stats.bad_wqes += 1;
+        Ok(())
+    }
+
+    /// Publishes the SQ consumer index: the oldest WQE the engine has not completed.
+    fn sync_sq_cons(&mut self, c: &Common, mem: &GuestMemoryMmap, qpn: u32) {
+        self.sync_reg_mr_held(c, qpn);
+        let outstanding = self.dev.sq_outstanding(Qpn(qpn)).unwrap_or(0) as u32;
+        let Some(q) = self.qps.get_mut(&qpn) else {
+            self.sq_active.remove(&qpn);
+            return;
+        };
+        let Some(sq) = &q.sq else {
+            self.sq_active.remove(&qpn);
+            return;
+        };
+        let cons = q.sq_taken.wrapping_sub(outstanding) & sq.mask();
+        if cons != q.sq_cons {
+            q.sq_cons = cons;
+            if sq.store_index(mem, hdr::CONSUMER_INDEX, cons).is_err() {
+                self.qp_ring_fault(c, mem, qpn);
+            }
+        }
+        if outstanding == 0 {
+            self.sq_active.remove(&qpn);
+        }
+    }
+
+    /// A receive WQE the device cannot use: the QP goes to the error state (flushing what
+    /// came before), then the WQE completes with LOC_QP_OP_ERR.
+    /// A QP ring the device cannot read or write (its pages left guest memory): counted, and
+    /// the QP moves to ERR with QP_FATAL (once), so its user sees an error rather than a QP
+    /// that silently stops.
+    fn qp_ring_fault(&mut self, c: &Common, mem: &GuestMemoryMmap, qpn: u32) {
+        self.stats.ring_faults += 1;
+        let Some(q) = self.qps.get_mut(&qpn) else {
+            return;
+        };
+        if std::mem::replace(&mut q.faulted, true) {
+            return;
+        }
+        let cqn = q.recv_cq;
+        let attr = QpAttr {
+            qp_state: QpState::Err,
+            ..Default::default()
+        };
+        let _ = self
+            .dev
+            .modify_qp(Qpn(qpn), &attr, AttrMask(AttrMask::STATE));
+        self.flush_cq(c, mem, cqn);
+        c.push_event(abi::event::KIND_ASYNC, abi::event::QP_FATAL, qpn);
+    }
+
+    fn bad_recv_wqe(&mut self, c: &Common, mem: &GuestMemoryMmap, qpn: u32, wr_id: u64) {
+        self.stats.bad_wqes += 1;
+        let attr = QpAttr {
+            qp_state: QpState::Err,
+            ..Default::default()
+        };
+        let _ = self
+            .dev
+            .modify_qp(Qpn(qpn), &attr, AttrMask(AttrMask::STATE));
+        let Some(q) = self.qps.get(&qpn) else {
+            return;
+        };
+        let cqn = q.recv_cq;
+        self.flush_cq(c, mem, cqn);
+        let wc = ring::error_cqe(wr_id, qpn, WcOpcode::Recv as u32, WcStatus::LocQpOpErr);
+        self.write_cqe(c, mem, cqn, &wc);
+        c.push_event(abi::event::KIND_ASYNC, abi::event::QP_FATAL, qpn);
+    }
+
+    /// Moves receive WQEs from the RQ ring into the engine.
+    fn pull_rq(&mut self, c: &Common, mem: &GuestMemoryMmap, qpn: u32) {
+        let Some(q) = self.qps.get(&qpn) else {
+            return;
+        };
+        if let Some(s) = q.srq {
+            self.pull_srq(c, mem, s);
+            return;
+        }
+        let Some(rq) = q.rq.clone() else {
+            return;
+        };
+        let max_sge = q.caps.max_recv_sge;
+        let Ok(prod) = rq.load_index(mem, hdr::PRODUCER_INDEX) else {
+            self.qp_ring_fault(c, mem, qpn);
+            return;
+        };
+        let mut cons = q.rq_taken;
+        if cons == prod {
+            return;
+        }
+        self.slot.resize(rq.elem_size(), 0);
+        while cons != prod {
+            if rq.read_slot(mem, cons, &mut self.slot).is_err() {
+                self.qp_ring_fault(c, mem, qpn);
+                break;
+            }
+            match ring::decode_recv_wqe(&self.slot, max_sge) {
+                Ok(wr) => match self.dev.post_recv(Qpn(qpn), wr) {
+                    Ok(()) => self.stats.rq_wqes += 1,
+                    // Full, or RESET: leave the rest in the ring.
+                    Err(_) => break,
+                },
+                Err((wr_id, _)) => self.bad_recv_wqe(c, mem, qpn, wr_id),
+            }
+            cons = (cons + 1) & rq.mask();
+        }
+        if let Some(q) = self.qps.get_mut(&qpn) {
+            q.rq_taken = cons;
+        }
+        self.rq_active.insert(qpn);
+        // receives with a bad WQE completed at once
+        self.sync_rq_cons(c, mem, qpn);
+    }
+
+    /// Publishes the RQ consumer index: the oldest receive the engine has not completed.
+    fn sync_rq_cons(&mut self, c: &Common, mem: &GuestMemoryMmap, qpn: u32) {
+        let outstanding = self.dev.rq_outstanding(Qpn(qpn)).unwrap_or(0) as u32;
+        let Some(q) = self.qps.get_mut(&qpn) else {
+            self.rq_active.remove(&qpn);
+            return;
+        };
+        let Some(rq) = &q.rq else {
+            self.rq_active.remove(&qpn);
+            return;
+        };
+        let cons = q.rq_taken.wrapping_sub(outstanding) & rq.mask();
+        if cons != q.rq_cons {
+            q.rq_cons = cons;
+            if rq.store_index(mem, hdr::CONSUMER_INDEX, cons).is_err() {
+                self.qp_ring_fault(c, mem, qpn);
+            }
+        }
+        if outstanding == 0 {
+            self.rq_active.remove(&qpn);
+        }
+    }
+
+    fn pull_srq(&mut self, c: &Common, mem: &GuestMemoryMmap, srqn: u32) {
+        let Some(srq) = c.srq(srqn) else {
+            return;
+        };
+        // Held throughout: the receives of one SRQ are taken by one shard at a time.
+        let mut s = lock(&srq);
+        let ring = s.ring.clone();
+        let max_sge = s.max_sge;
+        let Ok(prod) = ring.load_index(mem, hdr::PRODUCER_INDEX) else {
+            self.stats.ring_faults += 1;
+            return;
+        };
+        let mut cons = s.cons;
+        if cons == prod {
+            return;
+        }
+        self.slot.resize(ring.elem_size(), 0);
+        while cons != prod {
+            if ring.read_slot(mem, cons, &mut self.slot).is_err() {
+                self.stats.ring_faults += 1;
+                break;
+            }
+            match ring::decode_recv_wqe(&self.slot, max_sge) {
+                Ok(wr) => match self.dev.post_srq_recv(srqn, wr) {
+                    Ok(()) => self.stats.rq_wqes += 1,
+                    Err(_) => break,
+                },
+                // No QP to blame: the WQE is skipped and counted.
+                Err(_) => self.stats.bad_wqes += 1,
+            }
+            cons = (cons + 1) & ring.mask();
+        }
+        s.cons = cons;
+        if ring.store_index(mem, hdr::CONSUMER_INDEX, cons).is_err() {
+            self.stats.ring_faults += 1;
+        }
+    }
+
+    /// Is the CQ ring full? Marks the overflow (once) and tells the engine, which moves
+    /// every QP using the CQ to ERR and raises CQ_ERR, as rxe: this shard at once, the
+    /// others at their next pump.
+    fn ring_full(
+        &mut self,
+        c: &Common,
+        mem: &GuestMemoryMmap,
+        cqn: u32,
+        cq: &mut CqShadow,
+    ) -> Option<bool> {
+        let Ok(cons) = cq.ring.load_index(mem, hdr::CONSUMER_INDEX) else {
+            self.stats.ring_faults += 1;
+            return None;
+        };
+        if (cq.prod.wrapping_add(1).wrapping_sub(cons)) & cq.ring.mask() != 0 {
+            return Some(false);
+        }
+        if !cq.overflowed {
+            cq.overflowed = true;
+            self.stats.cq_overflows += 1;
+            self.dev.cq_overflow(cqn);
+            for (j, o) in c.overflowed.iter().enumerate() {
+                if j != self.k {
+                    lock(o).push(cqn);
+                }
+            }
+        }
+        Some(true)
+    }
+
+    /// Moves the QPs of this shard that use a CQ another shard found overflowed to ERR.
+    fn apply_overflows(&mut self, c: &Common) {
+        let Some(o) = c.overflowed.get(self.k) else {
+            return;
+        };
+        let cqs = std::mem::take(&mut *lock(o));
+        for cqn in cqs {
+            self.dev.cq_overflow(cqn);
+        }
+    }
+
+    /// Writes one CQE into a CQ ring (overflow moves the CQ's QPs to the error state).
+    fn write_cqe(&mut self, c: &Common, mem: &GuestMemoryMmap, cqn: u32, wc: &abi::UverbsWc) {
+        let Some(cq) = c.cq(cqn) else {
+            return;
+        };
+        let mut cq = lock(&cq);
+        if self.ring_full(c, mem, cqn, &mut cq) != Some(false) {
+            return;
+        }
+        if cq
+            .ring
+            .write_slot(mem, cq.prod, ring::cqe_bytes(wc))
+            .is_err()
+        {
+            self.stats.ring_faults += 1;
+            return;
+        }
+        cq.prod = (cq.prod + 1) & cq.ring.mask();
+        if cq
+            .ring
+            .store_index(mem, hdr::PRODUCER_INDEX, cq.prod)
+            .is_err()
+        {
+            self.stats.ring_faults += 1;
+        }
+        self.stats.cqes += 1;
+        self.check_arm(c, mem, cqn, &mut cq, Some(wc.status != 0));
+    }
+
+    /// Moves the engine's completions for `cqn` into the guest ring: as many at a time as the
+    /// ring has room for (up to [`CQE_BATCH`]), taken from the engine under one lock. The
+    /// CQ's shadow is held throughout: completions of QPs of other shards wait.
+    fn flush_cq(&mut self, c: &Common, mem: &GuestMemoryMmap, cqn: u32) {
+        let Some(cq) = c.cq(cqn) else {
+            return;
+        };
+        let mut cq = lock(&cq);
+        let mut wrote = false;
+        // A solicited receive or an error among them: fires a solicited-only arm.
+        let mut solicited = false;
+        let mut batch = std::mem::take(&mut self.cqe_scratch);
+        'fill: loop {
+            let Ok(cons) = cq.ring.load_index(mem, hdr::CONSUMER_INDEX) else {
+                self.stats.ring_faults += 1;
+                break;
+            };
+            // One slot stays empty: the ring is full when prod + 1 == cons.
+            let mask = cq.ring.mask();
+            let room = (mask - (cq.prod.wrapping_sub(cons) & mask)) as usize;
+            if room == 0 {
+                if self.dev.cq_len(cqn) == 0 {
+                    break;
+                }
+                match self.ring_full(c, mem, cqn, &mut cq) {
+                    // The guest took some meanwhile.
+                    Some(false) => continue,
+                    Some(true) => {
+                        // The CQ is in error: what the engine still holds is lost, as the
+                        // completion that did not fit (rxe drops it the same way).
+                        batch.clear();
+                        self.dev.poll_cq_into(cqn, usize::MAX, &mut batch);
+                    }
+                    None => {}
+                }
+                break;
+            }
+            batch.clear();
+            if self.dev.poll_cq_into(cqn, room.min(CQE_BATCH), &mut batch) == 0 {
+                break;
+            }
+            for e in &batch {
+                let wc = ring::encode_cqe(e);
+                if cq
+                    .ring
+                    .write_slot(mem, cq.prod, ring::cqe_bytes(&wc))
+                    .is_err()
+                {
+                    self.stats.ring_faults += 1;
+                    break 'fill;
+                }
+                cq.prod = (cq.prod + 1) & cq.ring.mask();
+                self.stats.cqes += 1;
+                solicited |= e.solicited || e.status != WcStatus::Success;
+                wrote = true;
+            }
+        }
+        batch.clear();
+        self.cqe_scratch = batch;
+        if wrote {
+            if cq
+                .ring
+                .store_index(mem, hdr::PRODUCER_INDEX, cq.prod)
+                .is_err()
+            {
+                self.stats.ring_faults += 1;
+            }
+            self.check_arm(c, mem, cqn, &mut cq, Some(solicited));
+        }
+    }
+
+    /// [`Self::check_arm`] for a CQ doorbell.
+    fn check_cq_arm(&mut self, c: &Common, mem: &GuestMemoryMmap, cqn: u32) {
+        if let Some(cq) = c.cq(cqn) {
+            self.check_arm(c, mem, cqn, &mut lock(&cq), None);
+        }
+    }
+
+    /// The arm protocol (doc: "CQ notification"): after publishing CQEs the device fences and
+    /// reads the notify word. `wrote` is `Some(solicited)` after publishing completions
+    /// (`solicited`: one of them was a solicited receive or an error), `None` for a CQ
+    /// doorbell. NEXT_COMP fires on any new CQE (on a doorbell: if the ring is not empty);
+    /// SOLICITED fires on a solicited or error completion.
+    fn check_arm(
+        &mut self,
+        c: &Common,
+        mem: &GuestMemoryMmap,
+        cqn: u32,
+        cq: &mut CqShadow,
+        wrote: Option<bool>,
+    ) {
+        fence(Ordering::SeqCst);
+        let Ok(w) = cq.ring.buf.load_u32(mem, hdr::CQ_NOTIFY, Ordering::Acquire) else {
+            self.stats.ring_faults += 1;
+            return;
+        };
+        let fire = match wrote {
+            Some(solicited) => {
+                w & hdr::NOTIFY_NEXT_COMP != 0 || (w & hdr::NOTIFY_SOLICITED != 0 && solicited)
+            }
+            None => {
+                w & hdr::NOTIFY_NEXT_COMP != 0
+                    && cq
+                        .ring
+                        .load_index(mem, hdr::CONSUMER_INDEX)
+                        .is_ok_and(|i| i != cq.prod)
+            }
+        };
+        if fire {
+            let _ = cq
+                .ring
+                .buf
+                .store_u32(mem, hdr::CQ_NOTIFY, 0, Ordering::Release);
+            c.push_event(abi::event::KIND_COMPLETION, 0, cqn);
+        }
+    }
+
     /// Pushes the engine's next packet into `tx`, with payload references where the sink
     /// takes them for an RC packet, else whole; false if the engine had none.
     fn transmit(&mut self, mem: &GuestMemoryMmap, now: Instant, tx: &mut dyn PacketSink) -> bool {
         if !tx.takes_refs() {
             let mut ram = crate::guest_mem::GuestRam(mem);
-            let n = self.devs.len();
-            // The shards in turn, from the one after the last that sent.
-            for i in 0..n {
-                let k = (self.tx_shard + i) % n;
-                if let Some(t) = self.devs[k].poll_transmit(now, &mut ram, tx.next_buf()) {
-                    self.tx_shard = (k + 1) % n;
-                    tx.push(&t);
-                    return true;
-                }
-            }
-            return false;
+            let Some(t) = self.dev.poll_transmit(now, &mut ram, tx.next_buf()) else {
+                return false;
+            };
+            tx.push(&t);
+            return true;
         }
         let refs = std::mem::take(&mut self.refs_scratch);
         let seg = tx.segment();
@@ -2123,24 +2416,12 @@ impl Model {
             let mut ram = crate::payload_ref::DeferringRam::new(mem, buf, &refs);
             let sink = &*tx;
             let in_memory = |g: &Gid| seg > 0 && sink.in_memory(g);
-            let n = self.devs.len();
-            let mut sent = None;
-            for i in 0..n {
-                let k = (self.tx_shard + i) % n;
-                sent = self.devs[k].poll_transmit_segments(now, &mut ram, buf, &in_memory);
-                if sent.is_some() {
-                    self.tx_shard = (k + 1) % n;
-                    break;
-                }
-            }
-            sent
+            self.dev
+                .poll_transmit_segments(now, &mut ram, buf, &in_memory)
         };
         if let Some(t) = &t {
             let noted = !refs.borrow().is_empty();
-            let rc = self
-                .qd(t.qpn.0)
-                .qp(t.qpn)
-                .is_some_and(|q| q.qp_type == QpType::Rc);
+            let rc = self.dev.qp(t.qpn).is_some_and(|q| q.qp_type == QpType::Rc);
             let roce = &self.seg_buf[..t.len.min(cap)];
             if rc && tx.wants_refs(t) {
                 tx.push_refs(t, roce, &refs.borrow());
@@ -2166,7 +2447,7 @@ impl Model {
     }
 
     /// Pulls the SQs that left WQEs in their rings (no room, not ready, a REG_MR cap).
-    fn pull_backlog(&mut self, mem: &GuestMemoryMmap) {
+    fn pull_backlog(&mut self, c: &Common, mem: &GuestMemoryMmap) {
         if self.sq_backlog.is_empty() {
             return;
         }
@@ -2174,12 +2455,12 @@ impl Model {
         v.clear();
         v.extend(self.sq_backlog.iter().copied());
         for &qpn in &v {
-            self.pull_sq(mem, qpn);
+            self.pull_sq(c, mem, qpn);
         }
         self.scratch = v;
     }
 
-    fn flush_all_cqs(&mut self, mem: &GuestMemoryMmap) {
+    fn flush_all_cqs(&mut self, c: &Common, mem: &GuestMemoryMmap) {
         let mut v = std::mem::take(&mut self.scratch);
         // The engine retired the send and receive WQEs before it produced their completions:
         // the SQ and RQ consumer indices move first, so a guest that sees a completion and
@@ -2187,41 +2468,36 @@ impl Model {
         v.clear();
         v.extend(self.sq_active.iter().copied());
         for &q in &v {
-            self.sync_sq_cons(mem, q);
+            self.sync_sq_cons(c, mem, q);
         }
         v.clear();
         v.extend(self.rq_active.iter().copied());
         for &q in &v {
-            self.sync_rq_cons(mem, q);
+            self.sync_rq_cons(c, mem, q);
         }
         // The CQs that received completions, not every CQ.
+        // (A CQ that QPs of several shards completed into is listed by each; the first
+        // to flush it finds the others' completions too.)
         v.clear();
-        for d in &mut self.devs {
-            d.take_ready_cqs(&mut v);
-        }
-        // A CQ that QPs of several shards completed into is listed by each: once is enough.
-        if self.devs.len() > 1 {
-            v.sort_unstable();
-            v.dedup();
-        }
-        for &c in &v {
-            self.flush_cq(mem, c);
-            if self.devs[0].cq_len(c) > 0 && self.cqs.contains_key(&c) {
+        self.dev.take_ready_cqs(&mut v);
+        for &cqn in &v {
+            self.flush_cq(c, mem, cqn);
+            if self.dev.cq_len(cqn) > 0 && read(&c.cqs).contains_key(&cqn) {
                 // Left in the engine (a ring it could not read): try again next pass, as
                 // before the list existed.
-                self.devs[0].relist_cq(c);
+                self.dev.relist_cq(cqn);
             }
         }
         self.scratch = v;
     }
 
-    fn engine_event(&mut self, e: AsyncEvent) {
+    fn engine_event(c: &Common, e: AsyncEvent) {
         use abi::event as ev;
         let (event, object) = match e {
             AsyncEvent::Completion { cqn } => {
                 // The device never arms engine CQs (the notify word is checked as CQEs are
                 // written), but an event from the engine is passed on all the same.
-                self.push_event(ev::KIND_COMPLETION, 0, cqn);
+                c.push_event(ev::KIND_COMPLETION, 0, cqn);
                 return;
             }
             AsyncEvent::CqErr { cqn } => (ev::CQ_ERR, cqn),
@@ -2233,25 +2509,7 @@ impl Model {
             AsyncEvent::QpLastWqeReached { qpn } => (ev::QP_LAST_WQE_REACHED, qpn.0),
             AsyncEvent::SrqLimitReached { srqn } => (ev::SRQ_LIMIT_REACHED, srqn),
         };
-        self.push_event(ev::KIND_ASYNC, event, object);
-    }
-
-    /// Raises a port event (the transport lost or regained its socket).
-    pub fn port_event(&mut self, active: bool) {
-        let e = if active {
-            abi::event::PORT_ACTIVE
-        } else {
-            abi::event::PORT_ERR
-        };
-        self.push_event(abi::event::KIND_ASYNC, e, 1);
-    }
-
-    /// Per-QP counters as (qpn, counters).
-    pub fn qp_counters(&self) -> Vec<(u32, rxe_core::QpCounters)> {
-        self.qpns()
-            .into_iter()
-            .filter_map(|q| self.qp_dev(q).qp_counters(Qpn(q)).map(|c| (q, c)))
-            .collect()
+        c.push_event(ev::KIND_ASYNC, event, object);
     }
 }
 
@@ -2348,10 +2606,12 @@ mod tests {
             ..Default::default()
         });
         let names = |m: &mut Model| {
-            let pd = m.devs[0].alloc_pd().unwrap();
-            let cq = m.devs[0].create_cq(16).unwrap();
-            let key = m.devs[0].alloc_mr(pd, 16).unwrap();
-            let qpn = m.devs[0]
+            let mut s = m.any();
+            let pd = s.dev.alloc_pd().unwrap();
+            let cq = s.dev.create_cq(16).unwrap();
+            let key = s.dev.alloc_mr(pd, 16).unwrap();
+            let qpn = s
+                .dev
                 .create_qp(rxe_core::QpInit {
                     qp_type: QpType::Rc,
                     pd,
@@ -2373,17 +2633,19 @@ mod tests {
     /// A pending event is merged with a new one for the same object; a dropped one counts.
     #[test]
     fn events_are_counted_as_raised_merged_or_dropped() {
-        let mut m = Model::new(ModelConfig::default());
+        let m = Model::new(ModelConfig::default());
         for _ in 0..3 {
-            m.push_event(abi::event::KIND_ASYNC, abi::event::QP_FATAL, 17);
+            m.common
+                .push_event(abi::event::KIND_ASYNC, abi::event::QP_FATAL, 17);
         }
-        assert_eq!((m.events.len(), m.stats.events_raised), (1, 1));
+        assert_eq!((m.events_len(), m.stats().events_raised), (1, 1));
         for qpn in 0..MAX_PENDING_EVENTS as u32 {
-            m.push_event(abi::event::KIND_ASYNC, abi::event::QP_FATAL, qpn);
+            m.common
+                .push_event(abi::event::KIND_ASYNC, abi::event::QP_FATAL, qpn);
         }
-        assert!(m.stats.events_dropped > 0);
+        assert!(m.stats().events_dropped > 0);
         assert_eq!(
-            m.stats.events_raised + m.stats.events_dropped,
+            m.stats().events_raised + m.stats().events_dropped,
             MAX_PENDING_EVENTS as u64
         );
     }

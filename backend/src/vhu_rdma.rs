@@ -876,7 +876,7 @@ impl VhuRdma {
         // With an I/O thread, a pump that stopped at a full channel goes on once the thread
         // took a batch: its wake-up came through the inbox just drained, with no packet.
         let tx_room = self.io_inbox.is_some() && lock(&self.transport).blocked();
-        if found || due || tx_room || !model.events.is_empty() {
+        if found || due || tx_room || model.has_events() {
             // A full socket (Pump::Blocked) ends the session: the epoll waits for room.
             self.pump_and_deliver(vrings, mem, &mut model, false)?;
         }
@@ -981,14 +981,14 @@ impl VhuRdma {
         mem: &GM,
         model: &mut Model,
     ) -> io::Result<()> {
-        if model.events.is_empty() {
+        if !model.has_events() {
             return Ok(());
         }
         self.resume_once(VQ_EVENT, vrings, mem);
         let guard = mem.memory();
         let vring = &vrings[VQ_EVENT as usize];
         let mut delivered = false;
-        while !model.events.is_empty() {
+        while model.has_events() {
             let chain = {
                 let mut st = vring.get_mut();
                 let q = st.get_queue_mut();
@@ -1003,7 +1003,7 @@ impl VhuRdma {
             let room: u64 = writable.iter().map(|w| w.1 as u64).sum();
             let fits = room >= std::mem::size_of::<abi::Event>() as u64;
             // A buffer too small for an event is returned empty; the event waits for the next.
-            let used = match if fits { model.events.pop() } else { None } {
+            let used = match if fits { model.pop_event() } else { None } {
                 Some(e) => Self::write_out(&guard, &writable, vm_memory::ByteValued::as_slice(&e)),
                 None => 0,
             };

@@ -41,7 +41,7 @@ fn settle(r: &mut Rig) {
 #[test]
 fn the_rig_carries_rc_uc_and_ud_traffic_to_completion() {
     let mut r = Rig::new();
-    let before = r.m.stats.cqes;
+    let before = r.m.stats().cqes;
     // RC (QP 0 → QP 1, whose receives come from the SRQ): a SEND, a WRITE and a READ.
     r.post_recv(1, &mut Input(&recv_args(0x1000, 0x400)))
         .unwrap();
@@ -69,7 +69,7 @@ fn the_rig_carries_rc_uc_and_ud_traffic_to_completion() {
     assert!(p.rx_packets >= 8, "packets looped back: {p:?}");
     assert_eq!(p.rx_dropped, 0, "{p:?}");
     // 3 RC sends + 1 RC receive + 2 × (send + receive).
-    assert_eq!(r.m.stats.cqes - before, 8, "{:?}", r.m.stats);
+    assert_eq!(r.m.stats().cqes - before, 8, "{:?}", r.m.stats());
     r.finish();
 }
 

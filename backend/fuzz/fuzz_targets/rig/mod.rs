@@ -593,17 +593,15 @@ impl Rig {
             "{what}: objects ({q}, {c}, {s}) beyond the limits"
         );
         assert!(
-            self.m.events.len() <= MAX_PENDING_EVENTS,
+            self.m.events_len() <= MAX_PENDING_EVENTS,
             "{what}: {} events pending",
-            self.m.events.len()
+            self.m.events_len()
         );
         // The engine holds at most max_send_wr of a QP's send WQEs, whatever its ring says.
         for q in self.qps.iter().filter(|q| q.alive) {
-            let n = self
-                .m
-                .qp_dev(q.qpn)
-                .sq_outstanding(rxe_core::Qpn(q.qpn))
-                .unwrap_or(0);
+            let n = self.m.with_qp_dev(q.qpn, |d| {
+                d.sq_outstanding(rxe_core::Qpn(q.qpn)).unwrap_or(0)
+            });
             assert!(
                 n <= MAX_WR as usize,
                 "{what}: qp {:#x} holds {n} send WQEs",
@@ -809,21 +807,21 @@ impl Rig {
     // -------------------------------------------------------------- the device's side
 
     fn stats_work(&self) -> u64 {
-        let s = &self.m.stats;
+        let s = self.m.stats();
         s.sq_wqes + s.rq_wqes + s.bad_wqes
     }
 
     /// Runs `f` on the model and checks what it wrote and how much work it did.
     pub fn device(&mut self, what: &str, f: impl FnOnce(&mut Rig)) {
         self.snapshot();
-        let (work0, cqes0) = (self.stats_work(), self.m.stats.cqes);
+        let (work0, cqes0) = (self.stats_work(), self.m.stats().cqes);
         f(self);
         self.check_writes(what);
         self.check_limits(what);
         let slots: u64 = self.qps.len() as u64 * (SQ_SLOTS + RQ_SLOTS) as u64 + 16;
         let room: u64 = self.cqs.iter().map(|c| c.ring.slots as u64).sum();
         let work = self.stats_work() - work0;
-        let cqes = self.m.stats.cqes - cqes0;
+        let cqes = self.m.stats().cqes - cqes0;
         // One pump pulls at most every ring twice (after completions made room); a CQE
         // needs room in its ring, which only the guest makes.
         assert!(
@@ -1139,7 +1137,7 @@ impl Rig {
         }
         // A CQ that overflowed lost completions (rxe drops them the same way), and a ring
         // that faulted put its QP in error without them: then only "at most once" holds.
-        let clean = self.m.stats.cq_overflows == 0 && self.m.stats.ring_faults == 0;
+        let clean = self.m.stats().cq_overflows == 0 && self.m.stats().ring_faults == 0;
         if clean && !self.broken {
             let mut ids: Vec<_> = self.wrs.iter().collect();
             ids.sort_by_key(|(id, _)| **id);
@@ -1160,15 +1158,14 @@ impl Rig {
                         "work request {id:#x} {w:?} never completed (qp {:#x} state {:?}; \
                          SQ prod/cons {}/{}, RQ prod/cons {}/{}; {:?}; outstanding: {left:x?})",
                         q.qpn,
-                        self.m
-                            .qp_dev(q.qpn)
+                        self.m.with_qp_dev(q.qpn, |d| d
                             .query_qp(rxe_core::Qpn(q.qpn))
-                            .map(|a| a.0.qp_state),
+                            .map(|a| a.0.qp_state)),
                         self.load(q.sq.gpa + hdr::PRODUCER_INDEX),
                         self.load(q.sq.gpa + hdr::CONSUMER_INDEX),
                         self.load(q.rq.gpa + hdr::PRODUCER_INDEX),
                         self.load(q.rq.gpa + hdr::CONSUMER_INDEX),
-                        self.m.stats
+                        self.m.stats()
                     );
                 }
             }
