@@ -121,6 +121,12 @@ pub struct Args {
     /// run, not yet more cores.
     #[arg(long, default_value_t = 1)]
     pub engine_shards: u32,
+    /// With --engine-shards N: shards 1 to N-1 each on a thread of their own, with a UDP
+    /// socket of their own that the kernel steers their QPs' packets to (a SO_REUSEPORT
+    /// group); the device's worker keeps the virtqueues and shard 0. udp transport, not with
+    /// --io-thread or --same-host.
+    #[arg(long)]
+    pub shard_threads: bool,
     /// Every device's UDP socket work (sendmmsg, recvmmsg, receive-side ICRC checks) on a
     /// thread of its own beside the worker that runs the engine: two cores per frontend,
     /// for bulk traffic; a lone small message waits for one more thread wake-up each way
@@ -213,6 +219,11 @@ pub enum ConfigError {
     Shards(u32),
     #[error("--io-thread is for the udp transport (the raw one shares its ring with the worker)")]
     IoThreadRaw,
+    #[error(
+        "--shard-threads needs --engine-shards 2 or more on the udp transport, without \
+         --io-thread or --same-host (each shard's thread has a socket of its own)"
+    )]
+    ShardThreads,
     #[error("this is one device's configuration; {0} --socket-path make {0}: use configs()")]
     Several(usize),
 }
@@ -228,6 +239,8 @@ pub struct Config {
     pub same_host_segment: usize,
     /// `--io-thread`: the UDP socket's work on a thread of its own.
     pub io_thread: bool,
+    /// `--shard-threads`: engine shards 1 and up on threads (and sockets) of their own.
+    pub shard_threads: bool,
     pub transport: TransportKind,
     pub udp_addr: SocketAddr,
     pub peer_port: u16,
@@ -292,6 +305,14 @@ impl TryFrom<Args> for Config {
         };
         if a.io_thread && transport == TransportKind::Raw {
             return Err(ConfigError::IoThreadRaw);
+        }
+        if a.shard_threads
+            && (a.engine_shards < 2
+                || transport == TransportKind::Raw
+                || a.io_thread
+                || a.same_host)
+        {
+            return Err(ConfigError::ShardThreads);
         }
         let raw = match (transport, &a.iface) {
             (TransportKind::Udp, _) => None,
@@ -390,6 +411,7 @@ impl TryFrom<Args> for Config {
             same_host: a.same_host,
             same_host_segment,
             io_thread: a.io_thread,
+            shard_threads: a.shard_threads,
             transport,
             raw,
             udp_addr,
@@ -602,6 +624,25 @@ mod tests {
             ]))
             .unwrap_err(),
             ConfigError::IoThreadRaw
+        );
+        // --shard-threads: shards to run on threads, each with a udp socket of its own.
+        let st = |extra: &[&str]| {
+            configs(args(&[&two[..], &["--shard-threads"], extra].concat())).map(|c| c[0].clone())
+        };
+        let c = st(&["--engine-shards", "2"]).unwrap();
+        assert!(c.shard_threads && c.model.shards == 2);
+        for bad in [
+            &["--engine-shards", "1"][..],
+            &[],
+            &["--engine-shards", "2", "--io-thread"],
+            &["--engine-shards", "2", "--same-host"],
+        ] {
+            assert_eq!(st(bad).unwrap_err(), ConfigError::ShardThreads, "{bad:?}");
+        }
+        let raw = ["--shard-threads", "--engine-shards", "2", "--iface", "eth0"];
+        assert_eq!(
+            configs(args(&[&raw[..], &["--raw-addr", "10.0.0.1"]].concat())).unwrap_err(),
+            ConfigError::ShardThreads
         );
         let io = configs(args(&[&two[..], &["--io-thread"]].concat())).unwrap();
         assert!(io.iter().all(|c| c.io_thread));

@@ -27,6 +27,8 @@ pub struct Shared {
     pub same_host: Option<Arc<crate::same_host::Inbox>>,
     /// The I/O thread (`--io-thread`): its counters, read without a lock.
     pub io: Option<Arc<crate::io_thread::IoThread>>,
+    /// `--shard-threads`: the sockets of engine shards 1 and up, with their counters.
+    pub shard_links: Vec<Arc<crate::shard_worker::ShardLink>>,
 }
 
 /// How long a reader waits for the worker thread to render the counters.
@@ -194,7 +196,10 @@ pub fn render(shared: &Shared) -> String {
             .render_counters(RENDER_WAIT)
             .unwrap_or_else(|| "\"busy\":true".to_string()),
         // No worker: nothing else takes the transport.
-        None => render_body(&lock(&shared.transport).stats(), None),
+        None => render_body(
+            &crate::shard_worker::all_stats(lock(&shared.transport).stats(), &shared.shard_links),
+            None,
+        ),
     };
     let heap = match crate::heap::stats() {
         Some(h) => format!(
@@ -270,6 +275,7 @@ mod tests {
             net: None,
             same_host: None,
             io: None,
+            shard_links: Vec::new(),
         };
         let doc = render(&shared);
         assert!(

@@ -33,6 +33,7 @@ pub mod poll;
 pub mod raw;
 pub mod ring;
 pub mod same_host;
+pub mod shard_worker;
 pub mod steer;
 pub mod transport;
 pub mod unix_socket;
@@ -162,13 +163,33 @@ impl Device {
     /// Opens the device's transport (and its virtio-net port); with `hub`, joins the
     /// same-host shortcut.
     fn open(mut config: Config, hub: Option<&Arc<same_host::Hub>>) -> Result<Device, Error> {
+        let mut shard_links = Vec::new();
         let mut transport = match &config.raw {
             None => {
-                let mut t =
+                // `--shard-threads`: a socket per engine shard, the kernel steering each
+                // packet to its QP's shard; the device's worker keeps the first.
+                let mut socks = if config.shard_threads {
+                    UdpTransport::bind_steered(
+                        config.udp_addr,
+                        config.peer_port,
+                        config.strict_icrc,
+                        config.model.shards,
+                    )
+                } else {
                     UdpTransport::bind(config.udp_addr, config.peer_port, config.strict_icrc)
-                        .map_err(|e| Error::Udp(config.udp_addr, e))?;
+                        .map(|t| vec![t])
+                }
+                .map_err(|e| Error::Udp(config.udp_addr, e))?;
+                let mut t = socks.remove(0);
                 let gso =
                     config.udp_gso && t.enable_gso().map_err(|e| Error::Udp(config.udp_addr, e))?;
+                for mut s in socks {
+                    if gso {
+                        s.enable_gso().map_err(|e| Error::Udp(config.udp_addr, e))?;
+                    }
+                    s.set_egress(config.model.egress.clone());
+                    shard_links.push(Arc::new(shard_worker::ShardLink::new(s)));
+                }
                 if config.udp_gso && !gso {
                     log::warn!(
                         "--udp-gso: not used ({})",
@@ -256,6 +277,7 @@ impl Device {
             net: net.as_ref().map(|n| n.2.clone()),
             same_host,
             io,
+            shard_links,
         });
         Ok(Device {
             config,
@@ -389,12 +411,28 @@ fn serve(device: Device) -> Result<(), Error> {
                 .unwrap_or_else(|e| e.into_inner())
                 .gids(),
         );
+        // `--shard-threads`: shards 1 and up to threads of their own, on their sockets.
+        let shards = if shared.shard_links.is_empty() {
+            Vec::new()
+        } else {
+            m.hand_out_shards()
+        };
         let model = Arc::new(Mutex::new(m));
         let backend = Arc::new(VhuRdma::new(
             model.clone(),
             shared.transport.clone(),
             config.poll_us,
         )?);
+        backend.set_shard_links(shared.shard_links.clone());
+        // Stopped and joined when dropped, after the vhost-user daemon below.
+        let shard_workers = if shards.is_empty() {
+            None
+        } else {
+            Some(
+                shard_worker::ShardWorkers::start(shards, &shared.shard_links, &backend)
+                    .map_err(Error::Io)?,
+            )
+        };
         let mut daemon = VhostUserDaemon::new(
             "vhost-user-rdma".into(),
             backend.clone(),
@@ -468,6 +506,7 @@ fn serve(device: Device) -> Result<(), Error> {
         }
         // Dropping the daemon stops and joins its worker thread and closes its epoll.
         drop(daemon);
+        drop(shard_workers);
         backend.close_exit_fds();
     };
     shared.shutdown.store(true, Ordering::SeqCst);

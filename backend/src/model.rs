@@ -314,6 +314,12 @@ pub struct Model {
     next_shard: usize,
     /// The shard [`Self::pump_budget`] pumps first.
     tx_shard: usize,
+    /// Shards another thread drives (`--shard-threads`): this model's pumps and timers
+    /// leave them out.
+    remote: u64,
+    /// Remote shards this model worked on since [`Self::take_touched`]: their threads must
+    /// look at them (a doorbell pulled WQEs, a packet came on another shard's socket).
+    touched: std::cell::Cell<u64>,
     cfg: ModelConfig,
     /// The control path's counters (the shards keep their own).
     stats: ModelStats,
@@ -559,6 +565,8 @@ impl Model {
                 .collect(),
             next_shard: 0,
             tx_shard: 0,
+            remote: 0,
+            touched: Default::default(),
             stats: ModelStats::default(),
             released: false,
             source_gids: Vec::new(),
@@ -571,7 +579,45 @@ impl Model {
     /// The shard that holds QP `qpn`, locked.
     fn shard(&self, qpn: u32) -> MutexGuard<'_, Shard> {
         let n = self.shards.len() as u32;
-        lock(&self.shards[Device::shard_of(Qpn(qpn), n) as usize])
+        let k = Device::shard_of(Qpn(qpn), n) as usize;
+        self.touch(1 << k);
+        lock(&self.shards[k])
+    }
+
+    fn touch(&self, shards: u64) {
+        self.touched
+            .set(self.touched.get() | (shards & self.remote));
+    }
+
+    /// The number of engine shards.
+    pub fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// Hands shards `1..` to threads of their own ([`ShardHandle`]): from now on this
+    /// model's pumps and timers run shard 0 only, and [`Self::take_touched`] says which of
+    /// the others it worked on.
+    pub fn hand_out_shards(&mut self) -> Vec<ShardHandle> {
+        let n = self.shards.len();
+        self.remote = ((1u128 << n) - 2) as u64;
+        (1..n)
+            .map(|k| ShardHandle {
+                k,
+                common: self.common.clone(),
+                shards: self.shards.clone(),
+            })
+            .collect()
+    }
+
+    /// The shards driven by other threads that this model worked on since the last call,
+    /// a bit each: their threads must pump them.
+    pub fn take_touched(&self) -> u64 {
+        self.touched.replace(0)
+    }
+
+    /// Whether shard `k` is this model's to pump.
+    fn local(&self, k: usize) -> bool {
+        self.remote & (1 << k) == 0
     }
 
     /// A shard for what all of them share (PDs, MRs, AHs, GIDs, CQs, SRQs), locked.
@@ -1561,11 +1607,10 @@ impl Model {
 
     // ------------------------------------------------------------------ doorbells and rings
 
-    /// Handles one doorbell entry: the QP's shard for an SQ or RQ, a shard chosen by the
-    /// object's number for an SRQ or CQ.
+    /// Handles one doorbell entry: in the QP's shard for an SQ or RQ, in shard 0 for an SRQ
+    /// or CQ.
     pub fn doorbell(&mut self, mem: &GuestMemoryMmap, db: &abi::Doorbell) {
         self.stats.doorbells += 1;
-        let n = self.shards.len();
         let c = &*self.common;
         let known = match db.kind {
             abi::doorbell::SQ | abi::doorbell::RQ => {
@@ -1578,12 +1623,14 @@ impl Model {
                 }
                 known
             }
+            // Any shard may take an SRQ's receives or check a CQ's arm: shard 0, which is
+            // always this model's own.
             abi::doorbell::SRQ if c.srq(db.object).is_some() => {
-                lock(&self.shards[db.object as usize % n]).pull_srq(c, mem, db.object);
+                self.any().pull_srq(c, mem, db.object);
                 true
             }
             abi::doorbell::CQ if c.cq(db.object).is_some() => {
-                lock(&self.shards[db.object as usize % n]).check_cq_arm(c, mem, db.object);
+                self.any().check_cq_arm(c, mem, db.object);
                 true
             }
             _ => false,
@@ -1625,32 +1672,32 @@ impl Model {
         src: Option<(&GuestMemoryMmap, &[crate::payload_ref::PayloadRef])>,
         in_memory: bool,
     ) {
-        // The BTH's destination QP, if the packet holds a BTH.
-        let dqpn =
-            (bytes.len() >= 12).then(|| u32::from_be_bytes([0, bytes[5], bytes[6], bytes[7]]));
-        // The shard of the destination QP; a multicast packet to every shard (each delivers
-        // to its own members); one too short to name a QP to the first, which drops it.
-        let n = self.shards.len();
-        let (first, count) = match dqpn {
-            Some(MULTICAST_QPN) => (0, n),
-            Some(q) => (Device::shard_of(Qpn(q), n as u32) as usize, 1),
-            None => (0, 1),
+        let p = Packet {
+            mem,
+            now,
+            meta,
+            bytes,
+            src,
+            in_memory,
         };
-        for s in &self.shards[first..first + count] {
-            lock(s).handle_packet(&self.common, mem, now, meta, bytes, dqpn, src, in_memory);
-        }
+        let t = route(&self.common, &self.shards, &p);
+        self.touch(t);
     }
 
     pub fn handle_timeout(&mut self, now: Instant) {
-        for s in &self.shards {
-            lock(s).dev.handle_timeout(now);
+        for (k, s) in self.shards.iter().enumerate() {
+            if self.local(k) {
+                lock(s).dev.handle_timeout(now);
+            }
         }
     }
 
     pub fn poll_timeout(&mut self) -> Option<Instant> {
         self.shards
             .iter()
-            .filter_map(|s| lock(s).dev.poll_timeout())
+            .enumerate()
+            .filter(|(k, _)| self.local(*k))
+            .filter_map(|(_, s)| lock(s).dev.poll_timeout())
             .min()
     }
 
@@ -1694,10 +1741,36 @@ impl Model {
         tx: &mut dyn PacketSink,
         budget: usize,
     ) -> Pump {
+        self.pump_shards(mem, now, tx, budget, false)
+    }
+
+    /// [`Self::pump_budget`] over every shard, those other threads drive too (through `tx`):
+    /// for a control command that must find what the work posted before it completed.
+    pub fn pump_everywhere(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        now: Instant,
+        tx: &mut dyn PacketSink,
+        budget: usize,
+    ) -> Pump {
+        self.pump_shards(mem, now, tx, budget, true)
+    }
+
+    fn pump_shards(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        now: Instant,
+        tx: &mut dyn PacketSink,
+        budget: usize,
+        everywhere: bool,
+    ) -> Pump {
         let n = self.shards.len();
         let mut left = budget;
         for i in 0..n {
             let k = (self.tx_shard + i) % n;
+            if !everywhere && !self.local(k) {
+                continue;
+            }
             let p = lock(&self.shards[k]).pump(&self.common, mem, now, tx, &mut left);
             if p != Pump::Idle {
                 self.tx_shard = (k + 1) % n;
@@ -1733,6 +1806,98 @@ impl Model {
     }
 }
 
+/// A received packet on its way into the engine ([`Model::handle_packet_refs`]).
+struct Packet<'a> {
+    mem: &'a GuestMemoryMmap,
+    now: Instant,
+    meta: &'a RecvMeta,
+    bytes: &'a [u8],
+    src: Option<(&'a GuestMemoryMmap, &'a [crate::payload_ref::PayloadRef])>,
+    in_memory: bool,
+}
+
+/// Hands a received packet to the shard of its destination QP; a multicast packet to every
+/// shard in turn (each delivers to its own members; one shard locked at a time); one too
+/// short to name a QP to the first, which drops it. Returns the shards it went to, a bit each.
+fn route(c: &Common, shards: &[Arc<Mutex<Shard>>], p: &Packet) -> u64 {
+    // The BTH's destination QP, if the packet holds a BTH.
+    let b = p.bytes;
+    let dqpn = (b.len() >= 12).then(|| u32::from_be_bytes([0, b[5], b[6], b[7]]));
+    let n = shards.len();
+    let (first, count) = match dqpn {
+        Some(MULTICAST_QPN) => (0, n),
+        Some(q) => (Device::shard_of(Qpn(q), n as u32) as usize, 1),
+        None => (0, 1),
+    };
+    for s in &shards[first..first + count] {
+        lock(s).handle_packet(c, p, dqpn);
+    }
+    (((1u128 << count) - 1) << first) as u64
+}
+
+/// One engine shard of a device for the thread that drives it (`--shard-threads`): its
+/// packets, pumps and timers. Control commands and doorbells for its QPs still come from
+/// the device's worker, which takes the shard's lock for them.
+pub struct ShardHandle {
+    k: usize,
+    common: Arc<Common>,
+    shards: Vec<Arc<Mutex<Shard>>>,
+}
+
+impl ShardHandle {
+    /// Its index among the device's shards.
+    pub fn index(&self) -> usize {
+        self.k
+    }
+
+    /// [`Model::handle_packet`] for a packet this shard's socket received; returns the shards
+    /// it went to, a bit each (another's only for multicast, or a packet the kernel steered
+    /// elsewhere than its QPN says).
+    pub fn handle_packet(
+        &self,
+        mem: &GuestMemoryMmap,
+        now: Instant,
+        meta: &RecvMeta,
+        bytes: &[u8],
+    ) -> u64 {
+        let p = Packet {
+            mem,
+            now,
+            meta,
+            bytes,
+            src: None,
+            in_memory: false,
+        };
+        route(&self.common, &self.shards, &p)
+    }
+
+    /// [`Model::pump_budget`] for this shard.
+    pub fn pump(
+        &self,
+        mem: &GuestMemoryMmap,
+        now: Instant,
+        tx: &mut dyn PacketSink,
+        budget: usize,
+    ) -> Pump {
+        let mut left = budget;
+        lock(&self.shards[self.k]).pump(&self.common, mem, now, tx, &mut left)
+    }
+
+    pub fn handle_timeout(&self, now: Instant) {
+        lock(&self.shards[self.k]).dev.handle_timeout(now);
+    }
+
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        lock(&self.shards[self.k]).dev.poll_timeout()
+    }
+
+    /// Counts the events raised so far: when it moves, the device's worker has events to
+    /// hand the guest.
+    pub fn events_raised(&self) -> u64 {
+        lock(&self.common.events).raised
+    }
+}
+
 impl Shard {
     fn new(k: usize, dev: Device) -> Self {
         Shard {
@@ -1754,18 +1919,8 @@ impl Shard {
 
     /// [`Model::handle_packet_refs`] in this shard, whose QP `dqpn` is (or, for multicast,
     /// whose members of the group are) the destination.
-    #[allow(clippy::too_many_arguments)]
-    fn handle_packet(
-        &mut self,
-        c: &Common,
-        mem: &GuestMemoryMmap,
-        now: Instant,
-        meta: &RecvMeta,
-        bytes: &[u8],
-        dqpn: Option<u32>,
-        src: Option<(&GuestMemoryMmap, &[crate::payload_ref::PayloadRef])>,
-        in_memory: bool,
-    ) {
+    fn handle_packet(&mut self, c: &Common, p: &Packet, dqpn: Option<u32>) {
+        let (mem, meta, bytes) = (p.mem, p.meta, p.bytes);
         if let Some(dqpn) = dqpn {
             if self.qps.contains_key(&dqpn) {
                 self.pull_rq(c, mem, dqpn);
@@ -1785,17 +1940,17 @@ impl Shard {
         }
         let mut own = crate::guest_mem::GuestRam(mem);
         let mut refs_ram;
-        let ram: &mut dyn rxe_core::mem::Memory = match src {
+        let ram: &mut dyn rxe_core::mem::Memory = match p.src {
             Some((src, refs)) if !refs.is_empty() => {
                 refs_ram = crate::payload_ref::RefRam::new(mem, src, refs, bytes);
                 &mut refs_ram
             }
             _ => &mut own,
         };
-        let _ = if in_memory {
-            self.dev.handle_packet_in_memory(now, meta, bytes, ram)
+        let _ = if p.in_memory {
+            self.dev.handle_packet_in_memory(p.now, meta, bytes, ram)
         } else {
-            self.dev.handle_packet(now, meta, bytes, ram)
+            self.dev.handle_packet(p.now, meta, bytes, ram)
         };
     }
 

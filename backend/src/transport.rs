@@ -301,8 +301,35 @@ impl UdpTransport {
             ));
         }
         let sock = UdpSocket::bind(addr)?;
+        Self::with_socket(sock, peer_port, strict_icrc)
+    }
+
+    /// `n` transports on `addr` in a steered group ([`crate::steer`]): the kernel hands
+    /// transport `k` the RoCE packets whose destination QPN is `k` modulo `n`, the QPs of
+    /// engine shard `k`. Each sends from the same address.
+    pub fn bind_steered(
+        addr: SocketAddr,
+        peer_port: u16,
+        strict_icrc: bool,
+        n: u32,
+    ) -> io::Result<Vec<Self>> {
+        if addr.ip().is_unspecified() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the udp transport needs a concrete bind address (the ICRC covers it)",
+            ));
+        }
+        crate::steer::bind_steered(addr, n)?
+            .into_iter()
+            .map(|s| Self::with_socket(s, peer_port, strict_icrc))
+            .collect()
+    }
+
+    /// A transport on the bound socket `sock`.
+    fn with_socket(sock: UdpSocket, peer_port: u16, strict_icrc: bool) -> io::Result<Self> {
         sock.set_nonblocking(true)?;
         let fd = sock.as_raw_fd();
+        let addr = sock.local_addr()?;
         match addr {
             SocketAddr::V4(_) => {
                 setsockopt_int(

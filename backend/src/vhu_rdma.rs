@@ -132,7 +132,7 @@ impl Timer {
             )
         };
     }
-    fn consume(&self) {
+    pub fn consume(&self) {
         let mut b = [0u8; 8];
         // SAFETY: reading 8 bytes into a live buffer from a non-blocking timerfd we own.
         unsafe { libc::read(self.fd.as_raw_fd(), b.as_mut_ptr().cast(), 8) };
@@ -250,8 +250,13 @@ pub struct VhuRdma {
     /// Whether [`Self::check_queues_once`] ran.
     queues_checked: AtomicBool,
     timer: Timer,
-    /// Signalled when a pump stopped at its packet budget ([`WORK_EVENT`]).
-    work: EventFd,
+    /// Signalled when a pump stopped at its packet budget, or by a shard's thread with
+    /// events for the guest ([`WORK_EVENT`]).
+    work: Arc<EventFd>,
+    /// `--shard-threads`: every shard's wake-up (index = shard; 0 is `work`), empty without.
+    shard_kicks: Mutex<Arc<Vec<Arc<EventFd>>>>,
+    /// `--shard-threads`: the shards' sockets, for the counters.
+    shard_links: Mutex<Vec<Arc<crate::shard_worker::ShardLink>>>,
     /// A duplicate of the UDP socket's fd, in the epoll for EPOLLOUT while the transport waits
     /// for room ([`UDP_WRITABLE_EVENT`]); a separate fd because the socket itself is there
     /// for EPOLLIN.
@@ -315,7 +320,9 @@ impl VhuRdma {
         // SAFETY: `dup` was just created and is owned by nobody else.
         let tx_wait = unsafe { OwnedFd::from_raw_fd(dup) };
         Ok(VhuRdma {
-            work: EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC)?,
+            work: Arc::new(EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC)?),
+            shard_kicks: Mutex::default(),
+            shard_links: Mutex::default(),
             tx_wait,
             tx_waiting: AtomicBool::new(false),
             counters_req: EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC)?,
@@ -352,6 +359,40 @@ impl VhuRdma {
 
     pub fn timer_fd(&self) -> RawFd {
         self.timer.fd()
+    }
+
+    /// The guest's memory, once the frontend gave its table.
+    pub fn memory(&self) -> Option<GM> {
+        lock(&self.mem).clone()
+    }
+
+    /// The eventfd that wakes the worker to pump and hand the guest its events.
+    pub fn wake_fd(&self) -> Arc<EventFd> {
+        self.work.clone()
+    }
+
+    /// `--shard-threads`: how to wake the thread of each shard (index = shard).
+    pub fn set_shard_kicks(&self, kicks: Arc<Vec<Arc<EventFd>>>) {
+        *lock(&self.shard_kicks) = kicks;
+    }
+
+    /// `--shard-threads`: the shards' sockets, whose counters add to the transport's.
+    pub fn set_shard_links(&self, links: Vec<Arc<crate::shard_worker::ShardLink>>) {
+        *lock(&self.shard_links) = links;
+    }
+
+    /// Wakes the threads of the shards the model worked on (a doorbell pulled WQEs into
+    /// them, a control command moved their QPs, a packet for them came on this socket).
+    fn kick_touched(&self, model: &Model) {
+        let t = model.take_touched();
+        if t == 0 {
+            return;
+        }
+        for (k, fd) in lock(&self.shard_kicks).iter().enumerate() {
+            if t & (1 << k) != 0 {
+                let _ = fd.write(1);
+            }
+        }
     }
 
     pub fn work_fd(&self) -> RawFd {
@@ -399,8 +440,26 @@ impl VhuRdma {
     /// Renders the counters for the readers waiting (worker thread).
     fn publish_counters(&self, model: &Model) {
         let _ = self.counters_req.read();
-        let t = lock(&self.transport).stats();
+        let links = lock(&self.shard_links).clone();
+        let t = crate::shard_worker::all_stats(lock(&self.transport).stats(), &links);
         let mut body = crate::counters::render_body(&t, Some(model));
+        if !links.is_empty() {
+            // What each shard's own socket carried (shard 0's is the transport's).
+            body.push_str(",\"shard_sockets\":{");
+            for (i, l) in links.iter().enumerate() {
+                let s = l.stats();
+                if i > 0 {
+                    body.push(',');
+                }
+                body.push_str(&format!(
+                    "\"shard{}\":{{\"rx_packets\":{},\"tx_packets\":{}}}",
+                    i + 1,
+                    s.rx_packets,
+                    s.tx_packets
+                ));
+            }
+            body.push('}');
+        }
         let w = lock(&self.window).window_ns();
         body.push_str(",\"worker\":{");
         body.push_str(&self.wstats.render(self.poll_us, w));
@@ -684,7 +743,9 @@ impl VhuRdma {
                 && self.serve_queue(VQ_DOORBELL, vrings, mem, model, rearm)?
             {
                 bump(&self.wstats.doorbells_first);
-                let p = self.pump_slice(mem, model, CTRL_SLICE);
+                // With shard threads the doorbells' shards are pumped here too, not left to
+                // their threads: the command must find what they complete at once.
+                let p = self.pump_slice(mem, model, CTRL_SLICE, true);
                 self.after_pump(p);
             }
             let used = self.process_queue(VQ_CTRL, vrings, mem, rearm, |g, req, wr| {
@@ -773,7 +834,7 @@ impl VhuRdma {
         let mut left = TX_BUDGET;
         let p = loop {
             let slice = left.min(CTRL_SLICE);
-            let p = self.pump_slice(mem, model, slice);
+            let p = self.pump_slice(mem, model, slice, false);
             left -= slice;
             if p != Pump::Budget || left == 0 {
                 break p;
@@ -791,13 +852,18 @@ impl VhuRdma {
     /// Runs the engine for up to `budget` packets into the transport. With `--same-host` the
     /// transport holds this guest's memory meanwhile, for the packets that leave with
     /// references into it ([`crate::payload_ref`]).
-    fn pump_slice(&self, mem: &GM, model: &mut Model, budget: usize) -> Pump {
+    /// With `everywhere`, the shards other threads drive too (`--shard-threads`).
+    fn pump_slice(&self, mem: &GM, model: &mut Model, budget: usize, everywhere: bool) -> Pump {
         let g = mem.memory();
         let mut t = lock(&self.transport);
         if self.inbox.is_some() {
             t.set_payload_source(Some(g.clone().into_inner()));
         }
-        let p = model.pump_budget(&g, now(), &mut *t, budget);
+        let p = if everywhere {
+            model.pump_everywhere(&g, now(), &mut *t, budget)
+        } else {
+            model.pump_budget(&g, now(), &mut *t, budget)
+        };
         if self.inbox.is_some() {
             t.set_payload_source(None);
         }
@@ -880,6 +946,7 @@ impl VhuRdma {
             // A full socket (Pump::Blocked) ends the session: the epoll waits for room.
             self.pump_and_deliver(vrings, mem, &mut model, false)?;
         }
+        self.kick_touched(&model);
         if found {
             // Keep the avail event index behind the guest as the device moves on.
             for q in POLLED_QUEUES {
@@ -1199,6 +1266,7 @@ impl VhostUserBackend for VhuRdma {
             }
         };
         self.pump_and_deliver(vrings, &mem, &mut model, true)?;
+        self.kick_touched(&model);
         if let Some(gids) = model.take_changed_gids() {
             // Beside the guest's virtio-net, RoCE is taken for exactly the guest's GIDs.
             if let Err(e) = lock(&self.transport).follow_gids(&gids) {

@@ -18,10 +18,23 @@ const MSGS: usize = 20;
 
 #[test]
 fn qps_of_every_shard_share_one_cq_and_one_srq() {
+    shared_cq_and_srq(&["--engine-shards", "3"]);
+}
+
+/// The same with `--shard-threads`: shards 1 and 2 on threads of their own, each with a
+/// socket the kernel steers its QPs' packets to. Their sockets carried their QPs' traffic.
+#[test]
+fn qps_of_every_shard_share_one_cq_and_one_srq_with_a_thread_per_shard() {
+    shared_cq_and_srq(&["--engine-shards", "3", "--shard-threads"]);
+}
+
+fn shared_cq_and_srq(arg: &[&str]) {
+    // (The whole suite may run with threads: `VUR_DAEMON_ARGS`.)
+    let threads = arg.contains(&"--shard-threads")
+        || std::env::var("VUR_DAEMON_ARGS").is_ok_and(|a| a.contains("--shard-threads"));
     let (aa, ba) = loopback_pair(4791);
-    let arg = ["--engine-shards", "3"];
-    let mut a = Node::start(bin(), aa, &arg).expect("node a");
-    let mut b = Node::start(bin(), ba, &arg).expect("node b");
+    let mut a = Node::start(bin(), aa, arg).expect("node a");
+    let mut b = Node::start(bin(), ba, arg).expect("node b");
     let o = ConnOpts::default();
     let pa = a.guest.alloc_pd().unwrap();
     let pb = b.guest.alloc_pd().unwrap();
@@ -150,6 +163,46 @@ fn qps_of_every_shard_share_one_cq_and_one_srq() {
             assert!(rx.max(tx) >= 2 * MSGS as u64, "side {side}, shard {k}: {c}");
         }
         assert!(!c.contains("\"shard3\""), "side {side}: {c}");
+    }
+    // With threads: shards 1 and 2 sent and received on their own sockets, every packet of
+    // their QPs and nothing else. A thread publishes its socket's counters at the end of
+    // the pass that sent the last ACK: wait for that pass, no longer.
+    for (side, n) in [("a", &a), ("b", &b)] {
+        let sockets = |c: &str| -> Vec<Option<(u64, u64, u64, u64)>> {
+            (1..SHARDS)
+                .map(|k| {
+                    let s = &c[c.find("\"shard_sockets\"")?..];
+                    let sh = format!("shard{k}");
+                    Some((
+                        json_u64(s, &sh, "rx_packets")?,
+                        json_u64(s, &sh, "tx_packets")?,
+                        json_u64(c, &sh, "rx_packets")?,
+                        json_u64(c, &sh, "tx_packets")?,
+                    ))
+                })
+                .collect()
+        };
+        let mut c = n.daemon.counters().expect("counters");
+        if !threads {
+            assert!(!c.contains("shard_sockets"), "side {side}: {c}");
+            continue;
+        }
+        let agree = |c: &str| {
+            sockets(c)
+                .iter()
+                .all(|s| s.is_some_and(|(rx, tx, erx, etx)| rx == erx && tx == etx))
+        };
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !agree(&c) && std::time::Instant::now() < end {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            c = n.daemon.counters().expect("counters");
+        }
+        assert!(
+            agree(&c),
+            "side {side}: the sockets of shards 1 and 2 (rx, tx) did not come to carry \
+             exactly their engine shards' packets (rx, tx) within 5 s: {:?} in {c}",
+            sockets(&c)
+        );
     }
     for (i, _) in qa.iter().enumerate() {
         for m in (1..MSGS).step_by(2) {

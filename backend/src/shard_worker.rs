@@ -1,0 +1,276 @@
+//! Threads that drive engine shards (`--shard-threads`): with `--engine-shards N`, shards
+//! 1 to N-1 of a device each run on a thread of their own, beside the device's vhost-user
+//! worker, which serves the virtqueues and shard 0.
+//!
+//! Each shard has a UDP socket of its own in a group the kernel steers by destination QPN
+//! ([`crate::steer`]), so the packets of a shard's QPs arrive on its thread and nowhere
+//! else. The thread receives them into its shard, runs the shard's timers, and sends what
+//! the shard has to send from its own socket; completions go into the guest's CQ rings
+//! under each CQ's lock. What only the device's worker can do it asks of it by waking it:
+//! hand the guest events (the event queue is the worker's). Doorbells and control commands
+//! for a shard's QPs come from the worker, which takes the shard's lock for them and then
+//! wakes the shard's thread to send what they started.
+//!
+//! ```text
+//!   vhost-user worker ── control, doorbell, event vq; shard 0; socket 0
+//!        │  ▲ kick (doorbell pulled WQEs)      │ wake (events to deliver)
+//!        ▼  │                                  ▼
+//!   shard thread k ── shard k; socket k (packets of QPNs ≡ k mod N); its timerfd
+//! ```
+
+use std::io;
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use vm_memory::GuestAddressSpace;
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::model::{Pump, ShardHandle, TX_BUDGET};
+use crate::transport::{TransportStats, UdpTransport, RX_BATCH};
+use crate::vhu_rdma::{now, RxBackoff, Timer, VhuRdma};
+
+/// Datagrams received per wake-up before the shard is pumped (the socket is
+/// level-triggered: what is left wakes the thread again).
+const RX_LIMIT: usize = 256;
+
+const SOCKET: u64 = 0;
+const TIMER: u64 = 1;
+const KICK: u64 = 2;
+const STOP: u64 = 3;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A shard's socket, kept by the device across frontends, and what it counted.
+pub struct ShardLink {
+    /// The transport; taken by the shard's thread while it runs.
+    transport: Mutex<Option<UdpTransport>>,
+    /// Its counters as of the thread's last pass.
+    stats: Mutex<TransportStats>,
+}
+
+impl ShardLink {
+    pub fn new(t: UdpTransport) -> Self {
+        ShardLink {
+            stats: Mutex::new(t.all_stats()),
+            transport: Mutex::new(Some(t)),
+        }
+    }
+
+    pub fn stats(&self) -> TransportStats {
+        *lock(&self.stats)
+    }
+}
+
+/// The counters of the transport and of every shard's socket, added up.
+pub fn all_stats(t: TransportStats, links: &[Arc<ShardLink>]) -> TransportStats {
+    links.iter().fold(t, |t, l| t.plus(&l.stats()))
+}
+
+/// The threads of one frontend's shards; dropping stops and joins them (the sockets go back
+/// to their links).
+pub struct ShardWorkers {
+    stop: Arc<EventFd>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+/// What a shard's thread works with.
+struct Worker {
+    shard: ShardHandle,
+    link: Arc<ShardLink>,
+    backend: Arc<VhuRdma>,
+    /// Every shard's kick (index = shard; shard 0's is the backend's wake-up).
+    kicks: Arc<Vec<Arc<EventFd>>>,
+    stop: Arc<EventFd>,
+    timer: Timer,
+}
+
+impl ShardWorkers {
+    /// Starts a thread for each of `shards` on its link (`links[k - 1]` for shard `k`) and
+    /// tells `backend` how to wake them.
+    pub fn start(
+        shards: Vec<ShardHandle>,
+        links: &[Arc<ShardLink>],
+        backend: &Arc<VhuRdma>,
+    ) -> io::Result<Self> {
+        let stop = Arc::new(EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC)?);
+        let mut kicks = vec![backend.wake_fd()];
+        for _ in &shards {
+            kicks.push(Arc::new(EventFd::new(
+                libc::EFD_NONBLOCK | libc::EFD_CLOEXEC,
+            )?));
+        }
+        let kicks = Arc::new(kicks);
+        backend.set_shard_kicks(kicks.clone());
+        let mut w = ShardWorkers {
+            stop: stop.clone(),
+            threads: Vec::new(),
+        };
+        for shard in shards {
+            let k = shard.index();
+            let link = links.get(k - 1).cloned().ok_or_else(|| {
+                io::Error::new(io::ErrorKind::InvalidInput, "no socket for the shard")
+            })?;
+            let worker = Worker {
+                shard,
+                link,
+                backend: backend.clone(),
+                kicks: kicks.clone(),
+                stop: stop.clone(),
+                timer: Timer::new()?,
+            };
+            let t = std::thread::Builder::new()
+                .name(format!("vur-shard{k}"))
+                .spawn(move || worker.run())?;
+            // Pushed at once: a failure starting the next thread stops this one (drop).
+            w.threads.push(t);
+        }
+        Ok(w)
+    }
+}
+
+impl Drop for ShardWorkers {
+    fn drop(&mut self) {
+        let _ = self.stop.write(1);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Worker {
+    fn run(self) {
+        let Some(mut t) = lock(&self.link.transport).take() else {
+            log::error!("shard {}: its socket is in use", self.shard.index());
+            return;
+        };
+        if let Err(e) = self.serve(&mut t) {
+            log::error!("shard {}: {e}", self.shard.index());
+        }
+        *lock(&self.link.stats) = t.all_stats();
+        *lock(&self.link.transport) = Some(t);
+    }
+
+    fn serve(&self, t: &mut UdpTransport) -> io::Result<()> {
+        let ep = Epoll::new()?;
+        let sock = t.fd();
+        let add = |fd, ev, id| ep.ctl(ControlOperation::Add, fd, EpollEvent::new(ev, id));
+        add(sock, EventSet::IN, SOCKET)?;
+        add(self.timer.fd(), EventSet::IN, TIMER)?;
+        let kick = &self.kicks[self.shard.index()];
+        add(kick.as_raw_fd(), EventSet::IN, KICK)?;
+        add(self.stop.as_raw_fd(), EventSet::IN, STOP)?;
+        let mut events = [EpollEvent::default(); 4];
+        // Work left after a pump's budget: look again without sleeping.
+        let mut more = false;
+        // Waiting for the socket to take what it refused (EPOLLOUT registered).
+        let mut writable_wait = false;
+        let mut rx = RxBackoff::default();
+        loop {
+            let n = match ep.wait(if more { 0 } else { -1 }, &mut events) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            for e in &events[..n] {
+                match e.data() {
+                    TIMER => self.timer.consume(),
+                    KICK => {
+                        let _ = kick.read();
+                    }
+                    STOP => return Ok(()),
+                    _ => {}
+                }
+            }
+            if rx.until.is_some_and(|u| now() >= u) {
+                rx.until = None;
+                writable_wait = false;
+                add(sock, EventSet::IN, SOCKET)?;
+            }
+            let Some(mem) = self.backend.memory() else {
+                // No guest memory yet (or any more): nothing can be delivered.
+                t.drop_unattached(RX_LIMIT);
+                more = false;
+                continue;
+            };
+            let g = mem.memory();
+            let events_before = self.shard.events_raised();
+            let mut touched = 0u64;
+            if rx.until.is_none() {
+                touched |= self.receive(t, &g);
+                if t.rx_failing() {
+                    let until = rx.fail(now());
+                    log::warn!(
+                        "shard {} socket: {} receive errors so far; not reading it for a while",
+                        self.shard.index(),
+                        t.all_stats().rx_errors
+                    );
+                    ep.ctl(
+                        ControlOperation::Delete,
+                        sock,
+                        EpollEvent::new(EventSet::IN, SOCKET),
+                    )?;
+                    rx.until = Some(until);
+                } else {
+                    rx.ok();
+                }
+            }
+            let at = now();
+            if self.shard.poll_timeout().is_some_and(|d| d <= at) {
+                self.shard.handle_timeout(at);
+            }
+            let p = self.shard.pump(&g, now(), t, TX_BUDGET);
+            more = p == Pump::Budget;
+            let blocked = p == Pump::Blocked;
+            if blocked != writable_wait && rx.until.is_none() {
+                let ev = if blocked {
+                    EventSet::IN | EventSet::OUT
+                } else {
+                    EventSet::IN
+                };
+                ep.ctl(ControlOperation::Modify, sock, EpollEvent::new(ev, SOCKET))?;
+                writable_wait = blocked;
+            }
+            // Events for the guest, or work in another shard: wake whoever delivers it.
+            if self.shard.events_raised() != events_before {
+                touched |= 1;
+            }
+            touched &= !(1 << self.shard.index());
+            for (k, fd) in self.kicks.iter().enumerate() {
+                if touched & (1 << k) != 0 {
+                    let _ = fd.write(1);
+                }
+            }
+            let mut next = self.shard.poll_timeout();
+            if let Some(u) = rx.until {
+                next = Some(next.map_or(u, |n| n.min(u)));
+            }
+            self.timer.arm(next);
+            *lock(&self.link.stats) = t.all_stats();
+        }
+    }
+
+    /// Receives up to [`RX_LIMIT`] datagrams into the engine; returns the shards they went
+    /// to, a bit each.
+    fn receive(&self, t: &mut UdpTransport, g: &crate::guest_mem::GuestMemoryMmap) -> u64 {
+        let mut touched = 0;
+        let mut total = 0;
+        while total < RX_LIMIT {
+            let n = t.recv_batch();
+            let at = now();
+            for i in 0..n {
+                if let Some((meta, bytes)) = t.packet(i) {
+                    touched |= self.shard.handle_packet(g, at, &meta, bytes);
+                }
+            }
+            total += n;
+            if n < RX_BATCH {
+                break;
+            }
+        }
+        touched
+    }
+}
