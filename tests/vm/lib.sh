@@ -220,8 +220,9 @@ PY
 }
 
 # vm_daemon_traffic NAME COUNTERS.json: one line with the daemon's transport counters (and,
-# with --engine-shards, each shard's packets); fail (return 1) when it sent or received
-# nothing, received a packet whose ICRC was wrong, or a shard carried nothing.
+# with --engine-shards, each shard's packets; with --shard-threads, each shard socket's); fail
+# (return 1) when it sent or received nothing, received a packet whose ICRC was wrong, a shard
+# carried nothing, or a shard's socket received other than exactly its shard's packets.
 vm_daemon_traffic() {
     python3 - "$1" "$2" <<'PY'
 import json, sys
@@ -231,11 +232,21 @@ keys = ("tx_packets", "rx_packets", "rx_icrc_ok", "rx_icrc_id_solved", "rx_icrc_
 print(sys.argv[1] + ": transport " + " ".join(f"{k}={t.get(k, '?')}" for k in keys))
 bad = [k for k in ("tx_packets", "rx_packets") if not t.get(k)] + [k for k in ("rx_icrc_bad",) if t.get(k)]
 # --engine-shards: every shard carried traffic (the tools' QPs went to each in turn).
-shards = sorted(k for k in j if k.startswith("shard"))
+shards = sorted(k for k in j if k.startswith("shard") and k[5:].isdigit())
 if shards:
     print(sys.argv[1] + ": " + " ".join(
         f"{k} rx_packets={j[k].get('rx_packets')} tx_packets={j[k].get('tx_packets')}" for k in shards))
     bad += [f"{k} idle" for k in shards if not (j[k].get("rx_packets") and j[k].get("tx_packets"))]
+# --shard-threads: each shard's own socket received exactly its engine shard's packets (the
+# kernel steers by QPN) and sent from it (a control command that finds doorbells waiting
+# may send a shard's first packets from the worker's socket: at most the engine's).
+for k, s in sorted(j.get("shard_sockets", {}).items()):
+    e = j.get(k, {})
+    print(f"{sys.argv[1]}: {k} socket rx_packets={s.get('rx_packets')} tx_packets={s.get('tx_packets')}")
+    if s.get("rx_packets") != e.get("rx_packets"):
+        bad.append(f"{k} socket received {s.get('rx_packets')}, the shard {e.get('rx_packets')}")
+    if not (0 < (s.get("tx_packets") or 0) <= (e.get("tx_packets") or 0)):
+        bad.append(f"{k} socket sent {s.get('tx_packets')}, the shard {e.get('tx_packets')}")
 if bad:
     print(sys.argv[1] + ": FAIL: " + ", ".join(bad))
     sys.exit(1)
