@@ -9,6 +9,9 @@
 #            sends runs of packets as UDP GSO and takes them as UDP GRO; the verbs tools and
 #            perftest in both directions, and the daemon must have sent GSO runs with every
 #            ICRC it received right
+#   rxe-shards  the rxe pair with the daemon's engine in two shards, the second on a thread and a
+#            UDP socket of its own (--engine-shards 2 --shard-threads): every tool in both
+#            directions, and that shard's socket must have received exactly its QPs' packets
 #   rxe-io   the rxe pair with the daemon's UDP socket served by an I/O thread beside its worker
 #            (--io-thread): every tool in both directions, and every packet the daemon sent
 #            and received must have gone through that thread, none dropped on the way
@@ -32,8 +35,8 @@
 #            succeed, the daemons' memory (RssAnon) and fd count stay flat after the warm-up,
 #            and at the end they hold exactly what the guests' kernels hold. tests/vm/soak.test.sh
 #
-#   sudo tests/vm/guest-pair.test.sh [--repeat N] [devices|rxe|rxe-io|rxe6|same-host|nic|nic-rxe|all|soak] [TOOL...]
-#   default: all (devices, rxe, rxe-io, rxe6, same-host, nic, nic-rxe), every tool. --repeat N runs each
+#   sudo tests/vm/guest-pair.test.sh [--repeat N] [devices|rxe|rxe-shards|rxe-io|rxe6|same-host|nic|nic-rxe|all|soak] [TOOL...]
+#   default: all (devices, rxe, rxe-shards, rxe-io, rxe6, same-host, nic, nic-rxe), every tool. --repeat N runs each
 #   mode N times (logs per run: $work/MODE.R) and prints a pass count per mode (rxe6: the tools with a GID index: rc uc
 #   ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw); soak: rc uc ud srq send_bw
 #   write_bw read_bw atomic_bw rping udaddy nvme
@@ -72,15 +75,15 @@ repeat=1
 if [[ ${1:-} == --repeat ]]; then
     repeat=${2:-}
     [[ $repeat =~ ^[1-9][0-9]*$ ]] ||
-        { echo "usage: $0 [--repeat N] [devices|rxe|rxe-io|rxe6|same-host|nic|nic-rxe|all|soak] [TOOL...]" >&2; exit 2; }
+        { echo "usage: $0 [--repeat N] [devices|rxe|rxe-shards|rxe-io|rxe6|same-host|nic|nic-rxe|all|soak] [TOOL...]" >&2; exit 2; }
     shift 2
 fi
 
-modes=(devices rxe rxe-io rxe6 same-host nic nic-rxe)
+modes=(devices rxe rxe-shards rxe-io rxe6 same-host nic nic-rxe)
 case ${1:-all} in
-devices | rxe | rxe-io | rxe6 | same-host | soak | nic | nic-rxe) modes=("$1"); shift ;;
+devices | rxe | rxe-shards | rxe-io | rxe6 | same-host | soak | nic | nic-rxe) modes=("$1"); shift ;;
 all) shift || true ;;
--*) echo "usage: $0 [--repeat N] [devices|rxe|rxe-io|rxe6|same-host|nic|nic-rxe|all|soak] [TOOL...]" >&2; exit 2 ;;
+-*) echo "usage: $0 [--repeat N] [devices|rxe|rxe-shards|rxe-io|rxe6|same-host|nic|nic-rxe|all|soak] [TOOL...]" >&2; exit 2 ;;
 esac
 # the tools that take a GID index (rxe6; the rdma_cm tools and tcp stay on IPv4)
 gid_tools=(rc uc ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw)
@@ -253,10 +256,11 @@ run_mode() {
             --env PAIR_OOB_MAC=52:54:00:77:00:04 --env PAIR_PEER_OOB=10.78.0.2 \
             --env PAIR_PEER_ROCE=fd77::2
         ;;
-    rxe | rxe-io)
+    rxe | rxe-io | rxe-shards)
         for t in "${tools[@]}"; do steps+="${steps:+,}$t@dev,$t@rxe"; done
         local io=()
         [[ $mode == rxe-io ]] && io=(--io-thread)
+        [[ $mode == rxe-shards ]] && io=(--engine-shards 2 --shard-threads)
         daemon dev 10.77.0.2 52:54:00:77:00:02 "${io[@]}" || return 1
         guest dev --rdma-sock "$dir/daemon-dev/rdma.sock" --nic-no-peer --mac 52:54:00:77:00:02 \
             --ip 10.77.0.2/24 --no-rxe --tap2 vurtapA --mac2 52:54:00:78:00:02 \
@@ -368,6 +372,10 @@ run_mode() {
             if [[ $mode == rxe-io ]]; then
                 msg=$(vm_daemon_io "$mode/$g" "$dir/$g.counters.json") || fail=1
                 log "$msg"
+            fi
+            if [[ $mode == rxe-shards ]] && ! grep -q '"shard_sockets"' "$dir/$g.counters.json"; then
+                log "$mode/$g: FAIL: the daemon's counters show no shard sockets (--shard-threads)"
+                fail=1
             fi
         else
             log "$mode: FAIL: no counters from the daemon of guest $g (its guest did not reach the end)"

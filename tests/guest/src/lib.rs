@@ -2646,6 +2646,65 @@ pub mod perf {
         Ok((n * size as u64) as f64 / start.elapsed().as_secs_f64())
     }
 
+    /// [`rc_write_bw`] over `qps` RC pairs at once, `total` bytes spread evenly over them,
+    /// `depth` outstanding on each; bytes/s from the first post to the last completion.
+    pub fn rc_write_bw_qps(
+        a: &mut Node,
+        b: &mut Node,
+        qps: usize,
+        size: u32,
+        total: u64,
+        depth: u32,
+    ) -> Result<f64> {
+        // The largest path MTU the port allows (4096 with a netdev MTU >= 4176).
+        let mtu = Mtu::from_enum(a.guest.config.active_mtu).unwrap_or(Mtu::M1024);
+        let o = ConnOpts {
+            cqe: 4095,
+            mtu,
+            ..Default::default()
+        };
+        let mut ends = Vec::new();
+        for _ in 0..qps.max(1) {
+            let (ea, eb) = connect_qps(a, b, &o)?;
+            let ma = a.guest.reg_mr(ea.pd, size as usize, ALL)?;
+            let mb = b.guest.reg_mr(eb.pd, size as usize, ALL)?;
+            ends.push((ea, ma, mb));
+        }
+        let per = total.div_ceil(size as u64).div_ceil(ends.len() as u64);
+        let mut posted = vec![0u64; ends.len()];
+        let mut done = vec![0u64; ends.len()];
+        let t = Duration::from_secs(30);
+        let start = Instant::now();
+        let end = start + t;
+        while done.iter().any(|&d| d < per) {
+            if Instant::now() > end {
+                return Err(Error::Timeout("write completions"));
+            }
+            for (i, (ea, ma, mb)) in ends.iter().enumerate() {
+                while posted[i] < per && posted[i] - done[i] < depth as u64 {
+                    let wr = SendWr::new(
+                        posted[i],
+                        SendOp::Write {
+                            remote_addr: mb.addr(0),
+                            rkey: mb.rkey,
+                        },
+                        vec![ma.sge(0, size)],
+                    );
+                    a.guest.post_send(&ea.qp, &wr)?;
+                    posted[i] += 1;
+                }
+                for w in a.guest.poll_cq(&ea.cq, 64) {
+                    if w.status != 0 {
+                        return Err(Error::BadStatus(w.status));
+                    }
+                    done[i] += 1;
+                }
+            }
+        }
+        let n = per * ends.len() as u64;
+        Ok((n * size as u64) as f64 / start.elapsed().as_secs_f64())
+    }
+
     /// The reference of the same-host WRITE row: `total` bytes copied with memcpy in blocks
     /// of `size`, from one page-aligned buffer of `size` bytes to another (what a WRITE of one
     /// registered buffer into another moves); bytes/s. Page-aligned as the benchmark's MRs

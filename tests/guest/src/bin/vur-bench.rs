@@ -30,6 +30,12 @@
 //! stream, UDP stream and UDP ping-pong of the same round, and the daemons' CPU per WRITE
 //! and per message.
 //!
+//! `--only shard-threads` runs the shard-threads table: two daemons on loopback with their
+//! engines in two shards, one worker driving both and then (`--shard-threads`) the second
+//! shard on a thread and socket of its own, in `--rounds` interleaved rounds: 64 B SENDs over
+//! four RC pairs (two in each shard) and 64 KiB WRITEs over two (one in each), beside the
+//! kernel's UDP and TCP streams of the same round, and the daemons' CPU per message.
+//!
 //! `--only raw` (root) compares the transports on a veth pair whose ends are in two network
 //! namespaces it creates (and that vanish with it): two `udp` daemons on addresses the
 //! namespaces' kernels hold, then two `raw` daemons (`--iface`) on the same ends, each pair
@@ -54,7 +60,7 @@ struct Args {
     #[arg(long)]
     compare: Option<PathBuf>,
     /// Run one row only.
-    #[arg(long, value_parser = ["pingpong", "write", "same-host", "io-thread", "rate", "ctrl", "scale", "raw", "gso"])]
+    #[arg(long, value_parser = ["pingpong", "write", "same-host", "io-thread", "shard-threads", "rate", "ctrl", "scale", "raw", "gso"])]
     only: Option<String>,
     /// How the guest waits for completions.
     #[arg(long, default_value = "spin", value_parser = ["spin", "event"])]
@@ -613,6 +619,91 @@ fn io_thread_table(bin: &std::path::Path, a: &Args, wait: WaitMode) {
     );
 }
 
+/// The shard-threads table (`--only shard-threads`): two daemons on loopback with
+/// `--engine-shards 2`, one worker for both shards and then a thread per shard, in
+/// interleaved rounds beside the kernel's streams of the same round.
+fn shard_threads_table(bin: &std::path::Path, a: &Args) {
+    use vur_testguest::scale;
+    let rounds = a.rounds.max(1);
+    // Per setup [one worker, --shard-threads, kernel]: rate k/s, WRITE Gbit/s, CPU ns per
+    // message.
+    let mut m: [[Vec<f64>; 3]; 3] = Default::default();
+    let round = |m: &mut [[Vec<f64>; 3]; 3]| -> Result<(), String> {
+        for (i, flag) in [&[][..], &["--shard-threads"][..]].into_iter().enumerate() {
+            let (aa, ba) = loopback_pair(4791);
+            let mut extra = vec!["--mtu", "9000", "--engine-shards", "2"];
+            extra.extend_from_slice(flag);
+            let mut x = Node::start(bin, aa, &extra).map_err(|e| format!("{e}"))?;
+            let mut y = Node::start(bin, ba, &extra).map_err(|e| format!("{e}"))?;
+            // QPs go to the shards in turn: four pairs are two in each shard on both sides.
+            let pairs = scale::connect_active(&mut x, &mut y, 4, SCALE_WINDOW)
+                .map_err(|e| format!("pairs: {e}"))?;
+            scale::run_traffic(&mut x, &mut y, &pairs, a.messages / 10 + 1, SCALE_WINDOW)
+                .map_err(|e| format!("warm-up ({flag:?}): {e}"))?;
+            let t = scale::run_traffic(&mut x, &mut y, &pairs, a.messages, SCALE_WINDOW)
+                .map_err(|e| format!("rate ({flag:?}): {e}"))?;
+            let bw = perf::rc_write_bw_qps(&mut x, &mut y, 2, 64 << 10, a.write_bytes, 16)
+                .map_err(|e| format!("WRITE ({flag:?}): {e}"))?;
+            let c = x.daemon.counters().unwrap_or_default();
+            let threaded = c.contains("\"shard_sockets\"");
+            if (i == 1) != threaded {
+                return Err(format!("{flag:?} but shard sockets {threaded}: {c}"));
+            }
+            m[i][0].push(t.msgs_per_s / 1e3);
+            m[i][1].push(bw * 8.0 / 1e9);
+            m[i][2].push(t.daemon_cpu_ns_per_msg);
+        }
+        let udp = (0..3)
+            .map(|_| udp_rate(64, a.messages, RATE_WINDOW as u64))
+            .find_map(Result::ok)
+            .ok_or("udp: three runs lost datagrams")?;
+        m[2][0].push(udp / 1e3);
+        let tcp = perf::tcp_stream(64 << 10, a.write_bytes).map_err(|e| format!("tcp: {e}"))?;
+        m[2][1].push(tcp * 8.0 / 1e9);
+        Ok(())
+    };
+    for _ in 0..rounds {
+        if let Err(e) = round(&mut m) {
+            println!("shard-threads table: {e}");
+            std::process::exit(1);
+        }
+    }
+    println!(
+        "{:<40} {:>22} {:>22} {:>7} {:>22} {:>9}",
+        "two daemons, --engine-shards 2",
+        "one worker (range)",
+        "--shard-threads",
+        "ratio",
+        "kernel (range)",
+        "vs kernel"
+    );
+    let rows = [
+        ("64 B SEND rate k/s, 4 RC pairs (UDP)", 0, 0),
+        ("64 KiB WRITE Gbit/s, 2 RC pairs (TCP)", 1, 2),
+        ("daemon CPU ns per 64 B message", 2, 0),
+    ];
+    for (name, k, prec) in rows {
+        let (w, t) = (med_range(&mut m[0][k]), med_range(&mut m[1][k]));
+        let f = |v: (f64, f64, f64)| format!("{:.p$} ({:.p$}-{:.p$})", v.0, v.1, v.2, p = prec);
+        let kernel = (k < 2).then(|| med_range(&mut m[2][k]));
+        println!(
+            "{name:<40} {:>22} {:>22} {:>6.2}x {:>22} {:>9}",
+            f(w),
+            f(t),
+            t.0 / w.0,
+            kernel.map_or(String::new(), f),
+            kernel.map_or(String::new(), |kv| format!("{:.2}x", t.0 / kv.0)),
+        );
+    }
+    println!(
+        "medians of {rounds} rounds; {} messages ({SCALE_WINDOW} outstanding per pair), WRITE {} \
+         MiB; {} CPUs",
+        a.messages,
+        a.write_bytes >> 20,
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    );
+}
+
 /// Prints a table of two setups measured in interleaved rounds, beside a reference: `rows`
 /// are (Gbit/s, daemon CPU ns per WRITE) per round, for the first setup, the second and the
 /// reference; medians with their ranges, and the second's ratios to the first and to the
@@ -1141,6 +1232,10 @@ fn main() {
     }
     if a.only.as_deref() == Some("io-thread") {
         io_thread_table(&bin, &a, wait);
+        return;
+    }
+    if a.only.as_deref() == Some("shard-threads") {
+        shard_threads_table(&bin, &a);
         return;
     }
     if a.only.as_deref() == Some("gso") {
