@@ -2785,6 +2785,59 @@ mod tests {
         assert_ne!(before, after);
     }
 
+    /// Shards handed to threads of their own: a packet this model takes for one of them
+    /// (or a multicast packet, for every shard) marks it touched, so that its thread is woken;
+    /// its own shard 0 is never marked; the marks are taken once.
+    #[test]
+    fn shards_handed_out_are_marked_when_this_model_works_on_them() {
+        let mut m = Model::new(ModelConfig {
+            shards: 3,
+            ..Default::default()
+        });
+        let h = m.hand_out_shards();
+        assert_eq!(h.iter().map(ShardHandle::index).collect::<Vec<_>>(), [1, 2]);
+        let mem = GuestMemoryMmap::from_ranges(&[(vm_memory::GuestAddress(0), 1 << 16)]).unwrap();
+        let meta = RecvMeta {
+            src: Gid::from_ip("10.0.0.1".parse().unwrap()),
+            dst: Gid::from_ip("10.0.0.2".parse().unwrap()),
+            sport: 0,
+            traffic_class: 0,
+            hop_limit: 64,
+            flow_label: 0,
+        };
+        // A SEND_ONLY BTH to `qpn`, and an ICRC (wrong: the engine drops it, as it should).
+        let packet = |qpn: u32| {
+            let mut b = vec![0u8; 16];
+            b[0] = 0x04;
+            b[5..8].copy_from_slice(&qpn.to_be_bytes()[1..]);
+            b
+        };
+        for (qpn, touched) in [(3, 0), (4, 1 << 1), (5, 1 << 2)] {
+            m.handle_packet(&mem, Instant(1), &meta, &packet(qpn));
+            assert_eq!(m.take_touched(), touched, "QPN {qpn}");
+            assert_eq!(m.take_touched(), 0, "QPN {qpn}: taken once");
+        }
+        m.handle_packet(&mem, Instant(1), &meta, &packet(MULTICAST_QPN));
+        assert_eq!(m.take_touched(), 0b110, "multicast: every shard");
+        // A shard's thread sees the packets of other shards land there too.
+        assert_eq!(
+            h[0].handle_packet(&mem, Instant(1), &meta, &packet(5)),
+            1 << 2
+        );
+        // Without shards handed out, nothing is marked.
+        let mut one = Model::new(ModelConfig {
+            shards: 3,
+            ..Default::default()
+        });
+        one.handle_packet(&mem, Instant(1), &meta, &packet(5));
+        assert_eq!(one.take_touched(), 0);
+        // Each packet went to the shard its QPN names, the multicast one to all three.
+        let rx =
+            |m: &Model| -> Vec<u64> { m.shard_loads().iter().map(|l| l.1.rx_packets).collect() };
+        assert_eq!(rx(&m), [2, 2, 3]);
+        assert_eq!(rx(&one), [0, 0, 1]);
+    }
+
     /// A pending event is merged with a new one for the same object; a dropped one counts.
     #[test]
     fn events_are_counted_as_raised_merged_or_dropped() {
