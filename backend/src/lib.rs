@@ -424,6 +424,12 @@ fn serve(device: Device) -> Result<(), Error> {
             config.poll_us,
         )?);
         backend.set_shard_links(shared.shard_links.clone());
+        // `--same-host`: the other devices hand their packets to this one's engine on their
+        // own threads while its worker is idle.
+        if let Some(inbox) = &shared.same_host {
+            let d: Arc<dyn same_host::Driver> = backend.clone();
+            inbox.set_driver(Arc::downgrade(&d));
+        }
         // Stopped and joined when dropped, after the vhost-user daemon below.
         let shard_workers = if shards.is_empty() {
             None

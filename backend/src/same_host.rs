@@ -18,7 +18,7 @@ use std::io;
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use rxe_core::device::{RecvMeta, Transmit};
 use vmm_sys_util::eventfd::EventFd;
@@ -53,6 +53,14 @@ struct Parcel {
 /// An empty parcel's buffers, kept for the next one.
 type Spare = (Vec<u8>, Vec<PayloadRef>);
 
+/// The receiving side of an inbox, run on the sender's thread ([`Inbox::signal`]).
+pub trait Driver: Send + Sync {
+    /// If the device's worker is not busy (its lock is free): takes what waits in its
+    /// inbox into its engine and sends what that starts, on the calling thread; returns
+    /// whether it did. The worker need not wake for it.
+    fn try_drive(&self) -> bool;
+}
+
 /// The counters of one port's shortcut traffic (the `"same_host"` object of the counters).
 #[derive(Debug, Default)]
 pub struct SameHostStats {
@@ -68,6 +76,9 @@ pub struct SameHostStats {
     pub rx_bytes: AtomicU64,
     /// Packets dropped at this port's inbox: it was full, or no frontend was connected.
     pub rx_dropped: AtomicU64,
+    /// Batches a sender's thread handed into this port's engine itself, its worker idle
+    /// ([`Driver`]): wake-ups saved.
+    pub rx_driven: AtomicU64,
 }
 
 /// A port's inbox: packets other ports sent it, and the eventfd that wakes its worker.
@@ -80,6 +91,9 @@ pub struct Inbox {
     /// Set when the eventfd was written and the worker has not drained since: a sender
     /// writes the eventfd only on the edge, not per packet.
     signalled: AtomicBool,
+    /// The device that takes this inbox's packets, asked to take them on the sender's thread
+    /// before its worker is woken (`--same-host`; none for an I/O thread's inbox).
+    driver: Mutex<Option<Weak<dyn Driver>>>,
     event: EventFd,
     /// A receiver that stopped for a full inbox ([`Self::wait_for_room`]) waits on `room`,
     /// written by [`Self::drain`] once half the inbox is free.
@@ -95,6 +109,7 @@ impl Inbox {
             pool: Mutex::new(Vec::new()),
             unpacked: Mutex::new(Vec::new()),
             signalled: AtomicBool::new(false),
+            driver: Mutex::new(None),
             event: EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC)?,
             room_wanted: AtomicBool::new(false),
             room: EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC)?,
@@ -118,8 +133,22 @@ impl Inbox {
         self.put(meta, bytes, &[], None)
     }
 
-    /// Wakes the worker if it was not woken since it last drained.
+    /// The device whose worker drains this inbox, asked first by [`Self::signal`].
+    pub fn set_driver(&self, d: Weak<dyn Driver>) {
+        *lock(&self.driver) = Some(d);
+    }
+
+    /// Hands the packets to the receiving device: on this thread when its worker is not
+    /// busy (run to completion: no wake-up, [`Driver`]), else by waking the worker if it was
+    /// not woken since it last drained.
     pub fn signal(&self) {
+        let d = lock(&self.driver).as_ref().and_then(Weak::upgrade);
+        if let Some(d) = d {
+            if d.try_drive() && self.is_empty() {
+                self.stats.rx_driven.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        }
         if !self.signalled.swap(true, Ordering::AcqRel) {
             let _ = self.event.write(1);
         }
@@ -272,7 +301,7 @@ impl Inbox {
         let s = &self.stats;
         let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
         format!(
-            "\"tx_packets\":{},\"tx_bytes\":{},\"tx_ref_packets\":{},\"tx_ref_bytes\":{},\"rx_packets\":{},\"rx_bytes\":{},\"rx_dropped\":{},\"waiting\":{}",
+            "\"tx_packets\":{},\"tx_bytes\":{},\"tx_ref_packets\":{},\"tx_ref_bytes\":{},\"rx_packets\":{},\"rx_bytes\":{},\"rx_dropped\":{},\"rx_driven\":{},\"waiting\":{}",
             r(&s.tx_packets),
             r(&s.tx_bytes),
             r(&s.tx_ref_packets),
@@ -280,6 +309,7 @@ impl Inbox {
             r(&s.rx_packets),
             r(&s.rx_bytes),
             r(&s.rx_dropped),
+            r(&s.rx_driven),
             self.len()
         )
     }

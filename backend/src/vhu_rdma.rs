@@ -132,6 +132,16 @@ impl Timer {
             )
         };
     }
+    /// Arms for `at` if that is sooner than the deadline held (or none is).
+    pub fn arm_sooner(&self, at: Option<rxe_core::Instant>) {
+        let Some(at) = at else {
+            return;
+        };
+        if lock(&self.armed).is_none_or(|held| at < held) {
+            self.arm(Some(at));
+        }
+    }
+
     pub fn consume(&self) {
         let mut b = [0u8; 8];
         // SAFETY: reading 8 bytes into a live buffer from a non-blocking timerfd we own.
@@ -257,6 +267,9 @@ pub struct VhuRdma {
     shard_kicks: Mutex<Arc<Vec<Arc<EventFd>>>>,
     /// `--shard-threads`: the shards' sockets, for the counters.
     shard_links: Mutex<Vec<Arc<crate::shard_worker::ShardLink>>>,
+    /// The queues, as the worker's first event gave them: for another device's thread that
+    /// runs this one's side of a same-host batch ([`crate::same_host::Driver`]).
+    vrings: Mutex<Vec<VringRwLock>>,
     /// A duplicate of the UDP socket's fd, in the epoll for EPOLLOUT while the transport waits
     /// for room ([`UDP_WRITABLE_EVENT`]); a separate fd because the socket itself is there
     /// for EPOLLIN.
@@ -323,6 +336,7 @@ impl VhuRdma {
             work: Arc::new(EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC)?),
             shard_kicks: Mutex::default(),
             shard_links: Mutex::default(),
+            vrings: Mutex::default(),
             tx_wait,
             tx_waiting: AtomicBool::new(false),
             counters_req: EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC)?,
@@ -1084,6 +1098,35 @@ impl VhuRdma {
     }
 }
 
+impl crate::same_host::Driver for VhuRdma {
+    /// Another device of the process (`--same-host`) put packets in this one's inbox: if
+    /// this device's worker is idle, this device's side runs on the sender's thread — the
+    /// packets into the engine, what they start sent, events to the guest — as the worker
+    /// would for SAME_HOST_EVENT, without waking it.
+    fn try_drive(&self) -> bool {
+        let Ok(mut model) = self.model.try_lock() else {
+            return false;
+        };
+        let Some(mem) = lock(&self.mem).clone() else {
+            return false;
+        };
+        let vrings = lock(&self.vrings).clone();
+        if vrings.len() != NUM_QUEUES {
+            return false;
+        }
+        if self.receive_inbox(self.inbox.as_ref(), &mut model, &mem) == 0 {
+            return true;
+        }
+        if let Err(e) = self.pump_and_deliver(&vrings, &mem, &mut model, true) {
+            log::warn!("same-host batch on the sender's thread: {e}");
+        }
+        self.kick_touched(&model);
+        // The engine's timers (acknowledgements, retransmissions) from this batch.
+        self.timer.arm_sooner(model.poll_timeout());
+        true
+    }
+}
+
 impl VhostUserBackend for VhuRdma {
     type Bitmap = ();
     type Vring = VringRwLock;
@@ -1200,6 +1243,12 @@ impl VhostUserBackend for VhuRdma {
         };
         if let Some(k) = self.wstats.kicks.get(device_event as usize) {
             bump(k);
+        }
+        if self.inbox.is_some() {
+            let mut v = lock(&self.vrings);
+            if v.is_empty() {
+                v.extend(vrings.iter().cloned());
+            }
         }
         let woke_at = now();
         let mut model = lock(&self.model);

@@ -189,3 +189,22 @@ fn a_peer_without_a_guest_loses_the_packets_and_the_retries_run_out() {
     assert!(dropped >= 2, "{c}");
     assert_eq!(counter(&a, "transport", "tx_packets"), 0);
 }
+
+/// A device whose worker is idle takes a batch on the sender's thread (run to completion:
+/// `same_host.rx_driven`), its guest's completions and the answers the batch starts as its
+/// worker would give them: 100 round trips of 64 B SENDs, each side idle while the other
+/// sends, every message completed. The worker still takes what comes while it is busy.
+#[test]
+fn an_idle_receivers_side_runs_on_the_senders_thread() {
+    let (mut a, mut b) = two(&["--same-host"]);
+    let rtt =
+        perf::rc_pingpong_wait(&mut a, &mut b, 64, 100, perf::WaitMode::Spin).expect("ping-pong");
+    assert!(rtt > std::time::Duration::ZERO);
+    for (n, name) in [(&a, "a"), (&b, "b")] {
+        let c = n.daemon.counters().unwrap();
+        assert!(counter(n, "same_host", "rx_driven") > 0, "{name}: {c}");
+        assert_eq!(counter(n, "same_host", "rx_dropped"), 0, "{name}: {c}");
+    }
+    // And bulk data as before.
+    send_write_read(&mut a, &mut b);
+}
