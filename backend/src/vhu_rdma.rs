@@ -1104,6 +1104,11 @@ impl crate::same_host::Driver for VhuRdma {
     /// packets into the engine, what they start sent, events to the guest — as the worker
     /// would for SAME_HOST_EVENT, without waking it.
     fn try_drive(&self) -> bool {
+        // In poll mode the worker re-arms the guest's kicks between polls without the
+        // device's lock; its queues are its own then (and it is awake anyway).
+        if self.poll_us > 0 {
+            return false;
+        }
         let Ok(mut model) = self.model.try_lock() else {
             return false;
         };
