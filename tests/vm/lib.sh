@@ -199,18 +199,19 @@ PY
 
 # vm_daemon_same_host NAME COUNTERS.json: one line with a device's same-host and transport
 # counters; fail (return 1) when RoCE crossed its UDP socket, nothing crossed the shortcut, no
-# payload crossed as references, or a packet was dropped at its inbox.
+# payload crossed as references, no batch ran to completion on the sender's thread, or a
+# packet was dropped at its inbox.
 vm_daemon_same_host() {
     python3 - "$1" "$2" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[2]))
 t, h = j.get("transport", {}), j.get("same_host", {})
-keys = ("tx_packets", "rx_packets", "tx_ref_packets", "tx_ref_bytes", "rx_dropped")
+keys = ("tx_packets", "rx_packets", "tx_ref_packets", "tx_ref_bytes", "rx_driven", "rx_dropped")
 segs = j.get("port", {}).get("tx_segments", "?")
 print(sys.argv[1] + ": same_host " + " ".join(f"{k}={h.get(k, '?')}" for k in keys)
       + f"; port tx_segments={segs}"
       + f"; transport tx_packets={t.get('tx_packets', '?')} rx_packets={t.get('rx_packets', '?')}")
-bad = [k for k in ("tx_packets", "rx_packets", "tx_ref_bytes") if not h.get(k)]
+bad = [k for k in ("tx_packets", "rx_packets", "tx_ref_bytes", "rx_driven") if not h.get(k)]
 bad += ["same_host rx_dropped"] if h.get("rx_dropped") else []
 bad += [f"transport {k}" for k in ("tx_packets", "rx_packets") if t.get(k) != 0]
 if bad:
