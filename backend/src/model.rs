@@ -1744,19 +1744,10 @@ impl Model {
         self.pump_shards(mem, now, tx, budget, false)
     }
 
-    /// [`Self::pump_budget`] over every shard, those other threads drive too (through `tx`):
-    /// for a control command that must find what the work posted before it completed.
-    pub fn pump_everywhere(
-        &mut self,
-        mem: &GuestMemoryMmap,
-        now: Instant,
-        tx: &mut dyn PacketSink,
-        budget: usize,
-    ) -> Pump {
-        self.pump_shards(mem, now, tx, budget, true)
-    }
-
-    fn pump_shards(
+    /// [`Self::pump_budget`]; with `everywhere`, over the shards other threads drive too
+    /// (through `tx`): for a control command that must find what the work posted before it
+    /// completed.
+    pub fn pump_shards(
         &mut self,
         mem: &GuestMemoryMmap,
         now: Instant,

@@ -873,11 +873,7 @@ impl VhuRdma {
         if self.inbox.is_some() {
             t.set_payload_source(Some(g.clone().into_inner()));
         }
-        let p = if everywhere {
-            model.pump_everywhere(&g, now(), &mut *t, budget)
-        } else {
-            model.pump_budget(&g, now(), &mut *t, budget)
-        };
+        let p = model.pump_shards(&g, now(), &mut *t, budget, everywhere);
         if self.inbox.is_some() {
             t.set_payload_source(None);
         }

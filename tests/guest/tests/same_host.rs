@@ -197,9 +197,7 @@ fn a_peer_without_a_guest_loses_the_packets_and_the_retries_run_out() {
 #[test]
 fn an_idle_receivers_side_runs_on_the_senders_thread() {
     let (mut a, mut b) = two(&["--same-host"]);
-    let rtt =
-        perf::rc_pingpong_wait(&mut a, &mut b, 64, 100, perf::WaitMode::Spin).expect("ping-pong");
-    assert!(rtt > std::time::Duration::ZERO);
+    perf::rc_pingpong_wait(&mut a, &mut b, 64, 100, perf::WaitMode::Spin).expect("ping-pong");
     for (n, name) in [(&a, "a"), (&b, "b")] {
         let c = n.daemon.counters().unwrap();
         assert!(counter(n, "same_host", "rx_driven") > 0, "{name}: {c}");
