@@ -35,7 +35,8 @@ impl<T> BrLock<T> {
 
     /// Reads through shard `shard`'s lock (any index: it is taken modulo the shards).
     pub fn read(&self, shard: usize) -> BrRead<'_, T> {
-        let slot = &self.slots[shard % self.slots.len()];
+        let n = self.slots.len();
+        let slot = &self.slots[if shard < n { shard } else { shard % n }];
         let guard = slot.0.read().unwrap_or_else(|e| e.into_inner());
         BrRead {
             _guard: guard,

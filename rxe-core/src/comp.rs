@@ -2,7 +2,7 @@
 //! at the requester, runs the retransmission and RNR timers, and turns finished WQEs into
 //! completions in send-queue order. Also the flush of both queues when a QP enters ERR.
 
-use crate::device::{Drop, Resources};
+use crate::device::{lock, Drop, Resources};
 use crate::mem::*;
 use crate::qp::*;
 use crate::types::{Instant, Psn};
@@ -364,31 +364,40 @@ pub(crate) fn flush(q: &mut Qp, res: &mut Resources) {
 
 /// Emits completions for finished WQEs at the head of the send queue, in order.
 pub(crate) fn drain(q: &mut Qp, res: &mut Resources) {
+    let done =
+        q.sq.iter()
+            .take_while(|w| matches!(w.state, WqeState::Done(_)))
+            .count();
     let mut overflow = false;
-    while let Some(w) = q.sq.front() {
-        let WqeState::Done(status) = w.state else {
-            break;
-        };
-        if status != WcStatus::Success || w.signaled {
-            let byte_len = if status == WcStatus::Success {
-                w.len
-            } else {
-                0
+    if done > 0 {
+        // The run's completions go to the CQ under one lock; the WQEs are dropped in place.
+        let mut cq = None;
+        let mut list_bytes = 0;
+        for w in q.sq.range(..done) {
+            let WqeState::Done(status) = w.state else {
+                break;
             };
-            let cqe = Cqe {
-                byte_len,
-                ..Cqe::new(w.wr.wr_id, status, w.wc_opcode, q.qpn)
-            };
-            if res.post_cqe(&q.cq_objs[0], q.send_cq, cqe, false).is_err() {
-                overflow = true;
+            if status != WcStatus::Success || w.signaled {
+                let byte_len = if status == WcStatus::Success {
+                    w.len
+                } else {
+                    0
+                };
+                let cqe = Cqe {
+                    byte_len,
+                    ..Cqe::new(w.wr.wr_id, status, w.wc_opcode, q.qpn)
+                };
+                let cq = cq.get_or_insert_with(|| lock(&q.cq_objs[0]));
+                if res.push_cqe(cq, q.send_cq, cqe, false).is_err() {
+                    overflow = true;
+                }
             }
+            list_bytes += w.wr.op.page_list_bytes();
         }
-        if let Some(w) = q.sq.pop_front() {
-            q.reg_mr_list_bytes = q
-                .reg_mr_list_bytes
-                .saturating_sub(w.wr.op.page_list_bytes());
-        }
-        q.sq_head += 1;
+        drop(cq);
+        q.sq.drain(..done);
+        q.sq_head += done as u64;
+        q.reg_mr_list_bytes = q.reg_mr_list_bytes.saturating_sub(list_bytes);
     }
     if q.state() == QpState::Sqd && q.en_sqd_notify_due() {
         q.drained_notified = true;

@@ -321,9 +321,14 @@ impl Resources {
         cqe: Cqe,
         solicited: bool,
     ) -> Result<(), ()> {
+        self.push_cqe(&mut lock(cq), cqn, cqe, solicited)
+    }
+
+    /// [`Self::post_cqe`] to a CQ whose lock the caller holds (to post a run of completions
+    /// under one lock).
+    pub fn push_cqe(&mut self, cq: &mut Cq, cqn: u32, cqe: Cqe, solicited: bool) -> Result<(), ()> {
         let bit = self.shard_bit;
         let (events, ready) = (&mut self.events, &mut self.ready_cqs);
-        let mut cq = lock(cq);
         if cq.error {
             return Err(());
         }
@@ -865,7 +870,11 @@ impl Device {
         self.res
             .with_cq(cqn, |c| {
                 let n = c.queue.len().min(max);
-                out.extend(c.queue.drain(..n));
+                let (a, b) = c.queue.as_slices();
+                let from_a = a.len().min(n);
+                out.extend_from_slice(&a[..from_a]);
+                out.extend_from_slice(&b[..n - from_a]);
+                c.queue.drain(..n);
                 n
             })
             .unwrap_or(0)

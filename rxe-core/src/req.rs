@@ -39,6 +39,7 @@ pub(crate) fn post_failed(
     Ok(())
 }
 
+#[inline]
 pub(crate) fn post_send(q: &mut Qp, res: &mut Resources, wr: SendWr) -> Result<(), VerbError> {
     match q.state() {
         QpState::Reset | QpState::Init | QpState::Rtr => return Err(VerbError::BadState),
