@@ -47,14 +47,15 @@ pub struct Args {
     /// another).
     #[arg(long, default_value_t = 4791)]
     pub peer_port: u16,
-    /// Drop IPv4 packets whose ICRC cannot be verified with IP ID 0 (see docs/virtio-rdma.md).
+    /// Drop IPv4 packets whose ICRC cannot be verified with IP ID 0, or with their index in
+    /// a coalesced run (--udp-gso) (see docs/virtio-rdma.md).
     #[arg(long)]
     pub strict_icrc: bool,
-    /// With a udp transport on an IPv6 address: send runs of equal-length packets to one peer
-    /// (a multi-packet WRITE, SEND or READ response) as one UDP GSO send, and take coalesced
-    /// runs (UDP GRO). For peers behind a kernel UDP stack or a NIC (which cut the runs); not
-    /// for a raw-transport peer on a veth or netkit pair, which would get a run whole. IPv4
-    /// never uses GSO (the ICRC covers the IP ID, which the segmenting side picks).
+    /// With a udp transport: send runs of equal-length packets to one peer (a multi-packet
+    /// WRITE, SEND or READ response) as one UDP GSO send, and take coalesced runs (UDP GRO).
+    /// For peers behind a kernel UDP stack or a NIC (which cut the runs); not for a
+    /// raw-transport peer on a veth or netkit pair, which would get a run whole. Over IPv4
+    /// each segment's ICRC is for the IP ID the kernel gives it (its index in the run).
     #[arg(long)]
     pub udp_gso: bool,
     /// Port MAC address (default 02:00:00:00:00:01; with --iface the interface's MAC).
@@ -245,7 +246,7 @@ pub struct Config {
     pub udp_addr: SocketAddr,
     pub peer_port: u16,
     pub strict_icrc: bool,
-    /// UDP GSO for runs of packets (udp transport, IPv6 only).
+    /// UDP GSO for runs of packets (udp transport).
     pub udp_gso: bool,
     /// The raw transport's setup (`--iface`), when it is the transport.
     pub raw: Option<crate::raw::RawConfig>,

@@ -191,14 +191,7 @@ impl Device {
                     shard_links.push(Arc::new(shard_worker::ShardLink::new(s)));
                 }
                 if config.udp_gso && !gso {
-                    log::warn!(
-                        "--udp-gso: not used ({})",
-                        if config.udp_addr.is_ipv4() {
-                            "IPv4: the ICRC covers the IP ID, which the segmenting side picks"
-                        } else {
-                            "this kernel does not know UDP GSO"
-                        }
-                    );
+                    log::warn!("--udp-gso: not used (this kernel does not know UDP GSO)");
                 }
                 if let Some(hub) = hub {
                     let link = same_host::Link::new(hub.clone(), config.udp_addr.ip())

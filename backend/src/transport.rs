@@ -14,15 +14,21 @@
 //! ([`rxe_core::icrc::Ipv4IdSolver`]: the CRC is affine in the ID's 16 bits, so the mismatch
 //! must lie in their span): a packet some ID explains is verified (`rx_icrc_id_solved`; a
 //! random corruption passes with probability 2^-16, a flip in any other covered field never),
-//! anything else is dropped (`rx_icrc_bad`). `strict_icrc` accepts ID 0 only.
+//! anything else is dropped (`rx_icrc_bad`). `strict_icrc` accepts ID 0 only (and, in a
+//! coalesced run, the datagram's index in it: see below).
 //!
-//! UDP GSO (IPv6 only, [`UdpTransport::enable_gso`]): consecutive packets to one destination
-//! whose lengths are equal (the last of a run may be shorter) leave in one `sendmsg` with
+//! UDP GSO ([`UdpTransport::enable_gso`]): consecutive packets to one destination whose
+//! lengths are equal (the last of a run may be shorter) leave in one `sendmsg` with
 //! `UDP_SEGMENT`, and whoever segments them — the kernel's software GSO, a NIC's USO, or the
 //! receiving socket on loopback and veth — cuts exactly there, so each segment is the packet
-//! whose ICRC was computed. IPv4 never: the ICRC covers the IP ID, which the segmenter picks
-//! (docs/benchmarks.md, "What limits each number"). GSO needs the UDP checksum, so a socket
-//! with GSO sends one (the ICRC masks the field; receivers verify it as usual).
+//! whose ICRC was computed. IPv6 has no field the segmenter picks. IPv4 has the ID: the
+//! kernel gives the run the ID 0 (DF, unconnected socket, as above) and each segment the
+//! run's ID plus its index (`inet_gso_segment`), so segment k's ICRC is computed for ID k
+//! (the ICRC is affine in the ID: [`rxe_core::icrc::Ipv4IdBasis::contribution`]). A packet
+//! that leaves alone (a refused run included) carries the ICRC for ID 0. A receiver that
+//! gets a run coalesced (GRO) tries each datagram's index in it first. GSO needs the UDP
+//! checksum, so a socket with GSO sends one (the ICRC masks the field; receivers verify it
+//! as usual).
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
@@ -180,6 +186,8 @@ pub struct UdpTransport {
     local: SocketAddr,
     peer_port: u16,
     strict_icrc: bool,
+    /// The IPv4 ID bases of the packet lengths seen: to solve for a received packet's ID, and
+    /// (with GSO) to put a packet's ID, its index in its run, into its ICRC.
     solver: rxe_core::icrc::Ipv4IdSolver,
     egress: EgressPolicy,
     pub stats: TransportStats,
@@ -267,6 +275,9 @@ struct RxSeg {
     off: u32,
     len: u32,
     truncated: bool,
+    /// Its place in a coalesced run (0 for a datagram alone): the IPv4 ID a GSO sender that
+    /// follows this transport's rule gave it.
+    index: u16,
 }
 
 fn setsockopt_int(fd: RawFd, level: i32, name: i32, v: i32) -> io::Result<()> {
@@ -498,20 +509,21 @@ impl UdpTransport {
     }
 
     /// Sends runs of packets as UDP GSO segments from now on, and takes coalesced runs
-    /// (UDP GRO) on receive, if the socket is IPv6 (the module comment says why not IPv4)
-    /// and the kernel knows UDP GSO (4.18 and later); returns whether it will. Turns the UDP
+    /// (UDP GRO) on receive, if the kernel knows UDP GSO (4.18 and later); returns whether it
+    /// will. (IPv4: the module comment says how the ICRC covers the IP ID of a segment.) Turns the UDP
     /// checksum on, which the kernel requires of a GSO send. A kernel without UDP GRO (before
     /// 5.0) leaves receive as it was.
     pub fn enable_gso(&mut self) -> io::Result<bool> {
-        if self.local.is_ipv4() {
-            return Ok(false);
-        }
         // A kernel that does not know UDP_SEGMENT would ignore the cmsg and send a run as
         // one datagram: ask it first (a segment size of 0 is "no default").
         if setsockopt_int(self.fd(), libc::IPPROTO_UDP, UDP_SEGMENT, 0).is_err() {
             return Ok(false);
         }
-        setsockopt_int(self.fd(), libc::IPPROTO_UDP, UDP_NO_CHECK6_TX, 0)?;
+        if self.local.is_ipv4() {
+            setsockopt_int(self.fd(), libc::SOL_SOCKET, libc::SO_NO_CHECK, 0)?;
+        } else {
+            setsockopt_int(self.fd(), libc::IPPROTO_UDP, UDP_NO_CHECK6_TX, 0)?;
+        }
         self.gso = true;
         if setsockopt_int(self.fd(), libc::IPPROTO_UDP, UDP_GRO, 1).is_ok() {
             self.rx = RxBatch::new(true);
@@ -644,12 +656,11 @@ impl UdpTransport {
         // The packets each message carries: (first, count).
         let mut runs = [(0usize, 0usize); TX_BATCH];
         let mut name_lens: [libc::socklen_t; TX_BATCH] = [0; TX_BATCH];
-        for (i, &(len, dst)) in self.tx_pending.iter().enumerate() {
-            let r = self.slot(i);
-            iov[i].iov_base = self.tx_buf[r].as_mut_ptr().cast();
-            iov[i].iov_len = len;
+        for (i, &(_, dst)) in self.tx_pending.iter().enumerate() {
             name_lens[i] = sockaddr_from(dst, &mut names[i]);
         }
+        // IPv4: the IP ID each packet's ICRC was computed for (0 outside this function).
+        let mut ids = [0u16; TX_BATCH];
         // The headers point into these arrays through pointers taken once, so that no later
         // borrow of an array invalidates what an earlier header holds.
         let (names_p, iov_p, cmsgs_p) = (names.as_mut_ptr(), iov.as_mut_ptr(), cmsgs.as_mut_ptr());
@@ -657,12 +668,33 @@ impl UdpTransport {
         let mut done = 0usize;
         let mut gso = self.gso;
         'build: while done < n {
+            // This pass's messages: a packet's ICRC first takes the IPv4 ID the kernel will
+            // write (its index in its GSO run), then its iovec points at it.
             let mut m = 0usize;
             let mut i = done;
             while i < n {
                 let count = if gso { self.gso_run(i) } else { 1 };
-                let hdr = &mut msgs[m].msg_hdr;
-                // SAFETY: `i < n <= TX_BATCH` and `m <= i`: inside `names`, `iov` and `cmsgs`,
+                for k in 0..count {
+                    let id = if count > 1 { k as u16 } else { 0 };
+                    self.set_ip_id(&mut ids, i + k, id);
+                }
+                runs[m] = (i, count);
+                m += 1;
+                i += count;
+            }
+            for i in done..n {
+                let r = self.slot(i);
+                let base = self.tx_buf[r].as_mut_ptr().cast();
+                // SAFETY: `i < n <= TX_BATCH`: inside `iov`, written through the pointer the
+                // headers use.
+                unsafe {
+                    (*iov_p.add(i)).iov_base = base;
+                    (*iov_p.add(i)).iov_len = self.tx_pending[i].0;
+                }
+            }
+            for (j, &(i, count)) in runs[..m].iter().enumerate() {
+                let hdr = &mut msgs[j].msg_hdr;
+                // SAFETY: `i < n <= TX_BATCH` and `j <= i`: inside `names`, `iov` and `cmsgs`,
                 // which outlive every use of the headers; the kernel reads `count` iovecs from
                 // `iov_p + i`, and `i + count <= n`.
                 unsafe {
@@ -672,17 +704,14 @@ impl UdpTransport {
                 hdr.msg_namelen = name_lens[i];
                 hdr.msg_iovlen = count;
                 if count > 1 {
-                    // SAFETY: as above; nothing else refers to `cmsgs[m]` meanwhile.
-                    let c = unsafe { &mut *cmsgs_p.add(m) };
+                    // SAFETY: as above; nothing else refers to `cmsgs[j]` meanwhile.
+                    let c = unsafe { &mut *cmsgs_p.add(j) };
                     hdr.msg_controllen = gso_cmsg(c, self.tx_pending[i].0 as u16);
                     hdr.msg_control = (c as *mut [u64; GSO_CMSG_WORDS]).cast();
                 } else {
                     hdr.msg_control = std::ptr::null_mut();
                     hdr.msg_controllen = 0;
                 }
-                runs[m] = (i, count);
-                m += 1;
-                i += count;
             }
             let mut sent = 0usize;
             while sent < m {
@@ -722,6 +751,9 @@ impl UdpTransport {
                     // (with an I/O thread: for it to send when the socket has room).
                     self.stats.tx_blocked += 1;
                     self.tx_blocked = true;
+                    for i in done..n {
+                        self.set_ip_id(&mut ids, i, 0);
+                    }
                     self.keep_unsent(done);
                     if self.offload.is_some() {
                         self.hand_off();
@@ -757,6 +789,24 @@ impl UdpTransport {
         }
         self.tx_pending.clear();
         self.tx_blocked = false;
+    }
+
+    /// Makes the ICRC of pending packet `i` (computed for the IPv4 ID `ids[i]`) one for ID
+    /// `id`: the ICRC is affine in the ID's bits ([`rxe_core::icrc::Ipv4IdBasis`]). IPv6
+    /// has no ID: nothing to do.
+    fn set_ip_id(&mut self, ids: &mut [u16; TX_BATCH], i: usize, id: u16) {
+        if ids[i] == id || !self.local.is_ipv4() {
+            return;
+        }
+        let len = self.tx_pending[i].0;
+        let at = self.slot(i).start;
+        let roce = &mut self.tx_buf[at..at + len];
+        let b = self.solver.basis(len, rxe_core::icrc::covers_twice(roce));
+        let delta = b.contribution(ids[i]) ^ b.contribution(id);
+        let icrc = &mut roce[len - 4..];
+        let v = u32::from_le_bytes([icrc[0], icrc[1], icrc[2], icrc[3]]) ^ delta;
+        icrc.copy_from_slice(&v.to_le_bytes());
+        ids[i] = id;
     }
 
     /// How many packets from `first` on can leave as one GSO send: the same destination,
@@ -872,6 +922,7 @@ impl UdpTransport {
                     off: 0,
                     len: len as u32,
                     truncated,
+                    index: 0,
                 });
                 continue;
             }
@@ -883,6 +934,7 @@ impl UdpTransport {
                     off: off as u32,
                     len: seg.min(len - off) as u32,
                     truncated: false,
+                    index: (off / seg) as u16,
                 });
             }
         }
@@ -931,6 +983,7 @@ impl UdpTransport {
             self.local,
             src,
             bytes,
+            seg.index,
         ) {
             return None;
         }
@@ -986,6 +1039,7 @@ impl UdpTransport {
                 self.local,
                 src,
                 &buf[..n],
+                0,
             ) {
                 continue;
             }
@@ -1186,6 +1240,7 @@ fn sockaddr_to(s: &libc::sockaddr_storage, len: libc::socklen_t) -> Option<Socke
 }
 
 /// Checks a received datagram's ICRC and counts the verdict; false when it must be dropped.
+/// `id`: the IPv4 ID to try first (its index in a GRO run, 0 for a datagram alone).
 fn verify_icrc(
     solver: &mut rxe_core::icrc::Ipv4IdSolver,
     stats: &mut TransportStats,
@@ -1193,8 +1248,9 @@ fn verify_icrc(
     local: SocketAddr,
     src: SocketAddr,
     roce: &[u8],
+    id: u16,
 ) -> bool {
-    match check_icrc(local, src, roce.len(), roce) {
+    match check_icrc(local, src, roce.len(), roce, id) {
         IcrcCheck::Ok => {
             stats.rx_icrc_ok += 1;
             true
@@ -1214,14 +1270,15 @@ fn verify_icrc(
     }
 }
 
-fn check_icrc(local: SocketAddr, src: SocketAddr, n: usize, roce: &[u8]) -> IcrcCheck {
+fn check_icrc(local: SocketAddr, src: SocketAddr, n: usize, roce: &[u8], id: u16) -> IcrcCheck {
     let mut h = [0u8; 48];
     let udp_len = (8 + n) as u16;
     let l = match (unmap(src.ip()), local.ip()) {
         (IpAddr::V4(s), IpAddr::V4(d)) => {
             h[0] = 0x45;
             h[2..4].copy_from_slice(&(20 + udp_len).to_be_bytes());
-            // ID 0, DF.
+            h[4..6].copy_from_slice(&id.to_be_bytes());
+            // DF.
             h[6] = 0x40;
             h[8] = 64;
             h[9] = 17;
@@ -1305,7 +1362,8 @@ mod tests {
             false,
             local,
             src,
-            &roce[..n]
+            &roce[..n],
+            0,
         ));
         assert_eq!(
             (st.rx_icrc_ok, st.rx_icrc_id_solved, st.rx_icrc_bad),
@@ -1317,9 +1375,25 @@ mod tests {
             true,
             local,
             src,
-            &roce[..n]
+            &roce[..n],
+            0,
         ));
         assert_eq!(st.rx_icrc_bad, 1, "strict: ID 0 only");
+        // Strict, as segment 0xbeef of a GRO run: that ID exactly.
+        assert!(verify_icrc(
+            &mut solver,
+            &mut st,
+            true,
+            local,
+            src,
+            &roce[..n],
+            0xbeef,
+        ));
+        assert_eq!(
+            (st.rx_icrc_ok, st.rx_icrc_bad),
+            (1, 1),
+            "strict: the run index"
+        );
         for bit in [0usize, 8 * 6 + 3, 8 * (n - 6)] {
             let mut bad = roce;
             bad[bit / 8] ^= 1 << (bit % 8);
@@ -1330,7 +1404,8 @@ mod tests {
                 false,
                 local,
                 src,
-                &bad[..n]
+                &bad[..n],
+                0,
             ));
             assert_eq!(
                 st.rx_icrc_bad,
@@ -1346,7 +1421,8 @@ mod tests {
             false,
             local,
             other,
-            &roce[..n]
+            &roce[..n],
+            0,
         ));
     }
 
@@ -1454,32 +1530,43 @@ mod tests {
         got
     }
 
-    /// IPv6 with GSO: a batch of equal packets to one peer (the last shorter) leaves in few
-    /// sends and arrives as the same datagrams, in order, each with the ICRC it was given
-    /// (strict checking on); a shorter packet ends a run. A receiver with GRO gets the runs
-    /// whole and cuts them into the same datagrams; one without gets them one by one. IPv4
-    /// refuses GSO.
+    /// With GSO, over IPv6 and over IPv4: a batch of equal packets to one peer (the last
+    /// shorter) leaves in few sends and arrives as the same datagrams, in order, each with the
+    /// ICRC it was given (strict checking on: over IPv4, each segment's ICRC is for its index
+    /// in the run, the ID the kernel writes); a shorter packet ends a run. A receiver with GRO
+    /// gets the runs whole and cuts them into the same datagrams; one without gets them one
+    /// by one, cut by the kernel (over IPv4 the ID solved from each is its index: what Linux
+    /// rxe, which checks the header it sees, gets). A run the kernel refuses goes out packet
+    /// by packet, each ICRC for ID 0 again.
     #[test]
-    fn gso_runs_arrive_as_the_packets_they_were() {
-        let Ok(mut ta) = UdpTransport::bind("127.0.0.1:0".parse().unwrap(), 0, true) else {
-            eprintln!("skip: 127.0.0.1 cannot be bound");
-            return;
-        };
-        assert!(!ta.enable_gso().unwrap(), "IPv4 must not use GSO");
+    fn gso_runs_arrive_as_the_packets_they_were_ipv6() {
+        gso_runs_arrive_as_the_packets_they_were("::1");
+    }
+
+    #[test]
+    fn gso_runs_arrive_as_the_packets_they_were_ipv4() {
+        gso_runs_arrive_as_the_packets_they_were("127.0.0.1");
+    }
+
+    fn gso_runs_arrive_as_the_packets_they_were(ip: &str) {
+        let v4 = !ip.contains(':');
+        let at: SocketAddr = SocketAddr::new(ip.parse().unwrap(), 0);
         let (mut ta, mut tb, mut tc) = match (
-            UdpTransport::bind("[::1]:0".parse().unwrap(), 0, true),
-            UdpTransport::bind("[::1]:0".parse().unwrap(), 0, true),
+            UdpTransport::bind(at, 0, true),
+            UdpTransport::bind(at, 0, true),
         ) {
             (Ok(a), Ok(b)) => {
-                let c = UdpTransport::bind("[::1]:0".parse().unwrap(), 0, true).unwrap();
+                // Strict over IPv6; over IPv4 a receiver without GRO cannot see the IDs of
+                // the segments the kernel cut: it solves for them.
+                let c = UdpTransport::bind(at, 0, !v4).unwrap();
                 (a, b, c)
             }
             (Err(e), _) | (_, Err(e)) => {
                 assert!(
                     std::env::var("CI").as_deref() != Ok("true"),
-                    "::1 cannot be bound under CI ({e}): GSO was not checked"
+                    "{ip} cannot be bound under CI ({e}): GSO was not checked"
                 );
-                eprintln!("SKIP gso_runs_arrive_as_the_packets_they_were: ::1: {e}");
+                eprintln!("SKIP gso_runs_arrive_as_the_packets_they_were: {ip}: {e}");
                 return;
             }
         };
@@ -1529,8 +1616,43 @@ mod tests {
         }
         ta.flush();
         assert_eq!(receive_n(&mut tc, 6).len(), 6);
-        assert_eq!((tc.stats.rx_icrc_ok, tc.stats.rx_gro_runs), (6, 0));
+        let (exact, solved) = if v4 { (1, 5) } else { (6, 0) };
+        assert_eq!(
+            (
+                tc.stats.rx_icrc_ok,
+                tc.stats.rx_icrc_id_solved,
+                tc.stats.rx_gro_runs
+            ),
+            (exact, solved, 0)
+        );
         assert_eq!(ta.stats.tx_gso_sends, 4);
+        // The IDs the kernel gave the segments it cut, seen as a plain socket sees them.
+        let plain = UdpSocket::bind(at).unwrap();
+        plain
+            .set_read_timeout(Some(std::time::Duration::from_secs(2)))
+            .unwrap();
+        ta.peer_port = plain.local_addr().unwrap().port();
+        for i in 0..6 {
+            push_send(&mut ta, tc.gid(), i, 4096);
+        }
+        ta.flush();
+        assert_eq!(ta.stats.tx_gso_sends, 5);
+        let mut solver = rxe_core::icrc::Ipv4IdSolver::new();
+        let local = plain.local_addr().unwrap();
+        for k in 0..6u16 {
+            let mut buf = [0u8; 8192];
+            let (n, from) = plain
+                .recv_from(&mut buf)
+                .unwrap_or_else(|e| panic!("segment {k} of the run did not come: {e}"));
+            let id = rxe_core::wire::frame::verify_icrc_from_udp_socket(
+                from,
+                local,
+                &buf[..n],
+                &mut solver,
+            )
+            .expect("a right ICRC");
+            assert_eq!(id, v4.then_some(k), "segment {k}: its ID is its index");
+        }
         ta.peer_port = tb.local_addr().port();
         // Without GSO every packet is its own send.
         tc.peer_port = tb.local_addr().port();
@@ -1541,9 +1663,15 @@ mod tests {
         assert_eq!(receive_n(&mut tb, 8).len(), 8);
         assert_eq!(tc.stats.tx_gso_sends, 0);
         // A kernel that refuses GSO (here: the checksum turned off behind the transport's
-        // back, EINVAL) loses nothing: each run goes out packet by packet; GSO stays on for
-        // the next batch until GSO_REFUSALS_OFF refusals in a row, then it is off.
-        setsockopt_int(ta.fd(), libc::IPPROTO_UDP, UDP_NO_CHECK6_TX, 1).unwrap();
+        // back, EINVAL) loses nothing: each run goes out packet by packet, its ICRCs for ID 0
+        // again (the strict receiver checks); GSO stays on for the next batch until
+        // GSO_REFUSALS_OFF refusals in a row, then it is off.
+        if v4 {
+            setsockopt_int(ta.fd(), libc::SOL_SOCKET, libc::SO_NO_CHECK, 1).unwrap();
+        } else {
+            setsockopt_int(ta.fd(), libc::IPPROTO_UDP, UDP_NO_CHECK6_TX, 1).unwrap();
+        }
+        let ok_before = tb.stats.rx_icrc_ok;
         for batch in 0..GSO_REFUSALS_OFF {
             assert!(ta.gso(), "still on after {batch} refusals");
             for i in 0..3 {
@@ -1553,10 +1681,11 @@ mod tests {
         }
         let n = 3 * GSO_REFUSALS_OFF as usize;
         assert_eq!(receive_n(&mut tb, n).len(), n, "{:?}", ta.stats);
+        assert_eq!(tb.stats.rx_icrc_ok - ok_before, n as u64);
         assert_eq!(ta.stats.tx_gso_refused, GSO_REFUSALS_OFF as u64);
         assert!(!ta.gso());
-        assert_eq!(ta.stats.tx_gso_sends, 4);
-        assert_eq!(ta.stats.tx_packets, 29 + n as u64);
+        assert_eq!(ta.stats.tx_gso_sends, 5);
+        assert_eq!(ta.stats.tx_packets, 35 + n as u64);
     }
 
     /// Two sockets on loopback: what one sends the other verifies (ID 0 over IPv4), and a

@@ -12,6 +12,10 @@
 #   rxe-shards  the rxe pair with the daemon's engine in two shards, the second on a thread and a
 #            UDP socket of its own (--engine-shards 2 --shard-threads): every tool in both
 #            directions, and that shard's socket must have received exactly its QPs' packets
+#   rxe-gso  the rxe pair with the daemon's udp transport on IPv4 with --udp-gso: runs of packets
+#            leave as UDP GSO sends, each segment's ICRC for the IP ID the kernel gives it (its
+#            index in the run), which Linux rxe checks; every tool in both directions, and the
+#            daemon must have sent GSO runs with every ICRC it received right
 #   rxe-io   the rxe pair with the daemon's UDP socket served by an I/O thread beside its worker
 #            (--io-thread): every tool in both directions, and every packet the daemon sent
 #            and received must have gone through that thread, none dropped on the way
@@ -35,8 +39,8 @@
 #            succeed, the daemons' memory (RssAnon) and fd count stay flat after the warm-up,
 #            and at the end they hold exactly what the guests' kernels hold. tests/vm/soak.test.sh
 #
-#   sudo tests/vm/guest-pair.test.sh [--repeat N] [devices|rxe|rxe-shards|rxe-io|rxe6|same-host|nic|nic-rxe|all|soak] [TOOL...]
-#   default: all (devices, rxe, rxe-shards, rxe-io, rxe6, same-host, nic, nic-rxe), every tool. --repeat N runs each
+#   sudo tests/vm/guest-pair.test.sh [--repeat N] [devices|rxe|rxe-shards|rxe-gso|rxe-io|rxe6|same-host|nic|nic-rxe|all|soak] [TOOL...]
+#   default: all (devices, rxe, rxe-shards, rxe-gso, rxe-io, rxe6, same-host, nic, nic-rxe), every tool. --repeat N runs each
 #   mode N times (logs per run: $work/MODE.R) and prints a pass count per mode (rxe6: the tools with a GID index: rc uc
 #   ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw); soak: rc uc ud srq send_bw
 #   write_bw read_bw atomic_bw rping udaddy nvme
@@ -75,15 +79,15 @@ repeat=1
 if [[ ${1:-} == --repeat ]]; then
     repeat=${2:-}
     [[ $repeat =~ ^[1-9][0-9]*$ ]] ||
-        { echo "usage: $0 [--repeat N] [devices|rxe|rxe-shards|rxe-io|rxe6|same-host|nic|nic-rxe|all|soak] [TOOL...]" >&2; exit 2; }
+        { echo "usage: $0 [--repeat N] [devices|rxe|rxe-shards|rxe-gso|rxe-io|rxe6|same-host|nic|nic-rxe|all|soak] [TOOL...]" >&2; exit 2; }
     shift 2
 fi
 
-modes=(devices rxe rxe-shards rxe-io rxe6 same-host nic nic-rxe)
+modes=(devices rxe rxe-shards rxe-gso rxe-io rxe6 same-host nic nic-rxe)
 case ${1:-all} in
-devices | rxe | rxe-shards | rxe-io | rxe6 | same-host | soak | nic | nic-rxe) modes=("$1"); shift ;;
+devices | rxe | rxe-shards | rxe-gso | rxe-io | rxe6 | same-host | soak | nic | nic-rxe) modes=("$1"); shift ;;
 all) shift || true ;;
--*) echo "usage: $0 [--repeat N] [devices|rxe|rxe-shards|rxe-io|rxe6|same-host|nic|nic-rxe|all|soak] [TOOL...]" >&2; exit 2 ;;
+-*) echo "usage: $0 [--repeat N] [devices|rxe|rxe-shards|rxe-gso|rxe-io|rxe6|same-host|nic|nic-rxe|all|soak] [TOOL...]" >&2; exit 2 ;;
 esac
 # the tools that take a GID index (rxe6; the rdma_cm tools and tcp stay on IPv4)
 gid_tools=(rc uc ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw)
@@ -256,11 +260,12 @@ run_mode() {
             --env PAIR_OOB_MAC=52:54:00:77:00:04 --env PAIR_PEER_OOB=10.78.0.2 \
             --env PAIR_PEER_ROCE=fd77::2
         ;;
-    rxe | rxe-io | rxe-shards)
+    rxe | rxe-io | rxe-shards | rxe-gso)
         for t in "${tools[@]}"; do steps+="${steps:+,}$t@dev,$t@rxe"; done
         local io=()
         [[ $mode == rxe-io ]] && io=(--io-thread)
         [[ $mode == rxe-shards ]] && io=(--engine-shards 2 --shard-threads)
+        [[ $mode == rxe-gso ]] && io=(--udp-gso)
         daemon dev 10.77.0.2 52:54:00:77:00:02 "${io[@]}" || return 1
         guest dev --rdma-sock "$dir/daemon-dev/rdma.sock" --nic-no-peer --mac 52:54:00:77:00:02 \
             --ip 10.77.0.2/24 --no-rxe --tap2 vurtapA --mac2 52:54:00:78:00:02 \
@@ -348,6 +353,17 @@ run_mode() {
             tail -n 45 "$dir/$g.run.log"
         fi
     done
+    if [[ $mode == rxe-gso ]]; then
+        # A GSO segment whose ICRC rxe finds wrong is dropped (rxe counts no ICRC error), and
+        # what follows it arrives out of sequence and is resent: none may have been.
+        local hw
+        hw=$(cat "$dir/rxe.run.log" "$dir/share/rxe.console.log" 2>/dev/null |
+            grep -ao 'PAIR rxe hw_counters .*' | tail -1)
+        if [[ $hw != *" out_of_seq_request=0 "* || $hw != *" duplicate_request=0 "* ]]; then
+            log "$mode: FAIL: rxe saw requests out of sequence or resent (a GSO segment dropped?): ${hw:-no hw_counters line}"
+            fail=1
+        fi
+    fi
     for d in "${daemons[@]}"; do
         local g=${d%%:*} pid=${d#*:} msg
         if ! kill -0 "$pid" 2>/dev/null; then
@@ -365,7 +381,7 @@ run_mode() {
                 msg=$(vm_daemon_traffic "$mode/$g" "$dir/$g.counters.json") || fail=1
             fi
             log "$msg"
-            if [[ $mode == rxe6 ]]; then
+            if [[ $mode == rxe6 || $mode == rxe-gso ]]; then
                 msg=$(vm_daemon_gso "$mode/$g" "$dir/$g.counters.json") || fail=1
                 log "$msg"
             fi

@@ -162,7 +162,7 @@ vm_daemon_leaks() {
 }
 
 # vm_daemon_gso NAME COUNTERS.json: print a daemon's UDP GSO/GRO counters; fail (return 1) when
-# it sent no GSO run (an IPv6 udp transport carrying multi-packet messages must) or the kernel
+# it sent no GSO run (a udp transport with --udp-gso carrying multi-packet messages must) or the kernel
 # refused a GSO send.
 vm_daemon_gso() {
     python3 - "$1" "$2" <<'PY'

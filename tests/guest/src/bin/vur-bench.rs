@@ -8,8 +8,8 @@
 //! messages with the same window (256 in flight) for SEND vs UDP, timed from the first send
 //! to the last receive, and a lost datagram fails the run (RC loses none).
 //!
-//! The WRITE row is measured a second time between two daemons on ::1 with `--udp-gso` (UDP
-//! GSO and GRO, IPv6 only), against the same TCP stream.
+//! The WRITE row is measured again between two daemons on 127.0.0.1 and on ::1 with
+//! `--udp-gso` (UDP GSO and GRO), against the same TCP stream.
 //!
 //! Run: `cargo build --release -p vur-testguest && target/release/vur-bench`.
 //! `--compare PATH` adds a column for a second daemon binary (e.g. an older build), measured
@@ -757,6 +757,9 @@ fn print_pair_table(
 struct Row {
     half_rtt_us: f64,
     write_gbit: f64,
+    /// The same WRITEs between two daemons on 127.0.0.1 with `--udp-gso` (None: a daemon
+    /// that does not take the flag, or one that takes it on IPv6 only).
+    write4_gso_gbit: Option<f64>,
     /// The same WRITEs between two daemons on ::1 with `--udp-gso` (None: no IPv6 loopback,
     /// or a daemon that does not take the flag).
     write6_gbit: Option<f64>,
@@ -788,7 +791,8 @@ fn run_daemon(bin: &std::path::Path, a: &Args, wait: WaitMode, poll_us: Option<u
     if want("write") {
         let bw = perf::rc_write_bw(&mut x, &mut y, 64 << 10, a.write_bytes, 16).expect("write");
         r.write_gbit = bw * 8.0 / 1e9;
-        r.write6_gbit = write_ipv6_gso(bin, a, &extra, cpus);
+        r.write4_gso_gbit = write_gso(bin, a, &extra, cpus, std::net::Ipv4Addr::LOCALHOST.into());
+        r.write6_gbit = write_gso(bin, a, &extra, cpus, std::net::Ipv6Addr::LOCALHOST.into());
     }
     if want("write") {
         r.write_same_gbit = write_same_host(bin, a, &extra, cpus);
@@ -825,17 +829,19 @@ fn write_same_host(
     Some(bw * 8.0 / 1e9)
 }
 
-/// The WRITE row again between two daemons on ::1 with `--udp-gso` (UDP GSO and GRO are for
-/// IPv6 only): one address, so each daemon has its own port and sends to the other's. None
-/// when ::1 cannot be bound or a daemon does not start (an older `--compare` build).
-fn write_ipv6_gso(
+/// The WRITE row again between two daemons on `ip` (127.0.0.1 or ::1) with `--udp-gso`: one
+/// address, so each daemon has its own port and sends to the other's. None when `ip` cannot
+/// be bound, a daemon does not start (an older `--compare` build), or it made no GSO send
+/// (a build that takes the flag on IPv6 only).
+fn write_gso(
     bin: &std::path::Path,
     a: &Args,
     extra: &[&str],
     cpus: Option<&[usize]>,
+    ip: std::net::IpAddr,
 ) -> Option<f64> {
     let free_port = || {
-        std::net::UdpSocket::bind("[::1]:0")
+        std::net::UdpSocket::bind((ip, 0))
             .and_then(|s| s.local_addr())
             .map(|a| a.port())
     };
@@ -847,12 +853,12 @@ fn write_ipv6_gso(
         let peer = peer.to_string();
         let mut args: Vec<&str> = extra.to_vec();
         args.extend(["--udp-gso", "--peer-port", &peer]);
-        let addr = std::net::SocketAddr::new(std::net::Ipv6Addr::LOCALHOST.into(), port);
-        Node::start_on(bin, addr, &args, cpus).ok()
+        Node::start_on(bin, std::net::SocketAddr::new(ip, port), &args, cpus).ok()
     };
     let (mut x, mut y) = (node(pa, pb)?, node(pb, pa)?);
     let bw = perf::rc_write_bw(&mut x, &mut y, 64 << 10, a.write_bytes, 16).ok()?;
-    Some(bw * 8.0 / 1e9)
+    let c = x.daemon.counters().ok()?;
+    (vur_testguest::json_u64(&c, "transport", "tx_gso_sends")? > 0).then_some(bw * 8.0 / 1e9)
 }
 
 /// Control commands timed idle and under WRITEs (`ctrl` row).
@@ -1301,6 +1307,19 @@ fn main() {
             "Gbit/s",
             2,
         );
+        if let Some(w4) = ours.write4_gso_gbit {
+            line(
+                "  IPv4, --udp-gso (TCP stream)",
+                w4,
+                k.write_gbit,
+                other.and_then(|o| o.write4_gso_gbit),
+                polled.and_then(|o| o.write4_gso_gbit),
+                "Gbit/s",
+                2,
+            );
+        } else {
+            println!("  IPv4, --udp-gso: not measured (no GSO send, or a daemon did not start)");
+        }
         if let Some(w6) = ours.write6_gbit {
             line(
                 "  IPv6 ::1, --udp-gso (TCP stream)",
