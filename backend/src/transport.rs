@@ -510,9 +510,9 @@ impl UdpTransport {
 
     /// Sends runs of packets as UDP GSO segments from now on, and takes coalesced runs
     /// (UDP GRO) on receive, if the kernel knows UDP GSO (4.18 and later); returns whether it
-    /// will. (IPv4: the module comment says how the ICRC covers the IP ID of a segment.) Turns the UDP
-    /// checksum on, which the kernel requires of a GSO send. A kernel without UDP GRO (before
-    /// 5.0) leaves receive as it was.
+    /// will. (IPv4: the module comment says how the ICRC covers a segment's IP ID.) Turns
+    /// the UDP checksum on, which the kernel requires of a GSO send. A kernel without UDP GRO
+    /// (before 5.0) leaves receive as it was.
     pub fn enable_gso(&mut self) -> io::Result<bool> {
         // A kernel that does not know UDP_SEGMENT would ignore the cmsg and send a run as
         // one datagram: ask it first (a segment size of 0 is "no default").
