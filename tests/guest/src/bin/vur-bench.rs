@@ -1307,31 +1307,27 @@ fn main() {
             "Gbit/s",
             2,
         );
-        if let Some(w4) = ours.write4_gso_gbit {
-            line(
-                "  IPv4, --udp-gso (TCP stream)",
-                w4,
-                k.write_gbit,
-                other.and_then(|o| o.write4_gso_gbit),
-                polled.and_then(|o| o.write4_gso_gbit),
-                "Gbit/s",
-                2,
-            );
-        } else {
-            println!("  IPv4, --udp-gso: not measured (no GSO send, or a daemon did not start)");
-        }
-        if let Some(w6) = ours.write6_gbit {
-            line(
-                "  IPv6 ::1, --udp-gso (TCP stream)",
-                w6,
-                k.write_gbit,
-                other.and_then(|o| o.write6_gbit),
-                polled.and_then(|o| o.write6_gbit),
-                "Gbit/s",
-                2,
-            );
-        } else {
-            println!("  IPv6 ::1, --udp-gso: not measured (no two ports on ::1, or a daemon did not start)");
+        // The same WRITEs with --udp-gso, per family.
+        type Pick = fn(&Row) -> Option<f64>;
+        let gso_rows: [(&str, Pick); 2] = [
+            ("  IPv4, --udp-gso", |r| r.write4_gso_gbit),
+            ("  IPv6 ::1, --udp-gso", |r| r.write6_gbit),
+        ];
+        for (name, of) in gso_rows {
+            match of(&ours) {
+                Some(w) => line(
+                    &format!("{name} (TCP stream)"),
+                    w,
+                    k.write_gbit,
+                    other.as_ref().and_then(of),
+                    polled.as_ref().and_then(of),
+                    "Gbit/s",
+                    2,
+                ),
+                None => println!(
+                    "{name}: not measured (the address cannot be bound, a daemon did not start, or it made no GSO send)"
+                ),
+            }
         }
     }
     if want("write") {
