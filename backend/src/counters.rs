@@ -262,7 +262,10 @@ mod tests {
     fn a_reader_does_not_wait_for_the_data_path() {
         let Ok(t) = crate::transport::UdpTransport::bind("127.0.0.1:0".parse().unwrap(), 0, false)
         else {
-            eprintln!("skip: 127.0.0.1 cannot be bound");
+            vur_testkit::skip(
+                "a_reader_does_not_wait_for_the_data_path",
+                "127.0.0.1 cannot be bound",
+            );
             return;
         };
         let model = Arc::new(Mutex::new(Model::new(ModelConfig::default())));
@@ -289,6 +292,7 @@ mod tests {
         let t0 = std::time::Instant::now();
         let doc = render(&shared);
         assert_eq!(doc, "{\"connections\":3,\"busy\":true}\n");
-        assert!(t0.elapsed() < RENDER_WAIT + Duration::from_secs(1));
+        // The bound catches a reader that waits for the lock (a hang), not a slow machine.
+        assert!(t0.elapsed() < RENDER_WAIT + Duration::from_secs(30));
     }
 }

@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{bin, send_write_read};
+use common::{bin, run, send_write_read};
 use vur_testguest::netns::{self, Capture};
 use vur_testguest::*;
 
@@ -22,25 +22,6 @@ mod common;
 
 const MAC_A: [u8; 6] = [0x02, 0x79, 0, 0, 0, 0x0a];
 const MAC_B: [u8; 6] = [0x02, 0x79, 0, 0, 0, 0x0b];
-
-fn skip(test: &str) -> bool {
-    match netns::unavailable() {
-        Some(why) => {
-            eprintln!("SKIP {test}: {why}");
-            true
-        }
-        None => false,
-    }
-}
-
-fn run(test: &str, f: impl FnOnce() + Send + 'static) {
-    if skip(test) {
-        return;
-    }
-    if let Err(why) = netns::run_in_new_netns(f) {
-        eprintln!("SKIP {test}: cannot create a network namespace: {why}");
-    }
-}
 
 fn raw_node(iface: &str, mac: [u8; 6], ip: &str, ring: &str) -> Node {
     let addr = SocketAddr::new(ip.parse().unwrap(), 4791);

@@ -103,8 +103,9 @@ fn control_served_during_a_1_gib_read(extra: &[&str]) {
     // during the READ.
     let c = third(b);
     let peer2 = UdpSocket::bind(c).expect("second peer socket");
+    // (A bound that only catches a hang: the SEND leaves between two slices of the READ.)
     peer2
-        .set_read_timeout(Some(Duration::from_secs(5)))
+        .set_read_timeout(Some(Duration::from_secs(60)))
         .unwrap();
     let qp2 = g.create_qp(QpType::Rc, pd, &cq, &cq, None, o.cap).unwrap();
     bring_up(g, &qp2, Gid::from_ip(c.ip()), PEER_QPN + 1, &o).unwrap();
@@ -159,17 +160,33 @@ fn control_served_during_a_1_gib_read(extra: &[&str]) {
         let p = Packet::new_checked(&b2[..n]).ok()?;
         (p.opcode() == Opcode::RC_SEND_ONLY && p.payload() == b"doorbell").then(Instant::now)
     });
-    std::thread::sleep(Duration::from_millis(300));
+    // The READ goes on after the command was answered: wait (bounded only to catch a hang)
+    // until 16 more responses have come, none of them its last.
+    let more = Instant::now() + Duration::from_secs(60);
+    while seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|e| e.0 > answered)
+        .count()
+        < 16
+    {
+        assert!(
+            Instant::now() < more,
+            "waited 60 s for 16 READ responses after the command: the READ stopped"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
     stop.store(true, Ordering::Relaxed);
     rx.join().unwrap();
     let seen = seen.lock().unwrap();
     let after: Vec<_> = seen.iter().filter(|e| e.0 > answered).collect();
-    let latency = answered - asked;
-    let doorbell = sent_at.map(|t| t - rung);
     eprintln!(
-        "first READ response {started:?} after the request; QUERY_DEVICE answered in \
-         {latency:?}, counters in {counted:?}, the doorbell's SEND out after {doorbell:?}; \
-         {} responses seen before the command, {} in the 300 ms after",
+        "first READ response {started:?} after the request; QUERY_DEVICE answered in {:?}, \
+         counters in {counted:?}, the doorbell's SEND out after {:?}; {} responses seen \
+         before the command, {} after",
+        answered - asked,
+        sent_at.map(|t| t - rung),
         seen.len() - after.len(),
         after.len()
     );
@@ -178,22 +195,17 @@ fn control_served_during_a_1_gib_read(extra: &[&str]) {
         json.contains("\"port\":"),
         "device counters while busy: {json}"
     );
+    // Before the budget the command waited for the whole READ: its last response came before
+    // the answer, and nothing (but what the peer's tiny receive buffer held) after it. The
+    // times are printed above, not judged: how long a command takes is a benchmark's
+    // question (vur-bench), not a test's.
     assert!(
-        counted < Duration::from_secs(2),
-        "counters took {counted:?}"
+        seen.iter()
+            .all(|e| e.1 != Opcode::RC_RDMA_READ_RESPONSE_LAST),
+        "the READ ended before the command was answered (or before the peer stopped reading)"
     );
-    // Before the budget the command waited for the whole READ: nothing (but what the peer's
-    // tiny receive buffer held) came after it.
     assert!(
-        after.len() >= 16,
-        "the READ must still be going on after the command: {} responses after it",
-        after.len()
-    );
-    assert!(after
-        .iter()
-        .all(|e| e.1 != Opcode::RC_RDMA_READ_RESPONSE_LAST));
-    assert!(
-        latency < Duration::from_secs(2),
-        "QUERY_DEVICE took {latency:?}"
+        sent_at.is_some(),
+        "the doorbell's SEND never reached its peer"
     );
 }

@@ -155,15 +155,14 @@ pub fn send_write_read(a: &mut Node, b: &mut Node) {
     assert!(ra.buf.to_vec(0, len) == data, "read data");
 }
 
-/// Runs `f` in a network namespace of its own; one line saying why when it cannot (not root,
-/// no iproute2, no namespace).
+/// Runs `f` in a network namespace of its own; when it cannot (not root, no iproute2, no
+/// namespace), a skip by the workspace's rule (`vur_testkit::skip`: a failure under CI).
 pub fn run(test: &str, f: impl FnOnce() + Send + 'static) {
     use vur_testguest::netns;
     if let Some(why) = netns::unavailable() {
-        eprintln!("SKIP {test}: {why}");
-        return;
+        return vur_testkit::skip(test, &why);
     }
     if let Err(why) = netns::run_in_new_netns(f) {
-        eprintln!("SKIP {test}: cannot create a network namespace: {why}");
+        vur_testkit::skip(test, &format!("cannot create a network namespace: {why}"));
     }
 }
