@@ -1,7 +1,10 @@
 //! Where the guest may send RoCE packets. RoCE has no authentication, so a guest that can
 //! aim a QP anywhere can reach the host's loopback services and other tenants' daemons; the
 //! operator names the peers (`--allow-peer CIDR`), and without a list only destinations that
-//! can never be a RoCE peer of this daemon are refused.
+//! can never be a RoCE peer of this daemon are refused: unspecified and broadcast addresses,
+//! loopback (unless the daemon is bound there) and link-local (169.254.0.0/16, fe80::/10,
+//! unless the daemon is bound there): a link-local address beside a real one is where hosts
+//! keep services for their guests (the cloud metadata service at 169.254.169.254), not peers.
 
 use std::fmt;
 use std::net::IpAddr;
@@ -68,6 +71,9 @@ pub struct EgressPolicy {
     /// Loopback destinations are reachable only from a daemon bound to loopback: one bound
     /// to a network address has no RoCE peer on the host's loopback, only other services.
     pub deny_loopback: bool,
+    /// Link-local destinations likewise: reachable only from a daemon bound to a link-local
+    /// address itself.
+    pub deny_link_local: bool,
 }
 
 impl EgressPolicy {
@@ -77,6 +83,7 @@ impl EgressPolicy {
         EgressPolicy {
             allow: (!allow.is_empty()).then_some(allow),
             deny_loopback: !unmap(local).is_loopback(),
+            deny_link_local: !is_link_local(unmap(local)),
         }
     }
 
@@ -91,7 +98,16 @@ impl EgressPolicy {
             IpAddr::V6(a) => a.is_unspecified(),
         };
         let loopback = self.deny_loopback && ip.is_loopback();
-        !(never || loopback)
+        let link_local = self.deny_link_local && is_link_local(ip);
+        !(never || loopback || link_local)
+    }
+}
+
+/// 169.254.0.0/16 and fe80::/10.
+fn is_link_local(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(a) => a.is_link_local(),
+        IpAddr::V6(a) => a.segments()[0] & 0xffc0 == 0xfe80,
     }
 }
 
@@ -143,9 +159,25 @@ mod tests {
             assert!(!p.allows(ip(never)), "{never}");
         }
         assert!(!p.allows(ip("::ffff:127.0.0.1")));
+        for link_local in [
+            "169.254.169.254",
+            "169.254.0.1",
+            "fe80::1",
+            "febf::1",
+            "::ffff:169.254.1.1",
+        ] {
+            assert!(!p.allows(ip(link_local)), "{link_local}");
+        }
+        assert!(p.allows(ip("fec0::1")), "fe80::/10 ends at febf");
         // A daemon on loopback talks to loopback peers (the tests' two daemons on 127.X.Y.*).
         let lo = EgressPolicy::new(ip("127.64.0.1"), vec![]);
         assert!(lo.allows(ip("127.64.0.2")));
+        assert!(!lo.allows(ip("169.254.169.254")));
+        // A daemon on a link-local address talks to its link's peers; a list names them too.
+        let ll = EgressPolicy::new(ip("fe80::2"), vec![]);
+        assert!(ll.allows(ip("fe80::3")) && !ll.allows(ip("::1")));
+        let listed = EgressPolicy::new(ip("10.77.0.1"), vec!["169.254.7.0/24".parse().unwrap()]);
+        assert!(listed.allows(ip("169.254.7.7")) && !listed.allows(ip("169.254.169.254")));
     }
 
     #[test]

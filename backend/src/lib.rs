@@ -30,6 +30,7 @@ pub mod net_port;
 pub mod netlink;
 pub mod payload_ref;
 pub mod poll;
+pub mod ratelog;
 pub mod raw;
 pub mod ring;
 pub mod same_host;

@@ -1015,7 +1015,7 @@ impl Model {
                     return Err(Status::Invalid);
                 }
                 if access.0 & DMA_MR_REMOTE_RIGHTS.0 != 0 && !self.cfg.allow_remote_dma_mr {
-                    log::warn!(
+                    crate::warn_limited!(
                         "REG_DMA_MR with remote rights {:#x} refused: every byte of guest \
                          memory would be reachable with one key (--allow-remote-dma-mr)",
                         access.0 & DMA_MR_REMOTE_RIGHTS.0

@@ -106,12 +106,14 @@ impl WorkerStats {
         let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let mut o = format!(
             "\"poll_us\":{poll_us},\"poll_window_ns\":{window_ns},\"poll_sessions\":{},\
-             \"polls\":{},\"poll_hits\":{},\"ctrl_first\":{},\"doorbells_first\":{}",
+             \"polls\":{},\"poll_hits\":{},\"ctrl_first\":{},\"doorbells_first\":{},\
+             \"log_suppressed\":{}",
             g(&self.poll_sessions),
             g(&self.polls),
             g(&self.poll_hits),
             g(&self.ctrl_first),
-            g(&self.doorbells_first)
+            g(&self.doorbells_first),
+            g(&crate::ratelog::SUPPRESSED)
         );
         for (i, q) in ["ctrl", "doorbell", "event"].iter().enumerate() {
             o.push_str(&format!(

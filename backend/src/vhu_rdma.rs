@@ -645,7 +645,7 @@ impl VhuRdma {
                 match st.get_queue_mut().iter(guard.clone()) {
                     Ok(it) => heads.extend(it),
                     Err(e) => {
-                        log::warn!("virtqueue error: {e}");
+                        crate::warn_limited!("virtqueue {index}: {e}");
                         return Ok(any);
                     }
                 }
@@ -1153,7 +1153,7 @@ impl VhostUserBackend for VhuRdma {
     }
 
     fn reset_device(&self) {
-        log::info!("device reset");
+        crate::info_limited!("device reset");
         lock(&self.model).reset();
         self.timer.arm(lock(&self.rx_pause).until);
     }
@@ -1193,7 +1193,7 @@ impl VhostUserBackend for VhuRdma {
         // A driver reset stops every queue; stopping the control queue resets the device
         // (the guest may reuse the memory of every ring after a reset).
         if queue_index == VQ_CTRL as u32 {
-            log::info!("control queue stopped: device reset");
+            crate::info_limited!("control queue stopped: device reset");
             lock(&self.model).reset();
             self.timer.arm(lock(&self.rx_pause).until);
         }
@@ -1320,7 +1320,13 @@ impl VhostUserBackend for VhuRdma {
         if let Some(gids) = model.take_changed_gids() {
             // Beside the guest's virtio-net, RoCE is taken for exactly the guest's GIDs.
             if let Err(e) = lock(&self.transport).follow_gids(&gids) {
-                log::warn!("taking RoCE for the guest's GIDs {gids:?}: {e}");
+                // (the guest chooses the list: its length is not the log's)
+                let shown = &gids[..gids.len().min(4)];
+                crate::warn_limited!(
+                    "taking RoCE for the guest's {} GIDs ({shown:?}{}): {e}",
+                    gids.len(),
+                    if gids.len() > shown.len() { " ..." } else { "" }
+                );
             }
         }
         if worked && lock(&self.window).enabled() {

@@ -290,3 +290,64 @@ fn destinations_outside_allow_peer_are_refused() {
     assert_eq!(json_u64(&json, "transport", "tx_denied"), Some(1), "{json}");
     assert_eq!(json_u64(&json, "transport", "tx_packets"), Some(0));
 }
+
+/// Without `--allow-peer`, link-local destinations (a cloud host's metadata service at
+/// 169.254.169.254, fe80::/10) are out of reach of a daemon bound elsewhere: PERMISSION.
+#[test]
+fn link_local_destinations_are_refused_by_default() {
+    let (a, b) = loopback_pair(4791);
+    let mut n = Node::start(bin(), a, &[]).unwrap();
+    let g = &mut n.guest;
+    let pd = g.alloc_pd().unwrap();
+    let av = |ip: &str| Av {
+        dgid: Gid::from_ip(ip.parse().unwrap()),
+        sgid_index: 0,
+        hop_limit: 64,
+        ..Default::default()
+    };
+    for ip in ["169.254.169.254", "fe80::1"] {
+        assert_eq!(
+            status(g.create_ah(pd, &av(ip))),
+            Some(abi::Status::Permission),
+            "{ip}"
+        );
+    }
+    g.create_ah(pd, &av(&b.ip().to_string()))
+        .expect("a peer on the daemon's own loopback net");
+}
+
+/// What a guest can make the daemon log is limited per cause (backend/src/ratelog.rs): 500
+/// refused REG_DMA_MRs leave a handful of lines, and the counters say how many were left out.
+#[test]
+fn guest_caused_log_lines_are_limited() {
+    let (addr, _) = loopback_pair(4791);
+    let d = Daemon::spawn_logged(bin(), addr, &[]).unwrap();
+    let mut g = Guest::connect(&d.socket, GuestOpts::default()).unwrap();
+    let n = 500;
+    let pd = g.alloc_pd().unwrap();
+    for _ in 0..n {
+        assert_eq!(
+            status(reg_dma_mr(&mut g, pd, Access::REMOTE_READ)),
+            Some(abi::Status::Permission)
+        );
+    }
+    let c = d.counters().unwrap();
+    let log = d.log();
+    let refusals = log
+        .lines()
+        .filter(|l| l.contains("REG_DMA_MR with remote rights"))
+        .count();
+    // At most a burst per 10-s window: two windows if the test straddles a boundary (it
+    // takes well under 10 s), more only on a machine slower than that.
+    let most = 2 * 5;
+    assert!(
+        refusals >= 1 && refusals <= most,
+        "{refusals} REG_DMA_MR lines for {n} refusals"
+    );
+    let suppressed = json_u64(&c, "worker", "log_suppressed").expect("worker.log_suppressed");
+    assert!(
+        suppressed >= (n - most) as u64,
+        "{suppressed} lines left out: {c}"
+    );
+    eprintln!("{refusals} lines for {n} refusals, {suppressed} left out");
+}
