@@ -159,13 +159,24 @@ while read -r idx r seed n role kind fam faults args; do
     fi
     caps=()
     if [[ $faults != - ]]; then
-        tcpdump -q -n -i eth0 -w /vur/run-$idx.guest-eth0.pcap udp port 4791 2>/dev/null &
+        tcpdump -q -n -i eth0 -w /vur/run-$idx.guest-eth0.pcap udp port 4791 2>/tmp/cap-eth0.err &
         caps+=($!)
+        capifs=(eth0)
         if /usr/bin/ip link show ifb0 >/dev/null 2>&1; then
-            tcpdump -q -n -i ifb0 -w /vur/run-$idx.guest-ifb0.pcap udp port 4791 2>/dev/null &
+            tcpdump -q -n -i ifb0 -w /vur/run-$idx.guest-ifb0.pcap udp port 4791 2>/tmp/cap-ifb0.err &
             caps+=($!)
+            capifs+=(ifb0)
         fi
-        sleep 0.3 # tcpdump attached
+        # tcpdump says "listening on IF" once its socket is attached: from then on it sees
+        # every packet (rxe-stall-check reads the whole capture)
+        for c in "${capifs[@]}"; do
+            for ((w = 0; w < 300; w++)); do
+                grep -q 'listening on' "/tmp/cap-$c.err" 2>/dev/null && break
+                sleep 0.1
+            done
+            grep -q 'listening on' "/tmp/cap-$c.err" ||
+                echo "INTEROP $id tcpdump on $c did not attach within 30 s: $(cat "/tmp/cap-$c.err")"
+        done
     fi
     before=$(counters)
     cmd="ibv_${kind}_pingpong -d rxe0 -g $gid -n $iters -p $port $args"
