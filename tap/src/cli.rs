@@ -241,9 +241,15 @@ impl TryFrom<TapArgs> for TapConfig {
 }
 
 static STOP: AtomicBool = AtomicBool::new(false);
+/// SIGUSR1: print the progress line now (what the kernel matched, what was written).
+static PROGRESS: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_signal(_: libc::c_int) {
     STOP.store(true, Ordering::Relaxed);
+}
+
+extern "C" fn on_progress(_: libc::c_int) {
+    PROGRESS.store(true, Ordering::Relaxed);
 }
 
 fn install_signal_handlers() {
@@ -257,6 +263,13 @@ fn install_signal_handlers() {
             libc::sigemptyset(&mut sa.sa_mask);
             libc::sigaction(sig, &sa, std::ptr::null_mut());
         }
+    }
+    // SAFETY: as above; SIGUSR1 stays handled (no SA_RESETHAND): each one asks for a line.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_progress as *const () as usize;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut());
     }
 }
 
@@ -490,6 +503,16 @@ pub fn run(cfg: &TapConfig) -> Result<(), RunError> {
         }
         if cfg.count.is_some_and(|c| total >= c) {
             done = true;
+        }
+        if PROGRESS.swap(false, Ordering::Relaxed) {
+            // After a drain: every frame the kernel matched before the signal is counted in
+            // `written` unless the ring was full (a test waits on this line for the frames
+            // it sent, instead of sleeping).
+            let s = tap.stats()?;
+            eprintln!(
+                "tap: progress: {total} frames written; in kernel: {} matched, {} lost to a full ring buffer",
+                s.matched, s.ring_full
+            );
         }
         if let Some(e) = write_err.take() {
             if let RunError::Io(_, ioe) = &e {

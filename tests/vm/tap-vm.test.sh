@@ -95,6 +95,25 @@ start_tap() {
     cat "/vur/$1.err"
     bad "$1: the tap did not attach to $2 within 20 s"
 }
+# wait_frames NAME PID N: until the tap has written N frames (its progress line on SIGUSR1),
+# at most 20 s: a frame rxe counted has passed the hook, but may still wait in the tap's ring.
+wait_frames() {
+    local got=0
+    for _ in $(seq 200); do
+        kill -USR1 "$2"
+        sleep 0.1
+        got=$(sed -n 's/^tap: progress: \([0-9]*\) frames written.*/\1/p' "/vur/$1.err" | tail -1)
+        ((${got:-0} >= $3)) && return 0
+    done
+    say "$1: the tap wrote ${got:-0} frames within 20 s, want $3"
+}
+# frames BEFORE AFTER: the packets rxe sent and received between two `counters` readings.
+frames() {
+    local s0 r0 s1 r1
+    read -r s0 r0 <<<"$1"
+    read -r s1 r1 <<<"$2"
+    echo $((s1 - s0 + r1 - r0))
+}
 # stop_tap NAME [PID]: SIGINT, at most 10 s to exit 0.
 stop_tap() {
     local tap_pid=${2:-$tap_pid}
@@ -117,9 +136,10 @@ rc=0
 timeout 120 ibv_rc_pingpong -d rxe0 -g "$gid" -n "$iters" -s 4096 -m 1024 "$host" >/tmp/eth0.log 2>&1 || rc=$?
 echo $rc >/vur/eth0.tool-rc.tmp && mv /vur/eth0.tool-rc.tmp /vur/eth0.tool-rc
 wait_for /vur/eth0.host-rc 300 || say "eth0: rxe-peer on the host did not finish within 30 s"
-sleep 0.3
+after=$(counters rxe0)
+wait_frames eth0 "$tap_pid" "$(frames "$before" "$after")"
 stop_tap eth0
-echo "$before $(counters rxe0)" >/vur/eth0.counters
+echo "$before $after" >/vur/eth0.counters
 sed 's/^/    /' /tmp/eth0.log
 say "eth0: ibv_rc_pingpong rc=$rc, rxe0 sent_pkts/rcvd_pkts before and after: $(cat /vur/eth0.counters)"
 ((rc == 0)) || bad "eth0: ibv_rc_pingpong failed"
@@ -177,10 +197,12 @@ for t in "write_bw|ib_write_bw|8192" "read_bw|ib_read_bw|8192" "atomic_bw -A FET
     say "netkit: $tool -s $size rc=$rc, rxe-perftest rc=$prc: $(grep -m1 '^packets:' /vur/netkit.perftest-$i)"
     ((rc == 0 && prc == 0)) || { cat /tmp/nk-$i.log /vur/netkit.perftest-$i; bad "netkit: $tool failed"; }
 done
-sleep 0.3
+after=$(counters rxenk)
+wait_frames netkit "$tap_pid" "$(frames "$before" "$after")"
+wait_frames netkit-peer "$peer_tap" "$(frames "$before" "$after")"
 stop_tap netkit
 stop_tap netkit-peer $peer_tap
-echo "$before $(counters rxenk)" >/vur/netkit.counters
+echo "$before $after" >/vur/netkit.counters
 say "netkit: rxenk sent_pkts/rcvd_pkts before and after: $(cat /vur/netkit.counters)"
 say "done"
 EOF

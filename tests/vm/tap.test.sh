@@ -127,6 +127,23 @@ stop_tap() {
         fail "tap $name lost frames to a full ring"
 }
 
+# wait_tap PID NAME N [matched]: until tap NAME has written (or, with "matched", its kernel
+# program has matched) at least N frames, at most 20 s; fails saying what it waited for.
+# The tap prints its progress on SIGUSR1: the frames of a run that ended may still wait in the
+# receiving side's softirq, so a test waits for them here rather than sleeping.
+wait_tap() {
+    local pid=$1 name=$2 want=$3 what=${4:-written} i got=0 re
+    re='s/^tap: progress: \([0-9]*\) frames written; in kernel: \([0-9]*\) matched.*/'
+    [[ $what == matched ]] && re+='\2/p' || re+='\1/p'
+    for ((i = 0; i < 200; i++)); do
+        kill -USR1 "$pid"
+        sleep 0.1
+        got=$(sed -n "$re" "$work/$name.err" | tail -1)
+        ((${got:-0} >= want)) && return 0
+    done
+    fail "tap $name: ${got:-0} frames $what within 20 s, want $want"
+}
+
 # run_pair NAME KIND ARGS...: rxe-peer server in $far (here with same_ns=1) ($ip_b, default
 # 10.77.9.2), client here ($ip_a, default 10.77.9.1), both must exit 0 with every
 # buffer verified and the run complete. Sets $sent_a / $sent_b (packets each side sent).
@@ -151,8 +168,6 @@ run_pair() {
     sent_a=$(sed -n 's/.*; \([0-9]*\) packets sent.*/\1/p' "$work/$name.client")
     sent_b=$(sed -n 's/.*; \([0-9]*\) packets sent.*/\1/p' "$work/$name.server")
     [[ -n $sent_a && -n $sent_b ]] || fail "$name: no packet counts in rxe-peer's output"
-    # The last frames are on the wire when the peers exit: give the far end's softirq a moment.
-    sleep 0.5
 }
 
 # fields FILE [-Y FILTER] FIELDS...: tshark's field output, one line per frame.
@@ -194,6 +209,7 @@ rc_tap=$tap_pid
 t=$SECONDS
 run_pair rc rc -n "$iters" -s 4096 -m 1024
 log "  RC run: $((SECONDS - t)) s; client sent $sent_a packets, server sent $sent_b"
+wait_tap "$rc_tap" rc $((sent_a + sent_b))
 stop_tap "$rc_tap" rc
 egress=$(count "$work/rc.pcapng" -Y 'frame.interface_id == 1')
 ingress=$(count "$work/rc.pcapng" -Y 'frame.interface_id == 0')
@@ -228,6 +244,7 @@ live_pid=$!
 for _ in $(seq 200); do grep -qs '^tap: attached' "$work/live.err" && break; sleep 0.1; done
 grep -qs '^tap: attached' "$work/live.err" || fail "live tap did not attach within 20 s"
 run_pair ud ud -n 200 -s 1024 -m 1024
+wait_tap "$ud_tap" ud $((sent_a + sent_b))
 stop_tap "$ud_tap" ud
 for _ in $(seq 100); do kill -0 "$live_pid" 2>/dev/null || break; sleep 0.1; done
 kill -0 "$live_pid" 2>/dev/null && fail "live tap | tshark still running 10 s after the run (--count 50)"
@@ -243,6 +260,7 @@ log "2b. UC: 100 messages of 4096 B at path MTU 1024, tap --opcode uc -> pcapng"
 start_tap uc --write "$work/uc.pcapng" --opcode uc
 uc_tap=$tap_pid
 run_pair uc uc -n 100 -s 4096 -m 1024
+wait_tap "$uc_tap" uc $((sent_a + sent_b))
 stop_tap "$uc_tap" uc
 total=$(count "$work/uc.pcapng")
 ops=$(fields "$work/uc.pcapng" infiniband.bth.opcode | sort -n | uniq -c | awk '{printf "%s:%s ", $2, $1}')
@@ -255,6 +273,7 @@ log "2c. RC over IPv6: 100 messages of 4096 B, tap --ip fd77:9::2 -> pcapng"
 start_tap v6 --write "$work/v6.pcapng" --ip fd77:9::2
 v6_tap=$tap_pid
 ip_a=fd77:9::1 ip_b=fd77:9::2 run_pair v6 rc -n 100 -s 4096 -m 1024
+wait_tap "$v6_tap" v6 $((sent_a + sent_b))
 stop_tap "$v6_tap" v6
 total=$(count "$work/v6.pcapng")
 v6=$(count "$work/v6.pcapng" -Y 'ipv6 && infiniband')
@@ -290,7 +309,8 @@ for tags in ([(0x8100, 77)], [(0x88A8, 100), (0x8100, 77)]):
             eth += struct.pack("!HH", tpid, vid)
         s.send(eth + b"\x08\x00" + ip + udp)
 EOF
-sleep 0.5
+wait_tap "$vlana" vlana 20
+wait_tap "$vlanb" vlanb 20
 stop_tap "$vlana" vlana
 stop_tap "$vlanb" vlanb
 for f in vlana vlanb; do
@@ -305,6 +325,7 @@ log "2e. lo: RC between 127.0.0.1 and 127.0.0.2 in this namespace, tap on lo and
 tap_if=lo start_tap lo --iface vtapA --write "$work/lo.pcapng" # two interfaces: 4 IDBs
 lo_tap=$tap_pid
 same_ns=1 ip_a=127.0.0.1 ip_b=127.0.0.2 run_pair lo rc -n 50 -s 4096 -m 1024
+wait_tap "$lo_tap" lo $((2 * (sent_a + sent_b)))
 stop_tap "$lo_tap" lo
 egress=$(count "$work/lo.pcapng" -Y 'frame.interface_id == 1 && infiniband')
 ingress=$(count "$work/lo.pcapng" -Y 'frame.interface_id == 0 && infiniband')
@@ -356,18 +377,21 @@ lossnohdr_tap=$tap_pid
 start_tap lossnak --write "$work/lossnak.pcap" --aeth nak,rnr
 lossnak_tap=$tap_pid
 run_pair loss rc -n "$iters" -s 4096 -m 1024
+recv_a=$(sed -n 's/.* packets sent, \([0-9]*\) received.*/\1/p' "$work/loss.client")
+counter() { sed -n "s/^counters: .*\\b$2=\\([0-9]*\\).*/\\1/p" "$work/loss.$1"; }
+wait_tap "$loss_tap" loss $((sent_a + recv_a))
+wait_tap "$lossnohdr_tap" lossnohdr $((sent_a + recv_a))
+wait_tap "$lossnak_tap" lossnak $(($(counter client naks_sent) + $(counter client naks_received)))
 stop_tap "$loss_tap" loss
 stop_tap "$lossnohdr_tap" lossnohdr
 stop_tap "$lossnak_tap" lossnak
 ip netns exec "$far" tc qdisc del dev vtapB clsact
-recv_a=$(sed -n 's/.* packets sent, \([0-9]*\) received.*/\1/p' "$work/loss.client")
 egress=$(count "$work/loss.pcapng" -Y 'frame.interface_id == 1')
 ingress=$(count "$work/loss.pcapng" -Y 'frame.interface_id == 0')
 log "  egress frames $egress (client sent $sent_a), ingress frames $ingress (client received $recv_a, server sent $sent_b)"
 ((egress == sent_a && ingress == recv_a)) || fail "loss: frame counts differ from rxe-peer's"
 tap_retx=$(sed -n 's/.* retransmits=\([0-9]*\) .*/\1/p' "$work/loss.err" | awk '{n += $1} END {print n + 0}')
 tap_naks=$(sed -n 's/.* naks=\([0-9]*\) .*/\1/p' "$work/loss.err" | awk '{n += $1} END {print n + 0}')
-counter() { sed -n "s/^counters: .*\\b$2=\\([0-9]*\\).*/\\1/p" "$work/loss.$1"; }
 c_retx=$(counter client retransmits) s_retx=$(counter server retransmits)
 c_nsent=$(counter client naks_sent) c_nrecv=$(counter client naks_received)
 log "  tap: $tap_retx PSN repeats, $tap_naks NAKs; client: retransmits $c_retx naks_sent $c_nsent naks_received $c_nrecv; server: retransmits $s_retx"
@@ -416,10 +440,16 @@ for i in range(int(sys.argv[1])):
     s.sendto(bth + bytes(16) + b"\0\0\0\0", ("10.77.9.3", 4791))
 EOF
 run_pair filt rc -n 50 -s 4096 -m 1024
-for p in "$q11 q11" "$qab qab" "$ip3 ip3" "$ack ack"; do
+wait_tap "$q11" q11 $((sent_a + sent_b))
+wait_tap "$qab" qab "$crafted"
+wait_tap "$ip3" ip3 "$crafted"
+for p in "$q11 q11" "$qab qab" "$ip3 ip3"; do
     # shellcheck disable=SC2086 # pid and name
     stop_tap $p
 done
+# the ACKs among the frames to QP 0x11, all of which the --opcode ack tap must have seen
+wait_tap "$ack" ack "$(count "$work/q11.pcap" -Y 'infiniband.bth.opcode == 17')"
+stop_tap "$ack" ack
 n=$(count "$work/q11.pcap")
 other=$(count "$work/q11.pcap" -Y 'infiniband.bth.destqp != 0x11')
 log "  --qpn 0x11: $n frames (peers sent $((sent_a + sent_b))), $other to another QP"
@@ -444,6 +474,7 @@ full=$tap_pid
 kill -STOP "$full"
 run_pair full rc -n 100 -s 4096 -m 1024
 kill -CONT "$full"
+wait_tap "$full" full $((sent_a + sent_b)) matched
 stop_tap "$full" full drops-ok
 read -r written matched lost < <(sed -n 's/.*: \([0-9]*\) frames written; in kernel: \([0-9]*\) matched, [0-9]* filtered out, \([0-9]*\) lost.*/\1 \2 \3/p' "$work/full.err")
 n=$(count "$work/full.pcap")
@@ -456,8 +487,9 @@ grep -q "ring_drops=$lost" "$work/full.err" || fail "no summary line reports rin
 log "5. headers: crafted frames of every opcode with random fields (tap --decode vs the crafter's own values and vs tshark)"
 start_tap crafted --ip 10.77.9.3 --decode "$work/crafted.txt" --write "$work/crafted.pcap"
 crafted_tap=$tap_pid
-/usr/bin/python3 "$here/tap-headers.py" craft "$work/crafted.want" --src 10.77.9.1 --dst 10.77.9.3 | sed 's/^/  /'
-sleep 0.5
+/usr/bin/python3 "$here/tap-headers.py" craft "$work/crafted.want" --src 10.77.9.1 --dst 10.77.9.3 |
+    tee "$work/crafted.out" | sed 's/^/  /'
+wait_tap "$crafted_tap" crafted "$(sed -n 's/^sent \([0-9]*\) crafted frames.*/\1/p' "$work/crafted.out")"
 stop_tap "$crafted_tap" crafted
 /usr/bin/python3 "$here/tap-headers.py" expect "$work/crafted.txt" "$work/crafted.want" --prefix "vtapA egress" |
     sed 's/^/  [crafted] /'
@@ -475,7 +507,7 @@ perftest() {
     ip netns exec "$far" timeout 60 "$repo/target/$profile/rxe-perftest" --local-ip 10.77.9.2 \
         --peer-is-rxe-perftest "$@" >"$work/$name.server" 2>&1 &
     spid=$!
-    sleep 0.3
+    # (the client retries its connection until the server listens)
     timeout 60 "$repo/target/$profile/rxe-perftest" --local-ip 10.77.9.1 --server 10.77.9.2 \
         --peer-is-rxe-perftest "$@" >"$work/$name.client" 2>&1 || rc=$?
     wait "$spid" || rc=$((rc ? rc : $?))
@@ -486,7 +518,8 @@ perftest write write_bw -n 50 -s 8192 -m 1024
 perftest read read_bw -n 50 -s 8192 -m 1024
 perftest fadd atomic_bw -n 50 -A FETCH_AND_ADD
 perftest cswap atomic_bw -n 50 -A CMP_AND_SWAP
-sleep 0.5
+# (no wait: what follows compares the tap's two outputs with each other and looks for
+# opcodes, which every frame either peer received carries; the drain at SIGINT keeps all)
 stop_tap "$hdrs_tap" hdrs
 /usr/bin/python3 "$here/tap-headers.py" tshark "$work/hdrs.txt" "$work/hdrs.pcapng" | sed 's/^/  [hdrs] /'
 [[ ${PIPESTATUS[0]} == 0 ]] || fail "the kernel's parse of the engines' traffic differs from tshark's"
