@@ -23,15 +23,23 @@
 //! # Buffers
 //!
 //! As in perftest, one MR of `2 × INC(BUFF_SIZE)` bytes: the first half is the local source
-//! (SEND, WRITE source, READ sink), the advertised VA is `buf + BUFF_SIZE(size, cycle)`. When
+//! (SEND, WRITE source), the advertised VA is `buf + BUFF_SIZE(size, cycle)`. When
 //! `size <= cycle / 2` consecutive operations step through the cycle buffer by
 //! `INC(size, cache_line)` on both ends. The whole buffer is filled with [`pattern`] repeated
 //! with period `min(PATTERN_LEN, size)` — exactly what the tool does with
 //! `--payload_file_path` given [`payload_file`] — so each side knows the other's buffer. The
 //! pattern is PRNG bytes, so within a message nothing repeats (and `PATTERN_LEN` is no multiple
-//! of a path MTU): a segment placed at the wrong offset, duplicated or swapped shows:
-//! - READ completions are compared with the remote buffer byte for byte;
-//! - `ib_send_lat` receives are compared with the sender's buffer;
+//! of a path MTU): a segment placed at the wrong offset, duplicated or swapped shows. Because
+//! that fill is everywhere, a buffer that is to receive bytes is first poisoned with the
+//! complement of what it must receive ([`poison_of`]), so that a segment that is never placed
+//! shows too:
+//! - as READ client, each outstanding READ has a sink of its own (after the perftest buffer, in
+//!   the same MR; perftest reads into the local half, where READs of one slot share a sink),
+//!   poisoned before the READ is posted; its completion is compared with the remote buffer
+//!   byte for byte;
+//! - `ib_send_lat` receives are compared with the sender's buffer, and the receive buffer is
+//!   poisoned before the receives are posted and again after each check (the next message can
+//!   only come after our next SEND);
 //! - as `ib_write_bw` server our target half starts scrubbed ([`SCRUB`]) and afterwards must
 //!   hold exactly the peer's writes;
 //! - atomics: every value an atomic returns is predicted ([`AtomicPlan`]), and as server the
@@ -67,6 +75,9 @@ pub const QP_TIMEOUT: u8 = 14;
 pub const PATTERN_LEN: usize = 65536 + 4;
 /// What the target half of our buffer holds before an `ib_write_bw` peer writes into it.
 pub const SCRUB: u8 = 0xe5;
+/// At most this many bytes of READ sinks (one per outstanding READ, see the module
+/// documentation); fewer sinks than the send queue depth limit the outstanding READs.
+pub const READ_SINK_BYTES: u64 = 16 << 20;
 /// perftest's fetch-and-add operand (`ATOMIC_ADD_VALUE`); compare-and-swap uses compare 0,
 /// swap 0 (`ATOMIC_SWAP_VALUE`, compare left zeroed).
 pub const TOOL_ADD: u64 = 1;
@@ -269,6 +280,24 @@ pub fn fill_period(size: usize) -> usize {
 /// The byte a perftest-style buffer of a `size`-byte test holds at `offset` from its start.
 pub fn fill_byte(pat: &[u8], size: usize, offset: u64) -> u8 {
     pat[(offset % fill_period(size) as u64) as usize]
+}
+
+/// What a buffer that must receive `want` is poisoned with first: the complement, so every byte
+/// that is never placed differs.
+pub fn poison_of(want: &[u8]) -> Vec<u8> {
+    want.iter().map(|b| !b).collect()
+}
+
+/// Checks once that a poison differs from the expected bytes everywhere (a poison that equalled
+/// them would let a missing segment pass).
+fn check_poison(poison: &[u8], want: &[u8], what: &str) -> io::Result<()> {
+    match poison.iter().zip(want).position(|(a, b)| a == b) {
+        Some(at) => Err(err(format!(
+            "{what}: the poison equals the expected bytes at byte {at}"
+        ))),
+        None if poison.len() != want.len() => Err(err(format!("{what}: poison length"))),
+        None => Ok(()),
+    }
 }
 
 /// The `--payload_file_path` file for perftest: the pattern as little-endian DWORDs,
@@ -644,15 +673,27 @@ pub fn negotiate(oob: &mut Oob, our_mtu: Mtu) -> io::Result<Negotiated> {
     })
 }
 
-/// How many bytes of peer memory a run needs at most (before negotiation; the peer's cycle
-/// buffer is assumed to be at most 64 KiB).
-pub fn mem_needed(size: usize) -> usize {
+/// How many bytes of peer memory a run with `tx_depth` outstanding operations needs at most
+/// (before negotiation; the peer's cycle buffer is assumed to be at most 64 KiB).
+pub fn mem_needed(size: usize, tx_depth: u32) -> usize {
     let l = Layout {
         size: size as u64,
         cycle: 65536,
         cache_line: 4096,
     };
-    l.total() as usize + 4096
+    let sinks = (tx_depth as u64 * l.step()).min(READ_SINK_BYTES.max(l.step()));
+    (l.total() + sinks) as usize + 4096
+}
+
+/// How many READ sinks a READ client has (one per outstanding READ): bounded by the depth,
+/// the iterations and [`READ_SINK_BYTES`]; sink `k % n` is at `total() + (k % n) * step()`.
+fn read_sinks(o: &Opts, l: &Layout) -> u64 {
+    if o.test != Test::ReadBw || o.server.is_none() {
+        return 0;
+    }
+    (o.tx_depth.max(1) as u64)
+        .min(o.iters.max(1) as u64)
+        .min((READ_SINK_BYTES / l.step()).max(1))
 }
 
 const RECV_WRID: u64 = 1 << 62;
@@ -669,9 +710,11 @@ struct Qp {
 fn create(p: &mut Peer, o: &Opts, layout: Layout, rx_depth: u32) -> io::Result<Qp> {
     let buf = MEM_BASE;
     let total = layout.total();
-    if total as usize > p.mem.bytes.len() {
+    // As READ client, the sinks follow the perftest buffer in the same MR.
+    let mr_len = total + read_sinks(o, &layout) * layout.step();
+    if mr_len as usize > p.mem.bytes.len() {
         return Err(err(format!(
-            "buffer of {total} bytes does not fit the peer memory ({})",
+            "buffer of {mr_len} bytes does not fit the peer memory ({})",
             p.mem.bytes.len()
         )));
     }
@@ -693,7 +736,7 @@ fn create(p: &mut Peer, o: &Opts, layout: Layout, rx_depth: u32) -> io::Result<Q
         d.reg_mr(
             pd,
             buf,
-            total,
+            mr_len,
             o.test.mr_access(),
             Backing::Contiguous { base: buf },
         ),
@@ -961,6 +1004,17 @@ fn send_lat(
         }]
         .into(),
     };
+    let pat = pattern();
+    // The peer sends the start of its buffer, every time.
+    let expect: Vec<u8> = (0..o.size as u64)
+        .map(|i| fill_byte(&pat, o.size, i))
+        .collect();
+    // Every receive lands in the one receive buffer, which already holds the pattern (at
+    // offset `total / 2`, a multiple of the fill period for small sizes): poison it before the
+    // receives are posted and after each check, so that a receive that places nothing shows.
+    let poison = poison_of(&expect);
+    check_poison(&poison, &expect, "send_lat receive buffer")?;
+    p.mem.slice_mut(rbuf, o.size).copy_from_slice(&poison);
     let depth = o.iters.min(512);
     for _ in 0..depth {
         ok(p.dev.post_recv(q.qpn, recv.clone()), "post_recv")?;
@@ -969,11 +1023,6 @@ fn send_lat(
     // H4: both sides have their receives posted.
     oob.keys(Some(p), &q.mine)?;
     let client = o.server.is_some();
-    let pat = pattern();
-    // The peer sends the start of its buffer.
-    let expect: Vec<u8> = (0..o.size as u64)
-        .map(|i| fill_byte(&pat, o.size, i))
-        .collect();
     let send = |k: u64| {
         SendWr::new(
             k,
@@ -1010,6 +1059,8 @@ fn send_lat(
                     )));
                 }
                 rep.verified += 1;
+                // Before our next SEND, the only thing the peer's next message answers.
+                p.mem.slice_mut(rbuf, o.size).copy_from_slice(&poison);
                 if posted_recv < o.iters {
                     ok(p.dev.post_recv(q.qpn, recv.clone()), "post_recv")?;
                     posted_recv += 1;
@@ -1047,7 +1098,14 @@ fn bw_client(
     let l = q.layout;
     let pat = pattern();
     let iters = o.iters as u64;
-    let depth = o.tx_depth.max(1) as u64;
+    let mut depth = o.tx_depth.max(1) as u64;
+    // READ sinks: one per outstanding READ, so each can be poisoned before its READ is posted
+    // without touching bytes an earlier READ of the same slot placed.
+    let sinks = read_sinks(o, &l);
+    if o.test == Test::ReadBw {
+        depth = depth.min(sinks.max(1));
+    }
+    let sink = |k: u64| q.buf + l.total() + (k % sinks.max(1)) * l.step();
     // Atomic results go to their own 8-byte slots in the local half, one per outstanding op.
     let ring = depth.min(l.total() / 2 / 8);
     let depth = depth.min(ring.max(1));
@@ -1072,6 +1130,10 @@ fn bw_client(
     } else {
         Vec::new()
     };
+    let read_poison: Vec<Vec<u8>> = read_expect.iter().map(|w| poison_of(w)).collect();
+    for (w, x) in read_expect.iter().zip(&read_poison) {
+        check_poison(x, w, "READ sink")?;
+    }
     let mut pending: VecDeque<Expect> = VecDeque::new();
     let (mut posted, mut done) = (0u64, 0u64);
     let (op, len) = match o.test {
@@ -1100,14 +1162,20 @@ fn bw_client(
                     loc,
                     Expect::None,
                 ),
-                Test::ReadBw => (
-                    SendOp::Read {
-                        remote_addr: rem,
-                        rkey: r.rkey,
-                    },
-                    loc,
-                    Expect::Read { k },
-                ),
+                Test::ReadBw => {
+                    // Its own sink, poisoned: the READ that used it last has completed.
+                    p.mem
+                        .slice_mut(sink(k), o.size)
+                        .copy_from_slice(&read_poison[(k % l.wrap()) as usize]);
+                    (
+                        SendOp::Read {
+                            remote_addr: rem,
+                            rkey: r.rkey,
+                        },
+                        sink(k),
+                        Expect::Read { k },
+                    )
+                }
                 Test::AtomicBw(kind) => {
                     let plan = plan.as_mut().expect("atomic plan");
                     let a = plan.next(k % l.wrap());
@@ -1163,8 +1231,7 @@ fn bw_client(
             }
             match pending.pop_front() {
                 Some(Expect::Read { k }) => {
-                    let loc = q.buf + l.op_off(k);
-                    let got = p.mem.slice(loc, o.size);
+                    let got = p.mem.slice(sink(k), o.size);
                     let want = &read_expect[(k % l.wrap()) as usize];
                     // A plain slice compare: a slow byte loop here (debug builds) lets the
                     // UDP socket overflow while the peer keeps sending.

@@ -11,6 +11,8 @@ use rxe_core::DeviceConfig;
 use vur_interop::peer::Peer;
 use vur_interop::perftest::{self, run, AtomicKind, Opts, PeerKind, Report, Test};
 
+const TX_DEPTH: u32 = 32;
+
 fn pair(test: Test, a: u8, size: usize, iters: u32, mtus: (Mtu, Mtu)) -> (Report, Report) {
     let server_ip = IpAddr::V4(Ipv4Addr::new(127, 0, 78, a));
     let client_ip = IpAddr::V4(Ipv4Addr::new(127, 0, 78, a + 1));
@@ -26,24 +28,29 @@ fn pair(test: Test, a: u8, size: usize, iters: u32, mtus: (Mtu, Mtu)) -> (Report
         size,
         iters,
         mtu: mtus.0,
-        tx_depth: 32,
+        tx_depth: TX_DEPTH,
         timeout: Duration::from_secs(60),
         peer: PeerKind::Ours,
     };
     let so = base.clone();
     let scfg = cfg.clone();
     let server = std::thread::spawn(move || {
-        let mut p = Peer::new(server_ip, scfg, perftest::mem_needed(size)).expect("bind server");
+        let mut p =
+            Peer::new(server_ip, scfg, perftest::mem_needed(size, TX_DEPTH)).expect("bind server");
         run(&mut p, &so)
     });
-    let mut p = Peer::new(client_ip, cfg, perftest::mem_needed(size)).expect("bind client");
+    let mut p =
+        Peer::new(client_ip, cfg, perftest::mem_needed(size, TX_DEPTH)).expect("bind client");
     let co = Opts {
         server: Some(SocketAddr::new(server_ip, port)),
         mtu: mtus.1,
         ..base
     };
-    let c = run(&mut p, &co).expect("client");
-    let s = server.join().unwrap().expect("server");
+    // Both ends' errors: the one that saw the fault first is usually the other's cause.
+    let (c, s) = match (run(&mut p, &co), server.join().unwrap()) {
+        (Ok(c), Ok(s)) => (c, s),
+        (c, s) => panic!("client: {:?}\nserver: {:?}", c.err(), s.err()),
+    };
     let mtu = mtus.0.min(mtus.1);
     assert_eq!((c.mtu, s.mtu), (mtu, mtu));
     assert_eq!(c.peer_version, perftest::VERSION);

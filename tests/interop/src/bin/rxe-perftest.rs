@@ -107,7 +107,7 @@ fn main() -> ExitCode {
         port_mtu: Mtu::M4096,
         ..Default::default()
     };
-    let mut p = match Peer::new(local, cfg, perftest::mem_needed(size)) {
+    let mut p = match Peer::new(local, cfg, perftest::mem_needed(size, tx_depth)) {
         Ok(p) => p,
         Err(e) => {
             eprintln!("rxe-perftest: cannot bind {local}:4791: {e}");
