@@ -2,6 +2,11 @@
 //! the same exchange and the same ping-pong loop, so the unmodified tool is the other end —
 //! plus a byte check the tools do not make: every buffer that comes back is compared with
 //! what must be in it.
+//!
+//! Every message carries a payload of its own ([`payload`]), and after each check the receive
+//! buffer is scrubbed with the complement of the next expectation ([`scrub_of`]): a segment that
+//! is dropped, or left over from an earlier message, while the completion still reports success
+//! shows in any iteration, not only the first (the retransmissions of the loss cases come later).
 
 use std::io;
 use std::net::SocketAddr;
@@ -42,7 +47,8 @@ pub struct Opts {
     pub rx_depth: u32,
     pub timeout: Duration,
     /// The other end is the stock tool (its first buffer is all [`TOOL_FILL`], then it echoes
-    /// our [`pattern`]); false when it is another `rxe-peer`, which sends [`pattern`].
+    /// our [`payload`]s); false when it is another `rxe-peer`, which sends the same
+    /// [`payload`]s (see [`expected`]).
     pub peer_is_tool: bool,
     /// A file the harness creates, holding the tool's exit code, once the tool has exited.
     /// With it we stay on the wire (re-ACKing retransmissions) until the tool has left, and a
@@ -64,11 +70,35 @@ pub enum End {
     LastSendAfterToolLeft,
 }
 
-/// What an `rxe-peer` sends: bytes of a position-keyed PRNG (splitmix64 of the 8-byte block
-/// index), so no two segments of a message are alike: a segment placed at the wrong offset,
-/// duplicated or swapped shows in the byte check whatever the path MTU.
-pub fn pattern(size: usize) -> Vec<u8> {
-    crate::prng_pattern(0x5eed_0001, size)
+/// The seed of the payloads (message `n` uses `SEED ^ n << 32`: above every block index of a
+/// buffer under 32 GiB, so no two messages' fills alias at any offset).
+pub const SEED: u64 = 0x5eed_0001;
+
+/// What our `n`-th SEND carries (`n` from 1), in both roles: bytes of the shared position-keyed
+/// PRNG ([`crate::prng_pattern`]), a different fill for every message, so no two segments of a
+/// message are alike and no segment of one message equals one of another: a segment placed at
+/// the wrong offset, duplicated, swapped, or stale from an earlier message shows.
+pub fn payload(n: u32, size: usize) -> Vec<u8> {
+    crate::prng_pattern(SEED ^ (u64::from(n) << 32), size)
+}
+
+/// What our `n`-th receive (`n` from 1) must hold. Another `rxe-peer` or `vur-pingpong` sends
+/// [`payload`]`(n)` as its `n`-th SEND. The tool sends and receives in one buffer, so it echoes
+/// what it last received: as server, its `n`-th SEND echoes our `n`-th; as client, its first SEND
+/// carries its initial fill (all [`TOOL_FILL`]) and its `n`-th echoes our `(n-1)`-th. Our own
+/// sends therefore define what comes back.
+pub fn expected(n: u32, size: usize, we_are_client: bool, peer_is_tool: bool) -> Vec<u8> {
+    match (peer_is_tool && !we_are_client, n) {
+        (true, 1) => vec![TOOL_FILL; size],
+        (true, n) => payload(n - 1, size),
+        (false, n) => payload(n, size),
+    }
+}
+
+/// What the receive buffer holds before a receive that must bring `expect`: its complement,
+/// so every byte that is never placed differs.
+pub fn scrub_of(expect: &[u8]) -> Vec<u8> {
+    expect.iter().map(|b| !b).collect()
 }
 
 #[derive(Clone, Debug)]
@@ -251,21 +281,23 @@ pub fn run(p: &mut Peer, o: &Opts) -> io::Result<Report> {
         }
     };
     let client = o.server.is_some();
-    // What we send, in both roles: our own pattern. The tool sends and receives in one buffer,
-    // so it echoes what it last received: our pattern, except for a tool client's first SEND,
-    // which carries its initial fill (all TOOL_FILL). Another rxe-peer sends the pattern too.
-    let pattern = pattern(o.size);
-    let tool_fill = vec![TOOL_FILL; o.size];
-    let expect_at = |rcnt: u32| {
-        if !client && o.peer_is_tool && rcnt == 1 {
-            &tool_fill[..]
-        } else {
-            &pattern[..]
-        }
+    // What we send: payload(n) as our n-th SEND; what must come back: expected(n).
+    let expect_at = |n: u32| expected(n, o.size, client, o.peer_is_tool);
+    let put_payload = |p: &mut Peer, n: u32| {
+        p.mem
+            .slice_mut(sbuf + grh as u64, o.size)
+            .copy_from_slice(&payload(n, o.size));
     };
-    p.mem
-        .slice_mut(sbuf + grh as u64, o.size)
-        .copy_from_slice(&pattern);
+    // The receive buffer before each receive: no network header, and the complement of the
+    // payload that must arrive.
+    let scrub = |p: &mut Peer, n: u32| {
+        p.mem.slice_mut(rbuf, grh).fill(0);
+        p.mem
+            .slice_mut(rbuf + grh as u64, o.size)
+            .copy_from_slice(&scrub_of(&expect_at(n)));
+    };
+    scrub(p, 1);
+    put_payload(p, 1);
     let mut send = SendWr::new(
         SEND_WRID,
         SendOp::Send,
@@ -376,14 +408,17 @@ pub fn run(p: &mut Peer, o: &Opts) -> io::Result<Report> {
                     }
                     let got = p.mem.slice(rbuf + grh as u64, o.size);
                     let expect = expect_at(rcnt);
-                    if got != expect {
+                    if got != &expect[..] {
                         let at = got
                             .iter()
-                            .zip(expect)
+                            .zip(&expect)
                             .position(|(a, b)| a != b)
                             .unwrap_or(0);
                         return Err(err(format!(
-                            "iteration {rcnt}: received data differs at byte {at}"
+                            "iteration {rcnt}: received data differs at byte {at} ({:#04x}, expected {:#04x}{})",
+                            got[at],
+                            expect[at],
+                            if got[at] == !expect[at] { ": never placed" } else { "" }
                         )));
                     }
                     verified += 1;
@@ -393,12 +428,16 @@ pub fn run(p: &mut Peer, o: &Opts) -> io::Result<Report> {
                     {
                         return Err(err("UD receive without a network header".into()));
                     }
+                    // Before our next SEND, which the peer's next message answers.
+                    scrub(p, rcnt + 1);
                     ok(p.dev.post_recv(qpn, recv.clone()), "post_recv")?;
                 }
                 other => return Err(err(format!("completion for unknown wr_id {other}"))),
             }
             pending &= !c.wr_id;
             if scnt < o.iters && pending == 0 {
+                // The last SEND has completed: its buffer is ours again.
+                put_payload(p, scnt + 1);
                 ok(p.dev.post_send(qpn, send.clone()), "post_send")?;
                 pending = RECV_WRID | SEND_WRID;
             }
@@ -445,4 +484,25 @@ pub fn run(p: &mut Peer, o: &Opts) -> io::Result<Report> {
         counters,
         end,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The tool echoes what it last received; another rxe-peer sends what we send.
+    #[test]
+    fn expectations_follow_the_echo() {
+        let s = 4096;
+        assert!((1..=3).all(|n| expected(n, s, true, true) == payload(n, s)));
+        assert_eq!(expected(1, s, false, true), vec![TOOL_FILL; s]);
+        assert_eq!(expected(3, s, false, true), payload(2, s));
+        assert!((1..=3).all(|n| expected(n, s, false, false) == payload(n, s)));
+        // Every message differs from the one before, and the scrub from both.
+        for n in 1..100 {
+            let (a, b) = (payload(n, s), payload(n + 1, s));
+            assert!(a.chunks(256).zip(b.chunks(256)).all(|(x, y)| x != y));
+            assert!(scrub_of(&b).iter().zip(&b).all(|(x, y)| x != y));
+        }
+    }
 }

@@ -42,8 +42,11 @@ fn pair(kind: Kind, a: u8, size: usize, mtu: Mtu) {
         server: Some(SocketAddr::new(server_ip, port)),
         ..base
     };
-    let c = run(&mut p, &co).expect("client");
-    let s = server.join().unwrap().expect("server");
+    // Both ends' errors: the one that saw the fault first is usually the other's cause.
+    let (c, s) = match (run(&mut p, &co), server.join().unwrap()) {
+        (Ok(c), Ok(s)) => (c, s),
+        (c, s) => panic!("client: {:?}\nserver: {:?}", c.err(), s.err()),
+    };
     assert_eq!((c.verified, s.verified), (200, 200));
 }
 

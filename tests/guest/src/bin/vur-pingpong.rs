@@ -2,7 +2,10 @@
 //! attached to the daemon's vhost-user socket makes the QP, and the out-of-band exchange and
 //! the ping-pong loop are the tool's, so the unmodified tool (on Linux rxe, or on the device in
 //! a VM) or another `vur-pingpong` is the other end. Every buffer that comes back is compared
-//! byte for byte with what must be in it, which the tool does not do.
+//! byte for byte with what must be in it, which the tool does not do: every message carries a
+//! payload of its own and the receive buffer is scrubbed after each check (as `rxe-peer` does:
+//! [`vur_interop::pingpong::payload`], [`expected`], [`scrub_of`]), so a dropped or stale
+//! segment shows in any iteration.
 //!
 //! ```text
 //! vur-pingpong --socket /run/vur/rdma.sock --ip 10.80.0.2 --dmac 02:..:.. [--server 10.80.0.1]
@@ -23,12 +26,11 @@ use clap::Parser;
 use rxe_core::verbs::*;
 use rxe_core::Gid;
 use vur_interop::oob::{self, Dest};
+use vur_interop::pingpong::{expected, payload, scrub_of};
 use vur_testguest::{Guest, GuestOpts};
 
 const RECV_WRID: u64 = 1;
 const SEND_WRID: u64 = 2;
-/// What the tool fills its buffer with before the first exchange.
-const TOOL_FILL: u8 = 0x7b;
 
 #[derive(Parser, Debug)]
 #[command(about = "ibv_rc_pingpong's other end on a vhost-user-rdma daemon")]
@@ -62,7 +64,8 @@ struct Args {
     /// Fail when nothing completes for this many seconds, saying what we wait for.
     #[arg(long, default_value_t = 10)]
     stall: u64,
-    /// The other end is another vur-pingpong (it sends the pattern from its first SEND).
+    /// The other end is another vur-pingpong (it sends the same payloads from its first SEND;
+    /// the tool echoes ours).
     #[arg(long)]
     peer_is_ours: bool,
 }
@@ -85,16 +88,6 @@ fn mtu_of(m: u32) -> Option<Mtu> {
         4096 => Mtu::M4096,
         _ => return None,
     })
-}
-
-/// What we send: a position-keyed pattern, so a segment placed at the wrong offset shows.
-fn pattern(size: usize) -> Vec<u8> {
-    (0..size)
-        .map(|i| {
-            let x = (i as u64 / 8).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-            (x >> (8 * (i % 8))) as u8 ^ (x >> 56) as u8
-        })
-        .collect()
 }
 
 fn main() -> ExitCode {
@@ -245,9 +238,11 @@ fn run(a: &Args, mtu: Mtu) -> Result<(), String> {
         "  remote address: LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}",
         remote.lid, remote.qpn, remote.psn
     );
-    let pat = pattern(size);
-    let fill = vec![TOOL_FILL; size];
-    mr.buf.write(half, &pat);
+    // Our n-th SEND carries payload(n); our n-th receive must hold expected(n), and the
+    // receive buffer holds its complement before.
+    let expect_at = |n: u32| expected(n, size, client, !a.peer_is_ours);
+    mr.buf.write(0, &scrub_of(&expect_at(1)));
+    mr.buf.write(half, &payload(1, size));
     let send = SendWr::new(SEND_WRID, SendOp::Send, vec![mr.sge(half, a.size)]);
     let start = Instant::now();
     let deadline = start + timeout;
@@ -306,28 +301,29 @@ fn run(a: &Args, mtu: Mtu) -> Result<(), String> {
                             c.byte_len, a.size
                         ));
                     }
-                    // The tool echoes what it last received (our pattern), except a tool
-                    // client's first SEND: its initial fill.
-                    let expect = if !client && !a.peer_is_ours && rcnt == 1 {
-                        &fill
-                    } else {
-                        &pat
-                    };
+                    let expect = expect_at(rcnt);
                     let got = mr.buf.to_vec(0, size);
-                    if got != *expect {
-                        let at = got.iter().zip(expect).position(|(x, y)| x != y);
+                    if got != expect {
+                        let at = got.iter().zip(&expect).position(|(x, y)| x != y);
+                        let at = at.unwrap_or(0);
                         return Err(format!(
-                            "iteration {rcnt}: received data differs at byte {}",
-                            at.unwrap_or(0)
+                            "iteration {rcnt}: received data differs at byte {at} ({:#04x}, expected {:#04x}{})",
+                            got[at],
+                            expect[at],
+                            if got[at] == !expect[at] { ": never placed" } else { "" }
                         ));
                     }
                     verified += 1;
+                    // Before our next SEND, which the peer's next message answers.
+                    mr.buf.write(0, &scrub_of(&expect_at(rcnt + 1)));
                     g.post_recv(&qp, &recv).map_err(e("post_recv"))?;
                 }
                 other => return Err(format!("completion for unknown wr_id {other}")),
             }
             pending &= !c.wr_id;
             if scnt < a.iters && pending == 0 {
+                // The last SEND has completed: its buffer is ours again.
+                mr.buf.write(half, &payload(scnt + 1, size));
                 g.post_send(&qp, &send).map_err(e("post_send"))?;
                 pending = RECV_WRID | SEND_WRID;
             }
