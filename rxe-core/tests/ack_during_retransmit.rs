@@ -33,7 +33,7 @@ fn an_ack_that_arrives_mid_retransmission_completes_the_send() {
     let len = 4096;
     let (src, skey) = sim.reg(0, ep[0].pd, len, Access::LOCAL_WRITE);
     let (dst, dkey) = sim.reg(1, ep[1].pd, len, Access::LOCAL_WRITE);
-    let data: Vec<u8> = (0..len).map(|i| (i * 7 + i / 251) as u8).collect();
+    let data = rxe_core::sim::prng_pattern(36, len);
     sim.nodes[0].mem.slice_mut(src, len).copy_from_slice(&data);
     let sge = |addr, lkey| {
         vec![Sge {

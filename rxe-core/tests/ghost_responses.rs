@@ -25,7 +25,7 @@ fn setup(sq_psn: u32) -> (Sim, [Endpoint; 2], (u64, u32), (u64, u32)) {
         2 * LEN,
         Access::LOCAL_WRITE.union(Access::REMOTE),
     );
-    let data: Vec<u8> = (0..2 * LEN).map(|i| (i * 13 + 5) as u8).collect();
+    let data = rxe_core::sim::prng_pattern(28, 2 * LEN);
     sim.nodes[0]
         .mem
         .slice_mut(src.0, 2 * LEN)

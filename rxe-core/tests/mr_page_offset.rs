@@ -17,8 +17,9 @@ const OFF: u64 = 0x456;
 /// 0x456 + 0x2000 bytes: three pages.
 const LEN: u64 = 0x2000;
 
+/// The shared PRNG fill: a page or segment at the wrong offset cannot compare equal.
 fn pattern(n: u64) -> Vec<u8> {
-    (0..n).map(|i| (i * 13 + 5) as u8).collect()
+    rxe_core::sim::prng_pattern(0x0ff5e7, n as usize)
 }
 
 /// A connected RC pair and, on node 1, the MR: its key and its pages (out of order).

@@ -28,7 +28,7 @@ fn setup() -> Setup {
     });
     let len = 4 * MTU as usize;
     let (va, rkey) = sim.reg(1, ep[1].pd, len, Access::LOCAL_WRITE.union(Access::REMOTE));
-    let data: Vec<u8> = (0..len).map(|i| (i * 31 + i / 1024) as u8).collect();
+    let data = rxe_core::sim::prng_pattern(31, len);
     sim.nodes[1].mem.slice_mut(va, len).copy_from_slice(&data);
     Setup {
         sim,

@@ -187,7 +187,7 @@ fn psn_wraps_across_2_pow_24() {
         ..Default::default()
     });
     let (src, skey) = sim.reg(0, ep[0].pd, 2000, LW);
-    let data: Vec<u8> = (0..2000).map(|i| (i * 7) as u8).collect();
+    let data = rxe_core::sim::prng_pattern(190, 2000);
     sim.nodes[0].mem.slice_mut(src, 2000).copy_from_slice(&data);
     let mut dsts = vec![];
     for i in 0..20 {

@@ -7,10 +7,9 @@ use rxe_core::sim::*;
 use rxe_core::verbs::*;
 use rxe_core::wire::{packet::Packet, Opcode};
 
+/// The shared PRNG fill ([`prng_pattern`]), no period a segment could hide in.
 fn fill(sim: &mut Sim, node: usize, addr: u64, len: usize, seed: u8) -> Vec<u8> {
-    let data: Vec<u8> = (0..len)
-        .map(|i| (i as u8).wrapping_mul(29).wrapping_add(seed))
-        .collect();
+    let data = prng_pattern(seed.into(), len);
     sim.nodes[node]
         .mem
         .slice_mut(addr, len)

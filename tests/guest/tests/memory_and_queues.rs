@@ -118,7 +118,7 @@ fn fast_registration_remote_write_then_local_invalidate() {
     );
 
     // A write that straddles the two pages, through the new key.
-    let data: Vec<u8> = (0..6000u32).map(|i| (i * 7) as u8).collect();
+    let data = rxe_core::sim::prng_pattern(121, 6000);
     src.buf.write(0, &data);
     a.guest
         .post_send(&ea.qp, &write_wr(1, &src, 6000, iova + 1000, key))
@@ -314,7 +314,7 @@ fn type1_window_bound_by_command_read_inside_and_outside() {
         .guest
         .reg_mr(eb.pd, 8192, ALL.union(Access::MW_BIND))
         .unwrap();
-    let pattern: Vec<u8> = (0..8192u32).map(|i| (i ^ (i >> 8)) as u8).collect();
+    let pattern = rxe_core::sim::prng_pattern(317, 8192);
     mr.buf.write(0, &pattern);
     let mw = b.guest.alloc_mw(eb.pd, 1).unwrap();
     let rkey = b

@@ -17,8 +17,9 @@ const OFF: usize = 0x456;
 /// 0x456 + 0x2000 bytes: three pages.
 const LEN: usize = 0x2000;
 
+/// The shared PRNG fill: a page or segment at the wrong offset cannot compare equal.
 fn pattern(n: usize, seed: u8) -> Vec<u8> {
-    (0..n).map(|i| (i as u8).wrapping_mul(13) ^ seed).collect()
+    rxe_core::sim::prng_pattern(seed.into(), n)
 }
 
 /// Builds the operation of an RDMA work request from (remote address, rkey).

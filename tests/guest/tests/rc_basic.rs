@@ -33,7 +33,7 @@ fn rc_send_recv() {
     let access = Access::LOCAL_WRITE;
     let sbuf = a.guest.reg_mr(ea.pd, 4096, access).unwrap();
     let rbuf = b.guest.reg_mr(eb.pd, 4096, access).unwrap();
-    let msg: Vec<u8> = (0..3000u32).map(|i| (i * 7) as u8).collect();
+    let msg = rxe_core::sim::prng_pattern(36, 3000);
     sbuf.buf.write(0, &msg);
     b.guest
         .post_recv(

@@ -105,7 +105,8 @@ pub fn send_write_read(a: &mut Node, b: &mut Node) {
     let sb = b.guest.reg_mr(eb.pd, len, access).unwrap();
     let wait = Duration::from_secs(10);
     // SEND of 3000 bytes (three packets at MTU 1024).
-    let msg: Vec<u8> = (0..3000u32).map(|i| (i * 7) as u8).collect();
+    // The shared PRNG fill: no period a segment placed at the wrong offset could hide in.
+    let msg = rxe_core::sim::prng_pattern(108, 3000);
     sa.buf.write(0, &msg);
     b.guest
         .post_recv(
@@ -127,7 +128,7 @@ pub fn send_write_read(a: &mut Node, b: &mut Node) {
     assert_eq!((wb[0].wr_id, wb[0].status, wb[0].byte_len), (42, 0, 3000));
     assert_eq!(sb.buf.to_vec(0, 3000), msg);
     // WRITE 64 KiB into b.
-    let data: Vec<u8> = (0..len as u32).map(|i| (i % 251) as u8).collect();
+    let data = rxe_core::sim::prng_pattern(130, len);
     sa.buf.write(0, &data);
     let write = SendOp::Write {
         remote_addr: sb.iova,
