@@ -81,13 +81,12 @@ const RECVS: usize = 48;
 const MAX_MSG: u32 = 8 << 10;
 const QKEY: u32 = 0x1111_1111;
 /// Operation slots per end: each holds the source (or READ sink) of one operation on its own
-/// node and the target of its WRITE or READ on the peer. More than [`SENDS`]: a
-/// WRITE-with-immediate keeps its slot until the peer has checked (UC: or skipped) its
-/// receive, and freed slots are taken last.
+/// node and the target of its WRITE or READ on the peer. More than [`SENDS`]: an RC
+/// WRITE-with-immediate keeps its slot until the peer has checked its receive, and freed
+/// slots are taken last. (A UC sender completes at once and its messages may be lost, so its
+/// slots are free at the completion; a UC WRITE-with-immediate's target is checked if the
+/// slot has not been taken again by the time its receive comes, see [`QpEnd::owner`].)
 const SLOTS: usize = 4 * SENDS;
-/// UC messages a receive may match (the most recent ones; duplicates and reordering reach a
-/// UC receiver, but only by a message or two).
-const UC_WINDOW: usize = 24;
 /// Receive slots per end (more than [`RECVS`], each of [`MAX_MSG`] bytes).
 const RECV_SLOTS: usize = 64;
 /// Seed of the payloads: work request `id` carries `prng_pattern(SEED ^ id << 32, len)`.
@@ -439,9 +438,11 @@ struct QpEnd {
     /// Free operation slots (taken in the order they were freed) and receive slots.
     free: VecDeque<usize>,
     free_recv: Vec<usize>,
-    /// What the peer sent to this end and this end has not received yet (UD: the recent
-    /// ones, received or not: datagrams may come twice).
+    /// What the peer sent to this end and this end has not received yet (UC and UD: the
+    /// recent ones, received or not: messages may come twice).
     incoming: VecDeque<Incoming>,
+    /// The wr_id that last took each operation slot.
+    owner: Vec<u64>,
 }
 
 /// A connection of one transport between the two nodes.
@@ -522,6 +523,7 @@ impl Soak {
             free: (0..SLOTS).collect(),
             free_recv: (0..RECV_SLOTS).rev().collect(),
             incoming: VecDeque::new(),
+            owner: vec![0; SLOTS],
         }
     }
 
@@ -656,22 +658,14 @@ impl Soak {
                     .post_send(&e.qp, &wr)
                     .expect("post_send");
                 e.outstanding.insert(id, Side::Send(o));
+                e.owner[slot] = id;
                 e.sends += 1;
                 if matches!(kind, OpKind::Send | OpKind::WriteImm) {
                     let inc = &mut c.ends[1 - i].incoming;
                     inc.push_back(Incoming { id, op: o });
-                    // UC and UD: a window of recent messages. A UC WRITE-with-immediate
-                    // keeps its slot (its target) as long as it is in the window.
-                    let window = match t {
-                        QpType::Rc => usize::MAX,
-                        QpType::Uc => UC_WINDOW,
-                        _ => 4 * RECVS,
-                    };
-                    if inc.len() > window {
-                        let old = inc.pop_front().expect("a full window");
-                        if old.op.kind == OpKind::WriteImm {
-                            c.ends[i].free.push_back(old.op.slot);
-                        }
+                    // UC and UD: a window of recent messages.
+                    if t != QpType::Rc && inc.len() > 4 * RECVS {
+                        inc.pop_front();
                     }
                 }
             }
@@ -699,7 +693,7 @@ impl Soak {
                     (QpType::Rc, OpKind::Write) => (1 - i, Layout::tgt(t, o.slot), "WRITE target"),
                     (QpType::Rc, OpKind::Read) => (i, Layout::src(t, o.slot), "READ sink"),
                     _ => {
-                        if o.kind != OpKind::WriteImm {
+                        if !(t == QpType::Rc && o.kind == OpKind::WriteImm) {
                             c.ends[i].free.push_back(o.slot);
                         }
                         return Ok(());
@@ -724,6 +718,7 @@ impl Soak {
                 let got_len = w.byte_len.wrapping_sub(grh);
                 let at = Layout::recv(t, slot) + grh as usize;
                 let imm_val = u32::from_be_bytes(w.ex.to_le_bytes());
+                let peer_owner = c.ends[1 - i].owner.clone();
                 // Is it message `m` of the peer?
                 let matches = |m: &Incoming| -> std::result::Result<(), String> {
                     let want_imm = m.op.kind == OpKind::WriteImm;
@@ -735,6 +730,10 @@ impl Soak {
                     }
                     if got_len != m.op.len {
                         return Err(format!("{got_len} bytes, not {}", m.op.len));
+                    }
+                    if imm && peer_owner[m.op.slot] != m.id {
+                        // UC: the slot was taken again before this receive came.
+                        return Ok(());
                     }
                     let from = if imm { Layout::tgt(t, m.op.slot) } else { at };
                     let got = res[i].mr.to_vec(from, m.op.len as usize);
