@@ -98,6 +98,10 @@ pub struct Args {
     /// from 64K to 1T.
     #[arg(long, default_value = "64M")]
     pub max_page_list_bytes: String,
+    /// Cap on the heap the engine may hold for the guest's send work requests, e.g. 256M:
+    /// past it, WQEs wait in the guest's rings until earlier ones complete (from 1M to 1T).
+    #[arg(long, default_value = "256M")]
+    pub max_wqe_bytes: String,
     /// Let the guest register DMA MRs (all of guest memory) with remote rights. Off: such a
     /// registration gets PERMISSION; one key would expose every byte of the guest.
     #[arg(long)]
@@ -177,6 +181,8 @@ pub enum ConfigError {
     Size(String),
     #[error("--max-page-list-bytes {0:?} must be a power of two from 64K to 1T")]
     PageListBytes(String),
+    #[error("--max-wqe-bytes {0:?} must be a size from 1M to 1T (e.g. 256M)")]
+    WqeBytes(String),
     #[error("--socket-group {0:?}: no such group")]
     Group(String),
     #[error("--allow-peer {0}")]
@@ -435,6 +441,9 @@ impl TryFrom<Args> for Config {
                     .filter(|v| v.is_power_of_two() && (1 << 16..=1 << 40).contains(v))
                     .ok_or_else(|| ConfigError::PageListBytes(a.max_page_list_bytes.clone()))?,
                 allow_remote_dma_mr: a.allow_remote_dma_mr,
+                max_wqe_bytes: parse_size(&a.max_wqe_bytes)
+                    .filter(|v| (1 << 20..=1 << 40).contains(v))
+                    .ok_or_else(|| ConfigError::WqeBytes(a.max_wqe_bytes.clone()))?,
                 shards: Some(a.engine_shards)
                     .filter(|n| (1..=64).contains(n))
                     .ok_or(ConfigError::Shards(a.engine_shards))?,

@@ -136,13 +136,15 @@ pub fn render_body(t: &TransportStats, model: Option<&Model>) -> String {
                 rq_wqes,
                 cqes,
                 reg_mr_waits,
-                tx_lost_segments
+                tx_lost_segments,
+                wqe_budget_waits
             ]
         );
         let l = m.page_lists();
+        let w = m.wqe_budget();
         o.push_str(&format!(
-            ",\"page_list_bytes\":{},\"page_list_cap\":{}",
-            l.used, l.cap
+            ",\"page_list_bytes\":{},\"page_list_cap\":{},\"wqe_bytes\":{},\"wqe_bytes_cap\":{}",
+            l.used, l.cap, w.used, w.cap
         ));
         o.push('}');
         let (q, c, r) = m.object_counts();

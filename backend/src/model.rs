@@ -9,7 +9,7 @@
 //! ```
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{fence, Ordering};
+use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use rxe_core::device::{DeviceConfig, QpInit, RecvMeta, Transmit};
@@ -163,6 +163,22 @@ impl PageListBudget {
     }
 }
 
+/// Heap bytes the engine holds for one send WQE of a QP with `caps`, at most: the work request
+/// and the engine's progress words beside it, its scatter list when longer than the engine
+/// keeps in place, and its inline data. Charged to the device's WQE budget
+/// ([`ModelConfig::max_wqe_bytes`]) for every send WQE taken from a ring until it completes:
+/// a guest that parks WQEs (behind a fence, towards a dead peer) holds at most that much of
+/// the host's heap, not `max_qp` × `max_qp_wr` of them.
+fn send_wqe_bytes(caps: &QpCap) -> u64 {
+    let base = std::mem::size_of::<rxe_core::verbs::SendWr>() as u64 + 32;
+    let sges = if caps.max_send_sge as usize > rxe_core::verbs::SgList::INLINE {
+        caps.max_send_sge as u64 * std::mem::size_of::<rxe_core::verbs::Sge>() as u64
+    } else {
+        0
+    };
+    base + sges + caps.max_inline_data as u64
+}
+
 /// What an MR holds of the page-list budget: a user MR its list, a fast-registration MR
 /// its `max_num_sg` (whatever it maps now).
 fn mr_list_bytes(mr: &rxe_core::mem::Mr) -> u64 {
@@ -194,6 +210,8 @@ pub struct ModelStats {
     /// Segments built for a device reached in memory that the sink then sent toward the
     /// wire, where they cannot go: lost (the requester sends them again).
     pub tx_lost_segments: u64,
+    /// Times a ring's send WQEs waited because the device's WQE budget was spent.
+    pub wqe_budget_waits: u64,
 }
 
 impl ModelStats {
@@ -213,6 +231,7 @@ impl ModelStats {
         self.cqes += o.cqes;
         self.reg_mr_waits += o.reg_mr_waits;
         self.tx_lost_segments += o.tx_lost_segments;
+        self.wqe_budget_waits += o.wqe_budget_waits;
     }
 }
 
@@ -243,6 +262,9 @@ struct QpShadow {
     list_bytes: u64,
     /// REG_MR page-list bytes the engine holds for this QP, as last charged to the budget.
     reg_mr_held: u64,
+    /// Heap bytes of its send WQEs the engine holds ([`send_wqe_bytes`] each), as charged to
+    /// the WQE budget.
+    wqe_held: u64,
 }
 
 #[derive(Debug)]
@@ -282,6 +304,9 @@ pub struct ModelConfig {
     pub egress: crate::egress::EgressPolicy,
     /// Engine shards (`--engine-shards`, 1 to 64): QPs are spread over them.
     pub shards: u32,
+    /// Cap on the heap bytes of the send WQEs the engine holds for the device
+    /// (`--max-wqe-bytes`): beyond it, WQEs wait in the guest's rings until others complete.
+    pub max_wqe_bytes: u64,
 }
 
 impl Default for ModelConfig {
@@ -293,9 +318,13 @@ impl Default for ModelConfig {
             allow_remote_dma_mr: false,
             egress: Default::default(),
             shards: 1,
+            max_wqe_bytes: DEFAULT_MAX_WQE_BYTES,
         }
     }
 }
+
+/// `--max-wqe-bytes`' default: 256 MiB, some 200 000 WQEs of 32 SGEs and 512 inline bytes.
+pub const DEFAULT_MAX_WQE_BYTES: u64 = 256 << 20;
 
 /// Rights of a DMA MR that reach it from the network: remote access, the FLUSH targets, and
 /// MW_BIND (a window bound to it would carry remote rights).
@@ -343,6 +372,10 @@ struct Common {
     srqs: RwLock<HashMap<u32, Arc<Mutex<SrqShadow>>>>,
     events: Mutex<Events>,
     lists: Mutex<PageListBudget>,
+    /// The send WQEs the engine holds, in heap bytes ([`send_wqe_bytes`]): an atomic, as it
+    /// changes with every WQE taken (the cap is `wqe_cap`).
+    wqes: AtomicU64,
+    wqe_cap: u64,
     /// Per shard: CQs that overflowed while another shard wrote them; the shard moves its
     /// QPs using them to ERR at its next pump ([`Shard::apply_overflows`]).
     overflowed: Vec<Mutex<Vec<u32>>>,
@@ -396,12 +429,14 @@ fn write<T>(m: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
 }
 
 impl Common {
-    fn new(shards: usize, lists: u64) -> Self {
+    fn new(shards: usize, lists: u64, wqes: u64) -> Self {
         Common {
             cqs: Default::default(),
             srqs: Default::default(),
             events: Default::default(),
             lists: Mutex::new(PageListBudget::new(lists)),
+            wqes: AtomicU64::new(0),
+            wqe_cap: wqes,
             overflowed: (0..shards).map(|_| Mutex::default()).collect(),
         }
     }
@@ -416,6 +451,19 @@ impl Common {
 
     fn lists(&self) -> MutexGuard<'_, PageListBudget> {
         lock(&self.lists)
+    }
+
+    /// Whether `bytes` more of send WQEs fit under the cap.
+    fn wqes_fit(&self, bytes: u64) -> bool {
+        self.wqes.load(Ordering::Relaxed) + bytes <= self.wqe_cap
+    }
+
+    fn wqes_charge(&self, bytes: u64) {
+        self.wqes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    fn wqes_release(&self, bytes: u64) {
+        self.wqes.fetch_sub(bytes, Ordering::Relaxed);
     }
 
     fn push_event(&self, kind: u32, event: u32, object: u32) {
@@ -557,7 +605,7 @@ impl Model {
         let devs = Device::new_sharded(cfg.dev.clone(), cfg.shards);
         let n = devs.len();
         Model {
-            common: Arc::new(Common::new(n, cfg.max_page_list_bytes)),
+            common: Arc::new(Common::new(n, cfg.max_page_list_bytes, cfg.max_wqe_bytes)),
             shards: devs
                 .into_iter()
                 .enumerate()
@@ -644,6 +692,7 @@ impl Model {
         write(&self.common.srqs).clear();
         lock(&self.common.events).q.clear();
         self.common.lists().used = 0;
+        self.common.wqes.store(0, Ordering::Relaxed);
         for o in &self.common.overflowed {
             lock(o).clear();
         }
@@ -663,6 +712,14 @@ impl Model {
     /// The page lists the device keeps against its cap.
     pub fn page_lists(&self) -> PageListBudget {
         *self.common.lists()
+    }
+
+    /// The send-WQE budget: heap bytes held now and the cap (`--max-wqe-bytes`).
+    pub fn wqe_budget(&self) -> PageListBudget {
+        PageListBudget {
+            cap: self.common.wqe_cap,
+            used: self.common.wqes.load(Ordering::Relaxed),
+        }
     }
 
     /// Number of live objects (QPs, CQs, SRQs): for leak checks.
@@ -950,6 +1007,7 @@ impl Model {
                 s.dev.destroy_qp(Qpn(c.handle)).map_err(verr)?;
                 if let Some(q) = s.qps.remove(&c.handle) {
                     self.common.lists().release(q.list_bytes + q.reg_mr_held);
+                    self.common.wqes_release(q.wqe_held);
                 }
                 s.sq_backlog.remove(&c.handle);
                 s.sq_active.remove(&c.handle);
@@ -1383,6 +1441,7 @@ impl Model {
                 faulted: false,
                 list_bytes: lb,
                 reg_mr_held: 0,
+                wqe_held: 0,
             },
         );
         body(abi::RespCreateQp {
@@ -2010,7 +2069,8 @@ impl Shard {
     }
 
     /// Moves send WQEs from the SQ ring into the engine: at most `max_send_wr` outstanding,
-    /// as rxe, so the driver can never have more WQEs in flight than it sized its CQ for.
+    /// as rxe, so the driver can never have more WQEs in flight than it sized its CQ for, and
+    /// within the device's WQE budget ([`send_wqe_bytes`]).
     fn pull_sq(&mut self, c: &Common, mem: &GuestMemoryMmap, qpn: u32) {
         let Some(q) = self.qps.get(&qpn) else {
             return;
@@ -2028,6 +2088,7 @@ impl Shard {
             ud: matches!(q.qp_type, QpType::Ud | QpType::Gsi),
         };
         let max = q.caps.max_send_wr as usize;
+        let cost = send_wqe_bytes(&q.caps);
         let mut taken = q.sq_taken;
         let outstanding = self.dev.sq_outstanding(Qpn(qpn)).unwrap_or(0);
         let mut room = max.saturating_sub(outstanding);
@@ -2036,6 +2097,13 @@ impl Shard {
         while taken != prod {
             if room == 0 {
                 // Completions will make room: look again then.
+                backlog = true;
+                break;
+            }
+            if !c.wqes_fit(cost) {
+                // The device's WQE budget is spent: this one waits in the ring until
+                // completions give some back.
+                self.stats.wqe_budget_waits += 1;
                 backlog = true;
                 break;
             }
@@ -2078,6 +2146,12 @@ impl Shard {
                 Ok(wr) => match self.dev.post_send(Qpn(qpn), wr) {
                     Ok(()) => {
                         self.stats.sq_wqes += 1;
+                        // (checked to fit above: another shard may have taken some since,
+                        // by at most one WQE each)
+                        c.wqes_charge(cost);
+                        if let Some(q) = self.qps.get_mut(&qpn) {
+                            q.wqe_held += cost;
+                        }
                         Ok(())
                     }
                     Err(e @ (VerbError::NoResources | VerbError::BadState)) => Err(e),
@@ -2187,6 +2261,12 @@ impl Shard {
             self.sq_active.remove(&qpn);
             return;
         };
+        // The WQEs that completed give their bytes back to the budget.
+        let held = outstanding as u64 * send_wqe_bytes(&q.caps);
+        if held < q.wqe_held {
+            c.wqes_release(q.wqe_held - held);
+            q.wqe_held = held;
+        }
         let Some(sq) = &q.sq else {
             self.sq_active.remove(&qpn);
             return;

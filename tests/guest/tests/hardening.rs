@@ -351,3 +351,76 @@ fn guest_caused_log_lines_are_limited() {
     );
     eprintln!("{refusals} lines for {n} refusals, {suppressed} left out");
 }
+
+/// WQEs that cannot run yet (here: towards a peer whose QP is not up, so every packet is
+/// dropped there and retried) are taken into the engine only within the device's WQE budget
+/// (`--max-wqe-bytes`); the rest wait in the guest's ring, and run once the peer answers:
+/// every work request completes once, and the budget is given back.
+#[test]
+fn parked_wqes_stay_within_the_wqe_budget() {
+    let (a, b) = loopback_pair(4791);
+    let mut na = Node::start(bin(), a, &["--max-wqe-bytes", "1M"]).unwrap();
+    let mut nb = Node::start(bin(), b, &[]).unwrap();
+    let n = 3000;
+    let o = ConnOpts {
+        cap: QpCap {
+            max_send_wr: 4096,
+            max_recv_wr: 16,
+            max_send_sge: 32,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        },
+        cqe: 4095,
+        timeout: 12,
+        retry_cnt: 7,
+        ..Default::default()
+    };
+    let (ga, gb) = (&mut na.guest, &mut nb.guest);
+    let (pa, pb) = (ga.alloc_pd().unwrap(), gb.alloc_pd().unwrap());
+    let (ca, cb) = (ga.create_cq(o.cqe).unwrap(), gb.create_cq(o.cqe).unwrap());
+    let qa = ga.create_qp(QpType::Rc, pa, &ca, &ca, None, o.cap).unwrap();
+    let qb = gb.create_qp(QpType::Rc, pb, &cb, &cb, None, o.cap).unwrap();
+    let src = ga.reg_mr(pa, 4096, ALL).unwrap();
+    let dst = gb.reg_mr(pb, 8 * n, ALL).unwrap();
+    bring_up(ga, &qa, nb.gid, qb.qpn, &o).unwrap();
+    for i in 0..n as u64 {
+        let write = SendOp::Write {
+            remote_addr: dst.iova + 8 * i,
+            rkey: dst.rkey,
+        };
+        ga.post_send(&qa, &SendWr::new(i, write, vec![src.sge(0, 8)]))
+            .unwrap();
+    }
+    // The engine holds what the budget allows, and the rest waits.
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let c = loop {
+        let c = na.daemon.counters().unwrap();
+        if json_u64(&c, "device", "wqe_budget_waits").unwrap_or(0) > 0 {
+            break c;
+        }
+        assert!(
+            std::time::Instant::now() < end,
+            "60 s and no WQE waited for the budget: {c}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    let held = json_u64(&c, "device", "wqe_bytes").unwrap();
+    let cap = json_u64(&c, "device", "wqe_bytes_cap").unwrap();
+    let taken = json_u64(&c, "device", "sq_wqes").unwrap();
+    assert_eq!(cap, 1 << 20);
+    assert!(held <= cap && held > cap / 2, "{held} of {cap}: {c}");
+    assert!(taken < n as u64, "{taken} of {n} WQEs taken: {c}");
+    // The peer comes up: everything runs, each work request completes once.
+    bring_up(&mut nb.guest, &qb, na.gid, qa.qpn, &o).unwrap();
+    let wc = na
+        .guest
+        .wait_cq(&ca, n, std::time::Duration::from_secs(120));
+    assert_eq!(wc.len(), n, "completions");
+    let mut ids: Vec<u64> = wc.iter().map(|w| w.wr_id).collect();
+    ids.sort_unstable();
+    assert!(ids.iter().copied().eq(0..n as u64), "each WR once");
+    assert!(wc.iter().all(|w| w.status == 0), "all succeed");
+    let c = na.daemon.counters().unwrap();
+    assert_eq!(json_u64(&c, "device", "wqe_bytes"), Some(0), "{c}");
+    eprintln!("{taken} of {n} WQEs held at most ({held} of {cap} bytes) while the peer was down");
+}
