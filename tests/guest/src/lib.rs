@@ -795,6 +795,11 @@ impl Default for GuestOpts {
     }
 }
 
+/// A device worker [`Guest::hold_worker`] holds: the blocking eventfd its interrupt write
+/// waits on.
+#[must_use = "the worker stays held until Guest::release_worker"]
+pub struct WorkerHold(EventFd);
+
 pub struct Guest {
     pub ram: Arc<GuestRam>,
     fe: Frontend,
@@ -1002,6 +1007,54 @@ impl Guest {
                 None => return Err(Error::Timeout("an unkicked control command")),
             }
         }
+    }
+
+    /// Holds the device's worker until [`Self::release_worker`], for a test that needs the
+    /// device busy for as long as it says, whatever the timing (the part of a guest that keeps
+    /// its worker busy with slow control commands). The control queue's interrupt eventfd is
+    /// swapped for a blocking one filled to its maximum and a QUERY_DEVICE sent: the worker
+    /// answers it and then blocks in its interrupt write, its device lock held, until the
+    /// release reads the eventfd. When this returns the answer is on the used ring, so the
+    /// worker holds the device's lock from then on. Meanwhile nothing else may use the control
+    /// queue, and the device's counters cannot be read (its worker renders them).
+    pub fn hold_worker(&mut self) -> Result<WorkerHold> {
+        let hold = EventFd::new(libc::EFD_CLOEXEC)?;
+        // An eventfd counts up to 2^64 - 2; a write that would pass it blocks.
+        hold.write(u64::MAX - 1)?;
+        self.fe.set_vring_call(0, &hold)?;
+        // vhost-user messages are handled in order: an answered request means the call
+        // eventfd was swapped before the command below is taken.
+        self.fe.get_features()?;
+        let head = self.post_unkicked_cmd(op::QUERY_DEVICE, &[])?;
+        let _ = self.ctrl.kick.write(1);
+        let status = self.wait_unkicked_cmd(head, self.timeout)?;
+        if status != Status::Ok as u32 {
+            return Err(Error::BadStatus(status));
+        }
+        Ok(WorkerHold(hold))
+    }
+
+    /// Lets the worker [`Self::hold_worker`] held go on, and proves it was held: its
+    /// interrupt write, which could not complete before this read the eventfd, shows up after
+    /// it (within the guest's timeout); the control queue gets its own eventfd back.
+    pub fn release_worker(&mut self, hold: WorkerHold) -> Result<()> {
+        let hold = hold.0;
+        hold.read()?;
+        let mut p = libc::pollfd {
+            fd: hold.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = self.timeout.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: one valid pollfd.
+        if unsafe { libc::poll(&mut p, 1, ms) } != 1 {
+            return Err(Error::Timeout(
+                "the held worker's interrupt write (the worker was not held)",
+            ));
+        }
+        self.fe.set_vring_call(0, &self.ctrl.call)?;
+        self.fe.get_features()?;
+        Ok(())
     }
 
     /// Submits an arbitrary descriptor chain on the control queue and waits for it.
