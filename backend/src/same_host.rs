@@ -8,6 +8,18 @@
 //! retries and completions are the packets they always are, and a full inbox loses a packet
 //! the way a full socket buffer does (the requester retransmits).
 //!
+//! An RC payload may cross as a reference into the sender's guest memory
+//! ([`crate::payload_ref`]), but only for as long as the sender's batch lasts: the sender
+//! holds its device's lock from the moment its engine builds the packet to the end of the
+//! batch, so nothing revokes the memory (DEREG_MR, an invalidation, an error completion, a
+//! QP reset, a device reset, a disconnect — all need that lock) while the reference lives.
+//! At the end of its batch the sender hands its packets to each receiver ([`Inbox::signal`]):
+//! a receiver whose worker is idle takes them at once, on the sender's thread, copying
+//! straight from the sender's memory; for one that cannot take them all now, the referenced
+//! bytes are copied into the waiting packets first ([`Inbox::seal`]), as on a wire. So what a
+//! receiver gets is what the sender's memory held while its rights were valid, however long
+//! the receiver keeps its worker busy.
+//!
 //! ```text
 //!  worker A: engine ─► UdpTransport::push ─► dst is a same-host port? ─► Inbox B (+ eventfd)
 //!  worker B: SAME_HOST_EVENT ─► Inbox::drain ─► engine B
@@ -17,7 +29,7 @@ use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use rxe_core::device::{RecvMeta, Transmit};
@@ -79,6 +91,9 @@ pub struct SameHostStats {
     /// Batches a sender's thread handed into this port's engine itself, its worker idle
     /// ([`Driver`]): wake-ups saved.
     pub rx_driven: AtomicU64,
+    /// Packets whose referenced payload was copied into them at the end of the sender's batch,
+    /// this port's worker busy ([`Inbox::seal`]): they cost a second copy.
+    pub rx_sealed: AtomicU64,
 }
 
 /// A port's inbox: packets other ports sent it, and the eventfd that wakes its worker.
@@ -86,8 +101,14 @@ pub struct Inbox {
     queue: Mutex<VecDeque<Parcel>>,
     pool: Mutex<Vec<Spare>>,
     /// Where [`Self::drain`] lays a packet with references out at its own offsets (its
-    /// referenced bytes left as they are: the receiver copies them from the sender).
+    /// referenced bytes left as they are: the receiver copies them from the sender). Its lock
+    /// is also the copy's: [`Self::drain`] holds it from taking a parcel out of the queue to
+    /// the end of the receiver's copy, [`Self::seal`] takes it first, so a sender that sealed
+    /// knows no copy from its memory is under way either.
     unpacked: Mutex<Vec<u8>>,
+    /// Parcels with references in the queue or being copied by [`Self::drain`] (changed under
+    /// the queue's lock, or after the copy): [`Self::seal`] has nothing to do at 0.
+    with_refs: AtomicUsize,
     /// Set when the eventfd was written and the worker has not drained since: a sender
     /// writes the eventfd only on the edge, not per packet.
     signalled: AtomicBool,
@@ -108,6 +129,7 @@ impl Inbox {
             queue: Mutex::new(VecDeque::new()),
             pool: Mutex::new(Vec::new()),
             unpacked: Mutex::new(Vec::new()),
+            with_refs: AtomicUsize::new(0),
             signalled: AtomicBool::new(false),
             driver: Mutex::new(None),
             event: EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC)?,
@@ -140,17 +162,56 @@ impl Inbox {
 
     /// Hands the packets to the receiving device: on this thread when its worker is not
     /// busy (run to completion: no wake-up, [`Driver`]), else by waking the worker if it was
-    /// not woken since it last drained.
+    /// not woken since it last drained. What is left waiting is sealed first
+    /// ([`Self::seal`]): the caller (a sender at the end of its batch) may let its memory go
+    /// once this returns.
     pub fn signal(&self) {
         let d = lock(&self.driver).as_ref().and_then(Weak::upgrade);
-        if let Some(d) = d {
-            if d.try_drive() && self.is_empty() {
-                self.stats.rx_driven.fetch_add(1, Ordering::Relaxed);
-                return;
-            }
+        if d.is_some_and(|d| d.try_drive()) && self.is_empty() {
+            self.stats.rx_driven.fetch_add(1, Ordering::Relaxed);
+            return;
         }
+        self.seal();
+        self.wake();
+    }
+
+    /// Wakes the worker, unless it was woken since it last drained.
+    fn wake(&self) {
         if !self.signalled.swap(true, Ordering::AcqRel) {
             let _ = self.event.write(1);
+        }
+    }
+
+    /// Copies the referenced bytes of every waiting packet into the packet and lets go of the
+    /// sender's memory, after any copy [`Self::drain`] has under way: when this returns, no
+    /// reference into any sender's memory is left in the inbox nor used. A packet taken later
+    /// carries what the sender's memory held now, while the sender's batch (and so its rights
+    /// over that memory) still runs, as a packet on a wire would.
+    pub fn seal(&self) {
+        if self.with_refs.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let _copy = lock(&self.unpacked);
+        let mut q = lock(&self.queue);
+        for p in q.iter_mut().filter(|p| !p.refs.is_empty()) {
+            let (mut whole, spare_refs) = lock(&self.pool).pop().unwrap_or_default();
+            whole.clear();
+            whole.resize(p.len, 0);
+            let mut at = 0;
+            for g in crate::payload_ref::unreferenced(p.len, &p.refs) {
+                let n = g.len();
+                whole[g].copy_from_slice(&p.buf[at..at + n]);
+                at += n;
+            }
+            if let Some(src) = p.src.take() {
+                crate::payload_ref::resolve(&src, &p.refs, &mut whole);
+            }
+            let old = std::mem::replace(&mut p.buf, whole);
+            let refs = std::mem::replace(&mut p.refs, spare_refs);
+            self.recycle((old, refs));
+            p.refs.clear();
+            self.with_refs.fetch_sub(1, Ordering::Release);
+            self.stats.rx_sealed.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -180,6 +241,9 @@ impl Inbox {
                 self.recycle((buf, r));
                 return false;
             }
+            if !refs.is_empty() {
+                self.with_refs.fetch_add(1, Ordering::Relaxed);
+            }
             q.push_back(Parcel {
                 meta,
                 buf,
@@ -199,8 +263,9 @@ impl Inbox {
     }
 
     /// Hands up to `max` waiting packets to `f` in the order they came, each with the
-    /// sender's memory and the references into it if it has any; returns how many. What is
-    /// left (more than `max`) keeps the eventfd readable.
+    /// sender's memory and the references into it if it has any (only while the sender's
+    /// batch runs: [`Self::seal`]); returns how many. What is left (more than `max`) keeps the
+    /// eventfd readable.
     pub fn drain(
         &self,
         max: usize,
@@ -210,6 +275,9 @@ impl Inbox {
         self.signalled.store(false, Ordering::Release);
         let mut n = 0;
         while n < max {
+            // The copy's lock before the parcel leaves the queue: a sender sealing waits for
+            // this copy from its memory to end.
+            let mut whole = lock(&self.unpacked);
             let Some(p) = lock(&self.queue).pop_front() else {
                 break;
             };
@@ -218,9 +286,8 @@ impl Inbox {
                 .rx_bytes
                 .fetch_add(p.len as u64, Ordering::Relaxed);
             if p.refs.is_empty() {
-                f(&p.meta, &p.buf, p.src.as_deref().map(|m| (m, &p.refs[..])));
+                f(&p.meta, &p.buf, None);
             } else {
-                let mut whole = lock(&self.unpacked);
                 if whole.len() < p.len {
                     whole.resize(p.len, 0);
                 }
@@ -230,12 +297,16 @@ impl Inbox {
                     whole[g].copy_from_slice(&p.buf[at..at + n]);
                     at += n;
                 }
+                // Every byte a reference stands for is written from the sender's memory
+                // (RefRam), never from `whole`, whose bytes there are an earlier packet's.
                 f(
                     &p.meta,
                     &whole[..p.len],
                     p.src.as_deref().map(|m| (m, &p.refs[..])),
                 );
+                self.with_refs.fetch_sub(1, Ordering::Release);
             }
+            drop(whole);
             // The sender's memory is let go here, not when the buffers are reused.
             drop(p.src);
             self.recycle((p.buf, p.refs));
@@ -243,7 +314,7 @@ impl Inbox {
         }
         let left = lock(&self.queue).len();
         if n == max && left > 0 {
-            self.signal();
+            self.wake();
         }
         if left <= INBOX_CAP / 2 && self.room_wanted.swap(false, Ordering::AcqRel) {
             let _ = self.room.write(1);
@@ -301,7 +372,7 @@ impl Inbox {
         let s = &self.stats;
         let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
         format!(
-            "\"tx_packets\":{},\"tx_bytes\":{},\"tx_ref_packets\":{},\"tx_ref_bytes\":{},\"rx_packets\":{},\"rx_bytes\":{},\"rx_dropped\":{},\"rx_driven\":{},\"waiting\":{}",
+            "\"tx_packets\":{},\"tx_bytes\":{},\"tx_ref_packets\":{},\"tx_ref_bytes\":{},\"rx_packets\":{},\"rx_bytes\":{},\"rx_dropped\":{},\"rx_driven\":{},\"rx_sealed\":{},\"waiting\":{}",
             r(&s.tx_packets),
             r(&s.tx_bytes),
             r(&s.tx_ref_packets),
@@ -310,6 +381,7 @@ impl Inbox {
             r(&s.rx_bytes),
             r(&s.rx_dropped),
             r(&s.rx_driven),
+            r(&s.rx_sealed),
             self.len()
         )
     }
@@ -544,6 +616,64 @@ mod tests {
             5 + INBOX_CAP as u64
         );
         assert!(!readable(b.inbox().fd()));
+    }
+
+    /// A packet with references waits in the inbox of a receiver that could not take it
+    /// (no driver here: a busy worker) only as long as the sender's batch: the end of the
+    /// batch (flush) copies the referenced bytes into it and lets go of the sender's memory,
+    /// so what the sender writes afterwards (its memory revoked and reused) is not what the
+    /// receiver gets. Before the flush the references are still the sender's to use.
+    #[test]
+    fn waiting_references_are_sealed_at_the_end_of_the_senders_batch() {
+        use vm_memory::{Bytes, GuestAddress};
+        let hub = Hub::new();
+        let a_ip: IpAddr = "127.0.0.1".parse().unwrap();
+        let b_ip: IpAddr = "127.0.0.2".parse().unwrap();
+        let mut a = Link::new(hub.clone(), a_ip).unwrap();
+        let b = Link::new(hub.clone(), b_ip).unwrap();
+        let mem =
+            Arc::new(GuestMemoryMmap::from_ranges(&[(GuestAddress(0x1000), 0x2000)]).unwrap());
+        mem.write_slice(&[b'O'; 0x2000], GuestAddress(0x1000))
+            .unwrap();
+        // 16 header bytes, then 1000 bytes the reference stands for, then 4 trailer bytes.
+        let mut pkt = vec![0u8; 1020];
+        pkt[..16].fill(b'h');
+        pkt[1016..].fill(b't');
+        let refs = [PayloadRef {
+            gpa: 0x1800,
+            off: 16,
+            len: 1000,
+        }];
+        for _ in 0..3 {
+            assert!(a.deliver_refs(&tx(a_ip, b_ip, pkt.len()), &pkt, &refs, Some(&mem)));
+        }
+        // Mid-batch, a receiver takes one with its references.
+        assert_eq!(
+            b.inbox().drain(1, |_, p, src| {
+                let (_, r) = src.expect("references while the sender's batch runs");
+                assert_eq!(r, &refs[..]);
+                assert_eq!((&p[..16], &p[1016..]), (&[b'h'; 16][..], &b"tttt"[..]));
+            }),
+            1
+        );
+        assert_eq!(Arc::strong_count(&mem), 3, "two parcels hold the memory");
+        a.flush();
+        assert_eq!(Arc::strong_count(&mem), 1, "sealed: nothing holds it");
+        assert_eq!(b.inbox().stats.rx_sealed.load(Ordering::Relaxed), 2);
+        // The sender's memory revoked and reused.
+        mem.write_slice(&[b'S'; 0x2000], GuestAddress(0x1000))
+            .unwrap();
+        let mut got = Vec::new();
+        assert_eq!(
+            b.inbox().drain(10, |_, p, src| {
+                assert!(src.is_none(), "sealed parcels carry their payload");
+                got.push(p.to_vec());
+            }),
+            2
+        );
+        let mut want = pkt.clone();
+        want[16..1016].fill(b'O');
+        assert_eq!(got, vec![want.clone(), want]);
     }
 
     /// A receiver that would overfill the inbox is told to wait, and its room eventfd turns

@@ -875,6 +875,11 @@ impl VhuRdma {
         }
         let p = model.pump_shards(&g, now(), &mut *t, budget, everywhere);
         if self.inbox.is_some() {
+            // The batch ends with this device's lock still held: every inbox it put references
+            // into is handed its packets or has them sealed (`same_host::Inbox::signal`), so
+            // no reference outlives the lock that keeps the memory's rights as they were.
+            // (The pump flushed already; this makes it a rule here, not a habit there.)
+            crate::model::PacketSink::flush(&mut *t);
             t.set_payload_source(None);
         }
         p
