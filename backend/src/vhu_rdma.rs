@@ -60,6 +60,11 @@ const RX_LIMIT: usize = 256;
 /// Packets a pump sends before it looks at the control queue again (64 KiB of WRITE at a
 /// 4096-byte path MTU is 16).
 const CTRL_SLICE: usize = 64;
+/// Control commands the worker serves in one turn; more wait for its next turn, after the
+/// events that wait (received packets, timers, doorbells): a guest that queues slow commands,
+/// or keeps its control queue from ever being empty, holds its worker from the data path for
+/// at most this many commands at a time.
+const CTRL_TURN: usize = 32;
 /// Least time between two returns of freed heap to the kernel (`heap::trim_at_most_every`).
 const TRIM_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
 
@@ -614,21 +619,25 @@ impl VhuRdma {
         }
     }
 
-    /// Runs `f` over every available chain of queue `index`, then signals the guest if it
-    /// asked for it; returns whether a chain was used. With `rearm`, EVENT_IDX's disable →
-    /// process → enable loop; without, the guest's kicks are left as they are (a poll session
-    /// suppressed them and re-enables them before the worker sleeps).
+    /// Runs `f` over every available chain of queue `index`, but at most `max` of them,
+    /// then signals the guest if it asked for it; returns whether a chain was used. With
+    /// `rearm`, EVENT_IDX's disable → process → enable loop; without, the guest's kicks are
+    /// left as they are (a poll session suppressed them and re-enables them before the worker
+    /// sleeps). Chains left over `max` wait for the worker's next turn (WORK_EVENT), after the
+    /// other events: the guest's kicks stay suppressed till then.
     fn process_queue(
         &self,
         index: u16,
         vrings: &[VringRwLock],
         mem: &GM,
         rearm: bool,
+        max: usize,
         mut f: impl FnMut(&GuestMemoryMmap, &[u8], &[(u64, u32)]) -> u32,
     ) -> io::Result<bool> {
         let vring = &vrings[index as usize];
         let event_idx = rearm && self.event_idx.load(Ordering::Relaxed);
         let mut any = false;
+        let mut left = max;
         loop {
             if event_idx {
                 let _ = vring.disable_notification();
@@ -643,13 +652,14 @@ impl VhuRdma {
             {
                 let mut st = vring.get_mut();
                 match st.get_queue_mut().iter(guard.clone()) {
-                    Ok(it) => heads.extend(it),
+                    Ok(it) => heads.extend(it.take(left)),
                     Err(e) => {
                         crate::warn_limited!("virtqueue {index}: {e}");
                         return Ok(any);
                     }
                 }
             }
+            left -= heads.len();
             for chain in heads.drain(..) {
                 let head = chain.head_index();
                 readable.clear();
@@ -687,6 +697,17 @@ impl VhuRdma {
             *lock(&self.scratch_heads) = heads;
             *lock(&self.scratch_readable) = readable;
             *lock(&self.scratch_writable) = writable;
+            if left == 0 {
+                // Its turn is over: the rest after the events that wait (a guest that keeps
+                // its queue full does not keep the worker from its packets). Kicks stay
+                // suppressed while chains wait.
+                if Self::has_avail(vring, mem)
+                    || (event_idx && vring.enable_notification().unwrap_or(false))
+                {
+                    let _ = self.work.write(1);
+                }
+                break;
+            }
             if !event_idx || !vring.enable_notification().unwrap_or(false) {
                 break;
             }
@@ -762,22 +783,23 @@ impl VhuRdma {
                 let p = self.pump_slice(mem, model, CTRL_SLICE, true);
                 self.after_pump(p);
             }
-            let used = self.process_queue(VQ_CTRL, vrings, mem, rearm, |g, req, wr| {
-                let cap: usize = wr.iter().map(|w| w.1 as usize).sum();
-                if cap < std::mem::size_of::<abi::RespHdr>() {
-                    return 0;
-                }
-                let (h, body) = model.handle_ctrl(g, req, cap);
-                let mut out = vm_memory::ByteValued::as_slice(&h).to_vec();
-                out.extend_from_slice(&body);
-                Self::write_out(g, wr, &out)
-            })?;
+            let used =
+                self.process_queue(VQ_CTRL, vrings, mem, rearm, CTRL_TURN, |g, req, wr| {
+                    let cap: usize = wr.iter().map(|w| w.1 as usize).sum();
+                    if cap < std::mem::size_of::<abi::RespHdr>() {
+                        return 0;
+                    }
+                    let (h, body) = model.handle_ctrl(g, req, cap);
+                    let mut out = vm_memory::ByteValued::as_slice(&h).to_vec();
+                    out.extend_from_slice(&body);
+                    Self::write_out(g, wr, &out)
+                })?;
             if used {
                 self.check_queues_once(vrings);
             }
             Ok(used)
         } else {
-            self.process_queue(VQ_DOORBELL, vrings, mem, rearm, |g, req, _| {
+            self.process_queue(VQ_DOORBELL, vrings, mem, rearm, usize::MAX, |g, req, _| {
                 for c in req.chunks_exact(std::mem::size_of::<abi::Doorbell>()) {
                     if let Some(db) = abi::read_struct::<abi::Doorbell>(c) {
                         model.doorbell(g, &db);
@@ -1282,6 +1304,10 @@ impl VhostUserBackend for VhuRdma {
         // the worker was busy waits behind at most the one event at hand, not behind every
         // packet and doorbell event the same epoll wake-up returned before it.
         // (With the guest's kicks re-armed: no poll session need follow this event.)
+        if device_event == WORK_EVENT {
+            // Before the control commands: a turn of them that leaves some asks for another.
+            let _ = self.work.read();
+        }
         if device_event != VQ_CTRL && self.ctrl_pending(vrings, &mem) {
             bump(&self.wstats.ctrl_first);
             self.serve_queue(VQ_CTRL, vrings, &mem, &mut model, true)?;
@@ -1302,10 +1328,8 @@ impl VhostUserBackend for VhuRdma {
                 model.handle_timeout(now());
                 false
             }
-            WORK_EVENT => {
-                let _ = self.work.read();
-                false
-            }
+            // Its eventfd was read before the control commands were served.
+            WORK_EVENT => false,
             // The pump below sends what waited first.
             UDP_WRITABLE_EVENT => {
                 self.wait_writable(false);

@@ -192,3 +192,53 @@ fn a_write_lands_what_was_sent_not_what_the_requester_wrote_after_its_error() {
 fn a_write_lands_what_was_sent_not_what_the_requester_wrote_after_its_error_over_the_sockets() {
     write_then_error(SOCKETS);
 }
+
+/// The other half of the finding: a guest must not hold its worker against its data path
+/// with control commands. A worker serves at most 32 commands a turn and comes back for the
+/// rest after the events that wait. 100 commands queued at once (while the worker is held,
+/// so they are all there when it goes on) take at least ⌈101/32⌉ = 4 turns with the one that
+/// held it, each ending in an interrupt decision (`worker.interrupts_ctrl` and
+/// `interrupts_suppressed_ctrl`); without the bound one pass takes them all. The rest is
+/// served without a kick from the guest (they were queued unkicked), and a packet another
+/// device sent meanwhile is taken too.
+#[test]
+fn a_flooded_control_queue_is_served_in_turns() {
+    let (mut a, mut b) = two(SHORTCUT);
+    let (ea, eb) = connect_qps(&mut a, &mut b, &ConnOpts::default()).unwrap();
+    let la = a.guest.reg_mr(ea.pd, 4096, ALL).unwrap();
+    let lb = b.guest.reg_mr(eb.pd, 4096, ALL).unwrap();
+    let recv = RecvWr {
+        wr_id: 9,
+        sg_list: vec![la.sge(0, 4096)].into(),
+    };
+    a.guest.post_recv(&ea.qp, &recv).unwrap();
+    let visits = |n: &Node| {
+        counter(n, "worker", "interrupts_ctrl") + counter(n, "worker", "interrupts_suppressed_ctrl")
+    };
+    let before = visits(&a);
+    let hold = a.guest.hold_worker().expect("hold a's worker");
+    let mut last = 0;
+    for _ in 0..100 {
+        last = a
+            .guest
+            .post_unkicked_cmd(abi::op::QUERY_DEVICE, &[])
+            .unwrap();
+    }
+    b.guest
+        .post_send(&eb.qp, &SendWr::new(1, SendOp::Send, vec![lb.sge(0, 64)]))
+        .unwrap();
+    wait_counter(&b, "same_host", "tx_packets", 1, "b's SEND");
+    a.guest.release_worker(hold).expect("a's worker was held");
+    let status = a
+        .guest
+        .wait_unkicked_cmd(last, T)
+        .unwrap_or_else(|e| panic!("the 100th command: {e}: {}", a.daemon.counters().unwrap()));
+    assert_eq!(status, 0);
+    let w = a.guest.wait_cq(&ea.cq, 1, T);
+    assert_eq!((w.len(), w[0].wr_id, w[0].status), (1, 9, 0), "a's receive");
+    let turns = visits(&a) - before;
+    assert!(
+        turns >= 101usize.div_ceil(32) as u64,
+        "101 commands served in {turns} turns"
+    );
+}
