@@ -41,6 +41,11 @@ use crate::payload_ref::PayloadRef;
 /// Packets an inbox holds at most (16 MiB of 4 KiB packets); beyond, a packet is dropped
 /// and counted, as a full socket buffer would drop it.
 pub const INBOX_CAP: usize = 4096;
+/// Payload bytes the sealed packets of an inbox hold at most ([`Inbox::seal`]), as a socket
+/// buffer's size bounds what waits in it: a receiver that never takes its packets does not
+/// make the daemon hold up to [`INBOX_CAP`] segments of payload (4 GiB of 1 MiB segments).
+/// A packet that does not fit is dropped and counted; the requester retransmits.
+pub const SEALED_CAP: usize = 16 << 20;
 /// Spare buffers an inbox keeps for senders to fill, so that a steady stream allocates
 /// nothing.
 const POOL_CAP: usize = 1024;
@@ -60,6 +65,8 @@ struct Parcel {
     len: usize,
     refs: Vec<PayloadRef>,
     src: Option<Arc<GuestMemoryMmap>>,
+    /// Its payload was copied in by [`Inbox::seal`] (and counts in `Inbox::sealed_bytes`).
+    sealed: bool,
 }
 
 /// An empty parcel's buffers, kept for the next one.
@@ -109,6 +116,9 @@ pub struct Inbox {
     /// Parcels with references in the queue or being copied by [`Self::drain`] (changed under
     /// the queue's lock, or after the copy): [`Self::seal`] has nothing to do at 0.
     with_refs: AtomicUsize,
+    /// What the sealed packets waiting hold (at most [`SEALED_CAP`]); changed under the
+    /// queue's lock.
+    sealed_bytes: AtomicUsize,
     /// Set when the eventfd was written and the worker has not drained since: a sender
     /// writes the eventfd only on the edge, not per packet.
     signalled: AtomicBool,
@@ -130,6 +140,7 @@ impl Inbox {
             pool: Mutex::new(Vec::new()),
             unpacked: Mutex::new(Vec::new()),
             with_refs: AtomicUsize::new(0),
+            sealed_bytes: AtomicUsize::new(0),
             signalled: AtomicBool::new(false),
             driver: Mutex::new(None),
             event: EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC)?,
@@ -193,7 +204,18 @@ impl Inbox {
         }
         let _copy = lock(&self.unpacked);
         let mut q = lock(&self.queue);
-        for p in q.iter_mut().filter(|p| !p.refs.is_empty()) {
+        let mut dropped = Vec::new();
+        q.retain_mut(|p| {
+            if p.refs.is_empty() {
+                return true;
+            }
+            self.with_refs.fetch_sub(1, Ordering::Release);
+            let held = self.sealed_bytes.load(Ordering::Relaxed);
+            if held + p.len > SEALED_CAP {
+                // As a full socket buffer drops: the requester retransmits.
+                dropped.push((std::mem::take(&mut p.buf), std::mem::take(&mut p.refs)));
+                return false;
+            }
             let (mut whole, spare_refs) = lock(&self.pool).pop().unwrap_or_default();
             whole.clear();
             whole.resize(p.len, 0);
@@ -210,8 +232,17 @@ impl Inbox {
             let refs = std::mem::replace(&mut p.refs, spare_refs);
             self.recycle((old, refs));
             p.refs.clear();
-            self.with_refs.fetch_sub(1, Ordering::Release);
+            p.sealed = true;
+            self.sealed_bytes.store(held + p.len, Ordering::Relaxed);
             self.stats.rx_sealed.fetch_add(1, Ordering::Relaxed);
+            true
+        });
+        drop(q);
+        self.stats
+            .rx_dropped
+            .fetch_add(dropped.len() as u64, Ordering::Relaxed);
+        for d in dropped {
+            self.recycle(d);
         }
     }
 
@@ -250,6 +281,7 @@ impl Inbox {
                 len: bytes.len(),
                 refs: r,
                 src: src.filter(|_| !refs.is_empty()).cloned(),
+                sealed: false,
             });
         }
         true
@@ -278,7 +310,11 @@ impl Inbox {
             // The copy's lock before the parcel leaves the queue: a sender sealing waits for
             // this copy from its memory to end.
             let mut whole = lock(&self.unpacked);
-            let Some(p) = lock(&self.queue).pop_front() else {
+            let Some(p) = lock(&self.queue).pop_front().inspect(|p| {
+                if p.sealed {
+                    self.sealed_bytes.fetch_sub(p.len, Ordering::Relaxed);
+                }
+            }) else {
                 break;
             };
             self.stats.rx_packets.fetch_add(1, Ordering::Relaxed);
@@ -674,6 +710,43 @@ mod tests {
         let mut want = pkt.clone();
         want[16..1016].fill(b'O');
         assert_eq!(got, vec![want.clone(), want]);
+    }
+
+    /// Sealed packets hold their payload, so they are bounded in bytes too ([`SEALED_CAP`]):
+    /// 20 segments of 1 MiB waiting for a busy receiver, 16 are sealed and 4 dropped (counted,
+    /// the requester retransmits); once the receiver takes them, there is room again.
+    #[test]
+    fn sealed_payload_is_bounded_in_bytes() {
+        use vm_memory::GuestAddress;
+        let hub = Hub::new();
+        let a_ip: IpAddr = "127.0.0.1".parse().unwrap();
+        let b_ip: IpAddr = "127.0.0.2".parse().unwrap();
+        let mut a = Link::new(hub.clone(), a_ip).unwrap();
+        let b = Link::new(hub.clone(), b_ip).unwrap();
+        let mem = Arc::new(GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap());
+        let seg = 1 << 20;
+        let pkt = vec![0u8; seg];
+        let refs = [PayloadRef {
+            gpa: 0,
+            off: 16,
+            len: (seg - 16) as u32,
+        }];
+        let mut send = |n: usize| {
+            for _ in 0..n {
+                a.deliver_refs(&tx(a_ip, b_ip, seg), &pkt, &refs, Some(&mem));
+            }
+            a.flush();
+        };
+        send(20);
+        let st = &b.inbox().stats;
+        assert_eq!(b.inbox().len(), 16, "16 MiB of sealed payload");
+        assert_eq!(st.rx_dropped.load(Ordering::Relaxed), 4);
+        assert_eq!(st.rx_sealed.load(Ordering::Relaxed), 16);
+        assert_eq!(Arc::strong_count(&mem), 1);
+        assert_eq!(b.inbox().drain(100, |_, p, _| assert_eq!(p.len(), seg)), 16);
+        send(3);
+        assert_eq!(b.inbox().len(), 3, "room again");
+        assert_eq!(st.rx_dropped.load(Ordering::Relaxed), 4);
     }
 
     /// A receiver that would overfill the inbox is told to wait, and its room eventfd turns
