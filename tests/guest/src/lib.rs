@@ -2437,7 +2437,11 @@ impl Default for ConnOpts {
             },
             cqe: 1023,
             access: Access::LOCAL_WRITE.union(Access::REMOTE),
-            timeout: 12,
+            // 268 ms (4.096 µs × 2^16), seven retries: a test fails on RETRY_EXC_ERR only when
+            // a daemon made no progress for about 1.9 s, not when a loaded machine kept it
+            // off the CPU for 120 ms (with 2^12: one failure in a full run under load). Tests
+            // of retry exhaustion set their own.
+            timeout: 16,
             retry_cnt: 7,
             rnr_retry: 7,
             min_rnr_timer: 1,

@@ -371,7 +371,7 @@ fn parked_wqes_stay_within_the_wqe_budget() {
             max_inline_data: 0,
         },
         cqe: 4095,
-        timeout: 12,
+        timeout: 16,
         retry_cnt: 7,
         ..Default::default()
     };
