@@ -70,6 +70,8 @@ pub fn render_body(t: &TransportStats, model: Option<&Model>) -> String {
             rx_bytes,
             rx_icrc_ok,
             rx_icrc_id_solved,
+            rx_icrc_id_learned,
+            rx_icrc_solves,
             rx_icrc_bad,
             rx_short,
             rx_errors,

@@ -108,8 +108,15 @@ pub struct TransportStats {
     pub rx_packets: u64,
     pub rx_bytes: u64,
     pub rx_icrc_ok: u64,
-    /// IPv4 packets verified by solving for the IP ID (a sender other than ID 0, e.g. rxe).
+    /// IPv4 packets verified by solving for the IP ID (a sender other than ID 0, e.g. rxe),
+    /// whose ID lies in a window of its source's ID sequence.
     pub rx_icrc_id_solved: u64,
+    /// IPv4 packets dropped although an IP ID explains their ICRC: the ID lies outside every
+    /// window of its source (a sequence not seen yet, or one that jumped), and is learned.
+    pub rx_icrc_id_learned: u64,
+    /// IPv4 ID solves run (packets whose ICRC failed the exact check but passed the cheap
+    /// ones: source allowed, BTH worth a look).
+    pub rx_icrc_solves: u64,
     pub rx_icrc_bad: u64,
     pub rx_short: u64,
     /// Receive errors other than "nothing waiting" (ICMP errors reported on the socket, …).
@@ -161,6 +168,8 @@ impl TransportStats {
         self.rx_bytes += o.rx_bytes;
         self.rx_icrc_ok += o.rx_icrc_ok;
         self.rx_icrc_id_solved += o.rx_icrc_id_solved;
+        self.rx_icrc_id_learned += o.rx_icrc_id_learned;
+        self.rx_icrc_solves += o.rx_icrc_solves;
         self.rx_icrc_bad += o.rx_icrc_bad;
         self.rx_short += o.rx_short;
         self.rx_errors += o.rx_errors;
@@ -185,10 +194,9 @@ pub struct UdpTransport {
     sock: UdpSocket,
     local: SocketAddr,
     peer_port: u16,
-    strict_icrc: bool,
-    /// The IPv4 ID bases of the packet lengths seen: to solve for a received packet's ID, and
-    /// (with GSO) to put a packet's ID, its index in its run, into its ICRC.
-    solver: rxe_core::icrc::Ipv4IdSolver,
+    /// How received ICRCs are checked ([`verify_icrc`]); its solver also serves the send
+    /// side (with GSO) to put a packet's ID, its index in its run, into its ICRC.
+    icrc: Box<RxIcrc>,
     egress: EgressPolicy,
     pub stats: TransportStats,
     /// Packets waiting for `sendmmsg`: `TX_BATCH` slots of `TX_SLOT` bytes, slot `i` at
@@ -312,7 +320,7 @@ impl UdpTransport {
             ));
         }
         let sock = UdpSocket::bind(addr)?;
-        Self::with_socket(sock, peer_port, strict_icrc)
+        Self::with_socket(sock, peer_port, strict_icrc, Default::default())
     }
 
     /// `n` transports on `addr` in a steered group ([`crate::steer`]): the kernel hands
@@ -330,14 +338,22 @@ impl UdpTransport {
                 "the udp transport needs a concrete bind address (the ICRC covers it)",
             ));
         }
+        // One source's packets reach every socket of the group (by QPN) but carry one ID
+        // sequence: the group shares the windows it learns.
+        let ids = std::sync::Arc::<std::sync::Mutex<_>>::default();
         crate::steer::bind_steered(addr, n)?
             .into_iter()
-            .map(|s| Self::with_socket(s, peer_port, strict_icrc))
+            .map(|s| Self::with_socket(s, peer_port, strict_icrc, std::sync::Arc::clone(&ids)))
             .collect()
     }
 
     /// A transport on the bound socket `sock`.
-    fn with_socket(sock: UdpSocket, peer_port: u16, strict_icrc: bool) -> io::Result<Self> {
+    fn with_socket(
+        sock: UdpSocket,
+        peer_port: u16,
+        strict_icrc: bool,
+        ids: std::sync::Arc<std::sync::Mutex<rxe_core::icrc::Ipv4IdWindows>>,
+    ) -> io::Result<Self> {
         sock.set_nonblocking(true)?;
         let fd = sock.as_raw_fd();
         let addr = sock.local_addr()?;
@@ -371,8 +387,12 @@ impl UdpTransport {
             sock,
             local,
             peer_port,
-            strict_icrc,
-            solver: rxe_core::icrc::Ipv4IdSolver::new(),
+            icrc: Box::new(RxIcrc {
+                strict: strict_icrc,
+                solver: rxe_core::icrc::Ipv4IdSolver::new(),
+                ids,
+                epoch: std::time::Instant::now(),
+            }),
             egress: EgressPolicy::default(),
             stats: TransportStats::default(),
             tx_buf: b.buf,
@@ -410,8 +430,12 @@ impl UdpTransport {
             sock: self.sock.try_clone()?,
             local: self.local,
             peer_port: self.peer_port,
-            strict_icrc: self.strict_icrc,
-            solver: rxe_core::icrc::Ipv4IdSolver::new(),
+            icrc: Box::new(RxIcrc {
+                strict: self.icrc.strict,
+                solver: rxe_core::icrc::Ipv4IdSolver::new(),
+                ids: std::sync::Arc::clone(&self.icrc.ids),
+                epoch: self.icrc.epoch,
+            }),
             egress: self.egress.clone(),
             stats: TransportStats::default(),
             tx_buf: b.buf,
@@ -801,7 +825,10 @@ impl UdpTransport {
         let len = self.tx_pending[i].0;
         let at = self.slot(i).start;
         let roce = &mut self.tx_buf[at..at + len];
-        let b = self.solver.basis(len, rxe_core::icrc::covers_twice(roce));
+        let b = self
+            .icrc
+            .solver
+            .basis(len, rxe_core::icrc::covers_twice(roce));
         let delta = b.contribution(ids[i]) ^ b.contribution(id);
         let icrc = &mut roce[len - 4..];
         let v = u32::from_le_bytes([icrc[0], icrc[1], icrc[2], icrc[3]]) ^ delta;
@@ -977,9 +1004,9 @@ impl UdpTransport {
         let at = slot * self.rx.slot + seg.off as usize;
         let bytes = &self.rx.buf[at..at + n];
         if !verify_icrc(
-            &mut self.solver,
+            &mut self.icrc,
+            &self.egress,
             &mut self.stats,
-            self.strict_icrc,
             self.local,
             src,
             bytes,
@@ -1033,9 +1060,9 @@ impl UdpTransport {
                 continue;
             }
             if !verify_icrc(
-                &mut self.solver,
+                &mut self.icrc,
+                &self.egress,
                 &mut self.stats,
-                self.strict_icrc,
                 self.local,
                 src,
                 &buf[..n],
@@ -1239,12 +1266,29 @@ fn sockaddr_to(s: &libc::sockaddr_storage, len: libc::socklen_t) -> Option<Socke
     }
 }
 
-/// Checks a received datagram's ICRC and counts the verdict; false when it must be dropped.
-/// `id`: the IPv4 ID to try first (its index in a GRO run, 0 for a datagram alone).
-fn verify_icrc(
-    solver: &mut rxe_core::icrc::Ipv4IdSolver,
-    stats: &mut TransportStats,
+/// The receive side's ICRC rules and state.
+struct RxIcrc {
+    /// `--strict-icrc`: the exact ID only.
     strict: bool,
+    /// The IPv4 ID bases of the packet lengths seen.
+    solver: rxe_core::icrc::Ipv4IdSolver,
+    /// The IPv4 ID sequences learned per source address (shared by the sockets of a steered
+    /// group and by the two halves of a transport with an I/O thread).
+    ids: std::sync::Arc<std::sync::Mutex<rxe_core::icrc::Ipv4IdWindows>>,
+    /// The windows' clock starts here.
+    epoch: std::time::Instant,
+}
+
+/// Checks a received datagram's ICRC and counts the verdict; false when it must be dropped.
+/// `id`: the IPv4 ID tried first and exactly (its index in a GRO run, 0 for a datagram
+/// alone). Otherwise, unless strict, an IPv4 packet that passes the cheap checks (a source
+/// the egress policy allows, a BTH the engine would look at: [`rxe_core::icrc::worth_solving`])
+/// is solved for its ID, and accepted only if that ID lies in a window of its source's ID
+/// sequence ([`rxe_core::icrc::Ipv4IdWindows`]); outside, it is dropped and its ID learned.
+fn verify_icrc(
+    icrc: &mut RxIcrc,
+    egress: &EgressPolicy,
+    stats: &mut TransportStats,
     local: SocketAddr,
     src: SocketAddr,
     roce: &[u8],
@@ -1253,21 +1297,60 @@ fn verify_icrc(
     match check_icrc(local, src, roce.len(), roce, id) {
         IcrcCheck::Ok => {
             stats.rx_icrc_ok += 1;
-            true
+            return true;
         }
-        IcrcCheck::Unverifiable
-            if !strict
-                && rxe_core::wire::frame::verify_icrc_from_udp_socket(src, local, roce, solver)
-                    .is_ok() =>
-        {
+        IcrcCheck::Unverifiable if !icrc.strict => {}
+        IcrcCheck::Unverifiable | IcrcCheck::Bad => {
+            stats.rx_icrc_bad += 1;
+            return false;
+        }
+    }
+    let IpAddr::V4(from) = unmap(src.ip()) else {
+        stats.rx_icrc_bad += 1;
+        return false;
+    };
+    if !egress.allows(IpAddr::V4(from)) || !rxe_core::icrc::worth_solving(roce) {
+        stats.rx_icrc_bad += 1;
+        return false;
+    }
+    stats.rx_icrc_solves += 1;
+    let Ok(Some(found)) =
+        rxe_core::wire::frame::verify_icrc_from_udp_socket(src, local, roce, &mut icrc.solver)
+    else {
+        stats.rx_icrc_bad += 1;
+        return false;
+    };
+    if found != 0 && run_index_fits(found, roce.len()) {
+        // A segment of a GSO run that reached a socket without GRO, cut by the kernel.
+        stats.rx_icrc_id_solved += 1;
+        return true;
+    }
+    let now_ms = icrc.epoch.elapsed().as_millis() as u64;
+    let verdict =
+        icrc.ids
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .admit(u32::from(from), found, now_ms);
+    match verdict {
+        rxe_core::icrc::IdVerdict::InWindow => {
             stats.rx_icrc_id_solved += 1;
             true
         }
-        _ => {
-            stats.rx_icrc_bad += 1;
+        rxe_core::icrc::IdVerdict::Learned => {
+            stats.rx_icrc_id_learned += 1;
             false
         }
     }
+}
+
+/// Whether `id` can be the index in a GSO run (as this daemon sends them: at most
+/// [`GSO_MAX_SEGS`] segments and [`GSO_MAX_BYTES`]) of a packet of `roce_len` bytes: the
+/// segments before it are full ones, no shorter than it. The IDs the kernel gives the
+/// segments it cuts when the receiving socket does not coalesce them (a daemon with
+/// `--udp-gso` sending to one without).
+fn run_index_fits(id: u16, roce_len: usize) -> bool {
+    let k = id as usize;
+    k < GSO_MAX_SEGS && k * roce_len < GSO_MAX_BYTES
 }
 
 fn check_icrc(local: SocketAddr, src: SocketAddr, n: usize, roce: &[u8], id: u16) -> IcrcCheck {
@@ -1332,62 +1415,98 @@ mod tests {
         n
     }
 
-    /// An IPv4 packet whose sender picked an IP ID other than 0 (as Linux rxe does) verifies
-    /// by solving for the ID; strict mode refuses it; a corrupted one is dropped either way.
+    /// `packet()` with its ICRC computed for `src` → `local` and the IPv4 ID `id`.
+    fn packet_with_id(src: SocketAddr, local: SocketAddr, id: u16) -> ([u8; 256], usize) {
+        let mut roce = [0u8; 256];
+        let n = packet(&mut roce);
+        let udp_len = (8 + n) as u16;
+        let (IpAddr::V4(s), IpAddr::V4(d)) = (src.ip(), local.ip()) else {
+            panic!("IPv4 addresses only");
+        };
+        let mut h = [0u8; 28];
+        h[0] = 0x45;
+        h[2..4].copy_from_slice(&(20 + udp_len).to_be_bytes());
+        h[4..6].copy_from_slice(&id.to_be_bytes());
+        h[6] = 0x40;
+        h[8] = 64;
+        h[9] = 17;
+        h[12..16].copy_from_slice(&s.octets());
+        h[16..20].copy_from_slice(&d.octets());
+        h[20..22].copy_from_slice(&src.port().to_be_bytes());
+        h[22..24].copy_from_slice(&local.port().to_be_bytes());
+        h[24..26].copy_from_slice(&udp_len.to_be_bytes());
+        rxe_core::icrc::fill(&h, &mut roce[..n]).unwrap();
+        (roce, n)
+    }
+
+    fn rx_icrc(strict: bool) -> RxIcrc {
+        RxIcrc {
+            strict,
+            solver: rxe_core::icrc::Ipv4IdSolver::new(),
+            ids: Default::default(),
+            epoch: std::time::Instant::now(),
+        }
+    }
+
+    /// An IPv4 packet whose sender picked an IP ID other than 0 (as Linux rxe does): the
+    /// first of a source teaches its ID and is dropped, the next of the sequence verifies by
+    /// solving for the ID; strict mode refuses both; a corrupted one is dropped either way.
     #[test]
     fn ipv4_icrc_with_a_nonzero_id_is_solved_not_waved_through() {
         let src: SocketAddr = "10.1.2.3:49152".parse().unwrap();
         let local: SocketAddr = "10.1.2.4:4791".parse().unwrap();
-        let mut roce = [0u8; 256];
-        let n = packet(&mut roce);
-        let udp_len = (8 + n) as u16;
-        let mut h = [0u8; 28];
-        h[0] = 0x45;
-        h[2..4].copy_from_slice(&(20 + udp_len).to_be_bytes());
-        h[4..6].copy_from_slice(&0xbeefu16.to_be_bytes());
-        h[6] = 0x40;
-        h[8] = 64;
-        h[9] = 17;
-        h[12..16].copy_from_slice(&[10, 1, 2, 3]);
-        h[16..20].copy_from_slice(&[10, 1, 2, 4]);
-        h[20..22].copy_from_slice(&49152u16.to_be_bytes());
-        h[22..24].copy_from_slice(&4791u16.to_be_bytes());
-        h[24..26].copy_from_slice(&udp_len.to_be_bytes());
-        rxe_core::icrc::fill(&h, &mut roce[..n]).unwrap();
-        let mut solver = rxe_core::icrc::Ipv4IdSolver::new();
+        let any = EgressPolicy::default();
+        let (first, n) = packet_with_id(src, local, 0xbeef);
+        let (roce, _) = packet_with_id(src, local, 0xbef0);
+        let mut strict = rx_icrc(true);
+        let mut icrc = rx_icrc(false);
         let mut st = TransportStats::default();
-        assert!(verify_icrc(
-            &mut solver,
+        assert!(!verify_icrc(
+            &mut icrc,
+            &any,
             &mut st,
-            false,
+            local,
+            src,
+            &first[..n],
+            0
+        ));
+        assert_eq!(
+            (st.rx_icrc_ok, st.rx_icrc_id_learned, st.rx_icrc_bad),
+            (0, 1, 0),
+            "a source's first ID is learned, its packet dropped"
+        );
+        assert!(verify_icrc(
+            &mut icrc,
+            &any,
+            &mut st,
             local,
             src,
             &roce[..n],
-            0,
+            0
         ));
         assert_eq!(
             (st.rx_icrc_ok, st.rx_icrc_id_solved, st.rx_icrc_bad),
             (0, 1, 0)
         );
         assert!(!verify_icrc(
-            &mut solver,
+            &mut strict,
+            &any,
             &mut st,
-            true,
             local,
             src,
             &roce[..n],
-            0,
+            0
         ));
         assert_eq!(st.rx_icrc_bad, 1, "strict: ID 0 only");
-        // Strict, as segment 0xbeef of a GRO run: that ID exactly.
+        // Strict, as segment 0xbef0 of a GRO run: that ID exactly.
         assert!(verify_icrc(
-            &mut solver,
+            &mut strict,
+            &any,
             &mut st,
-            true,
             local,
             src,
             &roce[..n],
-            0xbeef,
+            0xbef0
         ));
         assert_eq!(
             (st.rx_icrc_ok, st.rx_icrc_bad),
@@ -1397,33 +1516,108 @@ mod tests {
         for bit in [0usize, 8 * 6 + 3, 8 * (n - 6)] {
             let mut bad = roce;
             bad[bit / 8] ^= 1 << (bit % 8);
-            let before = st.rx_icrc_bad;
+            let before = (st.rx_icrc_bad, st.rx_icrc_id_learned);
             assert!(!verify_icrc(
-                &mut solver,
+                &mut icrc,
+                &any,
                 &mut st,
-                false,
                 local,
                 src,
                 &bad[..n],
-                0,
+                0
             ));
             assert_eq!(
-                st.rx_icrc_bad,
-                before + 1,
+                st.rx_icrc_bad + st.rx_icrc_id_learned,
+                before.0 + before.1 + 1,
                 "bit {bit} flipped must be dropped"
             );
         }
         // The source port is covered too.
         let other: SocketAddr = "10.1.2.3:49153".parse().unwrap();
         assert!(!verify_icrc(
-            &mut solver,
+            &mut icrc,
+            &any,
             &mut st,
-            false,
             local,
             other,
             &roce[..n],
-            0,
+            0
         ));
+        // The sequence goes on past the corrupted packets.
+        let (next, _) = packet_with_id(src, local, 0xbef1);
+        assert!(verify_icrc(
+            &mut icrc,
+            &any,
+            &mut st,
+            local,
+            src,
+            &next[..n],
+            0
+        ));
+    }
+
+    /// What fails the cheap checks costs no solve: a source the egress policy refuses, a
+    /// BTH the engine would drop (unknown opcode, transport version, P_Key), a packet too
+    /// short for its opcode's headers.
+    #[test]
+    fn junk_costs_no_solve() {
+        let src: SocketAddr = "10.1.2.3:49152".parse().unwrap();
+        let local: SocketAddr = "10.1.2.4:4791".parse().unwrap();
+        let (good, n) = packet_with_id(src, local, 0x1234);
+        let only_10_9: EgressPolicy =
+            EgressPolicy::new(local.ip(), vec!["10.9.0.0/16".parse().unwrap()]);
+        let any = EgressPolicy::default();
+        let mut icrc = rx_icrc(false);
+        let mut st = TransportStats::default();
+        assert!(!verify_icrc(
+            &mut icrc,
+            &only_10_9,
+            &mut st,
+            local,
+            src,
+            &good[..n],
+            0
+        ));
+        let bad_bth: [fn(&mut [u8]); 3] = [
+            |b| b[0] = 0x1f,        // an opcode nobody implements
+            |b| b[1] |= 0x01,       // transport version 1
+            |b| b[2..4].fill(0x12), // a P_Key that is not the default
+        ];
+        for f in bad_bth {
+            let mut b = good;
+            f(&mut b);
+            assert!(!verify_icrc(
+                &mut icrc,
+                &any,
+                &mut st,
+                local,
+                src,
+                &b[..n],
+                0
+            ));
+        }
+        assert!(!verify_icrc(
+            &mut icrc,
+            &any,
+            &mut st,
+            local,
+            src,
+            &good[..15],
+            0
+        ));
+        assert_eq!((st.rx_icrc_solves, st.rx_icrc_bad), (0, 5), "{st:?}");
+        assert_eq!(icrc.solver.solves(), 0);
+        // The same packet from an allowed source is solved (and its ID learned).
+        assert!(!verify_icrc(
+            &mut icrc,
+            &any,
+            &mut st,
+            local,
+            src,
+            &good[..n],
+            0
+        ));
+        assert_eq!((st.rx_icrc_solves, st.rx_icrc_id_learned), (1, 1));
     }
 
     /// ICMP errors reported on the socket are counted and do not stop the receive path:

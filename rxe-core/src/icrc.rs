@@ -116,68 +116,23 @@ const POLY: u32 = 0xedb8_8320;
 /// Offset of the IPv4 identification in the IP header (and in `l3l4`).
 const IPV4_ID_AT: usize = 4;
 
-/// A linear map on the 32-bit CRC register over GF(2), given by the images of its 32 unit
-/// vectors (`cols[j]` is the image of `1 << j`).
-#[derive(Clone, Copy)]
-struct Gf2Map([u32; 32]);
-
-impl Gf2Map {
-    const IDENTITY: Gf2Map = {
-        let mut c = [0u32; 32];
-        let mut j = 0;
-        while j < 32 {
-            c[j] = 1 << j;
-            j += 1;
-        }
-        Gf2Map(c)
-    };
-
-    /// One zero byte through the reflected CRC register: eight times `r >> 1`, XOR the
-    /// polynomial when the bit shifted out was one.
-    fn zero_byte() -> Gf2Map {
-        let mut c = [0u32; 32];
-        for (j, col) in c.iter_mut().enumerate() {
-            *col = feed_byte(1 << j, 0);
-        }
-        Gf2Map(c)
-    }
-
-    fn apply(&self, mut v: u32) -> u32 {
-        let mut r = 0;
-        let mut j = 0;
-        while v != 0 {
-            if v & 1 != 0 {
-                r ^= self.0[j];
-            }
-            v >>= 1;
-            j += 1;
-        }
-        r
-    }
-
-    /// `self` followed by `next`.
-    fn then(&self, next: &Gf2Map) -> Gf2Map {
-        let mut c = [0u32; 32];
-        for (o, i) in c.iter_mut().zip(self.0.iter()) {
-            *o = next.apply(*i);
-        }
-        Gf2Map(c)
-    }
-
-    /// `n` zero bytes, by repeated squaring.
-    fn zero_bytes(mut n: usize) -> Gf2Map {
-        let mut acc = Gf2Map::IDENTITY;
-        let mut sq = Gf2Map::zero_byte();
-        while n != 0 {
-            if n & 1 != 0 {
-                acc = acc.then(&sq);
-            }
-            n >>= 1;
-            if n != 0 {
-                sq = sq.then(&sq);
+/// `a · b` modulo the CRC polynomial, both in the reflected representation of the CRC
+/// register (bit 31 the coefficient of x^0), as zlib's `multmodp` computes it.
+const fn mul_mod_p(a: u32, mut b: u32) -> u32 {
+    let mut m = 1u32 << 31;
+    let mut p = 0;
+    loop {
+        if a & m != 0 {
+            p ^= b;
+            if a & (m - 1) == 0 {
+                return p;
             }
         }
-        acc
+        m >>= 1;
+        if m == 0 {
+            return p;
+        }
+        b = (b >> 1) ^ (POLY & (b & 1).wrapping_neg());
     }
 }
 
@@ -188,6 +143,32 @@ fn feed_byte(mut r: u32, b: u8) -> u32 {
         r = (r >> 1) ^ (POLY & (r & 1).wrapping_neg());
     }
     r
+}
+
+/// `X2N[k]` is x^(2^k) modulo the CRC polynomial.
+const X2N: [u32; 32] = {
+    let mut t = [0u32; 32];
+    t[0] = 1 << 30; // x^1
+    let mut k = 1;
+    while k < 32 {
+        t[k] = mul_mod_p(t[k - 1], t[k - 1]);
+        k += 1;
+    }
+    t
+};
+
+/// x^(8·n) modulo the CRC polynomial: multiplying a register state by it runs `n` zero bytes
+/// through the register (its linear part), in at most 64 products instead of `n` byte steps.
+fn zero_bytes(n: usize) -> u32 {
+    let (mut p, mut n, mut k) = (1u32 << 31, n as u64, 3usize);
+    while n != 0 {
+        if n & 1 != 0 {
+            p = mul_mod_p(X2N[k & 31], p);
+        }
+        n >>= 1;
+        k += 1;
+    }
+    p
 }
 
 /// What the 16 bits of the IPv4 identification contribute to the ICRC of a packet of one
@@ -224,12 +205,12 @@ impl Ipv4IdBasis {
         // After the ID: the rest of the IPv4 header, the UDP header and the RoCE bytes the CRC
         // runs over.
         let after = (IPV4_LEN - IPV4_ID_AT - 2) + UDP_LEN + covered_len(roce_len, twice);
-        let shift = Gf2Map::zero_bytes(after);
+        let shift = zero_bytes(after);
         let mut cols = [0u32; 16];
         for (k, c) in cols.iter_mut().enumerate() {
             let id = 1u16 << k;
             let [hi, lo] = id.to_be_bytes();
-            *c = shift.apply(feed_byte(feed_byte(0, hi), lo));
+            *c = mul_mod_p(shift, feed_byte(feed_byte(0, hi), lo));
         }
         let mut rows = [(0u32, 0u16); 32];
         for (k, &c) in cols.iter().enumerate() {
@@ -314,11 +295,16 @@ pub fn verify_any_ipv4_id(
 }
 
 /// [`verify_any_ipv4_id`] with the bases cached per packet length (a bounded cache: the
-/// lengths one connection uses are few — ACKs, requests, full- and last-packet sizes).
+/// lengths one connection uses are few — ACKs, requests, full- and last-packet sizes). A
+/// basis costs a few dozen carry-less products modulo the polynomial
+/// ([`Ipv4IdBasis::with_coverage`]), so a packet whose length is not cached costs about a
+/// microsecond more, never more.
 #[derive(Clone, Debug, Default)]
 pub struct Ipv4IdSolver {
     cache: Vec<Ipv4IdBasis>,
     next: usize,
+    built: u64,
+    solves: u64,
 }
 
 impl Ipv4IdSolver {
@@ -339,10 +325,12 @@ impl Ipv4IdSolver {
         {
             Some(i) => i,
             None if self.cache.len() < Self::CAPACITY => {
+                self.built += 1;
                 self.cache.push(Ipv4IdBasis::with_coverage(roce_len, twice));
                 self.cache.len() - 1
             }
             None => {
+                self.built += 1;
                 let i = self.next;
                 self.next = (self.next + 1) % Self::CAPACITY;
                 self.cache[i] = Ipv4IdBasis::with_coverage(roce_len, twice);
@@ -357,8 +345,205 @@ impl Ipv4IdSolver {
         if roce_with_icrc.len() < BTH_LEN + 4 {
             return Err(WireError::Truncated);
         }
+        self.solves += 1;
         let b = self.basis(roce_with_icrc.len(), covers_twice(roce_with_icrc));
         verify_any_ipv4_id(b, l3l4, roce_with_icrc)
+    }
+
+    /// Bases computed so far (cache misses).
+    pub fn bases_built(&self) -> u64 {
+        self.built
+    }
+
+    /// Solves run so far ([`Self::verify`] calls past the length check).
+    pub fn solves(&self) -> u64 {
+        self.solves
+    }
+}
+
+/// Whether a RoCE packet (BTH … ICRC) is worth an IPv4 ID solve: a BTH with an opcode this
+/// engine implements and room for its headers and the ICRC, transport version 0 and a
+/// full-member default P_Key — what the engine checks first anyway
+/// (`Device::handle_packet`). The cheap filter that keeps junk from costing a solve.
+pub fn worth_solving(roce_with_icrc: &[u8]) -> bool {
+    let Ok(p) = crate::wire::Packet::new_checked(roce_with_icrc) else {
+        return false;
+    };
+    let bth = p.bth();
+    bth.tver() == 0 && bth.pkey() & 0x7fff == 0x7fff
+}
+
+/// Which IPv4 IDs a receiver that cannot see them (a UDP socket) accepts, per source address,
+/// when a packet's ICRC does not hold for ID 0 (or its index in a coalesced run).
+///
+/// The ICRC fixes the ID a packet was sent with (the solve is unique: [`Ipv4IdBasis`]); what
+/// weakens the check is accepting *any* ID, for then every corruption whose CRC syndrome is
+/// the contribution of some ID change passes: 2^16 − 1 of the 2^32 syndromes. So the ID found
+/// must also be one the source plausibly sent next. Senders number IDs in sequences: Linux
+/// (rxe, and any DF packet the kernel numbers with `__ip_select_ident`) keeps one counter per
+/// (source, destination, protocol) bucket and adds, per packet, one plus a random number below
+/// the jiffies since the bucket's previous packet; NICs count per flow or per port. A source
+/// gets up to [`Self::HEADS`] heads — IDs it sent last — and a packet is accepted when its ID
+/// lies at most [`Self::BEHIND`] behind a head (reordering, duplicates) or at most
+/// [`Self::AHEAD`] plus one per millisecond since the head's packet ahead of it (packets
+/// lost or sent elsewhere meanwhile, and Linux's time-based jumps for HZ ≤ 1000). A head
+/// unused for [`Self::MAX_AGE_MS`] expires.
+///
+/// A packet whose ID is outside every window is **not** accepted — that is exactly the weak
+/// case — but its ID becomes a head ([`IdVerdict::Learned`]): the next packets of that
+/// sequence pass, and reliable transports resend the dropped one. Bound: a packet is
+/// accepted with at most [`Self::MAX_CANDIDATES`] IDs besides the exact one, so a random
+/// corruption passes with probability at most `MAX_CANDIDATES / 2^32` (about 2^-19); a
+/// source in steady traffic has one head of `BEHIND + 1 + AHEAD` = 97 IDs (about 2^-25.4).
+#[derive(Clone, Debug, Default)]
+pub struct Ipv4IdWindows {
+    peers: Vec<IdPeer>,
+    clock: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct IdPeer {
+    addr: u32,
+    heads: [IdHead; Ipv4IdWindows::HEADS],
+    used: u64,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct IdHead {
+    id: u16,
+    at_ms: u64,
+    live: bool,
+}
+
+/// What [`Ipv4IdWindows::admit`] decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IdVerdict {
+    /// The ID lies in a window of its source: accept the packet.
+    InWindow,
+    /// It does not: drop the packet; the ID is now a head of its source.
+    Learned,
+}
+
+impl Ipv4IdWindows {
+    /// Heads (ID sequences) kept per source address.
+    pub const HEADS: usize = 4;
+    /// IDs accepted behind a head.
+    pub const BEHIND: u16 = 32;
+    /// IDs accepted ahead of a fresh head; one more per millisecond of its age.
+    pub const AHEAD: u16 = 64;
+    /// A head older than this (milliseconds) expires.
+    pub const MAX_AGE_MS: u64 = 2048;
+    /// Source addresses kept; beyond that the least recently used one is forgotten.
+    pub const PEERS: usize = 256;
+    /// The most IDs other than the exact one a packet can be accepted with: every head of
+    /// its source at its widest.
+    pub const MAX_CANDIDATES: u32 = Self::HEADS as u32
+        * (Self::BEHIND as u32 + 1 + Self::AHEAD as u32 + Self::MAX_AGE_MS as u32);
+
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How far ahead of a head `age_ms` old an ID may lie; `None` once it expired.
+    pub fn ahead(age_ms: u64) -> Option<u16> {
+        (age_ms <= Self::MAX_AGE_MS).then(|| Self::AHEAD + age_ms as u16)
+    }
+
+    /// How many IDs a packet from `src` would be accepted with at `now_ms` (the union of its
+    /// live windows, counted with overlaps; at most [`Self::MAX_CANDIDATES`]).
+    pub fn candidates(&self, src: u32, now_ms: u64) -> u32 {
+        self.peers.iter().find(|p| p.addr == src).map_or(0, |p| {
+            p.heads
+                .iter()
+                .filter(|h| h.live)
+                .filter_map(|h| Self::ahead(now_ms.saturating_sub(h.at_ms)))
+                .map(|a| Self::BEHIND as u32 + 1 + a as u32)
+                .sum()
+        })
+    }
+
+    /// Decides on a packet from `src` whose ICRC holds for ID `id` (and not for the ID
+    /// tried first), at `now_ms` (a monotonic clock).
+    pub fn admit(&mut self, src: u32, id: u16, now_ms: u64) -> IdVerdict {
+        self.clock += 1;
+        let clock = self.clock;
+        let i = match self.peers.iter().position(|p| p.addr == src) {
+            Some(i) => i,
+            None => {
+                let fresh = IdPeer {
+                    addr: src,
+                    heads: [IdHead::default(); Self::HEADS],
+                    used: clock,
+                };
+                if self.peers.len() < Self::PEERS {
+                    self.peers.push(fresh);
+                    self.peers.len() - 1
+                } else {
+                    let lru = (0..self.peers.len())
+                        .min_by_key(|&i| self.peers[i].used)
+                        .expect("PEERS > 0");
+                    self.peers[lru] = fresh;
+                    lru
+                }
+            }
+        };
+        let peer = &mut self.peers[i];
+        peer.used = clock;
+        // The nearest head whose window holds `id`: (head, distance, ahead of it).
+        let mut best: Option<(usize, u16, bool)> = None;
+        for (k, h) in peer.heads.iter_mut().enumerate() {
+            if !h.live {
+                continue;
+            }
+            let Some(ahead) = Self::ahead(now_ms.saturating_sub(h.at_ms)) else {
+                h.live = false;
+                continue;
+            };
+            let fwd = id.wrapping_sub(h.id);
+            let back = h.id.wrapping_sub(id);
+            let hit = if fwd <= ahead {
+                Some((fwd, fwd != 0))
+            } else if back <= Self::BEHIND {
+                Some((back, false))
+            } else {
+                None
+            };
+            if let Some((d, fwd)) = hit {
+                if best.is_none_or(|b| d < b.1) {
+                    best = Some((k, d, fwd));
+                }
+            }
+        }
+        if let Some((k, _, fwd)) = best {
+            if fwd {
+                peer.heads[k] = IdHead {
+                    id,
+                    at_ms: now_ms,
+                    live: true,
+                };
+                // A head that this one caught up with is the same sequence: keep one.
+                for j in 0..Self::HEADS {
+                    let h = peer.heads[j];
+                    if j != k && h.live && id.wrapping_sub(h.id) <= Self::BEHIND {
+                        peer.heads[j].live = false;
+                    }
+                }
+            }
+            return IdVerdict::InWindow;
+        }
+        // A new sequence, or one that jumped: its ID takes a free head or the oldest one.
+        let k = (0..Self::HEADS)
+            .min_by_key(|&k| {
+                let h = peer.heads[k];
+                (h.live, h.at_ms)
+            })
+            .expect("HEADS > 0");
+        peer.heads[k] = IdHead {
+            id,
+            at_ms: now_ms,
+            live: true,
+        };
+        IdVerdict::Learned
     }
 }
 
