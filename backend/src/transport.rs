@@ -1320,7 +1320,7 @@ fn verify_icrc(
         stats.rx_icrc_bad += 1;
         return false;
     };
-    if found != 0 && run_index_fits(found, roce.len()) {
+    if found != 0 && rxe_core::icrc::may_be_run_index(found, roce.len()) {
         // A segment of a GSO run that reached a socket without GRO, cut by the kernel.
         stats.rx_icrc_id_solved += 1;
         return true;
@@ -1343,15 +1343,10 @@ fn verify_icrc(
     }
 }
 
-/// Whether `id` can be the index in a GSO run (as this daemon sends them: at most
-/// [`GSO_MAX_SEGS`] segments and [`GSO_MAX_BYTES`]) of a packet of `roce_len` bytes: the
-/// segments before it are full ones, no shorter than it. The IDs the kernel gives the
-/// segments it cuts when the receiving socket does not coalesce them (a daemon with
-/// `--udp-gso` sending to one without).
-fn run_index_fits(id: u16, roce_len: usize) -> bool {
-    let k = id as usize;
-    k < GSO_MAX_SEGS && k * roce_len < GSO_MAX_BYTES
-}
+// The receive side's run-index rule (`rxe_core::icrc::may_be_run_index`) is this sender's.
+const _: () = assert!(
+    GSO_MAX_SEGS == rxe_core::icrc::RUN_MAX_SEGS && GSO_MAX_BYTES == rxe_core::icrc::RUN_MAX_BYTES
+);
 
 fn check_icrc(local: SocketAddr, src: SocketAddr, n: usize, roce: &[u8], id: u16) -> IcrcCheck {
     let mut h = [0u8; 48];

@@ -373,6 +373,20 @@ pub fn worth_solving(roce_with_icrc: &[u8]) -> bool {
     bth.tver() == 0 && bth.pkey() & 0x7fff == 0x7fff
 }
 
+/// Segments one GSO run of the udp transport holds at most ...
+pub const RUN_MAX_SEGS: usize = 64;
+/// ... and RoCE bytes (the sum of its packets' lengths).
+pub const RUN_MAX_BYTES: usize = 65_000;
+
+/// Whether `id` can be the index of a packet of `roce_len` bytes in a GSO run as the udp
+/// transport sends them ([`RUN_MAX_SEGS`], [`RUN_MAX_BYTES`]; the segments before it are
+/// full ones, no shorter than it): the IPv4 ID the kernel gives each segment it cuts, which
+/// a receiving socket without GRO cannot see. At most 63 IDs besides 0 (15 at 4112 bytes).
+pub fn may_be_run_index(id: u16, roce_len: usize) -> bool {
+    let k = id as usize;
+    k < RUN_MAX_SEGS && k * roce_len < RUN_MAX_BYTES
+}
+
 /// Which IPv4 IDs a receiver that cannot see them (a UDP socket) accepts, per source address,
 /// when a packet's ICRC does not hold for ID 0 (or its index in a coalesced run).
 ///
@@ -413,6 +427,9 @@ struct IdHead {
     id: u16,
     at_ms: u64,
     live: bool,
+    /// A packet was accepted through this head (not only learned): learning replaces the
+    /// heads that are not first.
+    confirmed: bool,
 }
 
 /// What [`Ipv4IdWindows::admit`] decided.
@@ -459,6 +476,18 @@ impl Ipv4IdWindows {
                 .filter_map(|h| Self::ahead(now_ms.saturating_sub(h.at_ms)))
                 .map(|a| Self::BEHIND as u32 + 1 + a as u32)
                 .sum()
+        })
+    }
+
+    /// Whether a packet from `src` with ID `id` would be accepted at `now_ms` (what
+    /// [`Self::admit`] decides, without learning anything).
+    pub fn accepts(&self, src: u32, id: u16, now_ms: u64) -> bool {
+        self.peers.iter().find(|p| p.addr == src).is_some_and(|p| {
+            p.heads.iter().filter(|h| h.live).any(|h| {
+                Self::ahead(now_ms.saturating_sub(h.at_ms)).is_some_and(|ahead| {
+                    id.wrapping_sub(h.id) <= ahead || h.id.wrapping_sub(id) <= Self::BEHIND
+                })
+            })
         })
     }
 
@@ -515,11 +544,13 @@ impl Ipv4IdWindows {
             }
         }
         if let Some((k, _, fwd)) = best {
+            peer.heads[k].confirmed = true;
             if fwd {
                 peer.heads[k] = IdHead {
                     id,
                     at_ms: now_ms,
                     live: true,
+                    confirmed: true,
                 };
                 // A head that this one caught up with is the same sequence: keep one.
                 for j in 0..Self::HEADS {
@@ -531,17 +562,19 @@ impl Ipv4IdWindows {
             }
             return IdVerdict::InWindow;
         }
-        // A new sequence, or one that jumped: its ID takes a free head or the oldest one.
+        // A new sequence, or one that jumped (or a corrupted packet): its ID takes a free
+        // head, else the oldest one no packet was accepted through, else the oldest.
         let k = (0..Self::HEADS)
             .min_by_key(|&k| {
                 let h = peer.heads[k];
-                (h.live, h.at_ms)
+                (h.live, h.confirmed, h.at_ms)
             })
             .expect("HEADS > 0");
         peer.heads[k] = IdHead {
             id,
             at_ms: now_ms,
             live: true,
+            confirmed: false,
         };
         IdVerdict::Learned
     }
@@ -786,6 +819,171 @@ mod tests {
             .count();
         // Expected n / 2^16 = 4.
         assert!(hits <= 24, "{hits} of {n}");
+    }
+
+    /// Linux's IPv4 ID generator for DF packets it numbers itself (`__ip_select_ident`, as
+    /// rxe sends): one counter per (source, destination, protocol) bucket, advanced per packet
+    /// by one plus a random number below the jiffies since the bucket's previous packet.
+    struct LinuxIds {
+        id: u16,
+        hz: u64,
+        last_jiffy: u64,
+    }
+
+    impl LinuxIds {
+        fn next(&mut self, rng: &mut Rng, t_ms: u64) -> u16 {
+            let j = t_ms * self.hz / 1000;
+            let delta = if j > self.last_jiffy {
+                rng.below(j - self.last_jiffy)
+            } else {
+                0
+            };
+            self.last_jiffy = j;
+            self.id = self.id.wrapping_add(1 + delta as u16);
+            self.id
+        }
+    }
+
+    /// A Linux (rxe) sender, at HZ 100, 250 and 1000, in bursts with gaps from nothing to
+    /// 1.5 s, each packet received up to 3 ms late: its first packet teaches the sequence,
+    /// every other one is accepted, and no packet is accepted with more IDs than the bound.
+    #[test]
+    fn a_linux_sender_is_learned_once_then_accepted() {
+        for hz in [100u64, 250, 1000] {
+            let mut rng = Rng::new(hz);
+            let mut w = Ipv4IdWindows::new();
+            let src = 0x0a4d_0004;
+            let mut gen = LinuxIds {
+                id: rng.next_u64() as u16,
+                hz,
+                last_jiffy: 0,
+            };
+            let (mut t_ms, mut rx_ms) = (1000u64, 0u64);
+            let mut verdicts = Vec::new();
+            for _ in 0..3000 {
+                t_ms += match rng.below(10) {
+                    0 => rng.below(1500),
+                    1..=3 => rng.below(50),
+                    _ => rng.below(2),
+                };
+                for _ in 0..1 + rng.below(40) {
+                    let id = gen.next(&mut rng, t_ms);
+                    rx_ms = rx_ms.max(t_ms + rng.below(4));
+                    assert!(w.candidates(src, rx_ms) <= Ipv4IdWindows::MAX_CANDIDATES);
+                    verdicts.push(w.admit(src, id, rx_ms));
+                }
+            }
+            let learned = verdicts
+                .iter()
+                .filter(|v| **v == IdVerdict::Learned)
+                .count();
+            assert_eq!(learned, 1, "HZ {hz}: {} packets", verdicts.len());
+            assert_eq!(verdicts[0], IdVerdict::Learned);
+        }
+    }
+
+    /// A NIC numbering per flow: HEADS flows of one address, interleaved at random, each
+    /// losing packets now and then (IDs skipped) and some pairs swapped: one packet per flow
+    /// teaches, the rest pass. With a head to spare, a corrupted packet now and then (a random
+    /// ID) is dropped and does not disturb the sequences; with none, it costs a flow one
+    /// packet more.
+    #[test]
+    fn per_flow_sequences_and_corruption() {
+        for flows in [Ipv4IdWindows::HEADS - 1, Ipv4IdWindows::HEADS] {
+            let (learned, corrupt, dropped) = flows_with_corruption(flows, false);
+            assert_eq!((learned, corrupt, dropped), (flows, 0, 0));
+            let (learned, corrupt, dropped) = flows_with_corruption(flows, true);
+            assert!(
+                dropped + 2 >= corrupt,
+                "{dropped} of {corrupt} corrupted packets dropped"
+            );
+            if flows < Ipv4IdWindows::HEADS {
+                assert_eq!(learned, flows, "one per flow");
+            } else {
+                assert!(learned <= flows + 2 * corrupt, "{learned} for {corrupt}");
+            }
+        }
+    }
+
+    /// `flows` interleaved sequences (with corrupted packets: `corruption`): packets learned,
+    /// corrupted packets, corrupted packets dropped.
+    fn flows_with_corruption(flows: usize, corruption: bool) -> (usize, usize, usize) {
+        let mut rng = Rng::new(7);
+        let mut w = Ipv4IdWindows::new();
+        let src = 0xc0a8_0001;
+        let mut ids: Vec<u16> = (0..flows).map(|_| rng.next_u64() as u16).collect();
+        let (mut learned, mut corrupt, mut dropped_corrupt) = (0, 0, 0);
+        let mut now = 0u64;
+        let mut held: Option<u16> = None;
+        for i in 0..20_000 {
+            now += rng.below(2);
+            if corruption && i % 97 == 50 {
+                corrupt += 1;
+                if w.admit(src, rng.next_u64() as u16, now) == IdVerdict::Learned {
+                    dropped_corrupt += 1;
+                }
+                continue;
+            }
+            let f = rng.below(flows as u64) as usize;
+            ids[f] = ids[f].wrapping_add(1 + if rng.below(20) == 0 { 5 } else { 0 });
+            let id = ids[f];
+            // Now and then a packet is held back and arrives after the next one.
+            if held.is_none() && rng.below(50) == 0 {
+                held = Some(id);
+                continue;
+            }
+            if w.admit(src, id, now) == IdVerdict::Learned {
+                learned += 1;
+            }
+            if let Some(h) = held.take() {
+                if w.admit(src, h, now) == IdVerdict::Learned {
+                    learned += 1;
+                }
+            }
+        }
+        (learned, corrupt, dropped_corrupt)
+    }
+
+    /// A head expires after MAX_AGE_MS: the next packet (after a long idle time, Linux's ID
+    /// may have jumped anywhere) teaches, and the resend one retransmission timeout later is
+    /// accepted. Sources beyond PEERS evict the least recently used.
+    #[test]
+    fn expiry_resend_and_bounded_state() {
+        let mut w = Ipv4IdWindows::new();
+        assert_eq!(w.admit(1, 100, 0), IdVerdict::Learned);
+        assert_eq!(w.admit(1, 101, 1), IdVerdict::InWindow);
+        assert!(w.accepts(1, 101 + 64 + 2000, 2001));
+        assert!(!w.accepts(1, 101 + 64 + 2000, 2050 + 1));
+        assert_eq!(w.candidates(1, 2001), 33 + 64 + 2000);
+        assert_eq!(w.candidates(1, 3000), 0, "expired");
+        assert_eq!(w.admit(1, 40_000, 5000), IdVerdict::Learned);
+        // rxe resends after its timeout (here 1 s: rdma_cm's default) with an ID up to one
+        // per jiffy further on.
+        assert_eq!(w.admit(1, 40_000 + 900, 6000), IdVerdict::InWindow);
+        // Behind a head, within BEHIND: reordering.
+        assert_eq!(w.admit(1, 40_000 + 900 - 32, 6000), IdVerdict::InWindow);
+        assert_eq!(w.admit(1, 40_000 + 900 - 33, 6000), IdVerdict::Learned);
+        for a in 0..1000u32 {
+            w.admit(1000 + a, 5, 7000);
+        }
+        assert_eq!(w.peers.len(), Ipv4IdWindows::PEERS);
+        assert!(w.peers.iter().all(|p| p.addr != 1), "the oldest went");
+        for h in 0..40u16 {
+            w.admit(7, h * 1000, 8000);
+        }
+        let p = w.peers.iter().find(|p| p.addr == 7).unwrap();
+        assert_eq!(
+            p.heads.iter().filter(|h| h.live).count(),
+            Ipv4IdWindows::HEADS
+        );
+        assert!(w.candidates(7, 8000) <= Ipv4IdWindows::MAX_CANDIDATES);
+    }
+
+    #[test]
+    fn run_indexes() {
+        assert!(!may_be_run_index(64, 16));
+        assert!(may_be_run_index(62, 1040) && !may_be_run_index(63, 1040));
+        assert!(may_be_run_index(15, 4112) && !may_be_run_index(16, 4112));
     }
 
     #[test]
