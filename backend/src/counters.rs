@@ -71,6 +71,7 @@ pub fn render_body(t: &TransportStats, model: Option<&Model>) -> String {
             rx_icrc_ok,
             rx_icrc_id_solved,
             rx_icrc_id_learned,
+            rx_icrc_id_opened,
             rx_icrc_solves,
             rx_icrc_bad,
             rx_short,

@@ -114,6 +114,9 @@ pub struct TransportStats {
     /// IPv4 packets dropped although an IP ID explains their ICRC: the ID lies outside every
     /// window of its source (a sequence not seen yet, or one that jumped), and is learned.
     pub rx_icrc_id_learned: u64,
+    /// Of `rx_icrc_id_solved`, UD and UC packets accepted with the full solve because their
+    /// source had no live window (its first packet, or its first after an idle time).
+    pub rx_icrc_id_opened: u64,
     /// IPv4 ID solves run (packets whose ICRC failed the exact check but passed the cheap
     /// ones: source allowed, BTH worth a look).
     pub rx_icrc_solves: u64,
@@ -169,6 +172,7 @@ impl TransportStats {
         self.rx_icrc_ok += o.rx_icrc_ok;
         self.rx_icrc_id_solved += o.rx_icrc_id_solved;
         self.rx_icrc_id_learned += o.rx_icrc_id_learned;
+        self.rx_icrc_id_opened += o.rx_icrc_id_opened;
         self.rx_icrc_solves += o.rx_icrc_solves;
         self.rx_icrc_bad += o.rx_icrc_bad;
         self.rx_short += o.rx_short;
@@ -1326,14 +1330,22 @@ fn verify_icrc(
         return true;
     }
     let now_ms = icrc.epoch.elapsed().as_millis() as u64;
-    let verdict =
-        icrc.ids
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .admit(u32::from(from), found, now_ms);
+    // RC packets are resent when dropped; UD and UC ones are not.
+    let reliable = roce[0] >> 5 == 0;
+    let verdict = icrc.ids.lock().unwrap_or_else(|e| e.into_inner()).admit(
+        u32::from(from),
+        found,
+        now_ms,
+        !reliable,
+    );
     match verdict {
         rxe_core::icrc::IdVerdict::InWindow => {
             stats.rx_icrc_id_solved += 1;
+            true
+        }
+        rxe_core::icrc::IdVerdict::Opened => {
+            stats.rx_icrc_id_solved += 1;
+            stats.rx_icrc_id_opened += 1;
             true
         }
         rxe_core::icrc::IdVerdict::Learned => {

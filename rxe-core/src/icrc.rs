@@ -405,7 +405,10 @@ pub fn may_be_run_index(id: u16, roce_len: usize) -> bool {
 ///
 /// A packet whose ID is outside every window is **not** accepted — that is exactly the weak
 /// case — but its ID becomes a head ([`IdVerdict::Learned`]): the next packets of that
-/// sequence pass, and reliable transports resend the dropped one. Bound: a packet is
+/// sequence pass, and reliable transports resend the dropped one. The one exception is left
+/// to the caller: a packet nobody would resend (UD, UC) whose source has no live window at
+/// all (its first, or its first after an idle time, when Linux's next ID can be anywhere)
+/// may open one ([`IdVerdict::Opened`]) with the 16-bit check of the full solve. Bound: a packet is
 /// accepted with at most [`Self::MAX_CANDIDATES`] IDs besides the exact one, so a random
 /// corruption passes with probability at most `MAX_CANDIDATES / 2^32` (about 2^-19); a
 /// source in steady traffic has one head of `BEHIND + 1 + AHEAD` = 97 IDs (about 2^-25.4).
@@ -437,6 +440,9 @@ struct IdHead {
 pub enum IdVerdict {
     /// The ID lies in a window of its source: accept the packet.
     InWindow,
+    /// The source has no live window and the caller let the packet open one: accept it (its
+    /// check was the 16-bit one) and learn its ID.
+    Opened,
     /// It does not: drop the packet; the ID is now a head of its source.
     Learned,
 }
@@ -492,8 +498,10 @@ impl Ipv4IdWindows {
     }
 
     /// Decides on a packet from `src` whose ICRC holds for ID `id` (and not for the ID
-    /// tried first), at `now_ms` (a monotonic clock).
-    pub fn admit(&mut self, src: u32, id: u16, now_ms: u64) -> IdVerdict {
+    /// tried first), at `now_ms` (a monotonic clock). `may_open`: a packet whose source has
+    /// no live window may open one and be accepted ([`IdVerdict::Opened`]), for a packet
+    /// nobody resends (UD, UC): after an idle time Linux's next ID is anywhere.
+    pub fn admit(&mut self, src: u32, id: u16, now_ms: u64, may_open: bool) -> IdVerdict {
         self.clock += 1;
         let clock = self.clock;
         let i = match self.peers.iter().position(|p| p.addr == src) {
@@ -562,6 +570,7 @@ impl Ipv4IdWindows {
             }
             return IdVerdict::InWindow;
         }
+        let open = may_open && peer.heads.iter().all(|h| !h.live);
         // A new sequence, or one that jumped (or a corrupted packet): its ID takes a free
         // head, else the oldest one no packet was accepted through, else the oldest.
         let k = (0..Self::HEADS)
@@ -576,7 +585,11 @@ impl Ipv4IdWindows {
             live: true,
             confirmed: false,
         };
-        IdVerdict::Learned
+        if open {
+            IdVerdict::Opened
+        } else {
+            IdVerdict::Learned
+        }
     }
 }
 
@@ -870,7 +883,7 @@ mod tests {
                     let id = gen.next(&mut rng, t_ms);
                     rx_ms = rx_ms.max(t_ms + rng.below(4));
                     assert!(w.candidates(src, rx_ms) <= Ipv4IdWindows::MAX_CANDIDATES);
-                    verdicts.push(w.admit(src, id, rx_ms));
+                    verdicts.push(w.admit(src, id, rx_ms, false));
                 }
             }
             let learned = verdicts
@@ -919,7 +932,7 @@ mod tests {
             now += rng.below(2);
             if corruption && i % 97 == 50 {
                 corrupt += 1;
-                if w.admit(src, rng.next_u64() as u16, now) == IdVerdict::Learned {
+                if w.admit(src, rng.next_u64() as u16, now, false) == IdVerdict::Learned {
                     dropped_corrupt += 1;
                 }
                 continue;
@@ -932,11 +945,11 @@ mod tests {
                 held = Some(id);
                 continue;
             }
-            if w.admit(src, id, now) == IdVerdict::Learned {
+            if w.admit(src, id, now, false) == IdVerdict::Learned {
                 learned += 1;
             }
             if let Some(h) = held.take() {
-                if w.admit(src, h, now) == IdVerdict::Learned {
+                if w.admit(src, h, now, false) == IdVerdict::Learned {
                     learned += 1;
                 }
             }
@@ -950,26 +963,42 @@ mod tests {
     #[test]
     fn expiry_resend_and_bounded_state() {
         let mut w = Ipv4IdWindows::new();
-        assert_eq!(w.admit(1, 100, 0), IdVerdict::Learned);
-        assert_eq!(w.admit(1, 101, 1), IdVerdict::InWindow);
+        assert_eq!(w.admit(1, 100, 0, false), IdVerdict::Learned);
+        assert_eq!(w.admit(1, 101, 1, false), IdVerdict::InWindow);
         assert!(w.accepts(1, 101 + 64 + 2000, 2001));
         assert!(!w.accepts(1, 101 + 64 + 2000, 2050 + 1));
         assert_eq!(w.candidates(1, 2001), 33 + 64 + 2000);
         assert_eq!(w.candidates(1, 3000), 0, "expired");
-        assert_eq!(w.admit(1, 40_000, 5000), IdVerdict::Learned);
+        assert_eq!(w.admit(1, 40_000, 5000, false), IdVerdict::Learned);
         // rxe resends after its timeout (here 1 s: rdma_cm's default) with an ID up to one
         // per jiffy further on.
-        assert_eq!(w.admit(1, 40_000 + 900, 6000), IdVerdict::InWindow);
+        assert_eq!(w.admit(1, 40_000 + 900, 6000, false), IdVerdict::InWindow);
         // Behind a head, within BEHIND: reordering.
-        assert_eq!(w.admit(1, 40_000 + 900 - 32, 6000), IdVerdict::InWindow);
-        assert_eq!(w.admit(1, 40_000 + 900 - 33, 6000), IdVerdict::Learned);
+        assert_eq!(
+            w.admit(1, 40_000 + 900 - 32, 6000, false),
+            IdVerdict::InWindow
+        );
+        assert_eq!(
+            w.admit(1, 40_000 + 900 - 33, 6000, false),
+            IdVerdict::Learned
+        );
+        // A packet nobody resends may open a sequence when its source has no live window,
+        // and only then.
+        assert_eq!(w.admit(2, 7000, 0, true), IdVerdict::Opened);
+        assert_eq!(w.admit(2, 9000, 1, true), IdVerdict::Learned);
+        assert_eq!(w.admit(2, 9001, 2, true), IdVerdict::InWindow);
+        assert_eq!(
+            w.admit(2, 30_000, 5000, true),
+            IdVerdict::Opened,
+            "after expiry"
+        );
         for a in 0..1000u32 {
-            w.admit(1000 + a, 5, 7000);
+            w.admit(1000 + a, 5, 7000, false);
         }
         assert_eq!(w.peers.len(), Ipv4IdWindows::PEERS);
         assert!(w.peers.iter().all(|p| p.addr != 1), "the oldest went");
         for h in 0..40u16 {
-            w.admit(7, h * 1000, 8000);
+            w.admit(7, h * 1000, 8000, false);
         }
         let p = w.peers.iter().find(|p| p.addr == 7).unwrap();
         assert_eq!(

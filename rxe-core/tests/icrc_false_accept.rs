@@ -91,7 +91,7 @@ fn count_1_2(s: &[u32], t: &[u32]) -> (u64, u64) {
 /// previous packet left (ID x − 1, received 0 ms before).
 fn steady(len: usize, x: u16) -> impl Fn(u16) -> bool {
     let mut w = Ipv4IdWindows::new();
-    assert_eq!(w.admit(1, x.wrapping_sub(1), 0), IdVerdict::Learned);
+    assert_eq!(w.admit(1, x.wrapping_sub(1), 0, false), IdVerdict::Learned);
     move |c| c == 0 || icrc::may_be_run_index(c, len) || w.accepts(1, c, 0)
 }
 
@@ -99,10 +99,10 @@ fn steady(len: usize, x: u16) -> impl Fn(u16) -> bool {
 /// (MAX_AGE_MS old), one of them just behind `x`.
 fn widest(len: usize, x: u16, rng: &mut Rng) -> impl Fn(u16) -> bool {
     let mut w = Ipv4IdWindows::new();
-    w.admit(1, x.wrapping_sub(1), 0);
+    w.admit(1, x.wrapping_sub(1), 0, false);
     while {
         let id = rng.next_u64() as u16;
-        w.admit(1, id, 0);
+        w.admit(1, id, 0, false);
         w.candidates(1, Ipv4IdWindows::MAX_AGE_MS) < Ipv4IdWindows::MAX_CANDIDATES
     } {}
     let now = Ipv4IdWindows::MAX_AGE_MS;
