@@ -47,8 +47,11 @@ pub struct Args {
     /// another).
     #[arg(long, default_value_t = 4791)]
     pub peer_port: u16,
-    /// Drop IPv4 packets whose ICRC cannot be verified with IP ID 0, or with their index in
-    /// a coalesced run (--udp-gso) (see docs/virtio-rdma.md).
+    /// Check IPv4 ICRCs exactly: with IP ID 0, or with a datagram's index in a coalesced run
+    /// (--udp-gso), nothing else (plain CRC-32; for daemon-only networks). Without it an
+    /// ICRC that fails for ID 0 is solved for the ID the socket cannot see and accepted only
+    /// when that ID is a GSO run index or lies in a window of its source's ID sequence (Linux
+    /// rxe numbers IDs per destination); see docs/daemon.md, "ICRC over a UDP socket".
     #[arg(long)]
     pub strict_icrc: bool,
     /// With a udp transport: send runs of equal-length packets to one peer (a multi-packet

@@ -10,12 +10,15 @@
 //!
 //! ICRC on receive: IPv6 is verified in full. For IPv4 a UDP socket cannot see the IP ID the
 //! sender chose. The receiver tries ID 0 first (what this daemon and any sender following the
-//! rule above uses: `rx_icrc_ok`). Otherwise (Linux rxe picks a hashed ID) it solves for the ID
-//! ([`rxe_core::icrc::Ipv4IdSolver`]: the CRC is affine in the ID's 16 bits, so the mismatch
-//! must lie in their span): a packet some ID explains is verified (`rx_icrc_id_solved`; a
-//! random corruption passes with probability 2^-16, a flip in any other covered field never),
-//! anything else is dropped (`rx_icrc_bad`). `strict_icrc` accepts ID 0 only (and, in a
-//! coalesced run, the datagram's index in it: see below).
+//! rule above uses: `rx_icrc_ok`), or a GRO datagram's index in its run. Otherwise (Linux rxe
+//! numbers its IDs per destination), unless `strict_icrc`, a packet that passes the cheap
+//! checks (source allowed, a BTH the engine would take) is solved for its ID
+//! ([`rxe_core::icrc::Ipv4IdSolver`]: the CRC is affine in the ID's 16 bits, the ID unique) and
+//! accepted only when that ID is a GSO run index or lies in a window of its source's ID
+//! sequence ([`rxe_core::icrc::Ipv4IdWindows`]: `rx_icrc_id_solved`); an ID outside every
+//! window is learned and its packet dropped (`rx_icrc_id_learned`), but for a UD/UC packet
+//! whose source has no window yet (`rx_icrc_id_opened`); anything else is dropped
+//! (`rx_icrc_bad`). docs/daemon.md, "ICRC over a UDP socket", has the measured bounds.
 //!
 //! UDP GSO ([`UdpTransport::enable_gso`]): consecutive packets to one destination whose
 //! lengths are equal (the last of a run may be shorter) leave in one `sendmsg` with

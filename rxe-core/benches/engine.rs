@@ -2,7 +2,7 @@
 //! table, on a thread per shard).
 //!
 //! Run: `cargo bench -p rxe-core --bench engine`; after `--`: `--quick` for a short run,
-//! `--only send`, `--only write` or `--only shards` for one case, `--no-baseline` to measure
+//! `--only send`, `--only write`, `--only shards` or `--only icrc` for one case, `--no-baseline` to measure
 //! the engine alone (e.g. under callgrind; no baseline columns and no ratio are printed then).
 //!
 //! Each line prints the engine's rate beside a baseline measured in the same run: the same
@@ -19,6 +19,12 @@
 //! The shards table runs 64 B SENDs with both devices in 1, 2 (and, on a machine with more
 //! cores, as many as cores) shards (`Device::new_sharded`), a QP pair and a thread per shard;
 //! the one-shard rate of the same run is its baseline.
+//!
+//! The icrc table is the receive-side ICRC check of a UDP-socket receiver per packet: the
+//! plain CRC check (`icrc::verify`, what an ID-0 packet costs) beside an IPv4 ID solve with
+//! the basis cached, a solve for packets cycling through more lengths than the solver caches
+//! (each builds its basis: the junk of security review F6), and a solve plus the window
+//! decision (`Ipv4IdWindows`), all in the same run.
 //!
 //! `cargo test --all-targets` runs this target too, without `--bench`: it then moves a few
 //! hundred messages per case with the same checks and prints no rates (a smoke test, not a
@@ -440,9 +446,9 @@ fn main() {
     let no_baseline = has("--no-baseline");
     let only = match args.iter().position(|a| a == "--only") {
         Some(i) => match args.get(i + 1).map(|s| s.to_ascii_lowercase()).as_deref() {
-            Some(o @ ("send" | "write" | "shards")) => Some(o.to_string()),
+            Some(o @ ("send" | "write" | "shards" | "icrc")) => Some(o.to_string()),
             other => {
-                eprintln!("engine bench: --only wants send, write or shards, not {other:?}");
+                eprintln!("engine bench: --only wants send, write, shards or icrc, not {other:?}");
                 std::process::exit(2);
             }
         },
@@ -459,7 +465,11 @@ fn main() {
         .iter()
         .filter(|c| only.as_deref().is_none_or(|o| o == c.1));
     let shards = only.as_deref().is_none_or(|o| o == "shards");
+    let icrc = only.as_deref().is_none_or(|o| o == "icrc");
     if smoke {
+        if icrc {
+            print_icrc(Until::Messages(200));
+        }
         if shards {
             let (msgs, _) = run_shards(2, Until::Messages(300));
             println!("64 B RC SEND in 2 shards on 2 threads: {msgs} messages (smoke test)");
@@ -516,6 +526,93 @@ fn main() {
     }
     if shards {
         print_shards(d);
+    }
+    if icrc {
+        print_icrc(Until::Elapsed(d));
+    }
+}
+
+/// The icrc table (module documentation): per-packet cost of each receive-side check.
+fn print_icrc(until: Until) {
+    use rxe_core::icrc;
+    let mut rng = rxe_core::sim::Rng::new(0x1c4c);
+    // 80 lengths (more than the solver's 64 cached ones) around 580 B, and 8 of them.
+    let lens: Vec<usize> = (0..80).map(|i| 400 + 4 * i).collect();
+    let packets: Vec<([u8; 28], Vec<u8>)> = lens
+        .iter()
+        .map(|&len| {
+            let mut h = [0u8; 28];
+            for b in h.iter_mut() {
+                *b = rng.next_u64() as u8;
+            }
+            h[0] = 0x45;
+            h[4..6].copy_from_slice(&(rng.next_u64() as u16 | 0x100).to_be_bytes());
+            let mut r: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
+            r[0] = 0x04;
+            icrc::fill(&h, &mut r).unwrap();
+            (h, r)
+        })
+        .collect();
+    let run = |f: &mut dyn FnMut(usize) -> bool| -> (u64, f64) {
+        let t = Wall::now();
+        let mut n = 0u64;
+        loop {
+            for i in 0..64 {
+                assert!(f(n as usize + i), "a right ICRC was refused");
+            }
+            n += 64;
+            match until {
+                Until::Messages(m) if n >= m => break,
+                Until::Elapsed(d) if t.elapsed() >= d => break,
+                _ => {}
+            }
+        }
+        (n, t.elapsed().as_secs_f64())
+    };
+    let (mut s8, mut s80, mut sw) = (
+        icrc::Ipv4IdSolver::new(),
+        icrc::Ipv4IdSolver::new(),
+        icrc::Ipv4IdSolver::new(),
+    );
+    let mut windows = icrc::Ipv4IdWindows::new();
+    let rows: [(&str, &mut dyn FnMut(usize) -> bool); 4] = [
+        ("plain CRC check (ID known)", &mut |i| {
+            let (h, r) = &packets[i % 8];
+            black_box(icrc::verify(h, r)).is_ok()
+        }),
+        ("ID solve, 8 lengths (cached)", &mut |i| {
+            let (h, r) = &packets[i % 8];
+            black_box(s8.verify(h, r)).is_ok()
+        }),
+        ("ID solve, 80 lengths in turn", &mut |i| {
+            let (h, r) = &packets[i % 80];
+            black_box(s80.verify(h, r)).is_ok()
+        }),
+        ("ID solve + window, 80 lengths", &mut |i| {
+            let (h, r) = &packets[i % 80];
+            let id = sw.verify(h, r).unwrap();
+            // Every packet its own source, its ID the one after a head (steady traffic).
+            windows.admit(i as u32 % 80, id.wrapping_sub(1), 0, false);
+            black_box(windows.admit(i as u32 % 80, id, 0, false)) != icrc::IdVerdict::Learned
+        }),
+    ];
+    println!();
+    println!("receive-side ICRC check per IPv4 packet (400-716 B)");
+    println!(
+        "{:<30} | {:>12} | {:>10}",
+        "check", "packets/s", "ns/packet"
+    );
+    for (name, f) in rows {
+        let (n, secs) = run(f);
+        if let Until::Messages(_) = until {
+            println!("{name}: {n} packets accepted (smoke test; `cargo bench` measures)");
+            continue;
+        }
+        println!(
+            "{name:<30} | {:>12.0} | {:>10.1}",
+            n as f64 / secs,
+            secs * 1e9 / n as f64
+        );
     }
 }
 
