@@ -61,7 +61,7 @@ fn ack_through(q: &mut Qp, acked: Psn) -> Option<Psn> {
 fn ack_or_retry(q: &mut Qp, acked: Psn) -> bool {
     match ack_through(q, acked) {
         Some(p) => {
-            crate::req::retry_from(q, p);
+            q.retry_from(p);
             true
         }
         None => false,
@@ -139,7 +139,7 @@ pub(crate) fn handle_response(
             // of the burst that follows it says nothing new.
             if !q.comp.started_retry {
                 q.comp.started_retry = true;
-                crate::req::retry_from(q, expected);
+                q.retry_from(expected);
             }
             return Err(Drop::OutOfSequence);
         }
@@ -244,7 +244,7 @@ pub(crate) fn handle_response(
             if q.comp.rnr_retry != 7 {
                 q.comp.rnr_retry -= 1;
             }
-            crate::req::retry_from(q, psn);
+            q.retry_from(psn);
             q.comp.rnr_psn = Some(psn);
             q.req.rnr_until = Some(now.plus_ns(rnr_timer_ns(timer)));
             q.comp.retrans_at = None;
@@ -273,7 +273,7 @@ pub(crate) fn handle_response(
                         return Ok(());
                     }
                     use_retry(q, res);
-                    crate::req::retry_from(q, psn);
+                    q.retry_from(psn);
                     rearm(q, now);
                 }
                 NakCode::InvalidRequest => finish_error(q, res, seq, WcStatus::RemInvReqErr),
@@ -302,7 +302,7 @@ pub(crate) fn retransmit_timeout(q: &mut Qp, res: &mut Resources, now: Instant) 
     }
     use_retry(q, res);
     let psn = q.comp.psn;
-    crate::req::retry_from(q, psn);
+    q.retry_from(psn);
     rearm(q, now);
 }
 

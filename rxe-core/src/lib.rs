@@ -24,5 +24,6 @@ mod slab;
 mod timers;
 
 pub use device::{Device, DeviceConfig, QpInit, RecvMeta, Transmit};
-pub use qp::{QpCounters, VerbError};
+pub use qp::QpCounters;
+pub use verbs::VerbError;
 pub mod sim;

@@ -5,7 +5,7 @@
 //! so a key names exactly one object) and the low byte is the consumer-owned variant that
 //! fast-reg and bind change.
 
-use crate::verbs::{Access, Sge};
+use crate::verbs::{Access, Sge, WcStatus};
 
 /// Why a memory access failed.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -401,6 +401,39 @@ impl KeyTable {
             None => return Err(MemError::BadKey),
         };
         Ok((mr.iova, mr.length))
+    }
+
+    /// Invalidates an rkey: fast-reg MRs and type 2 MWs (local invalidate, or SEND with
+    /// invalidate at the responder).
+    pub(crate) fn invalidate(
+        &mut self,
+        pd: u32,
+        rkey: u32,
+        qpn: Option<u32>,
+    ) -> Result<(), WcStatus> {
+        let mut unbind = None;
+        match self.get_mut(rkey) {
+            Some(KeyObj::Mr(mr)) if matches!(mr.kind, MrKind::FastReg { .. }) && mr.pd == pd => {
+                if mr.bound_mws > 0 {
+                    return Err(WcStatus::MwBindErr);
+                }
+                mr.state = KeyState::Free;
+            }
+            Some(KeyObj::Mw(mw))
+                if mw.mw_type == MwType::Type2 && mw.pd == pd && mw.state == KeyState::Valid =>
+            {
+                if qpn.is_some_and(|n| n != mw.qpn) {
+                    return Err(WcStatus::MwBindErr);
+                }
+                mw.state = KeyState::Free;
+                unbind = Some(mw.mr_key);
+            }
+            _ => return Err(WcStatus::MwBindErr),
+        }
+        if let Some(Some(KeyObj::Mr(mr))) = unbind.map(|k| self.get_mut(k)) {
+            mr.bound_mws = mr.bound_mws.saturating_sub(1);
+        }
+        Ok(())
     }
 
     /// The checks a remote access through a window makes (bound, its QP or PD, its rights);

@@ -9,6 +9,8 @@ use crate::device::{Cq, Srq};
 
 use crate::types::{Instant, Psn, Qpn};
 use crate::verbs::*;
+// Also named `rxe_core::qp::VerbError`, where the verbs on a QP return it.
+pub use crate::verbs::VerbError;
 use crate::wire::Opcode;
 
 /// The most unacknowledged PSNs a requester keeps in flight (rxe's `RXE_MAX_UNACKED_PSNS`).
@@ -51,13 +53,6 @@ pub(crate) struct SendWqe {
     pub read_done: u32,
     /// The opcode its completion reports.
     pub wc_opcode: WcOpcode,
-}
-
-#[derive(Clone, Debug)]
-pub(crate) struct RecvWqe {
-    pub wr_id: u64,
-    pub sges: crate::verbs::SgList,
-    pub len: u64,
 }
 
 /// What the responder has queued for transmission.
@@ -227,36 +222,6 @@ pub struct Qp {
     pub counters: QpCounters,
     pub mcast: Vec<crate::types::Gid>,
 }
-
-/// Why a verb was refused (the backend maps these to status codes; `errno` names what rxe
-/// returns).
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum VerbError {
-    /// EINVAL
-    Invalid,
-    /// ENOMEM / resource limit reached
-    NoResources,
-    /// ENOENT: no such object
-    NotFound,
-    /// EBUSY: object in use
-    Busy,
-    /// A QP in a state that forbids the operation.
-    BadState,
-}
-
-impl core::fmt::Display for VerbError {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.write_str(match self {
-            VerbError::Invalid => "invalid argument",
-            VerbError::NoResources => "out of resources",
-            VerbError::NotFound => "no such object",
-            VerbError::Busy => "object in use",
-            VerbError::BadState => "operation not allowed in this state",
-        })
-    }
-}
-
-impl std::error::Error for VerbError {}
 
 use AttrMask as M;
 
@@ -557,6 +522,43 @@ impl Qp {
     }
     pub(crate) fn sq_tail(&self) -> u64 {
         self.sq_head + self.sq.len() as u64
+    }
+
+    /// Rewinds the requester to resend from `psn` (go-back-N): the oldest WQE in flight whose PSN
+    /// range reaches `psn` is resent from the packet carrying it.
+    pub(crate) fn retry_from(&mut self, psn: Psn) {
+        let mtu = self.mtu();
+        let mut seq = self.sq_head;
+        let found = loop {
+            if seq > self.req.cur {
+                break None;
+            }
+            match self.wqe(seq) {
+                None => break None,
+                Some(w) if w.state == WqeState::Pending && !w.last_psn.before(psn) => {
+                    break Some(seq)
+                }
+                Some(_) => seq += 1,
+            }
+        };
+        let Some(seq) = found else { return };
+        let w = self.wqe(seq).expect("found above");
+        let skip = psn.diff(w.first_psn).max(0) as u32;
+        let offset = match w.wr.op {
+            SendOp::Send
+            | SendOp::SendWithImm(_)
+            | SendOp::SendWithInv(_)
+            | SendOp::Write { .. }
+            | SendOp::WriteWithImm { .. } => (skip * mtu).min(w.len.saturating_sub(1) / mtu * mtu),
+            _ => 0,
+        };
+        let at = w.first_psn.add(offset / mtu);
+        self.req.cur = seq;
+        self.req.offset = offset;
+        self.req.psn = at;
+        self.req.noack_pkts = 0;
+        self.req.rd_atomic = 0;
+        self.counters.retransmits += 1;
     }
 }
 

@@ -209,45 +209,13 @@ pub(crate) fn bind_mw(
     Ok(())
 }
 
-/// Invalidates an rkey: fast-reg MRs and type 2 MWs (local invalidate, or SEND with
-/// invalidate at the responder).
-pub(crate) fn invalidate(
-    keys: &mut KeyTable,
-    pd: u32,
-    rkey: u32,
-    qpn: Option<u32>,
-) -> Result<(), WcStatus> {
-    let mut unbind = None;
-    match keys.get_mut(rkey) {
-        Some(KeyObj::Mr(mr)) if matches!(mr.kind, MrKind::FastReg { .. }) && mr.pd == pd => {
-            if mr.bound_mws > 0 {
-                return Err(WcStatus::MwBindErr);
-            }
-            mr.state = KeyState::Free;
-        }
-        Some(KeyObj::Mw(mw))
-            if mw.mw_type == MwType::Type2 && mw.pd == pd && mw.state == KeyState::Valid =>
-        {
-            if qpn.is_some_and(|n| n != mw.qpn) {
-                return Err(WcStatus::MwBindErr);
-            }
-            mw.state = KeyState::Free;
-            unbind = Some(mw.mr_key);
-        }
-        _ => return Err(WcStatus::MwBindErr),
-    }
-    if let Some(Some(KeyObj::Mr(mr))) = unbind.map(|k| keys.get_mut(k)) {
-        mr.bound_mws = mr.bound_mws.saturating_sub(1);
-    }
-    Ok(())
-}
-
 fn local_op(q: &Qp, res: &mut Resources, op: SendOp) -> WcStatus {
     let r = match op {
-        SendOp::LocalInv { rkey } => {
-            invalidate(&mut res.objs_mut().keys, q.pd, rkey, Some(q.qpn.0))
-                .map_err(|_| WcStatus::LocQpOpErr)
-        }
+        SendOp::LocalInv { rkey } => res
+            .objs_mut()
+            .keys
+            .invalidate(q.pd, rkey, Some(q.qpn.0))
+            .map_err(|_| WcStatus::LocQpOpErr),
         SendOp::RegMr {
             lkey,
             key,
@@ -682,39 +650,4 @@ fn build(
         dmac: av.dmac,
         qpn: q.qpn,
     })
-}
-
-/// Rewinds the requester to resend from `psn` (go-back-N): the oldest WQE in flight whose PSN
-/// range reaches `psn` is resent from the packet carrying it.
-pub(crate) fn retry_from(q: &mut Qp, psn: Psn) {
-    let mtu = q.mtu();
-    let mut seq = q.sq_head;
-    let found = loop {
-        if seq > q.req.cur {
-            break None;
-        }
-        match q.wqe(seq) {
-            None => break None,
-            Some(w) if w.state == WqeState::Pending && !w.last_psn.before(psn) => break Some(seq),
-            Some(_) => seq += 1,
-        }
-    };
-    let Some(seq) = found else { return };
-    let w = q.wqe(seq).expect("found above");
-    let skip = psn.diff(w.first_psn).max(0) as u32;
-    let offset = match w.wr.op {
-        SendOp::Send
-        | SendOp::SendWithImm(_)
-        | SendOp::SendWithInv(_)
-        | SendOp::Write { .. }
-        | SendOp::WriteWithImm { .. } => (skip * mtu).min(w.len.saturating_sub(1) / mtu * mtu),
-        _ => 0,
-    };
-    let at = w.first_psn.add(offset / mtu);
-    q.req.cur = seq;
-    q.req.offset = offset;
-    q.req.psn = at;
-    q.req.noack_pkts = 0;
-    q.req.rd_atomic = 0;
-    q.counters.retransmits += 1;
 }

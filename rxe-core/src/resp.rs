@@ -534,7 +534,7 @@ fn execute_checked(
                 cqe.imm_or_inv = imm;
             }
             if let Some(rkey) = pkt.ieth() {
-                if crate::req::invalidate(&mut res.objs_mut().keys, pd, rkey, None).is_err() {
+                if res.objs_mut().keys.invalidate(pd, rkey, None).is_err() {
                     let cqe = recv_cqe(q, wqe.wr_id, WcStatus::RemInvReqErr, WcOpcode::Recv, 0);
                     post_recv_cqe(q, res, cqe, false);
                     return invalid_request();

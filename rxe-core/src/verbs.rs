@@ -639,3 +639,41 @@ pub enum AsyncEvent {
         srqn: u32,
     },
 }
+
+/// A posted receive, as the responder takes it from the RQ or SRQ.
+#[derive(Clone, Debug)]
+pub(crate) struct RecvWqe {
+    pub wr_id: u64,
+    pub sges: SgList,
+    pub len: u64,
+}
+
+/// Why a verb was refused (the backend maps these to status codes; `errno` names what rxe
+/// returns).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum VerbError {
+    /// EINVAL
+    Invalid,
+    /// ENOMEM / resource limit reached
+    NoResources,
+    /// ENOENT: no such object
+    NotFound,
+    /// EBUSY: object in use
+    Busy,
+    /// A QP in a state that forbids the operation.
+    BadState,
+}
+
+impl core::fmt::Display for VerbError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            VerbError::Invalid => "invalid argument",
+            VerbError::NoResources => "out of resources",
+            VerbError::NotFound => "no such object",
+            VerbError::Busy => "object in use",
+            VerbError::BadState => "operation not allowed in this state",
+        })
+    }
+}
+
+impl std::error::Error for VerbError {}
