@@ -1141,7 +1141,7 @@ impl Device {
             QpState::Reset if cur != QpState::Reset => q.reset(),
             QpState::Err if cur != QpState::Err => {
                 q.attr.qp_state = QpState::Err;
-                crate::comp::flush(q, &mut self.res);
+                crate::complete::flush(q, &mut self.res);
             }
             QpState::Rtr if cur != QpState::Rtr => {
                 q.resp.psn = Psn::new(q.attr.rq_psn);
@@ -1264,7 +1264,7 @@ impl Device {
         }
         push_recv(&mut q.rq, q.cap.max_recv_sge, q.cap.max_recv_wr, wr)?;
         if q.state() == QpState::Err {
-            crate::comp::flush(q, &mut self.res);
+            crate::complete::flush(q, &mut self.res);
         }
         Ok(())
     }
@@ -1320,7 +1320,7 @@ impl Device {
             q.scheduled = false;
             let t = crate::resp::next_response(q, &mut self.res, mem, buf, in_memory)
                 .or_else(|| crate::req::next_request(q, &mut self.res, mem, now, buf, in_memory));
-            crate::comp::drain(q, &mut self.res);
+            crate::complete::drain(q, &mut self.res);
             crate::timers::note(&mut self.timers, q);
             if let Some(t) = t {
                 q.counters.tx_packets += 1;
@@ -1444,7 +1444,7 @@ impl Device {
         if r.is_err() {
             q.counters.dropped += 1;
         }
-        crate::comp::drain(q, &mut self.res);
+        crate::complete::drain(q, &mut self.res);
         crate::timers::note(&mut self.timers, q);
         let qpn = q.qpn;
         self.schedule(qpn);
@@ -1519,7 +1519,7 @@ impl Device {
             }
             if q.comp.retrans_at.is_some_and(|t| t <= now) {
                 crate::comp::retransmit_timeout(q, &mut self.res, now);
-                crate::comp::drain(q, &mut self.res);
+                crate::complete::drain(q, &mut self.res);
                 fired = true;
             }
             // Pushed after the loop, so a deadline that is already due is not fired twice.
@@ -1598,7 +1598,7 @@ impl Device {
         }
         for q in self.qps.iter_mut().flatten() {
             if (q.send_cq == cqn || q.recv_cq == cqn) && q.state() != QpState::Err {
-                crate::comp::set_error(q, &mut self.res);
+                crate::complete::set_error(q, &mut self.res);
             }
         }
     }

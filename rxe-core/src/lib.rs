@@ -16,6 +16,7 @@ pub use types::{Gid, Instant, Psn, Qpn};
 
 mod brlock;
 mod comp;
+mod complete;
 pub mod device;
 pub mod qp;
 mod req;

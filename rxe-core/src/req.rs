@@ -34,8 +34,8 @@ pub(crate) fn post_failed(
         wc_opcode: opcode,
     });
     q.counters.errors += 1;
-    crate::comp::set_error(q, res);
-    crate::comp::drain(q, res);
+    crate::complete::set_error(q, res);
+    crate::complete::drain(q, res);
     Ok(())
 }
 
@@ -119,7 +119,7 @@ pub(crate) fn post_send(q: &mut Qp, res: &mut Resources, wr: SendWr) -> Result<(
         read_done: 0,
     });
     if flushed {
-        crate::comp::drain(q, res);
+        crate::complete::drain(q, res);
     }
     Ok(())
 }
@@ -343,7 +343,7 @@ pub(crate) fn next_request(
             w.state = WqeState::Done(status);
             q.req.cur += 1;
             if status != WcStatus::Success {
-                crate::comp::set_error(q, res);
+                crate::complete::set_error(q, res);
                 return None;
             }
             continue;
@@ -585,7 +585,7 @@ fn build(
         if copy.is_err() {
             let w = q.wqe_mut(seq).expect("wqe present");
             w.state = WqeState::Done(WcStatus::LocProtErr);
-            crate::comp::set_error(q, res);
+            crate::complete::set_error(q, res);
             return None;
         }
     }

@@ -953,7 +953,7 @@ pub(crate) fn next_response(
     }
     let src = res.gid(q.attr.av.sgid_index)?;
     if q.resp.out.is_empty() && q.resp.goto_error {
-        crate::comp::set_error(q, res);
+        crate::complete::set_error(q, res);
     }
     Some(Transmit {
         len: total,
