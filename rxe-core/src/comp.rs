@@ -73,7 +73,8 @@ fn oldest_pending(q: &Qp) -> Option<u64> {
     (q.sq_head..q.sq_tail()).find(|s| q.wqe(*s).is_some_and(|w| w.state == WqeState::Pending))
 }
 
-/// Handles a response packet arriving at the requester side of `q`.
+/// Handles a response packet arriving at the requester side of `q`: rxe's completer walk,
+/// `check_psn` (with `get_wqe`) → `do_read` / `do_atomic` / `check_ack` → `complete_ack`.
 pub(crate) fn handle_response(
     q: &mut Qp,
     res: &mut Resources,
@@ -88,6 +89,23 @@ pub(crate) fn handle_response(
         return Err(Drop::WrongQpState);
     }
     let psn = Psn::new(pkt.bth().psn());
+    let Some(seq) = check_psn(q, pkt, psn)? else {
+        return Ok(());
+    };
+    if pkt.flags().contains(OpFlags::READ) {
+        // READ responses (also the empty one for FLUSH / ATOMIC_WRITE).
+        return do_read(q, res, mem, now, pkt, psn, seq);
+    }
+    if pkt.opcode() == Opcode::RC_ATOMIC_ACKNOWLEDGE {
+        return do_atomic(q, res, mem, now, pkt, psn, seq);
+    }
+    // RC_ACKNOWLEDGE.
+    check_ack(q, res, now, pkt, psn)
+}
+
+/// rxe's `check_psn()`: drops a ghost or a duplicate, and returns the oldest WQE waiting for a
+/// response that the packet answers (None: the packet restarted an earlier READ/atomic).
+fn check_psn(q: &mut Qp, pkt: &Packet<&[u8]>, psn: Psn) -> Result<Option<u64>, Drop> {
     if !psn.before(q.req.max_psn) {
         // A ghost: it answers a PSN never sent (forged, or a peer that lost track). IBTA
         // drops it silently; acting on it would complete as successful work the peer never
@@ -95,11 +113,8 @@ pub(crate) fn handle_response(
         q.counters.ghost_responses += 1;
         return Err(Drop::Ghost);
     }
-    let op = pkt.opcode();
-    let aeth = pkt.aeth();
-    let flags = pkt.flags();
-    let data_response = flags.intersects(OpFlags::READ.union(OpFlags::ATOMIC));
-    let seq = loop {
+    let data_response = pkt.flags().intersects(OpFlags::READ.union(OpFlags::ATOMIC));
+    loop {
         let Some(seq) = oldest_pending(q) else {
             // Nothing outstanding: a late duplicate.
             q.counters.duplicates += 1;
@@ -114,107 +129,154 @@ pub(crate) fn handle_response(
         // implicitly acknowledges it (IBTA 9.7.5.1.3); then look again.
         if data_response && psn.after(w.last_psn) && !w.wr.op.is_read_or_atomic() {
             if ack_or_retry(q, psn.sub(1)) {
-                return Ok(());
+                return Ok(None);
             }
             continue;
         }
-        break seq;
-    };
+        return Ok(Some(seq));
+    }
+}
+
+/// A READ response (or the empty one of a FLUSH / ATOMIC_WRITE) for WQE `seq`: the one it
+/// expects next is taken, an earlier one is a duplicate, a later one means one went missing.
+fn do_read(
+    q: &mut Qp,
+    res: &mut Resources,
+    mem: &mut dyn Memory,
+    now: Instant,
+    pkt: &Packet<&[u8]>,
+    psn: Psn,
+    seq: u64,
+) -> Result<(), Drop> {
     let w = q.wqe(seq).expect("pending wqe");
-    if flags.contains(OpFlags::READ) {
-        // READ responses (also the empty one for FLUSH / ATOMIC_WRITE).
-        let first_psn = w.first_psn;
-        let mtu = q.mtu();
-        let expected = match w.wr.op {
-            SendOp::Read { .. } => first_psn.add(w.read_done / mtu),
-            SendOp::Flush { .. } | SendOp::AtomicWrite { .. } => first_psn,
-            _ => return Err(Drop::Unexpected),
-        };
-        if psn.before(expected) {
-            q.counters.duplicates += 1;
-            return Err(Drop::Duplicate);
-        }
-        if psn.after(expected) {
-            // A response went missing: ask again from what we have, once per loss — the rest
-            // of the burst that follows it says nothing new.
-            if !q.comp.started_retry {
-                q.comp.started_retry = true;
-                q.retry_from(expected);
-            }
-            return Err(Drop::OutOfSequence);
-        }
-        if let SendOp::Read { .. } = w.wr.op {
-            let payload = pkt.payload();
-            let done = w.read_done;
-            let end = flags.contains(OpFlags::LAST);
-            // From a device in memory, a response may be a segment of whole path MTUs.
-            let segments = res.rx_in_memory;
-            let plen = payload.len() as u64;
-            let ok_len = if end {
-                done as u64 + plen == w.len as u64
-            } else if segments {
-                plen > 0 && plen.is_multiple_of(mtu as u64) && done as u64 + plen < w.len as u64
-            } else {
-                plen == mtu as u64
-            };
-            if !ok_len || (plen > mtu as u64 && !segments) {
-                finish_error(q, res, seq, WcStatus::BadRespErr);
-                return Err(Drop::Unexpected);
-            }
-            if copy_to_sges(
-                &res.objs().keys,
-                mem,
-                q.pd,
-                &w.wr.sg_list,
-                done as u64,
-                payload,
-            )
-            .is_err()
-            {
-                finish_error(q, res, seq, WcStatus::LocProtErr);
-                return Err(Drop::Unexpected);
-            }
-            let w = q.wqe_mut(seq).expect("pending wqe");
-            w.read_done += payload.len() as u32;
-            if end {
-                w.state = WqeState::Done(WcStatus::Success);
-                q.req.rd_atomic = q.req.rd_atomic.saturating_sub(1);
-            }
-            q.comp.psn = psn.add((plen.div_ceil(mtu as u64).max(1)) as u32);
-        } else {
-            let w = q.wqe_mut(seq).expect("pending wqe");
-            w.state = WqeState::Done(WcStatus::Success);
-            q.comp.psn = psn.next();
-            q.req.rd_atomic = q.req.rd_atomic.saturating_sub(1);
-        }
-        // Earlier non-read WQEs are implicitly acknowledged by the response.
-        ack_through(q, psn.sub(1));
-        reset_retry(q);
-        rearm(q, now);
-        return Ok(());
+    let first_psn = w.first_psn;
+    let expected = match w.wr.op {
+        SendOp::Read { .. } => first_psn.add(w.read_done / q.mtu()),
+        SendOp::Flush { .. } | SendOp::AtomicWrite { .. } => first_psn,
+        _ => return Err(Drop::Unexpected),
+    };
+    if psn.before(expected) {
+        q.counters.duplicates += 1;
+        return Err(Drop::Duplicate);
     }
-    if op == Opcode::RC_ATOMIC_ACKNOWLEDGE {
-        let orig = pkt.atomic_ack_eth().map(|a| a.orig()).unwrap_or(0);
-        if !matches!(w.wr.op, SendOp::CompSwap { .. } | SendOp::FetchAdd { .. })
-            || psn != w.first_psn
-        {
-            return Err(Drop::Unexpected);
+    if psn.after(expected) {
+        // A response went missing: ask again from what we have, once per loss — the rest
+        // of the burst that follows it says nothing new.
+        if !q.comp.started_retry {
+            q.comp.started_retry = true;
+            q.retry_from(expected);
         }
-        let v = orig.to_le_bytes();
-        if copy_to_sges(&res.objs().keys, mem, q.pd, &w.wr.sg_list, 0, &v).is_err() {
-            finish_error(q, res, seq, WcStatus::LocProtErr);
-            return Err(Drop::Unexpected);
-        }
-        q.wqe_mut(seq).expect("pending wqe").state = WqeState::Done(WcStatus::Success);
-        q.req.rd_atomic = q.req.rd_atomic.saturating_sub(1);
+        return Err(Drop::OutOfSequence);
+    }
+    if let SendOp::Read { .. } = w.wr.op {
+        read_data(q, res, mem, pkt, psn, seq)?;
+    } else {
+        let w = q.wqe_mut(seq).expect("pending wqe");
+        w.state = WqeState::Done(WcStatus::Success);
         q.comp.psn = psn.next();
-        ack_through(q, psn.sub(1));
-        reset_retry(q);
-        rearm(q, now);
-        return Ok(());
+        q.req.rd_atomic = q.req.rd_atomic.saturating_sub(1);
     }
-    // RC_ACKNOWLEDGE.
-    let Some(aeth) = aeth else {
+    complete_ack(q, now, psn);
+    Ok(())
+}
+
+/// Places the payload of the expected READ response where the READ's SGEs say; the last one
+/// finishes the WQE.
+fn read_data(
+    q: &mut Qp,
+    res: &mut Resources,
+    mem: &mut dyn Memory,
+    pkt: &Packet<&[u8]>,
+    psn: Psn,
+    seq: u64,
+) -> Result<(), Drop> {
+    let w = q.wqe(seq).expect("pending wqe");
+    let mtu = q.mtu();
+    let flags = pkt.flags();
+    let payload = pkt.payload();
+    let done = w.read_done;
+    let end = flags.contains(OpFlags::LAST);
+    // From a device in memory, a response may be a segment of whole path MTUs.
+    let segments = res.rx_in_memory;
+    let plen = payload.len() as u64;
+    let ok_len = if end {
+        done as u64 + plen == w.len as u64
+    } else if segments {
+        plen > 0 && plen.is_multiple_of(mtu as u64) && done as u64 + plen < w.len as u64
+    } else {
+        plen == mtu as u64
+    };
+    if !ok_len || (plen > mtu as u64 && !segments) {
+        finish_error(q, res, seq, WcStatus::BadRespErr);
+        return Err(Drop::Unexpected);
+    }
+    if copy_to_sges(
+        &res.objs().keys,
+        mem,
+        q.pd,
+        &w.wr.sg_list,
+        done as u64,
+        payload,
+    )
+    .is_err()
+    {
+        finish_error(q, res, seq, WcStatus::LocProtErr);
+        return Err(Drop::Unexpected);
+    }
+    let w = q.wqe_mut(seq).expect("pending wqe");
+    w.read_done += payload.len() as u32;
+    if end {
+        w.state = WqeState::Done(WcStatus::Success);
+        q.req.rd_atomic = q.req.rd_atomic.saturating_sub(1);
+    }
+    q.comp.psn = psn.add((plen.div_ceil(mtu as u64).max(1)) as u32);
+    Ok(())
+}
+
+/// An atomic ACK for WQE `seq`: the original value goes where the atomic's SGE says.
+fn do_atomic(
+    q: &mut Qp,
+    res: &mut Resources,
+    mem: &mut dyn Memory,
+    now: Instant,
+    pkt: &Packet<&[u8]>,
+    psn: Psn,
+    seq: u64,
+) -> Result<(), Drop> {
+    let w = q.wqe(seq).expect("pending wqe");
+    let orig = pkt.atomic_ack_eth().map(|a| a.orig()).unwrap_or(0);
+    if !matches!(w.wr.op, SendOp::CompSwap { .. } | SendOp::FetchAdd { .. }) || psn != w.first_psn {
+        return Err(Drop::Unexpected);
+    }
+    let v = orig.to_le_bytes();
+    if copy_to_sges(&res.objs().keys, mem, q.pd, &w.wr.sg_list, 0, &v).is_err() {
+        finish_error(q, res, seq, WcStatus::LocProtErr);
+        return Err(Drop::Unexpected);
+    }
+    q.wqe_mut(seq).expect("pending wqe").state = WqeState::Done(WcStatus::Success);
+    q.req.rd_atomic = q.req.rd_atomic.saturating_sub(1);
+    q.comp.psn = psn.next();
+    complete_ack(q, now, psn);
+    Ok(())
+}
+
+/// After a READ response or atomic ACK at `psn`: earlier non-read WQEs are implicitly
+/// acknowledged by the response, the retries are whole again and the timer restarts.
+fn complete_ack(q: &mut Qp, now: Instant, psn: Psn) {
+    ack_through(q, psn.sub(1));
+    reset_retry(q);
+    rearm(q, now);
+}
+
+/// rxe's `check_ack()`: an ACK, RNR NAK or NAK by its AETH syndrome.
+fn check_ack(
+    q: &mut Qp,
+    res: &mut Resources,
+    now: Instant,
+    pkt: &Packet<&[u8]>,
+    psn: Psn,
+) -> Result<(), Drop> {
+    let Some(aeth) = pkt.aeth() else {
         return Err(Drop::Unexpected);
     };
     match aeth.syndrome() {
@@ -230,61 +292,73 @@ pub(crate) fn handle_response(
             Ok(())
         }
         Syndrome::RnrNak(timer) => {
-            q.counters.rnr_naks_received += 1;
-            if ack_or_retry(q, psn.sub(1)) {
-                return Ok(());
-            }
-            let Some(seq) = oldest_pending(q) else {
-                return Ok(());
-            };
-            if q.comp.rnr_retry == 0 {
-                finish_error(q, res, seq, WcStatus::RnrRetryExcErr);
-                return Ok(());
-            }
-            if q.comp.rnr_retry != 7 {
-                q.comp.rnr_retry -= 1;
-            }
-            q.retry_from(psn);
-            q.comp.rnr_psn = Some(psn);
-            q.req.rnr_until = Some(now.plus_ns(rnr_timer_ns(timer)));
-            q.comp.retrans_at = None;
+            rnr_nak(q, res, now, psn, timer);
             Ok(())
         }
         Syndrome::Nak(code) => {
-            q.counters.naks_received += 1;
-            if ack_or_retry(q, psn.sub(1)) {
-                return Ok(());
-            }
-            let Some(seq) = oldest_pending(q) else {
-                return Ok(());
-            };
-            match code {
-                NakCode::PsnSeqError => {
-                    if q.comp.rnr_psn == Some(psn) {
-                        // The responder NAKs the rest of a burst whose head it RNR-NAKed:
-                        // the same event, handled by the RNR backoff (before or after its
-                        // timer fired). Spending a retry on it would end an RNR-only stall
-                        // with RetryExcErr once retry_cnt is finite (IBTA), though
-                        // rnr_retry 7 means "for ever".
-                        return Ok(());
-                    }
-                    if q.comp.retry_cnt == 0 {
-                        finish_error(q, res, seq, WcStatus::RetryExcErr);
-                        return Ok(());
-                    }
-                    use_retry(q, res);
-                    q.retry_from(psn);
-                    rearm(q, now);
-                }
-                NakCode::InvalidRequest => finish_error(q, res, seq, WcStatus::RemInvReqErr),
-                NakCode::RemoteAccessError => finish_error(q, res, seq, WcStatus::RemAccessErr),
-                NakCode::RemoteOperationalError => finish_error(q, res, seq, WcStatus::RemOpErr),
-                NakCode::InvalidRdRequest => finish_error(q, res, seq, WcStatus::RemInvRdReqErr),
-                NakCode::Other(_) => finish_error(q, res, seq, WcStatus::BadRespErr),
-            }
+            nak(q, res, now, psn, code);
             Ok(())
         }
         Syndrome::Reserved(_) => Err(Drop::Unexpected),
+    }
+}
+
+/// An RNR NAK at `psn`: after what it acknowledges, the requester waits for the RNR timer and
+/// resends from `psn`, or the WQE fails once `rnr_retry` is spent.
+fn rnr_nak(q: &mut Qp, res: &mut Resources, now: Instant, psn: Psn, timer: u8) {
+    q.counters.rnr_naks_received += 1;
+    if ack_or_retry(q, psn.sub(1)) {
+        return;
+    }
+    let Some(seq) = oldest_pending(q) else {
+        return;
+    };
+    if q.comp.rnr_retry == 0 {
+        finish_error(q, res, seq, WcStatus::RnrRetryExcErr);
+        return;
+    }
+    if q.comp.rnr_retry != 7 {
+        q.comp.rnr_retry -= 1;
+    }
+    q.retry_from(psn);
+    q.comp.rnr_psn = Some(psn);
+    q.req.rnr_until = Some(now.plus_ns(rnr_timer_ns(timer)));
+    q.comp.retrans_at = None;
+}
+
+/// A NAK at `psn`: after what it acknowledges, a PSN sequence error resends from `psn` (one
+/// retry spent); every other code fails the WQE with its status.
+fn nak(q: &mut Qp, res: &mut Resources, now: Instant, psn: Psn, code: NakCode) {
+    q.counters.naks_received += 1;
+    if ack_or_retry(q, psn.sub(1)) {
+        return;
+    }
+    let Some(seq) = oldest_pending(q) else {
+        return;
+    };
+    match code {
+        NakCode::PsnSeqError => {
+            if q.comp.rnr_psn == Some(psn) {
+                // The responder NAKs the rest of a burst whose head it RNR-NAKed:
+                // the same event, handled by the RNR backoff (before or after its
+                // timer fired). Spending a retry on it would end an RNR-only stall
+                // with RetryExcErr once retry_cnt is finite (IBTA), though
+                // rnr_retry 7 means "for ever".
+                return;
+            }
+            if q.comp.retry_cnt == 0 {
+                finish_error(q, res, seq, WcStatus::RetryExcErr);
+                return;
+            }
+            use_retry(q, res);
+            q.retry_from(psn);
+            rearm(q, now);
+        }
+        NakCode::InvalidRequest => finish_error(q, res, seq, WcStatus::RemInvReqErr),
+        NakCode::RemoteAccessError => finish_error(q, res, seq, WcStatus::RemAccessErr),
+        NakCode::RemoteOperationalError => finish_error(q, res, seq, WcStatus::RemOpErr),
+        NakCode::InvalidRdRequest => finish_error(q, res, seq, WcStatus::RemInvRdReqErr),
+        NakCode::Other(_) => finish_error(q, res, seq, WcStatus::BadRespErr),
     }
 }
 
