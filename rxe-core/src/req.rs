@@ -364,6 +364,23 @@ pub(crate) fn next_request(
     }
 }
 
+/// What [`build`] decided for the packet it sends.
+struct Plan {
+    seq: u64,
+    op: Opcode,
+    psn: Psn,
+    /// Where in the message the packet starts (for READ: the response data not yet received).
+    offset: u32,
+    /// The message's length.
+    len: u32,
+    /// Payload bytes the packet carries.
+    payload: u32,
+    /// The PSNs the packet stands for (a READ request: its responses').
+    npsn: u32,
+    last: bool,
+    mtu: u32,
+}
+
 fn build(
     q: &mut Qp,
     res: &mut Resources,
@@ -373,6 +390,46 @@ fn build(
     buf: &mut [u8],
     in_memory: &dyn Fn(&Gid) -> bool,
 ) -> Option<Transmit> {
+    let mut ext = ExtRepr::default();
+    let p = plan(q, res, seq, buf.len(), in_memory, &mut ext)?;
+    let wqe = q.wqe(seq)?;
+    let (dest_qp, sport, av) = destination(q, wqe, &mut ext);
+    let wr_flags = wqe.wr.flags;
+    let end = p.last || p.npsn > 1 || p.op.flags().contains(crate::wire::OpFlags::LAST);
+    let ack_req = ack_req(q, p.payload, p.mtu, end);
+    let bth = BthRepr {
+        solicited: end && wr_flags & SEND_SOLICITED != 0,
+        ..BthRepr::new(p.op, dest_qp, p.psn.get(), ack_req)
+    };
+    let (total, range) = wire::emit(buf, &bth, &ext, p.payload as usize).ok()?;
+    if p.payload > 0 {
+        copy_payload(q, res, mem, &p, &mut buf[range])?;
+    }
+    let src = res.gid(av.sgid_index)?;
+    advance(q, res, now, &p);
+    Some(Transmit {
+        len: total,
+        src,
+        dst: av.dgid,
+        sport,
+        traffic_class: av.traffic_class,
+        hop_limit: if av.hop_limit == 0 { 64 } else { av.hop_limit },
+        flow_label: av.flow_label,
+        dmac: av.dmac,
+        qpn: q.qpn,
+    })
+}
+
+/// The next packet of WQE `seq`: its PSN, where in the message it starts, how much it
+/// carries, and its opcode with the header extensions in `ext`.
+fn plan(
+    q: &Qp,
+    res: &Resources,
+    seq: u64,
+    buf_len: usize,
+    in_memory: &dyn Fn(&Gid) -> bool,
+    ext: &mut ExtRepr,
+) -> Option<Plan> {
     let ud = matches!(q.qp_type, QpType::Ud | QpType::Gsi);
     let mtu = if ud {
         res.cfg.port_mtu.bytes()
@@ -399,70 +456,115 @@ fn build(
     // A packet carries one path MTU of payload; a segment to a device reached in memory
     // carries several, and takes the PSNs of the packets it stands for.
     let seg = if q.qp_type == QpType::Rc && remaining > mtu && in_memory(&q.attr.av.dgid) {
-        crate::device::segment_payload(buf.len(), mtu)
+        crate::device::segment_payload(buf_len, mtu)
     } else {
         mtu
     };
-    let first = offset == 0;
     let last = remaining <= seg;
-    let plen = remaining.min(seg);
-    let mut ext = ExtRepr::default();
-    let sel = |f: Opcode, m: Opcode, l: Opcode, o: Opcode| match (first, last) {
-        (true, true) => o,
-        (true, false) => f,
-        (false, false) => m,
-        (false, true) => l,
+    let at = Position::of(offset == 0, last);
+    let (op, payload, npsn) = opcode(wqe, at, offset, remaining.min(seg), mtu, ext)?;
+    // ONLY opcodes of UD are SEND_ONLY (0x64) / SEND_ONLY_WITH_IMMEDIATE (0x65).
+    let op = if op.0 < 0x1c {
+        op.with_transport(base)
+    } else {
+        op
     };
-    use Opcode as O;
-    let (op, payload, npsn) = match &wqe.wr.op {
-        SendOp::Send => (
-            sel(
-                O::RC_SEND_FIRST,
-                O::RC_SEND_MIDDLE,
-                O::RC_SEND_LAST,
-                O::RC_SEND_ONLY,
-            ),
-            plen,
-            1,
-        ),
+    Some(Plan {
+        seq,
+        op,
+        psn,
+        offset,
+        len,
+        payload,
+        npsn,
+        last,
+        mtu,
+    })
+}
+
+/// A packet's place in its message, which picks its opcode from a [`Positions`] row.
+#[derive(Clone, Copy)]
+enum Position {
+    First = 0,
+    Middle = 1,
+    Last = 2,
+    Only = 3,
+}
+
+impl Position {
+    fn of(first: bool, last: bool) -> Position {
+        match (first, last) {
+            (true, true) => Position::Only,
+            (true, false) => Position::First,
+            (false, false) => Position::Middle,
+            (false, true) => Position::Last,
+        }
+    }
+}
+
+/// The RC opcodes of a multi-packet operation by [`Position`] (IBTA table 38); UC and UD take
+/// the same operation in their class.
+type Positions = [Opcode; 4];
+
+use Opcode as O;
+const SEND: Positions = [
+    O::RC_SEND_FIRST,
+    O::RC_SEND_MIDDLE,
+    O::RC_SEND_LAST,
+    O::RC_SEND_ONLY,
+];
+const SEND_IMM: Positions = [
+    O::RC_SEND_FIRST,
+    O::RC_SEND_MIDDLE,
+    O::RC_SEND_LAST_WITH_IMMEDIATE,
+    O::RC_SEND_ONLY_WITH_IMMEDIATE,
+];
+const SEND_INV: Positions = [
+    O::RC_SEND_FIRST,
+    O::RC_SEND_MIDDLE,
+    O::RC_SEND_LAST_WITH_INVALIDATE,
+    O::RC_SEND_ONLY_WITH_INVALIDATE,
+];
+const WRITE: Positions = [
+    O::RC_RDMA_WRITE_FIRST,
+    O::RC_RDMA_WRITE_MIDDLE,
+    O::RC_RDMA_WRITE_LAST,
+    O::RC_RDMA_WRITE_ONLY,
+];
+const WRITE_IMM: Positions = [
+    O::RC_RDMA_WRITE_FIRST,
+    O::RC_RDMA_WRITE_MIDDLE,
+    O::RC_RDMA_WRITE_LAST_WITH_IMMEDIATE,
+    O::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE,
+];
+
+/// The RC opcode of a packet of `wqe` at `at`, the payload bytes it carries (of `plen` the
+/// window allows) and the PSNs it stands for; its header extensions go into `ext`. None for
+/// an operation that sends no packet.
+fn opcode(
+    wqe: &SendWqe,
+    at: Position,
+    offset: u32,
+    plen: u32,
+    mtu: u32,
+    ext: &mut ExtRepr,
+) -> Option<(Opcode, u32, u32)> {
+    let len = wqe.len;
+    let remaining = len - offset.min(len);
+    let sel = |row: Positions| row[at as usize];
+    Some(match &wqe.wr.op {
+        SendOp::Send => (sel(SEND), plen, 1),
         SendOp::SendWithImm(imm) => {
             ext.imm = *imm;
-            (
-                sel(
-                    O::RC_SEND_FIRST,
-                    O::RC_SEND_MIDDLE,
-                    O::RC_SEND_LAST_WITH_IMMEDIATE,
-                    O::RC_SEND_ONLY_WITH_IMMEDIATE,
-                ),
-                plen,
-                1,
-            )
+            (sel(SEND_IMM), plen, 1)
         }
         SendOp::SendWithInv(rkey) => {
             ext.ieth = *rkey;
-            (
-                sel(
-                    O::RC_SEND_FIRST,
-                    O::RC_SEND_MIDDLE,
-                    O::RC_SEND_LAST_WITH_INVALIDATE,
-                    O::RC_SEND_ONLY_WITH_INVALIDATE,
-                ),
-                plen,
-                1,
-            )
+            (sel(SEND_INV), plen, 1)
         }
         SendOp::Write { remote_addr, rkey } => {
             ext.reth = (*remote_addr, *rkey, len);
-            (
-                sel(
-                    O::RC_RDMA_WRITE_FIRST,
-                    O::RC_RDMA_WRITE_MIDDLE,
-                    O::RC_RDMA_WRITE_LAST,
-                    O::RC_RDMA_WRITE_ONLY,
-                ),
-                plen,
-                1,
-            )
+            (sel(WRITE), plen, 1)
         }
         SendOp::WriteWithImm {
             remote_addr,
@@ -471,16 +573,7 @@ fn build(
         } => {
             ext.reth = (*remote_addr, *rkey, len);
             ext.imm = *imm;
-            (
-                sel(
-                    O::RC_RDMA_WRITE_FIRST,
-                    O::RC_RDMA_WRITE_MIDDLE,
-                    O::RC_RDMA_WRITE_LAST_WITH_IMMEDIATE,
-                    O::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE,
-                ),
-                plen,
-                1,
-            )
+            (sel(WRITE_IMM), plen, 1)
         }
         SendOp::Read { remote_addr, rkey } => {
             // A retried READ asks only for what has not arrived yet.
@@ -520,14 +613,14 @@ fn build(
             (O::RC_FLUSH, 0, 1)
         }
         _ => return None,
-    };
-    let op = if op.0 < 0x1c {
-        op.with_transport(base)
-    } else {
-        op
-    };
-    // ONLY opcodes of UD are SEND_ONLY (0x64) / SEND_ONLY_WITH_IMMEDIATE (0x65).
-    let (dest_qp, sport, av) = match &wqe.wr.ud {
+    })
+}
+
+/// Where the packet goes: the destination QP, UDP source port and address vector of the QP,
+/// or for UD those of the work request (and its DETH in `ext`).
+fn destination(q: &Qp, wqe: &SendWqe, ext: &mut ExtRepr) -> (u32, u16, Av) {
+    let ud = matches!(q.qp_type, QpType::Ud | QpType::Gsi);
+    match &wqe.wr.ud {
         Some(u) if ud => {
             // As rxe: the GSI QP always sends the GSI Q_Key; others send the WR's Q_Key as given
             // (rxe does not apply the IBTA "controlled Q_Key" high-bit rule).
@@ -544,10 +637,13 @@ fn build(
             rc_udp_sport(q.attr.av.flow_label, q.qpn.0, q.attr.dest_qp_num),
             q.attr.av,
         ),
-    };
-    let wr_flags = wqe.wr.flags;
-    let end = last || npsn > 1 || op.flags().contains(crate::wire::OpFlags::LAST);
-    let ack_req = q.qp_type == QpType::Rc && {
+    }
+}
+
+/// AckReq: RC asks for an ACK at the end of a message and at least every
+/// [`MAX_PKT_PER_ACK`] packets.
+fn ack_req(q: &mut Qp, payload: u32, mtu: u32, end: bool) -> bool {
+    q.qp_type == QpType::Rc && {
         // Counted in PSNs: a segment asks for its ACK as the packets it stands for would,
         // so a message larger than the window of unacknowledged PSNs keeps moving.
         q.req.noack_pkts += payload.div_ceil(mtu).max(1);
@@ -557,71 +653,79 @@ fn build(
         } else {
             false
         }
-    };
-    let bth = BthRepr {
-        solicited: end && wr_flags & SEND_SOLICITED != 0,
-        ..BthRepr::new(op, dest_qp, psn.get(), ack_req)
-    };
-    let (total, range) = wire::emit(buf, &bth, &ext, payload as usize).ok()?;
-    if payload > 0 {
-        let wqe = q.wqe(seq)?;
-        let dst = &mut buf[range];
-        let copy = if wqe.wr.flags & SEND_INLINE != 0 {
-            wqe.wr
-                .inline_data
-                .get(offset as usize..(offset + payload) as usize)
-                .map(|s| dst.copy_from_slice(s))
-                .ok_or(MemError::Length)
-        } else {
-            copy_from_sges(
-                &res.objs().keys,
-                mem,
-                q.pd,
-                &wqe.wr.sg_list,
-                offset as u64,
-                dst,
-            )
-        };
-        if copy.is_err() {
-            let w = q.wqe_mut(seq).expect("wqe present");
-            w.state = WqeState::Done(WcStatus::LocProtErr);
-            crate::complete::set_error(q, res);
-            return None;
-        }
     }
-    let src = res.gid(av.sgid_index)?;
+}
+
+/// Copies the packet's payload from the WQE's inline data or its SGEs into `dst`; a bad SGE
+/// fails the WQE with LOC_PROT_ERR and moves the QP to ERR.
+fn copy_payload(
+    q: &mut Qp,
+    res: &mut Resources,
+    mem: &mut dyn Memory,
+    p: &Plan,
+    dst: &mut [u8],
+) -> Option<()> {
+    let wqe = q.wqe(p.seq)?;
+    let copy = if wqe.wr.flags & SEND_INLINE != 0 {
+        wqe.wr
+            .inline_data
+            .get(p.offset as usize..(p.offset + p.payload) as usize)
+            .map(|s| dst.copy_from_slice(s))
+            .ok_or(MemError::Length)
+    } else {
+        copy_from_sges(
+            &res.objs().keys,
+            mem,
+            q.pd,
+            &wqe.wr.sg_list,
+            p.offset as u64,
+            dst,
+        )
+    };
+    if copy.is_err() {
+        let w = q.wqe_mut(p.seq).expect("wqe present");
+        w.state = WqeState::Done(WcStatus::LocProtErr);
+        crate::complete::set_error(q, res);
+        return None;
+    }
+    Some(())
+}
+
+/// The bookkeeping after a packet is built: the message's PSN range, the next PSN, the next
+/// packet or WQE, the READ/atomic window and the retransmission timer.
+fn advance(q: &mut Qp, res: &mut Resources, now: Instant, p: &Plan) {
     let rc = q.qp_type == QpType::Rc;
-    let w = q.wqe_mut(seq).expect("wqe present");
+    let w = q.wqe_mut(p.seq).expect("wqe present");
     if w.state == WqeState::Posted {
         // The PSN range of the whole message is fixed when its first packet goes out; a
         // retransmission reuses it.
         let pkts = match w.wr.op {
-            SendOp::Read { .. } => npsn,
+            SendOp::Read { .. } => p.npsn,
             SendOp::Send
             | SendOp::SendWithImm(_)
             | SendOp::SendWithInv(_)
             | SendOp::Write { .. }
-            | SendOp::WriteWithImm { .. } => len.div_ceil(mtu).max(1),
+            | SendOp::WriteWithImm { .. } => p.len.div_ceil(p.mtu).max(1),
             _ => 1,
         };
-        w.first_psn = psn;
-        w.last_psn = psn.add(pkts - 1);
+        w.first_psn = p.psn;
+        w.last_psn = p.psn.add(pkts - 1);
         w.state = WqeState::Pending;
     }
     let is_rd_atomic = w.wr.op.is_read_or_atomic();
-    let done = last || npsn > 1 || is_rd_atomic;
+    let done = p.last || p.npsn > 1 || is_rd_atomic;
     if done && !rc {
         // UC and UD complete once the last packet is out.
         w.state = WqeState::Done(WcStatus::Success);
     }
     // A segment (payload over one path MTU) stands for as many packets.
-    let npsn = if payload > mtu {
+    let npsn = if p.payload > p.mtu {
         res.port.tx_segments += 1;
-        payload.div_ceil(mtu)
+        p.payload.div_ceil(p.mtu)
     } else {
-        npsn
+        p.npsn
     };
-    q.req.psn = psn.add(npsn);
+    q.req.psn = p.psn.add(npsn);
     if q.req.psn.after(q.req.max_psn) {
         q.req.max_psn = q.req.psn;
     }
@@ -632,22 +736,11 @@ fn build(
             q.req.rd_atomic += 1;
         }
     } else {
-        q.req.offset = offset + payload;
+        q.req.offset = p.offset + p.payload;
     }
     if rc {
         if let Some(t) = ack_timeout_ns(q.attr.timeout) {
             q.comp.retrans_at = Some(now.plus_ns(t));
         }
     }
-    Some(Transmit {
-        len: total,
-        src,
-        dst: av.dgid,
-        sport,
-        traffic_class: av.traffic_class,
-        hop_limit: if av.hop_limit == 0 { 64 } else { av.hop_limit },
-        flow_label: av.flow_label,
-        dmac: av.dmac,
-        qpn: q.qpn,
-    })
 }
