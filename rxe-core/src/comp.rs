@@ -105,6 +105,7 @@ pub(crate) fn handle_response(
 
 /// rxe's `check_psn()`: drops a ghost or a duplicate, and returns the oldest WQE waiting for a
 /// response that the packet answers (None: the packet restarted an earlier READ/atomic).
+#[inline]
 fn check_psn(q: &mut Qp, pkt: &Packet<&[u8]>, psn: Psn) -> Result<Option<u64>, Drop> {
     if !psn.before(q.req.max_psn) {
         // A ghost: it answers a PSN never sent (forged, or a peer that lost track). IBTA
@@ -139,6 +140,7 @@ fn check_psn(q: &mut Qp, pkt: &Packet<&[u8]>, psn: Psn) -> Result<Option<u64>, D
 
 /// A READ response (or the empty one of a FLUSH / ATOMIC_WRITE) for WQE `seq`: the one it
 /// expects next is taken, an earlier one is a duplicate, a later one means one went missing.
+#[inline]
 fn do_read(
     q: &mut Qp,
     res: &mut Resources,
@@ -182,6 +184,7 @@ fn do_read(
 
 /// Places the payload of the expected READ response where the READ's SGEs say; the last one
 /// finishes the WQE.
+#[inline]
 fn read_data(
     q: &mut Qp,
     res: &mut Resources,
@@ -234,6 +237,7 @@ fn read_data(
 }
 
 /// An atomic ACK for WQE `seq`: the original value goes where the atomic's SGE says.
+#[inline]
 fn do_atomic(
     q: &mut Qp,
     res: &mut Resources,
@@ -262,6 +266,7 @@ fn do_atomic(
 
 /// After a READ response or atomic ACK at `psn`: earlier non-read WQEs are implicitly
 /// acknowledged by the response, the retries are whole again and the timer restarts.
+#[inline]
 fn complete_ack(q: &mut Qp, now: Instant, psn: Psn) {
     ack_through(q, psn.sub(1));
     reset_retry(q);
@@ -269,6 +274,7 @@ fn complete_ack(q: &mut Qp, now: Instant, psn: Psn) {
 }
 
 /// rxe's `check_ack()`: an ACK, RNR NAK or NAK by its AETH syndrome.
+#[inline]
 fn check_ack(
     q: &mut Qp,
     res: &mut Resources,

@@ -422,6 +422,7 @@ fn build(
 
 /// The next packet of WQE `seq`: its PSN, where in the message it starts, how much it
 /// carries, and its opcode with the header extensions in `ext`.
+#[inline]
 fn plan(
     q: &Qp,
     res: &Resources,
@@ -492,6 +493,7 @@ enum Position {
 }
 
 impl Position {
+    #[inline]
     fn of(first: bool, last: bool) -> Position {
         match (first, last) {
             (true, true) => Position::Only,
@@ -541,6 +543,7 @@ const WRITE_IMM: Positions = [
 /// The RC opcode of a packet of `wqe` at `at`, the payload bytes it carries (of `plen` the
 /// window allows) and the PSNs it stands for; its header extensions go into `ext`. None for
 /// an operation that sends no packet.
+#[inline]
 fn opcode(
     wqe: &SendWqe,
     at: Position,
@@ -618,6 +621,7 @@ fn opcode(
 
 /// Where the packet goes: the destination QP, UDP source port and address vector of the QP,
 /// or for UD those of the work request (and its DETH in `ext`).
+#[inline]
 fn destination(q: &Qp, wqe: &SendWqe, ext: &mut ExtRepr) -> (u32, u16, Av) {
     let ud = matches!(q.qp_type, QpType::Ud | QpType::Gsi);
     match &wqe.wr.ud {
@@ -642,6 +646,7 @@ fn destination(q: &Qp, wqe: &SendWqe, ext: &mut ExtRepr) -> (u32, u16, Av) {
 
 /// AckReq: RC asks for an ACK at the end of a message and at least every
 /// [`MAX_PKT_PER_ACK`] packets.
+#[inline]
 fn ack_req(q: &mut Qp, payload: u32, mtu: u32, end: bool) -> bool {
     q.qp_type == QpType::Rc && {
         // Counted in PSNs: a segment asks for its ACK as the packets it stands for would,
@@ -658,6 +663,7 @@ fn ack_req(q: &mut Qp, payload: u32, mtu: u32, end: bool) -> bool {
 
 /// Copies the packet's payload from the WQE's inline data or its SGEs into `dst`; a bad SGE
 /// fails the WQE with LOC_PROT_ERR and moves the QP to ERR.
+#[inline]
 fn copy_payload(
     q: &mut Qp,
     res: &mut Resources,
@@ -693,6 +699,7 @@ fn copy_payload(
 
 /// The bookkeeping after a packet is built: the message's PSN range, the next PSN, the next
 /// packet or WQE, the READ/atomic window and the retransmission timer.
+#[inline]
 fn advance(q: &mut Qp, res: &mut Resources, now: Instant, p: &Plan) {
     let rc = q.qp_type == QpType::Rc;
     let w = q.wqe_mut(p.seq).expect("wqe present");

@@ -120,6 +120,7 @@ fn op_is(pkt: &Packet<&[u8]>, op: Opcode) -> bool {
 
 /// The opcode and payload length of the next READ response of a READ of `len` bytes that has
 /// sent `offset`.
+#[inline]
 pub(super) fn read_segment(
     q: &Qp,
     len: u32,
@@ -146,8 +147,9 @@ pub(super) fn read_segment(
     (op, n)
 }
 
-/// Fills `dst`, the payload of the READ response `out` (nothing for other responses), from the
-/// READ's memory, and queues the rest of the READ after it. None when that memory is gone.
+/// Fills `dst`, the payload of the READ response `out`, from the READ's memory, and queues the
+/// rest of the READ after it. None when that memory is gone.
+#[inline]
 pub(super) fn read_data(
     q: &mut Qp,
     res: &mut Resources,

@@ -15,11 +15,13 @@ use crate::verbs::*;
 use crate::wire::{NakCode, OpFlags, Opcode, Packet};
 
 /// Places `data` at `va` through a region whose key checked out.
+#[inline]
 fn place(region: &Region<'_>, mem: &mut dyn Memory, va: u64, data: &[u8]) -> Result<(), Exec> {
     region.write(mem, va, data).map_err(|_| operational_error())
 }
 
 /// Keeps `r` for replays, counts the message, and queues its answer.
+#[inline]
 fn answer(q: &mut Qp, r: Resource, out: RespOut) {
     add_resource(q, r);
     bump_msn(q);
@@ -28,6 +30,7 @@ fn answer(q: &mut Qp, r: Resource, out: RespOut) {
 
 /// SEND: the payload goes into the receive WQE its first packet claimed
 /// ([`super::check_resource`]); the last packet completes it.
+#[inline]
 pub(super) fn send(
     q: &mut Qp,
     res: &mut Resources,
@@ -66,6 +69,7 @@ pub(super) fn send(
 
 /// The first packet of an RDMA WRITE: its R_Key over the whole DMA length (a zero-length
 /// WRITE names no memory), and the message the next packets continue.
+#[inline]
 fn start_write(q: &mut Qp, res: &Resources, pkt: &Packet<&[u8]>) -> Result<(), Exec> {
     let reth = pkt.reth().expect("first write has RETH");
     let (va, rkey, len) = (reth.va(), reth.rkey(), reth.dma_len() as u64);
@@ -83,6 +87,7 @@ fn start_write(q: &mut Qp, res: &Resources, pkt: &Packet<&[u8]>) -> Result<(), E
 
 /// RDMA WRITE: each packet is placed through the message's R_Key at the address it has reached;
 /// the last one of a WRITE with immediate completes a receive WQE.
+#[inline]
 pub(super) fn write(
     q: &mut Qp,
     res: &mut Resources,
@@ -132,6 +137,7 @@ pub(super) fn write(
 
 /// RDMA READ: its R_Key over the whole length (a zero-length READ names no memory), a
 /// responder resource for replays, and the responses, which take the READ's PSNs.
+#[inline]
 pub(super) fn read(
     q: &mut Qp,
     res: &mut Resources,
@@ -175,6 +181,7 @@ pub(super) fn read(
 
 /// CMP_SWAP and FETCH_ADD on the 8 bytes at the AtomicETH's address; the original value goes
 /// back in the atomic ACK.
+#[inline]
 pub(super) fn atomic(
     q: &mut Qp,
     res: &mut Resources,
@@ -214,6 +221,7 @@ pub(super) fn atomic(
 
 /// ATOMIC_WRITE: the 8-byte payload placed at the RETH's address, answered by an empty READ
 /// response.
+#[inline]
 pub(super) fn atomic_write(
     q: &mut Qp,
     res: &mut Resources,
@@ -233,6 +241,7 @@ pub(super) fn atomic_write(
 }
 
 /// FLUSH, answered by an empty READ response.
+#[inline]
 pub(super) fn flush(
     q: &mut Qp,
     res: &mut Resources,

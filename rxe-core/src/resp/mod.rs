@@ -63,6 +63,7 @@ fn push_out(q: &mut Qp, out: RespOut) {
 }
 
 /// One more message done: the MSN the next responses carry.
+#[inline]
 fn bump_msn(q: &mut Qp) {
     q.resp.msn = (q.resp.msn + 1) & 0xff_ffff;
 }
@@ -228,6 +229,7 @@ fn rc_recv(
 
 /// RC (rxe's `check_psn()`): the expected PSN goes on; one past it is NAKed once (PSN sequence
 /// error) and dropped; one before it is a duplicate.
+#[inline]
 fn check_psn(q: &mut Qp, pkt: &Packet<&[u8]>) -> Result<Psn, Drop> {
     let psn = Psn::new(pkt.bth().psn());
     let diff = psn.diff(q.resp.psn);
@@ -269,6 +271,7 @@ fn uc_recv(
 
 /// UC's `check_psn()`: no NAKs and no duplicates; a gap drops the message it falls in, and a
 /// message that starts after one begins afresh.
+#[inline]
 fn check_psn_uc(q: &mut Qp, pkt: &Packet<&[u8]>) -> Result<Psn, Drop> {
     let psn = Psn::new(pkt.bth().psn());
     let start = pkt.flags().contains(OpFlags::FIRST);
@@ -318,6 +321,7 @@ enum Op {
 }
 
 impl Op {
+    #[inline]
     fn of(pkt: &Packet<&[u8]>) -> Op {
         let f = pkt.flags();
         if f.contains(OpFlags::SEND) {
@@ -340,6 +344,7 @@ impl Op {
 
 /// Each of these keeps a responder resource for its replay and is answered by a response of
 /// its own, not by an ACK.
+#[inline]
 fn keeps_resource(f: OpFlags) -> bool {
     f.intersects(
         OpFlags::READ
@@ -350,11 +355,13 @@ fn keeps_resource(f: OpFlags) -> bool {
 }
 
 /// A WRITE with immediate: it needs a receive WQE, claimed before any data moves.
+#[inline]
 fn claims_recv_for_write(f: OpFlags) -> bool {
     f.contains(OpFlags::RWR) && f.contains(OpFlags::WRITE)
 }
 
 /// The walk of one in-sequence request packet, from `check_op_seq` to `acknowledge`.
+#[inline]
 fn walk(
     q: &mut Qp,
     res: &mut Resources,
@@ -382,6 +389,7 @@ fn walk(
 
 /// Is the opcode allowed to follow the last one (None: between messages)? IBTA 9.8.3 opcode
 /// sequence.
+#[inline]
 fn check_op_seq(q: &Qp, pkt: &Packet<&[u8]>) -> Result<(), Exec> {
     let f = pkt.opcode().flags();
     let ok = match q.resp.last_op {
@@ -401,6 +409,7 @@ fn check_op_seq(q: &Qp, pkt: &Packet<&[u8]>) -> Result<(), Exec> {
 
 /// Operation permitted on this QP? (rxe's `check_qp_attr_access`: a FLUSH needs the QP
 /// rights of its placement type, else it is an invalid request, not an access error.)
+#[inline]
 fn check_op_valid(q: &Qp, pkt: &Packet<&[u8]>) -> Result<(), Exec> {
     let f = pkt.flags();
     let qa = q.attr.qp_access_flags;
@@ -422,6 +431,7 @@ fn check_op_valid(q: &Qp, pkt: &Packet<&[u8]>) -> Result<(), Exec> {
 }
 
 /// The receive WQE and the responder resource a request needs.
+#[inline]
 fn check_resource(q: &mut Qp, res: &mut Resources, pkt: &Packet<&[u8]>) -> Result<(), Exec> {
     let f = pkt.flags();
     // The receive WQE of a SEND is taken before its length is checked, as rxe does
@@ -450,6 +460,7 @@ fn check_resource(q: &mut Qp, res: &mut Resources, pkt: &Packet<&[u8]>) -> Resul
 /// rxe's `check_length()`: the payload against the path MTU, then, before any R_Key is looked
 /// at, a DMA length beyond max_msg_sz (C9-94) or an atomic address not 8-byte aligned is an
 /// invalid request. Returns the PSNs the packet stands for.
+#[inline]
 fn check_length(q: &Qp, res: &Resources, pkt: &Packet<&[u8]>, op: Op) -> Result<u32, Exec> {
     let f = pkt.flags();
     let mtu = q.mtu() as usize;
@@ -490,6 +501,7 @@ fn check_length(q: &Qp, res: &Resources, pkt: &Packet<&[u8]>, op: Op) -> Result<
 /// `len` bytes at `va`; any violation is a remote access error. Each operation calls it where
 /// rxe checks: on a WRITE's first packet for the whole message and again as each packet is
 /// placed, on a READ for the whole READ, on an atomic for the 8 bytes it then holds.
+#[inline]
 fn check_rkey<'k>(
     keys: &'k KeyTable,
     q: &Qp,
@@ -504,6 +516,7 @@ fn check_rkey<'k>(
 
 /// rxe's `execute()`: the operation, then the acknowledgement (a READ is acknowledged by its
 /// responses).
+#[inline]
 fn execute(
     q: &mut Qp,
     res: &mut Resources,
@@ -528,6 +541,7 @@ fn execute(
 
 /// The last packet of a SEND: its receive WQE completes (rxe's `do_complete()`), after the
 /// key a SEND with invalidate names is invalidated.
+#[inline]
 fn complete_send(
     q: &mut Qp,
     res: &mut Resources,
@@ -555,6 +569,7 @@ fn complete_send(
 }
 
 /// The last packet of a WRITE with immediate: a receive WQE completes with `total` bytes.
+#[inline]
 fn complete_write(
     q: &mut Qp,
     res: &mut Resources,
@@ -580,6 +595,7 @@ fn complete_write(
 
 /// rxe's `acknowledge()`: the next expected PSN, and an ACK when the requester asks for one
 /// (a READ, an atomic, an ATOMIC_WRITE or a FLUSH is answered by its own response).
+#[inline]
 fn acknowledge(q: &mut Qp, pkt: &Packet<&[u8]>, psn: Psn, span: u32) {
     q.resp.psn = psn.add(span);
     if pkt.bth().ack_req() && !keeps_resource(pkt.flags()) && q.qp_type == QpType::Rc {
@@ -623,7 +639,9 @@ pub(crate) fn next_response(
     };
     let bth = BthRepr::new(op, q.attr.dest_qp_num, psn.get(), false);
     let (total, range) = wire::emit(buf, &bth, &ext, plen as usize).ok()?;
-    duplicate::read_data(q, res, mem, &mut buf[range], out, msn)?;
+    if matches!(out, RespOut::Read { .. }) {
+        duplicate::read_data(q, res, mem, &mut buf[range], out, msn)?;
+    }
     let src = res.gid(q.attr.av.sgid_index)?;
     if q.resp.out.is_empty() && q.resp.goto_error {
         crate::complete::set_error(q, res);
