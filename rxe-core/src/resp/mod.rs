@@ -604,6 +604,7 @@ fn acknowledge(q: &mut Qp, pkt: &Packet<&[u8]>, psn: Psn, span: u32) {
 }
 
 /// Builds the next response packet of `q` (ACK, NAK, READ response, atomic ACK) into `buf`.
+#[inline]
 pub(crate) fn next_response(
     q: &mut Qp,
     res: &mut Resources,
