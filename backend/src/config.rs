@@ -165,6 +165,29 @@ pub struct Args {
     /// virtio-net (RoCE frames leave from it too).
     #[arg(long)]
     pub net_socket: Option<PathBuf>,
+    /// With --net-socket: the guest's addresses (address or prefix, IPv4 or IPv6; repeat or
+    /// separate with commas), the only ones its NIC may send from and RoCE is taken for.
+    /// Without it the guest's addresses are its GIDs (ADD_GID). `0.0.0.0/0,::/0`: any (a
+    /// guest that routes). The link-local address of --mac is the guest's in any case.
+    #[arg(long, value_delimiter = ',')]
+    pub net_addr: Vec<String>,
+    /// With --net-socket: EtherTypes the guest may send besides IPv4, ARP and IPv6 (hex like
+    /// 0x88cc; repeat or separate with commas). Their frames are checked for the guest's MAC
+    /// only.
+    #[arg(long, value_delimiter = ',')]
+    pub net_ethertype: Vec<String>,
+    /// With --net-socket: the guest may send VLAN-tagged frames (802.1Q, 802.1ad; the frame
+    /// inside the tags is checked as an untagged one).
+    #[arg(long)]
+    pub net_vlan: bool,
+    /// With --net-socket: the guest may send to the link-local groups 01:80:c2:00:00:00 to
+    /// 01:80:c2:00:00:0f (STP, LLDP, 802.1X, pause frames).
+    #[arg(long)]
+    pub net_l2_control: bool,
+    /// With --net-socket: the guest may send from any MAC, and receives frames to every MAC
+    /// on the interface (a guest that bridges).
+    #[arg(long)]
+    pub net_any_mac: bool,
 }
 
 /// Largest `--poll-us`: one second.
@@ -209,6 +232,10 @@ pub enum ConfigError {
          RDMA device (its GID table, which follows its virtio-net's addresses)"
     )]
     NetRawAddr,
+    #[error("{0} is an option of the guest's NIC: it needs --net-socket")]
+    NetOnly(&'static str),
+    #[error("--net-ethertype {0:?}: want an EtherType from 0x0600 to 0xffff, not a VLAN tag (see --net-vlan)")]
+    EtherType(String),
     #[error("--net-socket and --socket-path must be different paths")]
     NetSamePath,
     #[error("{0} --socket-path but {1} --udp-addr: give one --udp-addr per --socket-path")]
@@ -267,6 +294,8 @@ pub struct Config {
     /// The guest's virtio-net socket (`--net-socket`): the raw transport's interface is then
     /// shared with it.
     pub net_socket: Option<PathBuf>,
+    /// What the guest's NIC may send and receive (with `net_socket`).
+    pub net_policy: Option<crate::net_policy::NetPolicy>,
     pub model: ModelConfig,
 }
 
@@ -277,6 +306,16 @@ pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
         .collect::<Option<_>>()?;
     let m: [u8; 6] = v.try_into().ok()?;
     (m[0] & 1 == 0).then_some(m)
+}
+
+/// An EtherType for `--net-ethertype`: `0x88cc` (or decimal), 0x0600 and up, not a VLAN tag.
+pub fn parse_ethertype(s: &str) -> Option<u16> {
+    let s = s.trim();
+    let v = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(h) => u16::from_str_radix(h, 16).ok()?,
+        None => s.parse().ok()?,
+    };
+    (v >= 0x0600 && ![0x8100, 0x88a8, 0x9100].contains(&v)).then_some(v)
 }
 
 pub fn parse_size(s: &str) -> Option<u64> {
@@ -373,6 +412,19 @@ impl TryFrom<Args> for Config {
                 return Err(ConfigError::NetSamePath);
             }
         }
+        if a.net_socket.is_none() {
+            for (given, name) in [
+                (!a.net_addr.is_empty(), "--net-addr"),
+                (!a.net_ethertype.is_empty(), "--net-ethertype"),
+                (a.net_vlan, "--net-vlan"),
+                (a.net_l2_control, "--net-l2-control"),
+                (a.net_any_mac, "--net-any-mac"),
+            ] {
+                if given {
+                    return Err(ConfigError::NetOnly(name));
+                }
+            }
+        }
         let mac = mac.unwrap_or([2, 0, 0, 0, 0, 1]);
         let local_ip = match &raw {
             Some(r) => r
@@ -416,6 +468,41 @@ impl TryFrom<Args> for Config {
             .filter(|&v| v == 0 || (4 << 10..=1 << 20).contains(&v))
             .ok_or_else(|| ConfigError::Segment(a.same_host_segment.clone()))?
             as usize;
+        let egress = EgressPolicy::new(
+            local_ip,
+            a.allow_peer
+                .iter()
+                .map(|s| s.parse::<Cidr>().map_err(ConfigError::Peer))
+                .collect::<Result<_, _>>()?,
+        );
+        let net_policy = match &a.net_socket {
+            None => None,
+            Some(_) => Some(crate::net_policy::NetPolicy {
+                mac,
+                addrs: if a.net_addr.is_empty() {
+                    None
+                } else {
+                    Some(
+                        a.net_addr
+                            .iter()
+                            .map(|s| {
+                                s.parse::<Cidr>()
+                                    .map_err(|e| ConfigError::Peer(format!("(--net-addr) {e}")))
+                            })
+                            .collect::<Result<_, _>>()?,
+                    )
+                },
+                ethertypes: a
+                    .net_ethertype
+                    .iter()
+                    .map(|s| parse_ethertype(s).ok_or_else(|| ConfigError::EtherType(s.clone())))
+                    .collect::<Result<_, _>>()?,
+                vlan: a.net_vlan,
+                l2_control: a.net_l2_control,
+                any_mac: a.net_any_mac,
+                egress: egress.clone(),
+            }),
+        };
         Ok(Config {
             socket_path,
             same_host: a.same_host,
@@ -431,6 +518,7 @@ impl TryFrom<Args> for Config {
             counters_socket,
             poll_us: a.poll_us,
             net_socket: a.net_socket,
+            net_policy,
             socket_access: SocketAccess {
                 group: match &a.socket_group {
                     Some(g) => Some(resolve_group(g).ok_or_else(|| ConfigError::Group(g.clone()))?),
@@ -450,13 +538,7 @@ impl TryFrom<Args> for Config {
                 shards: Some(a.engine_shards)
                     .filter(|n| (1..=64).contains(n))
                     .ok_or(ConfigError::Shards(a.engine_shards))?,
-                egress: EgressPolicy::new(
-                    local_ip,
-                    a.allow_peer
-                        .iter()
-                        .map(|s| s.parse::<Cidr>().map_err(ConfigError::Peer))
-                        .collect::<Result<_, _>>()?,
-                ),
+                egress,
             },
         })
     }
@@ -846,5 +928,62 @@ mod tests {
             Config::try_from(args(&same)).unwrap_err(),
             ConfigError::NetSamePath
         );
+    }
+
+    #[test]
+    fn the_nics_policy_options() {
+        let nic = [
+            "--iface",
+            "vh0",
+            "--mac",
+            "52:54:00:79:00:02",
+            "--net-socket",
+            "/n",
+        ];
+        let p = Config::try_from(args(&nic)).unwrap().net_policy.unwrap();
+        assert_eq!(p.mac, [0x52, 0x54, 0, 0x79, 0, 2]);
+        assert_eq!(
+            (p.addrs, p.vlan, p.l2_control, p.any_mac),
+            (None, false, false, false),
+            "safe by default: the GIDs, no tags, no link-local groups, the guest's MAC"
+        );
+        assert!(p.ethertypes.is_empty());
+        let wide = [
+            "--net-addr",
+            "10.79.0.0/24,fd79::2",
+            "--net-ethertype",
+            "0x88cc,35063",
+            "--net-vlan",
+            "--net-l2-control",
+            "--net-any-mac",
+            "--allow-peer",
+            "10.79.0.1",
+        ];
+        let p = Config::try_from(args(&[&nic[..], &wide[..]].concat()))
+            .unwrap()
+            .net_policy
+            .unwrap();
+        assert_eq!(p.addrs.as_ref().map(Vec::len), Some(2));
+        assert_eq!(p.ethertypes, [0x88cc, 0x88f7]);
+        assert!(p.vlan && p.l2_control && p.any_mac);
+        assert!(
+            !p.egress.allows("10.79.0.3".parse().unwrap()),
+            "--allow-peer"
+        );
+        for bad in ["0x8100", "0x05ff", "x", "0x10000"] {
+            assert_eq!(
+                Config::try_from(args(&[&nic[..], &["--net-ethertype", bad]].concat()))
+                    .unwrap_err(),
+                ConfigError::EtherType(bad.into())
+            );
+        }
+        assert!(
+            Config::try_from(args(&[&nic[..], &["--net-addr", "10.0.0.0/40"]].concat())).is_err()
+        );
+        assert_eq!(
+            Config::try_from(args(&["--net-vlan"])).unwrap_err(),
+            ConfigError::NetOnly("--net-vlan")
+        );
+        assert!(Config::try_from(args(&[])).unwrap().net_policy.is_none());
     }
 }

@@ -26,6 +26,7 @@ pub mod heap;
 pub mod io_thread;
 pub mod link;
 pub mod model;
+pub mod net_policy;
 pub mod net_port;
 pub mod netlink;
 pub mod payload_ref;
@@ -248,7 +249,11 @@ impl Device {
         // does not take.
         let net = match (&config.net_socket, &config.raw) {
             (Some(p), Some(r)) => {
-                let port = net_port::NetPort::open(&r.iface, &r.addrs)?;
+                let stats = Arc::new(vhu_net::NetStats::default());
+                let policy = config.net_policy.clone().unwrap_or_else(|| {
+                    net_policy::NetPolicy::new(r.mac.unwrap_or(config.model.dev.mac))
+                });
+                let port = net_port::NetPort::open(&r.iface, &r.addrs, policy, stats.clone())?;
                 log::info!(
                     "virtio-net on {} (MTU {}): every frame but RoCEv2 to the guest's GIDs",
                     port.iface(),
@@ -258,7 +263,7 @@ impl Device {
                 if let Transport::Raw(t) = &mut transport {
                     t.set_companion(port.clone());
                 }
-                Some((p.clone(), port, Arc::new(vhu_net::NetStats::default())))
+                Some((p.clone(), port, stats))
             }
             _ => None,
         };

@@ -7,13 +7,19 @@
 use std::io;
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 
+use crate::net_policy::NetPolicy;
 use crate::raw::{
-    attach_filter, bind_all, filter_program, iface_info, setsockopt_raw, FilterKind, RawError,
+    attach_filter, bind_all, iface_info, net_filter_program, setsockopt_raw, RawError,
 };
+use crate::vhu_net::NetStats;
 
 const PACKET_ADD_MEMBERSHIP: i32 = 1;
 const PACKET_MR_PROMISC: u16 = 1;
+const PACKET_MR_ALLMULTI: u16 = 2;
+const PACKET_MR_UNICAST: u16 = 3;
 const PACKET_VNET_HDR: i32 = 15;
 const PACKET_IGNORE_OUTGOING: i32 = 23;
 
@@ -29,13 +35,26 @@ pub struct NetPort {
     fd: OwnedFd,
     iface: String,
     mtu: u32,
+    /// What the guest may send and receive ([`crate::net_policy`]).
+    policy: NetPolicy,
+    /// The addresses of the guest's GIDs (learned from ADD_GID and DEL_GID).
+    learned: Mutex<Arc<Vec<IpAddr>>>,
+    stats: Arc<NetStats>,
 }
 
 impl NetPort {
-    /// Opens the socket on `iface`, keeping every frame but RoCEv2 to `roce_addrs`, and puts
-    /// the interface in promiscuous mode for as long as the socket lives (the guest's MAC is
-    /// not the interface's).
-    pub fn open(iface: &str, roce_addrs: &[IpAddr]) -> Result<Self, RawError> {
+    /// Opens the socket on `iface`, keeping every frame but RoCEv2 to `roce_addrs` that is
+    /// for the guest's MAC or a group (any MAC with `--net-any-mac`), and has the interface
+    /// take the guest's MAC and every group for as long as the socket lives (the guest's MAC
+    /// is not the interface's): a secondary unicast address (the kernel makes a device
+    /// without unicast filtering promiscuous instead), all-multicast; promiscuous mode with
+    /// `--net-any-mac`.
+    pub fn open(
+        iface: &str,
+        roce_addrs: &[IpAddr],
+        policy: NetPolicy,
+        stats: Arc<NetStats>,
+    ) -> Result<Self, RawError> {
         let info = iface_info(iface)?;
         if !info.up {
             return Err(RawError::InterfaceDown(iface.to_string()));
@@ -55,7 +74,8 @@ impl NetPort {
         // SAFETY: `fd` was just created and is owned by nobody else.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         let raw = fd.as_raw_fd();
-        let mut prog = filter_program(roce_addrs, FilterKind::NotRoce).ok_or_else(|| {
+        let rx_mac = (!policy.any_mac).then_some(policy.mac);
+        let mut prog = net_filter_program(roce_addrs, rx_mac).ok_or_else(|| {
             err(
                 "building the packet filter",
                 io::Error::other("too many addresses"),
@@ -77,23 +97,67 @@ impl NetPort {
         setsockopt_raw(raw, libc::SOL_SOCKET, libc::SO_SNDTIMEO, &tv)
             .map_err(|e| err("SO_SNDTIMEO", e))?;
         bind_all(raw, info.index).map_err(|e| err("bind", e))?;
-        // SAFETY: packet_mreq is plain data; all-zero is a valid value.
-        let mut mr: libc::packet_mreq = unsafe { std::mem::zeroed() };
-        mr.mr_ifindex = info.index;
-        mr.mr_type = PACKET_MR_PROMISC;
-        setsockopt_raw(raw, libc::SOL_PACKET, PACKET_ADD_MEMBERSHIP, &mr)
-            .map_err(|e| err("promiscuous mode (PACKET_ADD_MEMBERSHIP)", e))?;
+        let member = |kind: u16, mac: Option<[u8; 6]>| {
+            // SAFETY: packet_mreq is plain data; all-zero is a valid value.
+            let mut mr: libc::packet_mreq = unsafe { std::mem::zeroed() };
+            mr.mr_ifindex = info.index;
+            mr.mr_type = kind;
+            if let Some(m) = mac {
+                mr.mr_alen = 6;
+                mr.mr_address[..6].copy_from_slice(&m);
+            }
+            setsockopt_raw(raw, libc::SOL_PACKET, PACKET_ADD_MEMBERSHIP, &mr)
+        };
+        let own = match rx_mac {
+            Some(m) => member(PACKET_MR_UNICAST, Some(m))
+                .and_then(|()| member(PACKET_MR_ALLMULTI, None))
+                .map_err(|e| {
+                    log::info!(
+                        "{iface}: no secondary address for the guest's MAC ({e}): promiscuous"
+                    )
+                })
+                .is_ok(),
+            None => false,
+        };
+        if !own {
+            member(PACKET_MR_PROMISC, None)
+                .map_err(|e| err("promiscuous mode (PACKET_ADD_MEMBERSHIP)", e))?;
+        }
         Ok(NetPort {
             fd,
             iface: iface.to_string(),
             mtu: info.mtu,
+            policy,
+            learned: Mutex::new(Arc::new(roce_addrs.to_vec())),
+            stats,
         })
+    }
+
+    pub fn policy(&self) -> &NetPolicy {
+        &self.policy
+    }
+
+    /// The addresses of the guest's GIDs, as last learned.
+    pub fn learned(&self) -> Arc<Vec<IpAddr>> {
+        self.learned
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Learns the guest's addresses from its GID table (`gids`); returns those RoCE is taken
+    /// for ([`NetPolicy::roce_addrs`]).
+    pub fn set_guest_addrs(&self, gids: &[IpAddr]) -> Vec<IpAddr> {
+        *self.learned.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(gids.to_vec());
+        self.stats.addrs.store(gids.len() as u64, Ordering::Relaxed);
+        self.policy.roce_addrs(gids)
     }
 
     /// Lets RoCEv2 to `addrs` go to the raw transport instead (the filter is replaced in
     /// one step).
     pub fn set_roce_addrs(&self, addrs: &[IpAddr]) -> io::Result<()> {
-        let mut prog = filter_program(addrs, FilterKind::NotRoce)
+        let rx_mac = (!self.policy.any_mac).then_some(self.policy.mac);
+        let mut prog = net_filter_program(addrs, rx_mac)
             .ok_or_else(|| io::Error::other("too many addresses for the packet filter"))?;
         attach_filter(self.fd(), &mut prog)
     }

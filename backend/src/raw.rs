@@ -232,6 +232,10 @@ enum Label {
     V4Port,
     Accept,
     Drop,
+    /// The virtio-net's destination check passed ([`net_filter_program`]).
+    Mine,
+    /// Dropped whatever the kind of filter.
+    Refuse,
 }
 
 const BPF_LD_H_ABS: u16 = 0x28;
@@ -307,6 +311,47 @@ pub enum FilterKind {
 /// ones and neighbour solicitations for one of the IPv6 ones; [`FilterKind::NotRoce`] keeps
 /// exactly what [`FilterKind::Roce`] drops.
 pub(crate) fn filter_program(addrs: &[IpAddr], kind: FilterKind) -> Option<Vec<libc::sock_filter>> {
+    assemble(&filter_ops(addrs, kind))
+}
+
+/// The guest's virtio-net filter: [`FilterKind::NotRoce`] for `addrs`, and with `mac` only
+/// frames to that MAC or to a group (multicast, broadcast).
+pub(crate) fn net_filter_program(
+    addrs: &[IpAddr],
+    mac: Option<[u8; 6]>,
+) -> Option<Vec<libc::sock_filter>> {
+    use Label::*;
+    use Op::*;
+    use Target::*;
+    let mut p = Vec::new();
+    if let Some(m) = mac {
+        p.extend([
+            S(BPF_LD_B_ABS, 0),
+            J(BPF_JSET_K, 1, To(Mine), Next),
+            S(BPF_LD_W_ABS, 2),
+            J(
+                BPF_JEQ_K,
+                u32::from_be_bytes([m[2], m[3], m[4], m[5]]),
+                Next,
+                To(Refuse),
+            ),
+            S(BPF_LD_H_ABS, 0),
+            J(
+                BPF_JEQ_K,
+                u16::from_be_bytes([m[0], m[1]]) as u32,
+                To(Mine),
+                Next,
+            ),
+            At(Refuse),
+            S(BPF_RET_K, 0),
+            At(Mine),
+        ]);
+    }
+    p.extend(filter_ops(addrs, FilterKind::NotRoce));
+    assemble(&p)
+}
+
+fn filter_ops(addrs: &[IpAddr], kind: FilterKind) -> Vec<Op> {
     use Label::*;
     use Op::*;
     use Target::*;
@@ -419,7 +464,7 @@ pub(crate) fn filter_program(addrs: &[IpAddr], kind: FilterKind) -> Option<Vec<l
         }
     }
     p.extend([At(Drop), S(BPF_RET_K, no), At(Accept), S(BPF_RET_K, yes)]);
-    assemble(&p)
+    p
 }
 
 /// Binds the packet socket `fd` to every protocol of the interface `index`.
@@ -1157,6 +1202,16 @@ impl RawTransport {
     /// address is taken by our filter before the virtio-net's lets it go, and the reverse
     /// when it is removed.
     pub fn set_addrs(&mut self, addrs: &[IpAddr]) -> io::Result<()> {
+        // Beside a virtio-net the GIDs are the guest's addresses (its NIC may send from
+        // them), and RoCE is taken for those `--net-addr` allows.
+        let allowed;
+        let addrs = match &self.companion {
+            Some(p) => {
+                allowed = p.set_guest_addrs(addrs);
+                allowed.as_slice()
+            }
+            None => addrs,
+        };
         if addrs == self.local.addrs.as_slice() {
             return Ok(());
         }
@@ -1406,7 +1461,14 @@ impl RawTransport {
             self.stats.tx_denied += 1;
             return None;
         }
-        if t.dmac == [0; 6] {
+        // A unicast destination gets a unicast MAC; a group its group's MAC (the guest's
+        // neighbour entry cannot make a unicast packet a broadcast).
+        let dmac_ok = if dst.is_multicast() {
+            t.dmac == multicast_mac(dst)
+        } else {
+            t.dmac != [0; 6] && t.dmac[0] & 1 == 0
+        };
+        if !dmac_ok {
             self.stats.tx_no_dmac += 1;
             return None;
         }
@@ -2010,6 +2072,61 @@ mod tests {
         // past the frame with 0).
         let runt = [0u8; 10];
         assert_eq!((run_bpf(&roce, &runt), run_bpf(&rest, &runt)), (0, 0));
+    }
+
+    /// The guest's virtio-net takes frames to its MAC and to groups only (the rest of its
+    /// filter unchanged); without a MAC (`--net-any-mac`) every MAC.
+    #[test]
+    fn the_virtio_nets_filter_keeps_the_guests_mac_and_groups() {
+        let addrs: Vec<IpAddr> = vec!["10.79.0.2".parse().unwrap()];
+        let guest = [0x52, 0x54, 0, 0x79, 0, 2];
+        let mine = net_filter_program(&addrs, Some(guest)).unwrap();
+        let any = net_filter_program(&addrs, None).unwrap();
+        let to = |mac: [u8; 6], dst: &str| {
+            let mut f = frame("10.79.0.1", dst, 8);
+            f[..6].copy_from_slice(&mac);
+            f
+        };
+        for (what, mac, dst, want, want_any) in [
+            ("the guest's", guest, "10.79.0.3", true, true),
+            ("broadcast", [0xff; 6], "10.79.0.3", true, true),
+            (
+                "multicast",
+                [0x01, 0, 0x5e, 0, 0, 1],
+                "10.79.0.3",
+                true,
+                true,
+            ),
+            (
+                "another MAC",
+                [0x02, 0xaa, 0, 0, 0, 1],
+                "10.79.0.3",
+                false,
+                true,
+            ),
+            (
+                "the last byte differs",
+                [0x52, 0x54, 0, 0x79, 0, 3],
+                "10.79.0.3",
+                false,
+                true,
+            ),
+            (
+                "the first bytes differ",
+                [0x50, 0x54, 0, 0x79, 0, 2],
+                "10.79.0.3",
+                false,
+                true,
+            ),
+            ("RoCE to its GID", guest, "10.79.0.2", false, false),
+        ] {
+            assert_eq!(run_bpf(&mine, &to(mac, dst)) != 0, want, "{what}");
+            assert_eq!(
+                run_bpf(&any, &to(mac, dst)) != 0,
+                want_any,
+                "{what}, any MAC"
+            );
+        }
     }
 
     /// An ARP request (Ethernet, IPv4) from `sha`/`spa` for `tpa`.

@@ -10,7 +10,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
@@ -31,6 +31,7 @@ use vmm_sys_util::event::{EventConsumer, EventNotifier};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::guest_mem::GuestMemoryMmap;
+use crate::net_policy::{rx_wanted, Refusal};
 use crate::net_port::{NetPort, MAX_FRAME, VNET_HDR};
 
 type GM = GuestMemoryAtomic<GuestMemoryMmap>;
@@ -75,6 +76,13 @@ pub struct NetStats {
     pub faults: AtomicU64,
     /// The MTU the frontend set with NET_SET_MTU (0: none; [`crate::vhost_proxy`]).
     pub mtu: Arc<AtomicU64>,
+    /// Frames the guest transmitted that its policy refused, per [`Refusal`] (in its order).
+    pub tx_refused: [AtomicU64; Refusal::ALL.len()],
+    /// Frames from the interface for another MAC (the kernel filter keeps them out; this
+    /// counts what got past it).
+    pub rx_not_for_guest: AtomicU64,
+    /// The addresses of the guest's GIDs the daemon holds ([`crate::net_port`]).
+    pub addrs: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -102,8 +110,14 @@ impl NetStats {
             ("tx_dropped", &self.tx_dropped),
             ("faults", &self.faults),
             ("mtu", &*self.mtu),
+            ("rx_not_for_guest", &self.rx_not_for_guest),
+            ("addrs", &self.addrs),
         ];
-        f.iter()
+        let refused = Refusal::ALL
+            .iter()
+            .map(|r| (r.counter(), &self.tx_refused[r.index()]));
+        f.into_iter()
+            .chain(refused)
             .map(|(k, v)| format!("\"{k}\":{}", v.load(Ordering::Relaxed)))
             .collect::<Vec<_>>()
             .join(",")
@@ -202,6 +216,8 @@ pub struct VhuNet {
     pub stats: Arc<NetStats>,
     exit_fds: Mutex<Vec<RawFd>>,
     event_idx: AtomicBool,
+    /// The refusals logged on this connection (a bit per [`Refusal`]): each cause once.
+    logged: AtomicU32,
 }
 
 /// How placing a frame in the receive queue went.
@@ -232,7 +248,22 @@ impl VhuNet {
             stats,
             exit_fds: Mutex::new(Vec::new()),
             event_idx: AtomicBool::new(false),
+            logged: AtomicU32::new(0),
         })
+    }
+
+    /// Counts a refused transmit; the first of each cause on a connection is logged.
+    fn refused(&self, r: Refusal, frame: &[u8]) {
+        bump(&self.stats.tx_refused[r.index()]);
+        let bit = 1 << r.index();
+        if self.logged.fetch_or(bit, Ordering::Relaxed) & bit == 0 {
+            let head = &frame[..frame.len().min(34)];
+            log::warn!(
+                "virtio-net: the guest's frame refused ({r:?}; counted in net.{}, logged once \
+                 per connection): {head:02x?}",
+                r.counter()
+            );
+        }
     }
 
     pub fn port_fd(&self) -> RawFd {
@@ -261,6 +292,8 @@ impl VhuNet {
     /// Moves what the guest made available on the transmit queue to the interface.
     fn transmit(&self, vring: &VringRwLock, mem: &GuestMemoryMmap) -> io::Result<()> {
         let hdr_len = self.hdr_len();
+        let acked = self.acked.load(Ordering::Relaxed);
+        let learned = self.port.learned();
         let mut io = lock(&self.io);
         let tx = &mut io.tx;
         let mut used = 0usize;
@@ -307,6 +340,17 @@ impl VhuNet {
                     None
                 }
             };
+            let len = len.and_then(|len| {
+                let (h, f) = tx.split_at_mut(VNET_HDR);
+                let h: &mut [u8; VNET_HDR] = h.try_into().ok()?;
+                match self.port.policy().check_tx(h, &f[..len], acked, &learned) {
+                    Ok(()) => Some(len),
+                    Err(r) => {
+                        self.refused(r, &f[..len]);
+                        None
+                    }
+                }
+            });
             if let Some(len) = len {
                 match self.port.send(&tx[..VNET_HDR + len]) {
                     Ok(()) => {
@@ -354,6 +398,10 @@ impl VhuNet {
                     Ok(Some(n)) => {
                         if n > io.rx.len() || n < VNET_HDR + 14 {
                             bump(&self.stats.rx_dropped);
+                            continue;
+                        }
+                        if !rx_wanted(self.port.policy(), &io.rx[VNET_HDR..n]) {
+                            bump(&self.stats.rx_not_for_guest);
                             continue;
                         }
                         let (h, f) = io.rx.split_at_mut(VNET_HDR);

@@ -62,6 +62,8 @@ fn nic_daemon_mtu(mtu: u32) -> (Daemon, PathBuf) {
     let n = N.fetch_add(1, Ordering::Relaxed);
     let net = std::env::temp_dir().join(format!("vur-nic-{}-{n}.sock", std::process::id()));
     let guest_mac = netns::mac_str(GUEST_MAC);
+    // The guest's address is given: the stack of these tests answers ARP and ping without
+    // adding it to an RDMA device's GID table.
     let args = [
         "--iface",
         "vh0",
@@ -69,6 +71,8 @@ fn nic_daemon_mtu(mtu: u32) -> (Daemon, PathBuf) {
         &guest_mac,
         "--net-socket",
         net.to_str().unwrap(),
+        "--net-addr",
+        "10.79.0.2",
     ];
     let d = Daemon::spawn(bin(), "10.79.0.2:4791".parse().unwrap(), &args).expect("daemon");
     (d, net)
