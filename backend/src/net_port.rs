@@ -1,8 +1,9 @@
 //! The guest's virtio-net side of a host interface: an AF_PACKET socket on the interface the
 //! raw transport uses, whose kernel filter keeps exactly what the raw transport's drops
 //! ([`FilterKind::NotRoce`]): RoCEv2 to the guest's addresses is the engine's, every other
-//! frame the guest's. Frames carry a virtio-net header both ways (`PACKET_VNET_HDR`), so
-//! checksum offload and TSO pass between the guest and the host's stack unchanged.
+//! frame for the guest's MAC or a group the guest's. Frames carry a virtio-net header both
+//! ways (`PACKET_VNET_HDR`), so checksum offload and TSO pass between the guest and the
+//! host's stack unchanged (the offloads the guest negotiated: [`crate::net_policy`]).
 
 use std::io;
 use std::net::IpAddr;

@@ -1,7 +1,9 @@
 //! The guest's virtio-net device (vhost-user-net, `--net-socket`): with it the daemon is a
 //! paravirtual RoCE NIC on one host interface. Frames the guest transmits go out of the
-//! interface as they are; frames arriving on it go to the guest, except RoCEv2 to the
-//! guest's addresses, which the raw transport takes for the engine ([`crate::net_port`]).
+//! interface as they are if its policy lets them ([`crate::net_policy`]: its MAC and
+//! addresses, no tags, offloads as negotiated; refusals counted); frames arriving on it for
+//! the guest's MAC or a group go to the guest, except RoCEv2 to the guest's addresses, which
+//! the raw transport takes for the engine ([`crate::net_port`]).
 //! The guest's own stack answers ARP and ND, so its GIDs are simply its addresses.
 //!
 //! Queues: 0 receive, 1 transmit (one pair). Offered: VERSION_1, mergeable receive buffers,
@@ -68,7 +70,7 @@ pub struct NetStats {
     pub tx_frames: AtomicU64,
     pub tx_bytes: AtomicU64,
     /// Transmit buffers refused: shorter than a header, longer than [`MAX_FRAME`], or
-    /// unreadable.
+    /// unreadable. (Frames the policy refuses are `tx_refused`.)
     pub tx_bad: AtomicU64,
     /// Frames the interface refused or had no room for.
     pub tx_dropped: AtomicU64,

@@ -82,8 +82,9 @@ say "the same name again: $out"
 # --- 2. the daemon on netkit --------------------------------------------------------------
 ip -n t1 link set nk1 up
 ip -n t1 addr add 10.80.0.1/24 dev nk1
+# vur-nic-guest has no RDMA device to add its address as a GID: the address is given.
 $d --socket-path /tmp/r.sock --net-socket /tmp/n.sock --iface nk0 --mac 02:80:00:00:00:02 \
-    --counters-socket /tmp/c.sock 2>/tmp/daemon.log &
+    --net-addr 10.80.0.2 --counters-socket /tmp/c.sock 2>/tmp/daemon.log &
 pid=$!
 for _ in $(seq 100); do [[ -S /tmp/c.sock && -S /tmp/n.sock ]] && break; sleep 0.1; done
 [[ -S /tmp/n.sock ]] || { cat /tmp/daemon.log; bad "the daemon did not come up on nk0"; }
