@@ -80,14 +80,46 @@ device_up() { # SECONDS
     done
     return 1
 }
-pingpong() { # NAME PORT ARGS... : a server and a client on this guest, bounded by 60 s
+# wait_listen PORT: bounded wait for a TCP listener (a pingpong server: it has opened the
+# device and made its QP by then)
+wait_listen() {
+    for _ in $(seq 200); do ss -ltn | grep -q ":$1 " && return 0; sleep 0.05; done
+    say "note: nothing listened on TCP $1 within 10 s"
+    return 1
+}
+# wait_cm_listen PORT: bounded wait for an rdma_cm listener on a device (rping)
+wait_cm_listen() {
+    local l
+    for _ in $(seq 200); do
+        l=$(rdma resource show cm_id 2>/dev/null | grep -w LISTEN | grep -w link) || true
+        grep -qE ":$1( |$)" <<<"$l" && return 0
+        sleep 0.05
+    done
+    say "note: no rdma_cm listener on port $1 within 10 s"
+    return 1
+}
+# wait_connected FILE...: bounded wait until each pingpong's output shows its peer (the
+# exchange is done, the ping-pong under way)
+wait_connected() {
+    local f
+    for f in "$@"; do
+        for _ in $(seq 300); do grep -q 'remote address' "$f" 2>/dev/null && break; sleep 0.1; done
+        grep -q 'remote address' "$f" 2>/dev/null || { say "note: $f shows no peer within 30 s"; return 1; }
+    done
+}
+pingpong() { # NAME PORT ARGS... : a server and a client on this guest, bounded by 60 s; a
+    # --chk (-c) finding ("invalid data in page N", after which the server exits 0) fails it
     local name=$1 port=$2 s=0 c=0
     shift 2
     timeout 60 ibv_rc_pingpong -d "$dev" -g "$gid" -p "$port" "$@" >"/tmp/$name.s" 2>&1 &
     local sp=$!
-    sleep 1
+    wait_listen "$port"
     timeout 60 ibv_rc_pingpong -d "$dev" -g "$gid" -p "$port" "$@" 127.0.0.1 >"/tmp/$name.c" 2>&1 || c=$?
     wait "$sp" || s=$?
+    if grep -q 'invalid data' "/tmp/$name.s" "/tmp/$name.c"; then
+        say "FAIL $name: 'invalid data' in its output"
+        ((s != 0)) || s=97
+    fi
     check "$name" $((s | c)) "server=$s client=$c"
 }
 
@@ -166,12 +198,13 @@ timeout 600 ibv_rc_pingpong -d "$dev" -g "$gid" -p 18516 -n 100000000 -e >/tmp/l
 p1=$!
 timeout 600 ibv_rc_pingpong -d "$dev" -g "$gid" -p 18523 -n 100000000 >/tmp/poll.s 2>&1 &
 p3=$!
-sleep 1
+wait_listen 18516
+wait_listen 18523
 timeout 600 ibv_rc_pingpong -d "$dev" -g "$gid" -p 18516 -n 100000000 -e 127.0.0.1 >/tmp/long.c 2>&1 &
 p2=$!
 timeout 600 ibv_rc_pingpong -d "$dev" -g "$gid" -p 18523 -n 100000000 127.0.0.1 >/tmp/poll.c 2>&1 &
 p4=$!
-sleep 3
+wait_connected /tmp/long.s /tmp/long.c /tmp/poll.s /tmp/poll.c
 kill -0 $p1 $p2 2>/dev/null || { say "FAIL the long pingpong did not start: $(tail -3 /tmp/long.c)"; exit 1; }
 kill -0 $p3 $p4 2>/dev/null || { say "FAIL the polling pingpong did not start: $(tail -3 /tmp/poll.c)"; exit 1; }
 touch /vur/traffic
@@ -228,18 +261,18 @@ else
 fi
 rm -f /sys/kernel/config/nvmet/ports/1/subsystems/vur-nvme
 # rdma_cm again: the kernel's QP1 of the new device
-timeout 60 rping -s -a "$VUR_ADDR" -C 10 -v >/tmp/rping.s 2>&1 &
+timeout 60 rping -s -a "$VUR_ADDR" -p 7174 -C 10 -v >/tmp/rping.s 2>&1 &
 sp=$!
-sleep 2
+wait_cm_listen 7174
 c=0; s=0
-timeout 60 rping -c -a "$VUR_ADDR" -C 10 -v -V >/tmp/rping.c 2>&1 || c=$?
+timeout 60 rping -c -a "$VUR_ADDR" -p 7174 -C 10 -v -V >/tmp/rping.c 2>&1 || c=$?
 wait $sp || s=$?
 check rping_after_restart $((s | c)) "pings=$(grep -c 'ping data' /tmp/rping.c)"
 
 # Driver unload with a user context open (a pingpong server waiting for its client).
 timeout 60 ibv_rc_pingpong -d "$dev" -g "$gid" -p 18518 -n 10 >/tmp/unload.s 2>&1 &
 sp=$!
-sleep 2
+wait_listen 18518
 t0=$SECONDS
 rmmod virtio_rdma; rc=$?
 check unload_with_open_context $rc "in $((SECONDS - t0)) s"
@@ -263,7 +296,7 @@ fi
 # A reset with a context open (a pingpong server waiting for its client): the next boot finds
 # a device that knows nothing of this one.
 timeout 60 ibv_rc_pingpong -d "$dev" -g "$gid" -p 18521 -n 10 >/tmp/reboot.s 2>&1 &
-sleep 2
+wait_listen 18521
 echo "$fail" >/vur/boot1-fail
 say "rebooting (reset) with a context open"
 sync

@@ -7,8 +7,10 @@
 #
 #   sudo tests/vm/device-verbs.test.sh [TOOL...]     default: every tool below
 #
-# Tools: devinfo rc rc_events uc ud srq (libibverbs examples, with --chk data checks; rc_events
-# sleeps on completion events), send_lat send_bw write_lat write_bw read_bw atomic_bw (perftest),
+# Tools: devinfo rc rc_events uc ud srq (libibverbs examples with --chk: their server looks at
+# byte 0 of each page, and a step whose output says "invalid data" fails; rc_events sleeps on
+# completion events; every byte is checked between guests by tests/vm/guest-pair.test.sh's
+# datacheck), send_lat send_bw write_lat write_bw read_bw atomic_bw (perftest),
 # rping (rdma_cm: the CM runs over the driver's kernel QP1), resize_cq (pyverbs: ibv_resize_cq
 # with completions in flight), mr_iova (ibv_reg_mr_iova: an MR whose IOVA is not its address,
 # pyverbs and ctypes), kverbs (kernel fast registration: the vrdma_selftest module),
@@ -106,8 +108,21 @@ wait_listen() {
     return 1
 }
 
+# wait_cm_listen PORT: bounded wait for an rdma_cm listener on a device (rping)
+wait_cm_listen() {
+    local l
+    for _ in $(seq 200); do
+        l=$(rdma resource show cm_id 2>/dev/null | grep -w LISTEN | grep -w link) || true
+        grep -qE ":$1( |$)" <<<"$l" && return 0
+        sleep 0.05
+    done
+    echo "DV note: no rdma_cm listener on port $1 within 10 s"
+    return 1
+}
+
 # pair NAME SECONDS SERVER-CMD... -- CLIENT-ARGS...: server in the background, client
-# against 127.0.0.1, both bounded by SECONDS.
+# against 127.0.0.1, both bounded by SECONDS. A libibverbs example's --chk finding ("invalid
+# data in page N", after which it exits 0) fails the pair.
 pair() {
     local name=$1 secs=$2 srv=() cli=() s=0 c=0 t0
     shift 2
@@ -122,10 +137,12 @@ pair() {
     wait "$spid" || s=$?
     echo "== $name server (rc=$s)"; tail -n 25 "/tmp/$name.server"
     echo "== $name client (rc=$c)"; tail -n 25 "/tmp/$name.client"
+    if grep -q 'invalid data' "/tmp/$name.server" "/tmp/$name.client"; then
+        echo "DV-FAIL $name: 'invalid data' in its output (--chk found a wrong byte)"
+        ((s != 0)) || s=97
+    fi
     report "$name" $((s | c)) "server=$s client=$c wall=$(((${EPOCHREALTIME/./} - t0) / 1000))ms"
 }
-
-chk() { "$1" --help 2>&1 | grep -q -- '--chk' && echo -c; }
 
 for t in "${tools[@]}"; do
     case $t in
@@ -140,11 +157,11 @@ for t in "${tools[@]}"; do
         echo "DV gids: $(grep -E 'GID\[' /tmp/devinfo | tr -s ' \t' ' ' | tr '\n' ';')"
         echo "DV driver: $(dmesg | grep -E 'virtio_rdma.*(sends from|paired)|GID add failed' | sed 's/^\[[^]]*\] //' | tr '\n' ';')"
         ;;
-    rc) pair rc 60 ibv_rc_pingpong -d "$dev" -g "$gid" -n "$iters" $(chk ibv_rc_pingpong) -- ;;
-    rc_events) pair rc_events 60 ibv_rc_pingpong -d "$dev" -g "$gid" -n "$iters" -e $(chk ibv_rc_pingpong) -- ;;
-    uc) pair uc 120 ibv_uc_pingpong -d "$dev" -g "$gid" -n "$iters" $(chk ibv_uc_pingpong) -- ;;
-    ud) pair ud 120 ibv_ud_pingpong -d "$dev" -g "$gid" -n "$iters" -s 1024 $(chk ibv_ud_pingpong) -- ;;
-    srq) pair srq 120 ibv_srq_pingpong -d "$dev" -g "$gid" -n "$iters" $(chk ibv_srq_pingpong) -- ;;
+    rc) pair rc 60 ibv_rc_pingpong -d "$dev" -g "$gid" -n "$iters" -c -- ;;
+    rc_events) pair rc_events 60 ibv_rc_pingpong -d "$dev" -g "$gid" -n "$iters" -e -c -- ;;
+    uc) pair uc 120 ibv_uc_pingpong -d "$dev" -g "$gid" -n "$iters" -c -- ;;
+    ud) pair ud 120 ibv_ud_pingpong -d "$dev" -g "$gid" -n "$iters" -s 1024 -c -- ;;
+    srq) pair srq 120 ibv_srq_pingpong -d "$dev" -g "$gid" -n "$iters" -c -- ;;
     send_lat) pair send_lat 180 ib_send_lat -d "$dev" -x "$gid" -F -n "$iters" -s 64 -- ;;
     write_bw) pair write_bw 180 ib_write_bw -d "$dev" -x "$gid" -F -n "$iters" -s 4096 -- ;;
     send_bw) pair send_bw 180 ib_send_bw -d "$dev" -x "$gid" -F -n "$iters" -s 4096 -- ;;
@@ -153,11 +170,11 @@ for t in "${tools[@]}"; do
     atomic_bw) pair atomic_bw 180 ib_atomic_bw -d "$dev" -x "$gid" -F -n "$iters" -- ;;
     rping)
         # rdma_cm: addresses resolved through eth0, the CM's MADs on the kernel's QP1
-        timeout 60 rping -s -a "$VUR_ADDR" -C 20 -v >/tmp/rping.server 2>&1 &
+        timeout 60 rping -s -a "$VUR_ADDR" -p 7174 -C 20 -v >/tmp/rping.server 2>&1 &
         spid=$!
-        sleep 2
+        wait_cm_listen 7174 || true
         c=0 s=0
-        timeout 60 rping -c -a "$VUR_ADDR" -C 20 -v -V >/tmp/rping.client 2>&1 || c=$?
+        timeout 60 rping -c -a "$VUR_ADDR" -p 7174 -C 20 -v -V >/tmp/rping.client 2>&1 || c=$?
         wait "$spid" || s=$?
         echo "== rping server (rc=$s)"; tail -n 4 /tmp/rping.server
         echo "== rping client (rc=$c)"; tail -n 4 /tmp/rping.client
@@ -219,7 +236,7 @@ PY
         # before any driver sees them (Linux rxe alike), so EINVAL passes; if a kernel lets
         # it through, it gets the same checks.
         python3 - "$dev" "$gid" >/tmp/mr_iova.log 2>&1 <<'PY'
-import ctypes as C, mmap, sys, time
+import ctypes as C, hashlib, mmap, sys, time
 import pyverbs.device as d
 import pyverbs.enums as e
 from pyverbs.addr import AHAttr, GlobalRoute
@@ -339,9 +356,15 @@ def check(what, ok):
     print("mr_iova:", what, "ok" if ok else "FAIL")
     ok or fails.append(what)
 
+# The payload: SHAKE-128 (no period: a byte placed at the wrong offset differs); the target
+# and the sink are poisoned with its complement before each operation, so every byte that
+# is not placed differs from the byte that must be there.
+INV = bytes(range(255, -1, -1))
+
 def through(iova, rkey):
-    data = bytes((i * 13 + iova) & 0xff for i in range(LEN))
+    data = hashlib.shake_128(f"mr_iova {iova:#x}".encode()).digest(LEN)
     buf[:] = bytes(len(buf))
+    buf[OFF:OFF + LEN] = data.translate(INV)
     buf[OFF - 1:OFF] = buf[OFF + LEN:OFF + LEN + 1] = b"\x5a"
     local.write(data, LEN)
     q = connect()
@@ -349,7 +372,7 @@ def through(iova, rkey):
           and bytes(buf[OFF:OFF + LEN]) == data)
     check(f"{iova:#x}: bytes around the MR untouched",
           buf[OFF - 1:OFF] == b"\x5a" and buf[OFF + LEN:OFF + LEN + 1] == b"\x5a")
-    local.write(bytes(LEN), LEN)
+    local.write(data[0x100:].translate(INV), LEN - 0x100)
     check(f"{iova:#x}: read across both page boundaries",
           rdma(q, e.IBV_WR_RDMA_READ, rkey, iova + 0x100, LEN - 0x100) == 0
           and local.read(LEN - 0x100, 0) == data[0x100:])
@@ -406,10 +429,14 @@ PY
         timeout 120 ibv_rc_pingpong -d rxe0 -g "$rgid" -n "$iters" -p 18600 -c >/tmp/rxe_shared.rs 2>&1 &
         p1=$!
         pair rxe_shared_vrdma0 120 ibv_rc_pingpong -d "$dev" -g "$gid" -n "$iters" -c --
-        sleep 1
+        wait_listen 18600 || true
         timeout 120 ibv_rc_pingpong -d rxe0 -g "$rgid" -n "$iters" -p 18600 -c 127.0.0.1 >/tmp/rxe_shared.rc 2>&1
         c=$?
         wait "$p1"; s=$?
+        if grep -q 'invalid data' /tmp/rxe_shared.rs /tmp/rxe_shared.rc; then
+            echo "DV-FAIL rxe_shared: 'invalid data' in rxe0's pingpong output"
+            ((s != 0)) || s=97
+        fi
         rdma link delete rxe0
         report rxe_shared $((s | c)) "rxe0 server=$s client=$c"
         ;;

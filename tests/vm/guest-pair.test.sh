@@ -42,14 +42,19 @@
 #   sudo tests/vm/guest-pair.test.sh [--repeat N] [devices|rxe|rxe-shards|rxe-gso|rxe-io|rxe6|same-host|nic|nic-rxe|all|soak] [TOOL...]
 #   default: all (devices, rxe, rxe-shards, rxe-gso, rxe-io, rxe6, same-host, nic, nic-rxe), every tool. --repeat N runs each
 #   mode N times (logs per run: $work/MODE.R) and prints a pass count per mode (rxe6: the tools with a GID index: rc uc
-#   ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw); soak: rc uc ud srq send_bw
-#   write_bw read_bw atomic_bw rping udaddy nvme
+#   ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw datacheck); soak: datacheck rc uc ud
+#   srq send_bw write_bw read_bw atomic_bw rping udaddy nvme
 #
 # Tools: tcp (ping and 16 MiB over TCP between the out-of-band addresses: QEMU's own virtio-net
 # on a tap in devices and rxe, the daemon's in the nic modes), mckey (UD multicast through
-# rdma_cm: nic), rc uc ud srq (libibverbs examples with --chk data checks), send_lat send_bw write_lat
-# write_bw read_bw atomic_bw (perftest), rping (rdma_cm with data verification, the CM over
-# each side's QP1).
+# rdma_cm: nic), datacheck (tests/vm/vur-datacheck.py: every byte of SEND, WRITE and READ on RC,
+# SEND and WRITE on UC, SEND on UD and through an SRQ, both ways, checked: the data check of
+# every mode; once per mode, as it moves every payload both ways itself: in the rxe and nic-rxe
+# modes the device guest serves), rc uc ud srq (the libibverbs examples with -c: a smoke; their server looks at
+# byte 0 of each page, and a step that prints "invalid data" fails), send_lat send_bw
+# write_lat write_bw read_bw atomic_bw (perftest: completes), rping (rdma_cm, -V: each ping's
+# data verified, the CM over each side's QP1). The host checks every step's command line and
+# output on both consoles (step_audit).
 #
 # Addresses (all inside the test's own network namespace, tests/vm/net.sh exec):
 #   10.77.0.0/24  RoCE. A daemon's udp transport is bound to an address on the namespace's
@@ -90,8 +95,8 @@ all) shift || true ;;
 -*) echo "usage: $0 [--repeat N] [devices|rxe|rxe-shards|rxe-gso|rxe-io|rxe6|same-host|nic|nic-rxe|all|soak] [TOOL...]" >&2; exit 2 ;;
 esac
 # the tools that take a GID index (rxe6; the rdma_cm tools and tcp stay on IPv4)
-gid_tools=(rc uc ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw)
-rdma_tools=(rc uc ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw rping ucmatose udaddy rdma_server send_lat_cm nvme)
+gid_tools=(datacheck rc uc ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw)
+rdma_tools=(datacheck rc uc ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw rping ucmatose udaddy rdma_server send_lat_cm nvme)
 # mckey (UD multicast through rdma_cm) needs the daemon to be the NIC: in the nic mode's
 # defaults; against rxe only when named (rxe 6.12 puts one of mckey's 20 datagrams on the wire:
 # sent_pkts=1)
@@ -100,7 +105,7 @@ tools=("$@")
 nic_defaults=$((${#tools[@]} == 0))
 if [[ ${modes[*]} == soak ]]; then
     command -v nft >/dev/null || vm_missing "guest-pair soak: nft not installed (nftables; images/host-setup.sh)"
-    ((${#tools[@]})) || tools=(rc uc ud srq send_bw write_bw read_bw atomic_bw rping udaddy nvme)
+    ((${#tools[@]})) || tools=(datacheck rc uc ud srq send_bw write_bw read_bw atomic_bw rping udaddy nvme)
     soak_secs=${VUR_SOAK_SECS:-120}
     drop_every=${VUR_SOAK_DROP_EVERY:-400}
     [[ $soak_secs =~ ^[1-9][0-9]*$ && $drop_every =~ ^[1-9][0-9]*$ ]] ||
@@ -160,9 +165,20 @@ guest() {
     local name=$1
     shift
     { "$here/run-vm.sh" --name "$name" --qemu "$qemu" --images "$images" --shared "$dir/share" \
-        --scenario "$here/pair-guest.sh" --timeout "$guest_timeout" --env "PAIR_ITERS=$iters" \
+        --scenario "$here/pair-guest.sh" --file "$here/vur-datacheck.py" --timeout "$guest_timeout" --env "PAIR_ITERS=$iters" \
         --env "PAIR_STEPS=$steps" "$@" >"$dir/$name.run.log" 2>&1; echo $? >"$dir/$name.rc"; } &
     vm_pids+=($!)
+}
+
+# pair_steps A B [TOOL...]: every tool (default: $tools) once with its server on guest A and
+# once on B; datacheck once, on A (it moves every payload both ways itself).
+pair_steps() {
+    local a=$1 b=$2 t
+    shift 2
+    (($#)) || set -- "${tools[@]}"
+    for t in "$@"; do
+        if [[ $t == datacheck ]]; then steps+="${steps:+,}$t@$a"; else steps+="${steps:+,}$t@$a,$t@$b"; fi
+    done
 }
 
 run_mode() {
@@ -231,7 +247,7 @@ run_mode() {
             --env PAIR_PEER_OOB=10.77.0.2 --env PAIR_PEER_ROCE=10.77.0.2
         ;;
     nic-rxe)
-        for t in "${tools[@]}"; do steps+="${steps:+,}$t@dev,$t@rxe"; done
+        pair_steps dev rxe
         nic_own="52:54:00:77:00:02=10.77.0.2,52:54:00:77:00:04=10.77.0.4"
         nic_daemon dev 10.77.0.2 52:54:00:77:00:02 vhA || return 1
         guest dev --rdma-sock "$dir/daemon-dev/rdma.sock" --net-sock "$dir/daemon-dev/net.sock" --host-mtu 1500 \
@@ -248,7 +264,7 @@ run_mode() {
             [[ " ${gid_tools[*]} " == *" $t "* ]] && t6+=("$t")
         done
         ((${#t6[@]})) || { log "rxe6: none of the tools takes a GID index (${gid_tools[*]}): skipped"; return 0; }
-        for t in "${t6[@]}"; do steps+="${steps:+,}$t@dev,$t@rxe"; done
+        pair_steps dev rxe "${t6[@]}"
         daemon dev fd77::2 52:54:00:77:00:02 --udp-gso || return 1
         guest dev --rdma-sock "$dir/daemon-dev/rdma.sock" --nic-no-peer --mac 52:54:00:77:00:02 \
             --ip 10.77.0.2/24 --ip6 fd77::2/64 --no-rxe --tap2 vurtapA --mac2 52:54:00:78:00:02 \
@@ -261,7 +277,7 @@ run_mode() {
             --env PAIR_PEER_ROCE=fd77::2
         ;;
     rxe | rxe-io | rxe-shards | rxe-gso)
-        for t in "${tools[@]}"; do steps+="${steps:+,}$t@dev,$t@rxe"; done
+        pair_steps dev rxe
         local io=()
         [[ $mode == rxe-io ]] && io=(--io-thread)
         [[ $mode == rxe-shards ]] && io=(--engine-shards 2 --shard-threads)
@@ -344,6 +360,7 @@ run_mode() {
     for n in "$dir"/share/*.console.log; do
         tr -d '\r' <"$n" | grep -a -E '^PAIR |^\[vur-init' || true
     done
+    step_audit "$mode" || fail=1
     if [[ -n $tap_pid ]]; then
         tap_check "$mode" "$tap_pid" || fail=1
     fi
@@ -417,6 +434,75 @@ run_mode() {
         ip link del vhB 2>/dev/null || true
     fi
     return "$fail"
+}
+
+# step_audit MODE: every step of $steps ran, on both guests, the command it meant, as their
+# consoles show it ("== step I TOOL ROLE: CMD", its output's last lines, "PAIR G STEP I ..."):
+# the libibverbs examples with -c and no "invalid data" in their output; datacheck with
+# "DATACHECK ok transport=T role=ROLE" for rc, uc, ud and srq and its "DATACHECK done" line.
+# The soak shows the first round's steps only (later rounds print failures alone).
+step_audit() {
+    local mode=$1 out rc=0 seen nbad
+    out=$(python3 - "$steps" "$dir/share" <<'PY'
+import glob, os, re, sys
+steps = [s.split("@") for s in sys.argv[1].split(",")]
+bad, seen = [], 0
+for path in sorted(glob.glob(os.path.join(sys.argv[2], "*.console.log"))):
+    me = os.path.basename(path)[: -len(".console.log")]
+    text = open(path, "rb").read().decode("utf-8", "replace").replace("\r", "")
+    blocks = {}
+    cur = None
+    for line in text.split("\n"):
+        m = re.match(r"== step (\d+) (\S+) (server|client): (.*)$", line)
+        if m:
+            cur = int(m[1])
+            if cur in blocks:
+                bad.append(f"{me}: step {cur} shown twice")
+            blocks[cur] = {"tool": m[2], "role": m[3], "cmd": m[4], "out": []}
+            continue
+        if cur is not None and re.match(rf"PAIR {re.escape(me)} STEP {cur} ", line):
+            blocks[cur]["end"] = line
+            cur = None
+        elif cur is not None:
+            blocks[cur]["out"].append(line)
+    for i, (tool, srv) in enumerate(steps):
+        role = "server" if srv == me else "client"
+        b = blocks.get(i)
+        if b is None or "end" not in b:
+            bad.append(f"{me}: step {i} ({tool} {role}) is missing from the console")
+            continue
+        seen += 1
+        if (b["tool"], b["role"]) != (tool, role):
+            bad.append(f"{me}: step {i} ran {b['tool']} {b['role']}, not {tool} {role}")
+            continue
+        argv = b["cmd"].split()
+        out = "\n".join(b["out"])
+        if tool in ("rc", "uc", "ud", "srq"):
+            if argv[0] != f"ibv_{tool}_pingpong" or "-c" not in argv:
+                bad.append(f"{me}: step {i} {tool} {role}: the command lacks -c: {b['cmd']}")
+            if "invalid data" in out:
+                bad.append(f"{me}: step {i} {tool} {role}: 'invalid data' in its output")
+        if tool == "datacheck":
+            if "vur-datacheck.py" not in b["cmd"] or "-d" not in argv or "-g" not in argv:
+                bad.append(f"{me}: step {i} datacheck {role}: not vur-datacheck.py -d DEV -g GID: {b['cmd']}")
+            for t in ("rc", "uc", "ud", "srq"):
+                if not re.search(rf"^DATACHECK ok transport={t} role={role} ", out, re.M):
+                    bad.append(f"{me}: step {i} datacheck {role}: no 'DATACHECK ok transport={t} role={role}' line")
+            if not re.search(rf"^DATACHECK done role={role} ", out, re.M):
+                bad.append(f"{me}: step {i} datacheck {role}: no 'DATACHECK done' line")
+for b in bad:
+    print(b)
+print(f"{seen} {len(bad)}")
+sys.exit(1 if bad else 0)
+PY
+    ) || rc=$?
+    echo "$out" | sed '$d' | sed "s/^/  $mode: FAIL: /"
+    read -r seen nbad <<<"$(echo "$out" | tail -1)"
+    if ((rc != 0)); then
+        log "$mode: FAIL: the steps' commands and outputs (${nbad:-?} problems above, $seen steps seen)"
+        return 1
+    fi
+    log "$mode: every step ran its command on both guests ($seen step runs; pingpongs with -c, datacheck's four transports ok)"
 }
 
 # nic_check PID: stop the capture on the bridge; every RoCE frame on it must come from one of

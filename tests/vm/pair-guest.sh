@@ -15,6 +15,7 @@
 #                   the peer's address through it (the udp transport ignores the MAC)
 #   PAIR_STEPS      comma-separated TOOL@GUEST (GUEST: the VUR_NAME running the server)
 #   PAIR_ITERS      iterations per tool (default 200)
+#   PAIR_DC_MSGS    datacheck: messages per operation and direction (default 48)
 #   PAIR_MTU        path MTU for perftest and the pingpongs (default 1024)
 #   PAIR_ACK_TIMEOUT perftest's ACK timeout exponent -u (default 20: 4 s)
 #   PAIR_SOAK       when set, run the steps round after round until the host creates
@@ -28,6 +29,7 @@ grep -qw 'vur\.name=[^ ]*' /proc/cmdline 2>/dev/null && [[ -n ${VUR_NAME:-} ]] |
     { echo "pair-guest.sh: not a test guest (no vur.name= on the kernel command line); refusing to configure addresses" >&2; exit 2; }
 
 me=$VUR_NAME
+here=$(cd "$(dirname "$0")" && pwd)
 dev=${PAIR_DEV:?}
 iters=${PAIR_ITERS:-200}
 mtu=${PAIR_MTU:-1024}
@@ -102,16 +104,21 @@ listening() { # a TCP listener (pingpongs, perftest), an RDMA CM listener (rping
     grep -qE ":$1( |$)" <<<"$l"
 }
 
-chk() { "$1" --help 2>&1 | grep -q -- '--chk' && echo -c; }
-
 # tool_cmds TOOL PORT: "LISTEN-PORT|SERVER-COMMAND|CLIENT-COMMAND". The client command is the
 # server's plus the server's out-of-band address when empty; @SELF@ is this guest's RoCE
 # address, @PEER@ the other guest's (the rdma_cm tools connect to it).
 tool_cmds() {
     local p=$2
     case $1 in
-    rc | uc | srq) echo "$p|ibv_$1_pingpong -d $dev -g $gid -n $iters -m $mtu -p $p $(chk "ibv_$1_pingpong")|" ;;
-    ud) echo "$p|ibv_ud_pingpong -d $dev -g $gid -n $iters -s $((mtu < 2048 ? mtu : 2048)) -p $p $(chk ibv_ud_pingpong)|" ;;
+    # the libibverbs examples: a compatibility smoke. -c (--chk) makes their server look at
+    # byte 0 of each page and print "invalid data in page N", exit code 0: run_step fails
+    # such a step. The data check is datacheck's.
+    rc | uc | srq) echo "$p|ibv_$1_pingpong -d $dev -g $gid -n $iters -m $mtu -p $p -c|" ;;
+    ud) echo "$p|ibv_ud_pingpong -d $dev -g $gid -n $iters -s $((mtu < 2048 ? mtu : 2048)) -p $p -c|" ;;
+    # every byte of SEND, WRITE (with and without immediate) and READ on RC, SEND and WRITE on
+    # UC, SEND on UD and through an SRQ, both ways, checked (tests/vm/vur-datacheck.py, shipped
+    # beside this script); one "DATACHECK ok transport=T" line per transport
+    datacheck) echo "$p|python3 $here/vur-datacheck.py -d $dev -g $gid -m $mtu -u $ack_to -n ${PAIR_DC_MSGS:-48} -p $p|" ;;
     # -u 20 (PAIR_ACK_TIMEOUT's default): a 4 s ACK timeout (perftest's default is 67 ms):
     # under TCG a busy guest misses 67 ms often, and a retransmitting rxe 6.12 requester can
     # hang on its completer bug (docs/interop.md). Two devices retransmit in their daemons,
@@ -292,6 +299,11 @@ run_step() {
         wait_file "$sync/$i.server.done" 180 "the server of step $i to end" || rc=99
     fi
     ms=$(((${EPOCHREALTIME/./} - t0) / 1000))
+    # a libibverbs example's --chk finding (it exits 0 after it)
+    if grep -q 'invalid data' "/tmp/$i.log"; then
+        echo "step $i: FAIL: $tool printed 'invalid data' (its --chk found a wrong byte)" >>"/tmp/$i.log"
+        ((rc != 0)) || rc=97
+    fi
     # the client's figure: perftest's t_avg (usec) or BW average (MB/s)
     res=''
     if [[ $role == client ]]; then
@@ -301,7 +313,8 @@ run_step() {
         *_bw) res=$(awk '/^ *[0-9]+ +[0-9]+ +[0-9.]+ +[0-9.]+ /{print "bw_avg_MBps=" $4; exit}' "/tmp/$i.log") ;;
         esac
     fi
-    if [[ -z $soak ]] || ((rc != 0)); then
+    # (the soak: the first round's, for the host's check of the commands, and failures)
+    if [[ -z $soak ]] || ((round == 0 || rc != 0)); then
         echo "== step $i $tool $role: $cmd"
         grep -vE '^ *(local|remote) address: ' "/tmp/$i.log" | tail -n 12
         say "STEP $i $tool server=$srv role=$role rc=$rc wall=${ms}ms${res:+ $res}"
