@@ -43,16 +43,6 @@ import socket
 import sys
 import time
 
-import pyverbs.enums as e
-from pyverbs.addr import AH, AHAttr, GID, GlobalRoute
-from pyverbs.cq import CQ
-from pyverbs.device import Context
-from pyverbs.mr import MR
-from pyverbs.pd import PD
-from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
-from pyverbs.srq import SRQ, SrqAttr, SrqInitAttr
-from pyverbs.wr import SGE, RecvWR, SendWR
-
 BATCH = 16  # messages per batch (WRs outstanding at once)
 MAX_LEN = 65536
 SLOT = MAX_LEN + 256  # a buffer: the largest message, the gap of a two-SGE send, and slack
@@ -68,11 +58,28 @@ POISON = b"\xff"
 POISON_SLOT = POISON * SLOT
 NO_FF = bytes(range(255)) + b"\xfe"
 SEND_FILLER = 0xEE  # between the two SGEs of a two-SGE send: must never arrive
-MTU_ENUM = {256: e.IBV_MTU_256, 512: e.IBV_MTU_512, 1024: e.IBV_MTU_1024,
-            2048: e.IBV_MTU_2048, 4096: e.IBV_MTU_4096}
-MTU_BYTES = {v: k for k, v in MTU_ENUM.items()}
+MTUS = [256, 512, 1024, 2048, 4096]
 OPS = {"rc": ["send", "write", "read"], "uc": ["send", "write"], "ud": ["send"], "srq": ["send"]}
-WC_STATUS = {getattr(e, n): n for n in dir(e) if n.startswith("IBV_WC_") and n.endswith(("_ERR", "SUCCESS"))}
+
+
+def import_pyverbs():
+    """pyverbs, imported once the TCP connection is up: its import takes seconds under TCG,
+    and so both sides import at once instead of the client after the server."""
+    global e, AH, AHAttr, GID, GlobalRoute, CQ, Context, MR, PD, QP, QPAttr, QPCap, QPInitAttr
+    global SRQ, SrqAttr, SrqInitAttr, SGE, RecvWR, SendWR, MTU_ENUM, MTU_BYTES, WC_STATUS
+    import pyverbs.enums as e
+    from pyverbs.addr import AH, AHAttr, GID, GlobalRoute
+    from pyverbs.cq import CQ
+    from pyverbs.device import Context
+    from pyverbs.mr import MR
+    from pyverbs.pd import PD
+    from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
+    from pyverbs.srq import SRQ, SrqAttr, SrqInitAttr
+    from pyverbs.wr import SGE, RecvWR, SendWR
+    MTU_ENUM = {256: e.IBV_MTU_256, 512: e.IBV_MTU_512, 1024: e.IBV_MTU_1024,
+                2048: e.IBV_MTU_2048, 4096: e.IBV_MTU_4096}
+    MTU_BYTES = {v: k for k, v in MTU_ENUM.items()}
+    WC_STATUS = {getattr(e, n): n for n in dir(e) if n.startswith("IBV_WC_") and n.endswith(("_ERR", "SUCCESS"))}
 
 
 class Fail(Exception):
@@ -579,7 +586,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-d", dest="dev", required=True, help="RDMA device (vrdma0, rxe0)")
     ap.add_argument("-g", dest="gid_index", type=int, required=True, help="GID index")
-    ap.add_argument("-m", dest="mtu", type=int, default=1024, choices=sorted(MTU_ENUM), help="path MTU")
+    ap.add_argument("-m", dest="mtu", type=int, default=1024, choices=MTUS, help="path MTU")
     ap.add_argument("-u", dest="ack_timeout", type=int, default=20, help="RC ACK timeout exponent")
     ap.add_argument("-n", type=int, default=48, help="messages per operation and direction")
     ap.add_argument("-t", dest="transports", default="rc,uc,ud,srq", help="transports, in order")
@@ -611,6 +618,7 @@ def main():
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     ctl = Ctl(sock)
     try:
+        import_pyverbs()
         run = Run(args, ctl, role)
         run.hello()
         for t in args.transports:
