@@ -98,14 +98,17 @@ wait_cm_listen() {
     say "note: no rdma_cm listener on port $1 within 10 s"
     return 1
 }
-# wait_connected FILE...: bounded wait until each pingpong's output shows its peer (the
-# exchange is done, the ping-pong under way)
-wait_connected() {
-    local f
-    for f in "$@"; do
-        for _ in $(seq 300); do grep -q 'remote address' "$f" 2>/dev/null && break; sleep 0.1; done
-        grep -q 'remote address' "$f" 2>/dev/null || { say "note: $f shows no peer within 30 s"; return 1; }
+# wait_rts N: bounded wait until N QPs of ibv_rc_pingpong on $dev are in RTS (connected: the
+# ping-pong is under way; their output, a file, is only flushed at exit)
+wait_rts() {
+    local n=0
+    for _ in $(seq 300); do
+        n=$(rdma resource show qp link "$dev/1" 2>/dev/null | grep -w ibv_rc_pingpong | grep -cw RTS)
+        ((n >= $1)) && return 0
+        sleep 0.1
     done
+    say "note: $n of $1 ibv_rc_pingpong QPs in RTS within 30 s"
+    return 1
 }
 pingpong() { # NAME PORT ARGS... : a server and a client on this guest, bounded by 60 s; a
     # --chk (-c) finding ("invalid data in page N", after which the server exits 0) fails it
@@ -204,7 +207,7 @@ timeout 600 ibv_rc_pingpong -d "$dev" -g "$gid" -p 18516 -n 100000000 -e 127.0.0
 p2=$!
 timeout 600 ibv_rc_pingpong -d "$dev" -g "$gid" -p 18523 -n 100000000 127.0.0.1 >/tmp/poll.c 2>&1 &
 p4=$!
-wait_connected /tmp/long.s /tmp/long.c /tmp/poll.s /tmp/poll.c
+wait_rts 4
 kill -0 $p1 $p2 2>/dev/null || { say "FAIL the long pingpong did not start: $(tail -3 /tmp/long.c)"; exit 1; }
 kill -0 $p3 $p4 2>/dev/null || { say "FAIL the polling pingpong did not start: $(tail -3 /tmp/poll.c)"; exit 1; }
 touch /vur/traffic
