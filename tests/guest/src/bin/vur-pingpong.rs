@@ -152,6 +152,11 @@ fn run(a: &Args, mtu: Mtu) -> Result<(), String> {
         wr_id: RECV_WRID,
         sg_list: vec![mr.sge(0, a.size)].into(),
     };
+    // The receive buffer holds the complement of the first message before the receives are
+    // posted: once they are, the daemon may place the peer's first SEND at any moment (a
+    // scrub written after the exchange erased a first message that came early).
+    let first = expected(1, size, a.server.is_some(), !a.peer_is_ours);
+    mr.buf.write(0, &scrub_of(&first));
     for _ in 0..a.rx_depth {
         g.post_recv(&qp, &recv).map_err(e("post_recv"))?;
     }
@@ -241,7 +246,6 @@ fn run(a: &Args, mtu: Mtu) -> Result<(), String> {
     // Our n-th SEND carries payload(n); our n-th receive must hold expected(n), and the
     // receive buffer holds its complement before.
     let expect_at = |n: u32| expected(n, size, client, !a.peer_is_ours);
-    mr.buf.write(0, &scrub_of(&expect_at(1)));
     mr.buf.write(half, &payload(1, size));
     let send = SendWr::new(SEND_WRID, SendOp::Send, vec![mr.sge(half, a.size)]);
     let start = Instant::now();
