@@ -8,8 +8,8 @@ use rxe_core::device::DeviceConfig;
 use rxe_core::verbs::Mtu;
 use thiserror::Error;
 
-use crate::egress::{Cidr, EgressPolicy};
-use crate::model::ModelConfig;
+use crate::device::model::ModelConfig;
+use crate::transport::egress::{Cidr, EgressPolicy};
 use crate::unix_socket::{resolve_group, SocketAccess};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -285,7 +285,7 @@ pub struct Config {
     /// UDP GSO for runs of packets (udp transport).
     pub udp_gso: bool,
     /// The raw transport's setup (`--iface`), when it is the transport.
-    pub raw: Option<crate::raw::RawConfig>,
+    pub raw: Option<crate::transport::raw::RawConfig>,
     pub counters_socket: Option<PathBuf>,
     /// Mode and group of the unix sockets.
     pub socket_access: SocketAccess,
@@ -295,7 +295,7 @@ pub struct Config {
     /// shared with it.
     pub net_socket: Option<PathBuf>,
     /// What the guest's NIC may send and receive (with `net_socket`).
-    pub net_policy: Option<crate::net_policy::NetPolicy>,
+    pub net_policy: Option<crate::net::net_policy::NetPolicy>,
     pub model: ModelConfig,
 }
 
@@ -387,14 +387,14 @@ impl TryFrom<Args> for Config {
                         addrs.push(ip);
                     }
                 }
-                Some(crate::raw::RawConfig {
+                Some(crate::transport::raw::RawConfig {
                     iface: iface.clone(),
                     addrs,
                     mac,
                     mtu: a.mtu,
                     ring: match a.raw_ring {
-                        RawRing::V3 => crate::raw::RingKind::V3,
-                        RawRing::V2 => crate::raw::RingKind::V2,
+                        RawRing::V3 => crate::transport::raw::RingKind::V3,
+                        RawRing::V2 => crate::transport::raw::RingKind::V2,
                     },
                     // Beside a virtio-net the guest's own stack answers for its addresses.
                     answer_neighbours: a.net_socket.is_none(),
@@ -477,7 +477,7 @@ impl TryFrom<Args> for Config {
         );
         let net_policy = match &a.net_socket {
             None => None,
-            Some(_) => Some(crate::net_policy::NetPolicy {
+            Some(_) => Some(crate::net::net_policy::NetPolicy {
                 mac,
                 addrs: if a.net_addr.is_empty() {
                     None
@@ -860,7 +860,7 @@ mod tests {
         assert_eq!(r.mac, None, "the interface's MAC unless --mac");
         assert_eq!(
             r.ring,
-            crate::raw::RingKind::V2,
+            crate::transport::raw::RingKind::V2,
             "one slot per frame unless --raw-ring v3"
         );
         assert!(!c.model.egress.deny_loopback || r.addrs[0].is_ipv4());

@@ -8,9 +8,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::link::Transport;
-use crate::model::Model;
-use crate::transport::TransportStats;
+use crate::device::model::Model;
+use crate::sync::lock;
+use crate::transport::udp::TransportStats;
+use crate::transport::Transport;
 use crate::unix_socket::SocketAccess;
 use crate::vhu_rdma::VhuRdma;
 
@@ -22,21 +23,17 @@ pub struct Shared {
     pub connections: AtomicU64,
     pub shutdown: AtomicBool,
     /// The virtio-net device's counters (`--net-socket`), read without a lock.
-    pub net: Option<Arc<crate::vhu_net::NetStats>>,
+    pub net: Option<Arc<crate::net::vhu_net::NetStats>>,
     /// The same-host inbox and its counters (`--same-host`), read without a lock.
-    pub same_host: Option<Arc<crate::same_host::Inbox>>,
+    pub same_host: Option<Arc<crate::transport::same_host::Inbox>>,
     /// The I/O thread (`--io-thread`): its counters, read without a lock.
-    pub io: Option<Arc<crate::io_thread::IoThread>>,
+    pub io: Option<Arc<crate::transport::io_thread::IoThread>>,
     /// `--shard-threads`: the sockets of engine shards 1 and up, with their counters.
-    pub shard_links: Vec<Arc<crate::shard_worker::ShardLink>>,
+    pub shard_links: Vec<Arc<crate::worker::shard_worker::ShardLink>>,
 }
 
 /// How long a reader waits for the worker thread to render the counters.
 const RENDER_WAIT: Duration = Duration::from_secs(2);
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 macro_rules! json_fields {
     ($out:expr, $s:expr, [$($f:ident),*]) => {{
@@ -202,7 +199,10 @@ pub fn render(shared: &Shared) -> String {
             .unwrap_or_else(|| "\"busy\":true".to_string()),
         // No worker: nothing else takes the transport.
         None => render_body(
-            &crate::shard_worker::all_stats(lock(&shared.transport).stats(), &shared.shard_links),
+            &crate::worker::shard_worker::all_stats(
+                lock(&shared.transport).stats(),
+                &shared.shard_links,
+            ),
             None,
         ),
     };
@@ -258,14 +258,15 @@ pub fn spawn(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::ModelConfig;
+    use crate::device::model::ModelConfig;
 
     /// A reader never takes the device's lock: with the worker busy (here: the model held
     /// and nobody serving the backend's events) it gets `"busy":true` after a bounded wait,
     /// not a hang; without a frontend it gets the transport's counters.
     #[test]
     fn a_reader_does_not_wait_for_the_data_path() {
-        let Ok(t) = crate::transport::UdpTransport::bind("127.0.0.1:0".parse().unwrap(), 0, false)
+        let Ok(t) =
+            crate::transport::udp::UdpTransport::bind("127.0.0.1:0".parse().unwrap(), 0, false)
         else {
             vur_testkit::skip(
                 "a_reader_does_not_wait_for_the_data_path",

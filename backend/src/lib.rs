@@ -2,12 +2,19 @@
 //! RoCEv2 transport is the sans-IO `rxe-core` engine. The device contract is
 //! docs/virtio-rdma.md.
 //!
-//! Layout (vhost-device style): [`config`] turns the command line into a validated
-//! [`config::Config`]; [`start_backend`] serves one frontend after another; [`vhu_rdma`] holds
-//! the `VhostUserBackend` impl; [`model`] is the device (commands, rings, engine pumping),
-//! testable without a socket; [`link`] the host attachment: [`transport`] the UDP socket or
-//! [`raw`] an interface's frames; [`counters`] the query socket; [`vhu_net`] the guest's
-//! virtio-net beside it (`--net-socket`), [`netlink`] the `link` helper for its interface.
+//! Rooms, from the top floor down; a module imports only from its own room or lower ones:
+//! - the top: [`config`] turns the command line into a validated [`config::Config`],
+//!   [`start_backend`] serves one frontend after another, [`vhu_rdma`] is the
+//!   `VhostUserBackend` impl, [`counters`] the query socket;
+//! - [`worker`]: the per-frontend worker (queues, polling, shard threads);
+//! - [`net`]: the guest's virtio-net beside the device (`--net-socket`) and the `link` helper;
+//! - [`device`]: the device model (commands, rings, events, engine pumping), testable without
+//!   a socket;
+//! - [`transport`]: the host attachment, a UDP socket or an interface's frames, and the packet
+//!   sink the model pumps into;
+//! - [`memory`]: guest memory and the payload references into it;
+//! - the floor: [`abi`] (the device's structures), [`clock`], [`sync`], [`heap`], [`ratelog`],
+//!   [`unix_socket`].
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
@@ -17,31 +24,19 @@ compile_error!(
 );
 
 pub mod abi;
+pub mod clock;
 pub mod config;
 pub mod counters;
-pub mod egress;
-pub mod events;
-pub mod guest_mem;
+pub mod device;
 pub mod heap;
-pub mod io_thread;
-pub mod link;
-pub mod model;
-pub mod net_policy;
-pub mod net_port;
-pub mod netlink;
-pub mod payload_ref;
-pub mod poll;
+pub mod memory;
+pub mod net;
 pub mod ratelog;
-pub mod raw;
-pub mod ring;
-pub mod same_host;
-pub mod shard_worker;
-pub mod steer;
+pub mod sync;
 pub mod transport;
 pub mod unix_socket;
-pub mod vhost_proxy;
-pub mod vhu_net;
 pub mod vhu_rdma;
+pub mod worker;
 
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::Ordering;
@@ -55,10 +50,10 @@ use vmm_sys_util::epoll::EventSet;
 
 use crate::config::Config;
 use crate::counters::Shared;
-use crate::guest_mem::GuestMemoryMmap;
-use crate::link::Transport;
-use crate::model::Model;
-use crate::transport::UdpTransport;
+use crate::device::model::Model;
+use crate::memory::guest_mem::GuestMemoryMmap;
+use crate::transport::udp::UdpTransport;
+use crate::transport::Transport;
 use crate::vhu_rdma::{
     VhuRdma, COUNTERS_EVENT, IO_EVENT, SAME_HOST_EVENT, TIMER_EVENT, UDP_EVENT, WORK_EVENT,
 };
@@ -68,7 +63,7 @@ pub enum Error {
     #[error("binding the UDP socket {0}: {1}")]
     Udp(std::net::SocketAddr, std::io::Error),
     #[error("{0}")]
-    Raw(#[from] raw::RawError),
+    Raw(#[from] transport::raw::RawError),
     #[error("creating the vhost-user socket {0}: {1}")]
     Socket(String, std::io::Error),
     #[error("vhost-user daemon: {0}")]
@@ -153,8 +148,8 @@ struct Device {
     shared: Arc<Shared>,
     net: Option<(
         std::path::PathBuf,
-        Arc<net_port::NetPort>,
-        Arc<vhu_net::NetStats>,
+        Arc<net::net_port::NetPort>,
+        Arc<net::vhu_net::NetStats>,
     )>,
     handle: Arc<Mutex<Option<vhost_user_backend::ShutdownHandle>>>,
     net_handle: Arc<Mutex<Option<vhost_user_backend::ShutdownHandle>>>,
@@ -164,7 +159,10 @@ struct Device {
 impl Device {
     /// Opens the device's transport (and its virtio-net port); with `hub`, joins the
     /// same-host shortcut.
-    fn open(mut config: Config, hub: Option<&Arc<same_host::Hub>>) -> Result<Device, Error> {
+    fn open(
+        mut config: Config,
+        hub: Option<&Arc<transport::same_host::Hub>>,
+    ) -> Result<Device, Error> {
         let mut shard_links = Vec::new();
         let mut transport = match &config.raw {
             None => {
@@ -190,13 +188,13 @@ impl Device {
                         s.enable_gso().map_err(|e| Error::Udp(config.udp_addr, e))?;
                     }
                     s.set_egress(config.model.egress.clone());
-                    shard_links.push(Arc::new(shard_worker::ShardLink::new(s)));
+                    shard_links.push(Arc::new(worker::shard_worker::ShardLink::new(s)));
                 }
                 if config.udp_gso && !gso {
                     log::warn!("--udp-gso: not used (this kernel does not know UDP GSO)");
                 }
                 if let Some(hub) = hub {
-                    let link = same_host::Link::new(hub.clone(), config.udp_addr.ip())
+                    let link = transport::same_host::Link::new(hub.clone(), config.udp_addr.ip())
                         .map_err(|e| Error::Udp(config.udp_addr, e))?;
                     t.set_same_host(link, config.same_host_segment);
                 }
@@ -217,7 +215,7 @@ impl Device {
                 if config.udp_gso {
                     log::warn!("--udp-gso: not used (the raw transport builds whole frames)");
                 }
-                let t = raw::RawTransport::open(r)?;
+                let t = transport::raw::RawTransport::open(r)?;
                 // The port MAC is the one frames go out from.
                 config.model.dev.mac = t.mac();
                 log::info!(
@@ -239,7 +237,7 @@ impl Device {
         // `--io-thread`: the socket's work moves to a thread of its own.
         let io = match &mut transport {
             Transport::Udp(t) if config.io_thread => {
-                let io = io_thread::IoThread::start(t).map_err(Error::Io)?;
+                let io = transport::io_thread::IoThread::start(t).map_err(Error::Io)?;
                 log::info!("udp socket served by an I/O thread beside the worker");
                 Some(Arc::new(io))
             }
@@ -249,11 +247,11 @@ impl Device {
         // does not take.
         let net = match (&config.net_socket, &config.raw) {
             (Some(p), Some(r)) => {
-                let stats = Arc::new(vhu_net::NetStats::default());
+                let stats = Arc::new(net::vhu_net::NetStats::default());
                 let policy = config.net_policy.clone().unwrap_or_else(|| {
-                    net_policy::NetPolicy::new(r.mac.unwrap_or(config.model.dev.mac))
+                    net::net_policy::NetPolicy::new(r.mac.unwrap_or(config.model.dev.mac))
                 });
-                let port = net_port::NetPort::open(&r.iface, &r.addrs, policy, stats.clone())?;
+                let port = net::net_port::NetPort::open(&r.iface, &r.addrs, policy, stats.clone())?;
                 log::info!(
                     "virtio-net on {} (MTU {}): every frame but RoCEv2 to the guest's GIDs",
                     port.iface(),
@@ -307,7 +305,7 @@ pub fn start_backends(configs: Vec<Config>) -> Result<(), Error> {
     let hub = configs
         .iter()
         .any(|c| c.same_host)
-        .then(same_host::Hub::new);
+        .then(transport::same_host::Hub::new);
     // Every transport first: an address that cannot be bound fails before anything serves.
     let devices = configs
         .into_iter()
@@ -426,7 +424,7 @@ fn serve(device: Device) -> Result<(), Error> {
         // `--same-host`: the other devices hand their packets to this one's engine on their
         // own threads while its worker is idle.
         if let Some(inbox) = &shared.same_host {
-            let d: Arc<dyn same_host::Driver> = backend.clone();
+            let d: Arc<dyn transport::same_host::Driver> = backend.clone();
             inbox.set_driver(Arc::downgrade(&d));
         }
         // Stopped and joined when dropped, after the vhost-user daemon below.
@@ -434,7 +432,7 @@ fn serve(device: Device) -> Result<(), Error> {
             None
         } else {
             Some(
-                shard_worker::ShardWorkers::start(shards, &shared.shard_links, &backend)
+                worker::shard_worker::ShardWorkers::start(shards, &shared.shard_links, &backend)
                     .map_err(Error::Io)?,
             )
         };
@@ -541,8 +539,8 @@ fn serve(device: Device) -> Result<(), Error> {
 fn serve_net(
     path: &std::path::Path,
     listener: Listener,
-    port: Arc<net_port::NetPort>,
-    stats: Arc<vhu_net::NetStats>,
+    port: Arc<net::net_port::NetPort>,
+    stats: Arc<net::vhu_net::NetStats>,
     shared: &Shared,
     handle: &Mutex<Option<vhost_user_backend::ShutdownHandle>>,
 ) -> Result<(), Error> {
@@ -575,7 +573,7 @@ fn serve_net(
             if shared.shutdown.load(Ordering::SeqCst) {
                 break;
             }
-            let backend = Arc::new(vhu_net::VhuNet::new(port.clone(), stats.clone())?);
+            let backend = Arc::new(net::vhu_net::VhuNet::new(port.clone(), stats.clone())?);
             let mut daemon = VhostUserDaemon::new(
                 "vhost-user-net".into(),
                 backend.clone(),
@@ -588,11 +586,15 @@ fn serve_net(
                     .register_listener(
                         backend.port_fd(),
                         EventSet::IN | EventSet::EDGE_TRIGGERED,
-                        vhu_net::PORT_EVENT as u64,
+                        net::vhu_net::PORT_EVENT as u64,
                     )
                     .map_err(Error::Io)?;
                 handlers[0]
-                    .register_listener(backend.more_fd(), EventSet::IN, vhu_net::MORE_EVENT as u64)
+                    .register_listener(
+                        backend.more_fd(),
+                        EventSet::IN,
+                        net::vhu_net::MORE_EVENT as u64,
+                    )
                     .map_err(Error::Io)?;
             }
             // Our own connection is the one the handler accepts (the directory is ours).
@@ -601,10 +603,10 @@ fn serve_net(
                 log::error!("starting the virtio-net handler: {e}");
                 continue;
             }
-            let relay = vhost_proxy::spawn(
+            let relay = net::vhost_proxy::spawn(
                 front,
                 back,
-                vhost_proxy::MtuPolicy {
+                net::vhost_proxy::MtuPolicy {
                     max: port.mtu(),
                     set: stats.mtu.clone(),
                 },

@@ -5,7 +5,7 @@
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{fence, AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::Duration;
 
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
@@ -21,11 +21,14 @@ use vmm_sys_util::event::{
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::abi::{self, NUM_QUEUES, VQ_CTRL, VQ_DOORBELL, VQ_EVENT};
-use crate::guest_mem::GuestMemoryMmap;
-use crate::link::Transport;
-use crate::model::{Model, PacketSink, Pump, TX_BUDGET};
-use crate::poll::{bump, PollWindow, WorkerStats};
-use crate::transport::RX_BATCH;
+use crate::clock::{now, RxBackoff, Timer};
+use crate::device::model::{Model, Pump, TX_BUDGET};
+use crate::memory::guest_mem::GuestMemoryMmap;
+use crate::sync::lock;
+use crate::transport::sink::PacketSink;
+use crate::transport::udp::RX_BATCH;
+use crate::transport::Transport;
+use crate::worker::poll::{bump, PollWindow, WorkerStats};
 
 /// The queues a poll session polls (and whose kicks it suppresses): the guest's work.
 const POLLED_QUEUES: [u16; 2] = [VQ_DOORBELL, VQ_CTRL];
@@ -44,10 +47,10 @@ pub const WORK_EVENT: u16 = NUM_QUEUES as u16 + 3;
 pub const UDP_WRITABLE_EVENT: u16 = NUM_QUEUES as u16 + 4;
 /// A counters reader waits for a rendering ([`VhuRdma::render_counters`]).
 pub const COUNTERS_EVENT: u16 = NUM_QUEUES as u16 + 5;
-/// Packets wait in the same-host inbox (`--same-host`, [`crate::same_host`]).
+/// Packets wait in the same-host inbox (`--same-host`, [`crate::transport::same_host`]).
 pub const SAME_HOST_EVENT: u16 = NUM_QUEUES as u16 + 6;
 /// Packets the I/O thread received wait in its inbox, or its send channel has room again
-/// (`--io-thread`, [`crate::io_thread`]).
+/// (`--io-thread`, [`crate::transport::io_thread`]).
 pub const IO_EVENT: u16 = NUM_QUEUES as u16 + 7;
 
 /// Queue size the device offers.
@@ -72,92 +75,9 @@ type GM = GuestMemoryAtomic<GuestMemoryMmap>;
 type Chain =
     virtio_queue::DescriptorChain<vm_memory::atomic::GuestMemoryLoadGuard<GuestMemoryMmap>>;
 
-/// Engine time: CLOCK_MONOTONIC in nanoseconds.
-pub fn now() -> rxe_core::Instant {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    rxe_core::Instant(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
-}
-
 /// How soon after a frontend's memory table the device checks, unkicked, whether the frontend
 /// is a reconnecting guest whose device state was lost.
 const STATE_CHECK_NS: u64 = 50_000_000;
-
-/// A non-blocking CLOCK_MONOTONIC timerfd armed with absolute deadlines.
-pub struct Timer {
-    fd: OwnedFd,
-    /// The deadline the kernel holds, so re-arming with the same one costs no syscall.
-    armed: Mutex<Option<rxe_core::Instant>>,
-}
-
-impl Timer {
-    pub fn new() -> io::Result<Timer> {
-        // SAFETY: plain syscall; the result is checked before use.
-        let fd = unsafe {
-            libc::timerfd_create(
-                libc::CLOCK_MONOTONIC,
-                libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(Timer {
-            // SAFETY: `fd` was just created and is owned by nobody else.
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
-            armed: Mutex::new(None),
-        })
-    }
-    /// Arms for `at` (engine time), or disarms with `None`.
-    pub fn arm(&self, at: Option<rxe_core::Instant>) {
-        let mut armed = lock(&self.armed);
-        if *armed == at {
-            return;
-        }
-        *armed = at;
-        let mut v: libc::itimerspec =
-            // SAFETY: itimerspec is plain integers; all-zero is a valid (disarmed) value.
-            unsafe { std::mem::zeroed() };
-        if let Some(t) = at {
-            let ns = t.0.max(1);
-            v.it_value.tv_sec = (ns / 1_000_000_000) as libc::time_t;
-            v.it_value.tv_nsec = (ns % 1_000_000_000) as libc::c_long;
-        }
-        // SAFETY: the fd is a timerfd we own; `v` is a valid itimerspec.
-        unsafe {
-            libc::timerfd_settime(
-                self.fd.as_raw_fd(),
-                libc::TFD_TIMER_ABSTIME,
-                &v,
-                std::ptr::null_mut(),
-            )
-        };
-    }
-    /// Arms for `at` if that is sooner than the deadline held (or none is).
-    pub fn arm_sooner(&self, at: Option<rxe_core::Instant>) {
-        let Some(at) = at else {
-            return;
-        };
-        if lock(&self.armed).is_none_or(|held| at < held) {
-            self.arm(Some(at));
-        }
-    }
-
-    pub fn consume(&self) {
-        let mut b = [0u8; 8];
-        // SAFETY: reading 8 bytes into a live buffer from a non-blocking timerfd we own.
-        unsafe { libc::read(self.fd.as_raw_fd(), b.as_mut_ptr().cast(), 8) };
-        // It fired: the kernel holds no deadline any more.
-        *lock(&self.armed) = None;
-    }
-    pub fn fd(&self) -> RawFd {
-        self.fd.as_raw_fd()
-    }
-}
 
 /// The queues' names, by index.
 const QUEUE_NAMES: [&str; NUM_QUEUES] = ["control", "doorbell", "event"];
@@ -225,33 +145,6 @@ pub fn resume_at_used(vring: &VringRwLock, mem: &GuestMemoryMmap) -> Option<(u16
     Some((base, used))
 }
 
-/// How long the receive path leaves a failing socket alone: 1 ms, doubling while it keeps
-/// failing, up to [`RxBackoff::MAX_NS`]; back to nothing once a receive works.
-#[derive(Debug, Default)]
-pub struct RxBackoff {
-    /// The socket is out of the epoll until then.
-    pub until: Option<rxe_core::Instant>,
-    delay_ns: u64,
-}
-
-impl RxBackoff {
-    pub const MIN_NS: u64 = 1_000_000;
-    pub const MAX_NS: u64 = 1_000_000_000;
-
-    /// The socket failed at `now`: until when to leave it alone.
-    pub fn fail(&mut self, now: rxe_core::Instant) -> rxe_core::Instant {
-        self.delay_ns = (self.delay_ns * 2).clamp(Self::MIN_NS, Self::MAX_NS);
-        let until = now.plus_ns(self.delay_ns);
-        self.until = Some(until);
-        until
-    }
-
-    /// A receive worked.
-    pub fn ok(&mut self) {
-        self.delay_ns = 0;
-    }
-}
-
 pub struct VhuRdma {
     model: Arc<Mutex<Model>>,
     transport: Arc<Mutex<Transport>>,
@@ -271,9 +164,9 @@ pub struct VhuRdma {
     /// `--shard-threads`: every shard's wake-up (index = shard; 0 is `work`), empty without.
     shard_kicks: Mutex<Arc<Vec<Arc<EventFd>>>>,
     /// `--shard-threads`: the shards' sockets, for the counters.
-    shard_links: Mutex<Vec<Arc<crate::shard_worker::ShardLink>>>,
+    shard_links: Mutex<Vec<Arc<crate::worker::shard_worker::ShardLink>>>,
     /// The queues, as the worker's first event gave them: for another device's thread that
-    /// runs this one's side of a same-host batch ([`crate::same_host::Driver`]).
+    /// runs this one's side of a same-host batch ([`crate::transport::same_host::Driver`]).
     vrings: Mutex<Vec<VringRwLock>>,
     /// A duplicate of the UDP socket's fd, in the epoll for EPOLLOUT while the transport waits
     /// for room ([`UDP_WRITABLE_EVENT`]); a separate fd because the socket itself is there
@@ -308,15 +201,10 @@ pub struct VhuRdma {
     /// Whether the driver acknowledged VIRTIO_F_NOTIFY_ON_EMPTY.
     notify_on_empty: AtomicBool,
     /// What other ports of this process sent this one (`--same-host`).
-    inbox: Option<Arc<crate::same_host::Inbox>>,
+    inbox: Option<Arc<crate::transport::same_host::Inbox>>,
     /// What the I/O thread received (`--io-thread`); its eventfd also says the send channel
     /// has room again.
-    io_inbox: Option<Arc<crate::same_host::Inbox>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic elsewhere must not take the daemon down with poisoned locks.
-    m.lock().unwrap_or_else(|e| e.into_inner())
+    io_inbox: Option<Arc<crate::transport::same_host::Inbox>>,
 }
 
 impl VhuRdma {
@@ -396,7 +284,7 @@ impl VhuRdma {
     }
 
     /// `--shard-threads`: the shards' sockets, whose counters add to the transport's.
-    pub fn set_shard_links(&self, links: Vec<Arc<crate::shard_worker::ShardLink>>) {
+    pub fn set_shard_links(&self, links: Vec<Arc<crate::worker::shard_worker::ShardLink>>) {
         *lock(&self.shard_links) = links;
     }
 
@@ -460,7 +348,7 @@ impl VhuRdma {
     fn publish_counters(&self, model: &Model) {
         let _ = self.counters_req.read();
         let links = lock(&self.shard_links).clone();
-        let t = crate::shard_worker::all_stats(lock(&self.transport).stats(), &links);
+        let t = crate::worker::shard_worker::all_stats(lock(&self.transport).stats(), &links);
         let mut body = crate::counters::render_body(&t, Some(model));
         if !links.is_empty() {
             // What each shard's own socket carried (shard 0's is the transport's).
@@ -837,7 +725,7 @@ impl VhuRdma {
     /// returns how many.
     fn receive_inbox(
         &self,
-        inbox: Option<&Arc<crate::same_host::Inbox>>,
+        inbox: Option<&Arc<crate::transport::same_host::Inbox>>,
         model: &mut Model,
         mem: &GM,
     ) -> usize {
@@ -887,7 +775,7 @@ impl VhuRdma {
 
     /// Runs the engine for up to `budget` packets into the transport. With `--same-host` the
     /// transport holds this guest's memory meanwhile, for the packets that leave with
-    /// references into it ([`crate::payload_ref`]).
+    /// references into it ([`crate::memory::payload_ref`]).
     /// With `everywhere`, the shards other threads drive too (`--shard-threads`).
     fn pump_slice(&self, mem: &GM, model: &mut Model, budget: usize, everywhere: bool) -> Pump {
         let g = mem.memory();
@@ -901,7 +789,7 @@ impl VhuRdma {
             // into is handed its packets or has them sealed (`same_host::Inbox::signal`), so
             // no reference outlives the lock that keeps the memory's rights as they were.
             // (The pump flushed already; this makes it a rule here, not a habit there.)
-            crate::model::PacketSink::flush(&mut *t);
+            crate::transport::sink::PacketSink::flush(&mut *t);
             t.set_payload_source(None);
         }
         p
@@ -1121,7 +1009,7 @@ impl VhuRdma {
     }
 }
 
-impl crate::same_host::Driver for VhuRdma {
+impl crate::transport::same_host::Driver for VhuRdma {
     /// Another device of the process (`--same-host`) put packets in this one's inbox: if
     /// this device's worker is idle, this device's side runs on the sender's thread — the
     /// packets into the engine, what they start sent, events to the guest — as the worker

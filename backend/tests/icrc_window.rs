@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use rxe_core::icrc::{Ipv4IdBasis, Ipv4IdSolver};
 use rxe_core::wire::frame::{icrc_for_udp_socket, verify_icrc_from_udp_socket};
 use rxe_core::wire::{emit, BthRepr, ExtRepr, Opcode};
-use vhost_user_rdma::transport::UdpTransport;
+use vhost_user_rdma::transport::udp::UdpTransport;
 
 /// A receiving transport (default ICRC rules) and a plain sending socket on loopback; `None`
 /// (skipped) when loopback cannot be bound.

@@ -8,8 +8,8 @@
 
 use libfuzzer_sys::fuzz_target;
 use rxe_core::device::DeviceConfig;
-use vhost_user_rdma::guest_mem::GuestMemoryMmap;
-use vhost_user_rdma::model::{Model, ModelConfig};
+use vhost_user_rdma::memory::guest_mem::GuestMemoryMmap;
+use vhost_user_rdma::device::model::{Model, ModelConfig};
 use vm_memory::{Bytes, GuestAddress};
 
 fuzz_target!(|data: &[u8]| {
@@ -41,6 +41,6 @@ fuzz_target!(|data: &[u8]| {
     m.pump(
         &mem,
         rxe_core::Instant(0),
-        &mut vhost_user_rdma::model::FnSink::new(|_, _| {}),
+        &mut vhost_user_rdma::transport::sink::FnSink::new(|_, _| {}),
     );
 });

@@ -19,7 +19,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use libfuzzer_sys::fuzz_target;
-use vhost_user_rdma::raw::{arp_reply, check_frame, multicast_mac, nd_reply, Local};
+use vhost_user_rdma::transport::raw::{arp_reply, check_frame, multicast_mac, nd_reply, Local};
 
 const MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x07];
 const V4: Ipv4Addr = Ipv4Addr::new(10, 79, 0, 1);

@@ -20,9 +20,9 @@ use std::sync::Arc;
 use libfuzzer_sys::fuzz_target;
 use rxe_core::device::Transmit;
 use rxe_core::{Gid, Qpn};
-use vhost_user_rdma::guest_mem::GuestMemoryMmap;
-use vhost_user_rdma::payload_ref::PayloadRef;
-use vhost_user_rdma::same_host::{Hub, Link, INBOX_CAP};
+use vhost_user_rdma::memory::guest_mem::GuestMemoryMmap;
+use vhost_user_rdma::memory::payload_ref::PayloadRef;
+use vhost_user_rdma::transport::same_host::{Hub, Link, INBOX_CAP};
 use vm_memory::{Bytes, GuestAddress};
 
 const BASE: u64 = 0x10000;

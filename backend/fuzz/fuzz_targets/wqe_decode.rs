@@ -20,8 +20,8 @@
 use libfuzzer_sys::fuzz_target;
 use rxe_core::verbs::Av;
 use vhost_user_rdma::abi;
-use vhost_user_rdma::guest_mem::GuestMemoryMmap;
-use vhost_user_rdma::ring::{decode_av, decode_recv_wqe, decode_send_wqe, SqCaps};
+use vhost_user_rdma::memory::guest_mem::GuestMemoryMmap;
+use vhost_user_rdma::device::ring::{decode_av, decode_recv_wqe, decode_send_wqe, SqCaps};
 use vm_memory::{Bytes, GuestAddress};
 
 const MEM_BASE: u64 = 0x1000;

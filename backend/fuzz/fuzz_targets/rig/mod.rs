@@ -24,8 +24,9 @@ use rxe_core::device::{DeviceConfig, RecvMeta, Transmit};
 use rxe_core::verbs::*;
 use rxe_core::{Gid, Instant};
 use vhost_user_rdma::abi::{self, op, ring as hdr, swqe, wr_op};
-use vhost_user_rdma::guest_mem::GuestMemoryMmap;
-use vhost_user_rdma::model::{FnSink, Model, ModelConfig, MAX_PENDING_EVENTS};
+use vhost_user_rdma::device::model::{Model, ModelConfig, MAX_PENDING_EVENTS};
+use vhost_user_rdma::transport::sink::FnSink;
+use vhost_user_rdma::memory::guest_mem::GuestMemoryMmap;
 use vm_memory::{ByteValued, Bytes, GuestAddress};
 
 pub const BASE: u64 = 0x10000;

@@ -14,7 +14,7 @@ fn main() -> std::process::ExitCode {
     if std::env::args_os().nth(1).is_some_and(|a| a == "link") {
         let args =
             std::iter::once("vhost-user-rdma link".into()).chain(std::env::args_os().skip(2));
-        return vhost_user_rdma::netlink::main_with_args(args);
+        return vhost_user_rdma::net::netlink::main_with_args(args);
     }
     let configs = match configs(Args::parse()) {
         Ok(c) => c,

@@ -9,7 +9,7 @@
 //! the way a full socket buffer does (the requester retransmits).
 //!
 //! An RC payload may cross as a reference into the sender's guest memory
-//! ([`crate::payload_ref`]), but only for as long as the sender's batch lasts: the sender
+//! ([`crate::memory::payload_ref`]), but only for as long as the sender's batch lasts: the sender
 //! holds its device's lock from the moment its engine builds the packet to the end of the
 //! batch, so nothing revokes the memory (DEREG_MR, an invalidation, an error completion, a
 //! QP reset, a device reset, a disconnect — all need that lock) while the reference lives.
@@ -35,8 +35,9 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 use rxe_core::device::{RecvMeta, Transmit};
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::guest_mem::GuestMemoryMmap;
-use crate::payload_ref::PayloadRef;
+use crate::memory::guest_mem::GuestMemoryMmap;
+use crate::memory::payload_ref::PayloadRef;
+use crate::sync::lock;
 
 /// Packets an inbox holds at most (16 MiB of 4 KiB packets); beyond, a packet is dropped
 /// and counted, as a full socket buffer would drop it.
@@ -50,13 +51,9 @@ pub const SEALED_CAP: usize = 16 << 20;
 /// nothing.
 const POOL_CAP: usize = 1024;
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// One packet in an inbox: what the receiver's engine needs (BTH … ICRC slot, and where it
 /// came from). With payload references, `buf` holds only the bytes the references do not
-/// stand for, one after the other ([`crate::payload_ref::unreferenced`]), `len` is the
+/// stand for, one after the other ([`crate::memory::payload_ref::unreferenced`]), `len` is the
 /// packet's, and `src` keeps the sender's guest memory mapped until the receiver has copied
 /// the rest: a 64 KiB segment is a few dozen bytes here.
 struct Parcel {
@@ -87,7 +84,7 @@ pub struct SameHostStats {
     pub tx_packets: AtomicU64,
     pub tx_bytes: AtomicU64,
     /// Of those, the packets that carried payload references, and the payload bytes they
-    /// referred to instead of carrying ([`crate::payload_ref`]).
+    /// referred to instead of carrying ([`crate::memory::payload_ref`]).
     pub tx_ref_packets: AtomicU64,
     pub tx_ref_bytes: AtomicU64,
     /// Packets taken from this port's inbox into its engine.
@@ -220,13 +217,13 @@ impl Inbox {
             whole.clear();
             whole.resize(p.len, 0);
             let mut at = 0;
-            for g in crate::payload_ref::unreferenced(p.len, &p.refs) {
+            for g in crate::memory::payload_ref::unreferenced(p.len, &p.refs) {
                 let n = g.len();
                 whole[g].copy_from_slice(&p.buf[at..at + n]);
                 at += n;
             }
             if let Some(src) = p.src.take() {
-                crate::payload_ref::resolve(&src, &p.refs, &mut whole);
+                crate::memory::payload_ref::resolve(&src, &p.refs, &mut whole);
             }
             let old = std::mem::replace(&mut p.buf, whole);
             let refs = std::mem::replace(&mut p.refs, spare_refs);
@@ -261,7 +258,7 @@ impl Inbox {
         r.extend_from_slice(refs);
         buf.clear();
         // The referenced bytes are not copied: the receiver takes them from `src`.
-        for g in crate::payload_ref::unreferenced(bytes.len(), refs) {
+        for g in crate::memory::payload_ref::unreferenced(bytes.len(), refs) {
             buf.extend_from_slice(&bytes[g]);
         }
         {
@@ -328,7 +325,7 @@ impl Inbox {
                     whole.resize(p.len, 0);
                 }
                 let mut at = 0;
-                for g in crate::payload_ref::unreferenced(p.len, &p.refs) {
+                for g in crate::memory::payload_ref::unreferenced(p.len, &p.refs) {
                     let n = g.len();
                     whole[g].copy_from_slice(&p.buf[at..at + n]);
                     at += n;

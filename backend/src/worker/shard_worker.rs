@@ -3,7 +3,7 @@
 //! worker, which serves the virtqueues and shard 0.
 //!
 //! Each shard has a UDP socket of its own in a group the kernel steers by destination QPN
-//! ([`crate::steer`]), so the packets of a shard's QPs arrive on its thread and nowhere
+//! ([`crate::transport::steer`]), so the packets of a shard's QPs arrive on its thread and nowhere
 //! else. The thread receives them into its shard, runs the shard's timers, and sends what
 //! the shard has to send from its own socket; completions go into the guest's CQ rings
 //! under each CQ's lock. What only the device's worker can do it asks of it by waking it:
@@ -27,9 +27,11 @@ use vm_memory::GuestAddressSpace;
 use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::model::{Pump, ShardHandle, TX_BUDGET};
-use crate::transport::{TransportStats, UdpTransport, RX_BATCH};
-use crate::vhu_rdma::{now, RxBackoff, Timer, VhuRdma};
+use crate::clock::{now, RxBackoff, Timer};
+use crate::device::model::{Pump, ShardHandle, TX_BUDGET};
+use crate::sync::lock;
+use crate::transport::udp::{TransportStats, UdpTransport, RX_BATCH};
+use crate::vhu_rdma::VhuRdma;
 
 /// Datagrams received per wake-up before the shard is pumped (the socket is
 /// level-triggered: what is left wakes the thread again).
@@ -39,10 +41,6 @@ const SOCKET: u64 = 0;
 const TIMER: u64 = 1;
 const KICK: u64 = 2;
 const STOP: u64 = 3;
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// A shard's socket, kept by the device across frontends, and what it counted.
 pub struct ShardLink {
@@ -255,7 +253,7 @@ impl Worker {
 
     /// Receives up to [`RX_LIMIT`] datagrams into the engine; returns the shards they went
     /// to, a bit each.
-    fn receive(&self, t: &mut UdpTransport, g: &crate::guest_mem::GuestMemoryMmap) -> u64 {
+    fn receive(&self, t: &mut UdpTransport, g: &crate::memory::guest_mem::GuestMemoryMmap) -> u64 {
         let mut touched = 0;
         let mut total = 0;
         while total < RX_LIMIT {

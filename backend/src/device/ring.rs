@@ -14,7 +14,7 @@ use rxe_core::{Gid, Qpn};
 use vm_memory::ByteValued;
 
 use crate::abi::{self, ring as hdr, swqe, wr_op, QueueDesc, Status, UverbsWc};
-use crate::guest_mem::{resolve_page_list, Fault, GuestMemoryMmap, PagedBuf};
+use crate::memory::guest_mem::{resolve_page_list, Fault, GuestMemoryMmap, PagedBuf};
 
 /// Largest ring the device accepts, in slots.
 pub const MAX_SLOTS: u32 = 1 << 16;

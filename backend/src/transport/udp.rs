@@ -39,8 +39,8 @@ use std::os::fd::{AsRawFd, RawFd};
 
 use rxe_core::device::{RecvMeta, Transmit};
 
-use crate::egress::EgressPolicy;
-use crate::model::PacketSink;
+use crate::transport::egress::EgressPolicy;
+use crate::transport::sink::PacketSink;
 
 /// Packets sent with one `sendmmsg`.
 pub const TX_BATCH: usize = 32;
@@ -129,7 +129,7 @@ pub struct TransportStats {
     pub rx_errors: u64,
     /// Datagrams dropped because no guest memory was there to take them yet.
     pub rx_unattached: u64,
-    // The raw transport's own reasons (crate::raw): 0 with the udp transport.
+    // The raw transport's own reasons (crate::transport::raw): 0 with the udp transport.
     /// Frames to a destination MAC or IP address that is not ours.
     pub rx_not_ours: u64,
     /// Frames neither IPv4 nor IPv6 (or VLAN-tagged).
@@ -222,14 +222,14 @@ pub struct UdpTransport {
     rx_failing: bool,
     rx: RxBatch,
     /// `--same-host`: the other ports of this process, reached without the socket.
-    same_host: Option<crate::same_host::Link>,
+    same_host: Option<crate::transport::same_host::Link>,
     /// The guest memory of the packets being built, while a pump runs (`--same-host`).
-    payload_src: Option<std::sync::Arc<crate::guest_mem::GuestMemoryMmap>>,
+    payload_src: Option<std::sync::Arc<crate::memory::guest_mem::GuestMemoryMmap>>,
     /// Payload bytes of a packet to another port of the process (`--same-host-segment`).
     segment: usize,
     /// `--io-thread`: full batches go to the I/O thread instead of the socket
-    /// ([`crate::io_thread`]).
-    offload: Option<crate::io_thread::TxOffload>,
+    /// ([`crate::transport::io_thread`]).
+    offload: Option<crate::transport::io_thread::TxOffload>,
 }
 
 /// `recvmmsg` state: buffers, source addresses, and the datagrams found in them.
@@ -330,7 +330,7 @@ impl UdpTransport {
         Self::with_socket(sock, peer_port, strict_icrc, Default::default())
     }
 
-    /// `n` transports on `addr` in a steered group ([`crate::steer`]): the kernel hands
+    /// `n` transports on `addr` in a steered group ([`crate::transport::steer`]): the kernel hands
     /// transport `k` the RoCE packets whose destination QPN is `k` modulo `n`, the QPs of
     /// engine shard `k`. Each sends from the same address.
     pub fn bind_steered(
@@ -348,7 +348,7 @@ impl UdpTransport {
         // One source's packets reach every socket of the group (by QPN) but carry one ID
         // sequence: the group shares the windows it learns.
         let ids = std::sync::Arc::<std::sync::Mutex<_>>::default();
-        crate::steer::bind_steered(addr, n)?
+        crate::transport::steer::bind_steered(addr, n)?
             .into_iter()
             .map(|s| Self::with_socket(s, peer_port, strict_icrc, std::sync::Arc::clone(&ids)))
             .collect()
@@ -418,11 +418,11 @@ impl UdpTransport {
     }
 
     /// An empty send batch: [`TX_BATCH`] slots, each starting [`TX_PAGE_OFFSET`] into a page.
-    pub(crate) fn new_batch() -> crate::io_thread::TxBatch {
+    pub(crate) fn new_batch() -> crate::transport::io_thread::TxBatch {
         let buf = vec![0u8; TX_BATCH * TX_STRIDE + 4096];
         // The heap block never moves (the vector is never grown), so neither do the slots.
         let base = (TX_PAGE_OFFSET + 4096 - buf.as_ptr() as usize % 4096) % 4096;
-        crate::io_thread::TxBatch {
+        crate::transport::io_thread::TxBatch {
             buf,
             base,
             pending: Vec::with_capacity(TX_BATCH),
@@ -462,13 +462,13 @@ impl UdpTransport {
 
     /// Hands full batches to the I/O thread from now on; this half no longer receives (its
     /// receive buffers are let go).
-    pub(crate) fn set_offload(&mut self, o: crate::io_thread::TxOffload) {
+    pub(crate) fn set_offload(&mut self, o: crate::transport::io_thread::TxOffload) {
         self.offload = Some(o);
         self.rx = RxBatch::none();
     }
 
     /// The I/O thread's inbox of received packets (`--io-thread`).
-    pub fn io_inbox(&self) -> Option<std::sync::Arc<crate::same_host::Inbox>> {
+    pub fn io_inbox(&self) -> Option<std::sync::Arc<crate::transport::same_host::Inbox>> {
         self.offload.as_ref().map(|o| o.inbox().clone())
     }
 
@@ -495,8 +495,8 @@ impl UdpTransport {
     /// what the socket does not take stays held. Returns an empty batch.
     pub(crate) fn send_batch(
         &mut self,
-        mut b: crate::io_thread::TxBatch,
-    ) -> crate::io_thread::TxBatch {
+        mut b: crate::transport::io_thread::TxBatch,
+    ) -> crate::transport::io_thread::TxBatch {
         debug_assert!(self.tx_pending.is_empty());
         std::mem::swap(&mut self.tx_buf, &mut b.buf);
         std::mem::swap(&mut self.tx_base, &mut b.base);
@@ -523,7 +523,7 @@ impl UdpTransport {
         // `spare` is now the full batch.
         match off.send(spare) {
             Ok(()) => self.tx_blocked = false,
-            Err(crate::io_thread::Refused::Full(mut b)) => {
+            Err(crate::transport::io_thread::Refused::Full(mut b)) => {
                 // Keep it, in order, for the next flush; the I/O thread wakes the worker.
                 std::mem::swap(&mut self.tx_buf, &mut b.buf);
                 std::mem::swap(&mut self.tx_base, &mut b.base);
@@ -532,7 +532,7 @@ impl UdpTransport {
                 self.stats.tx_blocked += 1;
                 self.tx_blocked = true;
             }
-            Err(crate::io_thread::Refused::Gone(b)) => {
+            Err(crate::transport::io_thread::Refused::Gone(b)) => {
                 self.stats.tx_dropped += b.pending.len() as u64;
                 self.tx_blocked = false;
             }
@@ -619,10 +619,10 @@ impl UdpTransport {
     }
 
     /// Joins the same-host shortcut: packets to another port of `link`'s hub go there
-    /// instead of to the socket ([`crate::same_host`]).
+    /// instead of to the socket ([`crate::transport::same_host`]).
     /// `segment`: the payload bytes an RC packet to another port may carry (0: one path
     /// MTU; [`PacketSink::segment`]).
-    pub fn set_same_host(&mut self, link: crate::same_host::Link, segment: usize) {
+    pub fn set_same_host(&mut self, link: crate::transport::same_host::Link, segment: usize) {
         self.same_host = Some(link);
         self.segment = segment;
     }
@@ -631,13 +631,13 @@ impl UdpTransport {
     /// port of the process may then refer to it instead of carrying their payload.
     pub fn set_payload_source(
         &mut self,
-        mem: Option<std::sync::Arc<crate::guest_mem::GuestMemoryMmap>>,
+        mem: Option<std::sync::Arc<crate::memory::guest_mem::GuestMemoryMmap>>,
     ) {
         self.payload_src = mem;
     }
 
     /// This port's same-host inbox, with the shortcut on.
-    pub fn same_host_inbox(&self) -> Option<&std::sync::Arc<crate::same_host::Inbox>> {
+    pub fn same_host_inbox(&self) -> Option<&std::sync::Arc<crate::transport::same_host::Inbox>> {
         self.same_host.as_ref().map(|l| l.inbox())
     }
 
@@ -663,7 +663,10 @@ impl UdpTransport {
         // small message) and the thread sleeps with nothing in hand: then send them here and
         // spare it a wake-up. Larger batches always go to it, busy or not.
         match &self.offload {
-            Some(o) if self.tx_pending.len() > crate::io_thread::INLINE_MAX || !o.io_idle() => {
+            Some(o)
+                if self.tx_pending.len() > crate::transport::io_thread::INLINE_MAX
+                    || !o.io_idle() =>
+            {
                 return self.hand_off()
             }
             Some(o) if !self.tx_pending.is_empty() => o.sent_inline(),
@@ -1146,7 +1149,12 @@ impl PacketSink for UdpTransport {
                 .is_some_and(|l| l.reaches_now(dst.to_ip()))
     }
 
-    fn push_refs(&mut self, t: &Transmit, roce: &[u8], refs: &[crate::payload_ref::PayloadRef]) {
+    fn push_refs(
+        &mut self,
+        t: &Transmit,
+        roce: &[u8],
+        refs: &[crate::memory::payload_ref::PayloadRef],
+    ) {
         if self.route(t).is_none() {
             return;
         }
@@ -1164,9 +1172,9 @@ impl PacketSink for UdpTransport {
             return;
         }
         let dst = &mut self.tx_buf[r.start..r.start + roce.len()];
-        crate::payload_ref::copy_unreferenced(roce, refs, dst);
+        crate::memory::payload_ref::copy_unreferenced(roce, refs, dst);
         if let Some(src) = &src {
-            crate::payload_ref::resolve(src, refs, dst);
+            crate::memory::payload_ref::resolve(src, refs, dst);
         }
         self.push(t);
     }
@@ -1970,7 +1978,7 @@ mod tests {
 
     /// Waits up to 2 s for `n` packets in `inbox`; returns (PSN, length) of each, checking
     /// that each carries its own payload.
-    fn inbox_n(inbox: &crate::same_host::Inbox, n: usize) -> Vec<(u32, usize)> {
+    fn inbox_n(inbox: &crate::transport::same_host::Inbox, n: usize) -> Vec<(u32, usize)> {
         let mut got = Vec::new();
         let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while got.len() < n && std::time::Instant::now() < end {
@@ -2007,8 +2015,8 @@ mod tests {
         ta.peer_port = tb.local.port();
         tb.peer_port = ta.local.port();
         let (ga, gb) = (ta.gid(), tb.gid());
-        let io_a = crate::io_thread::IoThread::start(&mut ta).unwrap();
-        let io_b = crate::io_thread::IoThread::start(&mut tb).unwrap();
+        let io_a = crate::transport::io_thread::IoThread::start(&mut ta).unwrap();
+        let io_b = crate::transport::io_thread::IoThread::start(&mut tb).unwrap();
         // 1000 packets of 1 KiB from a, flushed every 100 as a pump does; a full channel
         // stops it until the I/O thread wakes the worker through the inbox's eventfd. Each
         // hundred is taken at b before the next leaves: b's socket buffer holds about two
@@ -2101,9 +2109,9 @@ mod tests {
         };
         ta.peer_port = 9;
         let dst = ta.gid();
-        let (off, from_worker) = crate::io_thread::offload_without_thread(&ta).unwrap();
+        let (off, from_worker) = crate::transport::io_thread::offload_without_thread(&ta).unwrap();
         ta.set_offload(off);
-        let n = crate::io_thread::CHANNEL_BATCHES * TX_BATCH;
+        let n = crate::transport::io_thread::CHANNEL_BATCHES * TX_BATCH;
         for i in 0..n as u32 {
             push_send(&mut ta, dst, i, 64);
         }

@@ -30,7 +30,7 @@ use virtio_bindings::virtio_net::{
     VIRTIO_NET_HDR_GSO_TCPV4, VIRTIO_NET_HDR_GSO_TCPV6,
 };
 
-use crate::egress::{Cidr, EgressPolicy};
+use crate::transport::egress::{Cidr, EgressPolicy};
 
 /// The UDP port of RoCEv2.
 const ROCE_PORT: u16 = 4791;

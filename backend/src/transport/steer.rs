@@ -15,7 +15,7 @@ use std::io;
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::{FromRawFd, OwnedFd};
 
-use crate::transport::sockaddr_from;
+use crate::transport::udp::sockaddr_from;
 
 /// `SO_ATTACH_REUSEPORT_CBPF` (asm-generic/socket.h).
 const SO_ATTACH_REUSEPORT_CBPF: libc::c_int = 51;

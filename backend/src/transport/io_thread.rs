@@ -11,7 +11,7 @@
 //! ```
 //!
 //! Backpressure keeps the socket's: a full socket buffer stops the I/O thread taking
-//! batches, a full channel stops the worker's pump ([`crate::model::Pump::Blocked`]) until
+//! batches, a full channel stops the worker's pump ([`crate::device::model::Pump::Blocked`]) until
 //! the I/O thread has taken a batch and woken it. A full inbox stops the I/O thread reading
 //! the socket until the worker has taken half of it: packets wait in the socket buffer, which
 //! drops what does not fit, as it would with no thread between.
@@ -32,8 +32,9 @@ use std::thread::JoinHandle;
 
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::same_host::Inbox;
-use crate::transport::UdpTransport;
+use crate::sync::lock;
+use crate::transport::same_host::Inbox;
+use crate::transport::udp::UdpTransport;
 
 /// Send batches the channel to the I/O thread holds: 8 × 32 = 256 packets on their way to
 /// the socket, about 1 MiB at 4 KiB each. Batches in circulation (the channel's, the one
@@ -130,7 +131,7 @@ impl TxOffload {
     }
 
     /// The I/O thread's transport counters.
-    pub fn io_stats(&self) -> crate::transport::TransportStats {
+    pub fn io_stats(&self) -> crate::transport::udp::TransportStats {
         lock(&self.io).stats
     }
 
@@ -237,7 +238,7 @@ impl IoThread {
             to_worker,
             epoll: epoll_new()?,
             interest: 0,
-            rx_pause: crate::vhu_rdma::RxBackoff::default(),
+            rx_pause: crate::clock::RxBackoff::default(),
             rx_full: false,
         };
         let thread = std::thread::Builder::new()
@@ -332,10 +333,6 @@ impl TxOffload {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 const TOKEN_SOCKET: u64 = 0;
 const TOKEN_WAKE: u64 = 1;
 const TOKEN_ROOM: u64 = 2;
@@ -368,7 +365,7 @@ struct Run {
     epoll: OwnedFd,
     /// The socket's epoll interest now (EPOLLIN while receiving, EPOLLOUT while blocked).
     interest: u32,
-    rx_pause: crate::vhu_rdma::RxBackoff,
+    rx_pause: crate::clock::RxBackoff,
     /// The inbox was full: the socket is not read until the worker has made room.
     rx_full: bool,
 }
@@ -404,7 +401,7 @@ impl Run {
             if self.link.stop.load(Ordering::SeqCst) {
                 return Ok(());
             }
-            let now = crate::vhu_rdma::now();
+            let now = crate::clock::now();
             if self.rx_pause.until.is_some_and(|u| now >= u) {
                 self.rx_pause.until = None;
             }
@@ -429,7 +426,7 @@ impl Run {
                 0
             } else {
                 match self.rx_pause.until {
-                    Some(u) => (u.0.saturating_sub(crate::vhu_rdma::now().0) / 1_000_000 + 1)
+                    Some(u) => (u.0.saturating_sub(crate::clock::now().0) / 1_000_000 + 1)
                         .min(i32::MAX as u64) as i32,
                     None => -1,
                 }
@@ -490,7 +487,7 @@ impl Run {
         let inbox = &self.link.inbox;
         let mut total = 0;
         while total < RX_ROUND {
-            if inbox.wait_for_room(crate::transport::RX_BATCH) {
+            if inbox.wait_for_room(crate::transport::udp::RX_BATCH) {
                 self.rx_full = true;
                 self.link.stats.rx_full.fetch_add(1, Ordering::Relaxed);
                 break;
@@ -502,7 +499,7 @@ impl Run {
                 }
             }
             total += n;
-            if n < crate::transport::RX_BATCH {
+            if n < crate::transport::udp::RX_BATCH {
                 break;
             }
         }
@@ -510,11 +507,11 @@ impl Run {
             inbox.signal();
         }
         if t.rx_failing() {
-            let until = self.rx_pause.fail(crate::vhu_rdma::now());
+            let until = self.rx_pause.fail(crate::clock::now());
             log::warn!(
                 "udp socket: {} receive errors so far; not reading it for {} ms",
                 t.stats.rx_errors,
-                until.0.saturating_sub(crate::vhu_rdma::now().0) / 1_000_000
+                until.0.saturating_sub(crate::clock::now().0) / 1_000_000
             );
         } else {
             self.rx_pause.ok();

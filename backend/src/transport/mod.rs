@@ -1,17 +1,25 @@
 //! The host attachment the worker sends and receives through: the `udp` transport (a kernel
-//! UDP socket, [`crate::transport`]) or the `raw` one (an AF_PACKET socket on an interface,
-//! [`crate::raw`]). Both hand the worker batches of checked RoCE packets and take the
+//! UDP socket, [`crate::transport::udp`]) or the `raw` one (an AF_PACKET socket on an interface,
+//! [`crate::transport::raw`]). Both hand the worker batches of checked RoCE packets and take the
 //! engine's packets through [`PacketSink`].
+
+pub mod egress;
+pub mod io_thread;
+pub mod raw;
+pub mod same_host;
+pub mod sink;
+pub mod steer;
+pub mod udp;
 
 use std::os::fd::RawFd;
 
 use rxe_core::device::{RecvMeta, Transmit};
 use rxe_core::Gid;
 
-use crate::egress::EgressPolicy;
-use crate::model::PacketSink;
-use crate::raw::RawTransport;
-use crate::transport::{TransportStats, UdpTransport};
+use crate::transport::egress::EgressPolicy;
+use crate::transport::raw::RawTransport;
+use crate::transport::sink::PacketSink;
+use crate::transport::udp::{TransportStats, UdpTransport};
 
 pub enum Transport {
     Udp(UdpTransport),
@@ -82,7 +90,7 @@ impl Transport {
     }
 
     /// The same-host inbox (`--same-host`, udp transport only).
-    pub fn same_host_inbox(&self) -> Option<std::sync::Arc<crate::same_host::Inbox>> {
+    pub fn same_host_inbox(&self) -> Option<std::sync::Arc<crate::transport::same_host::Inbox>> {
         match self {
             Transport::Udp(t) => t.same_host_inbox().cloned(),
             Transport::Raw(_) => None,
@@ -91,7 +99,7 @@ impl Transport {
 
     /// The I/O thread's inbox (`--io-thread`, udp transport only): the worker then takes
     /// received packets from there and never reads the socket.
-    pub fn io_inbox(&self) -> Option<std::sync::Arc<crate::same_host::Inbox>> {
+    pub fn io_inbox(&self) -> Option<std::sync::Arc<crate::transport::same_host::Inbox>> {
         match self {
             Transport::Udp(t) => t.io_inbox(),
             Transport::Raw(_) => None,
@@ -102,7 +110,7 @@ impl Transport {
     /// transport only: packets to another device of the process refer to it).
     pub fn set_payload_source(
         &mut self,
-        mem: Option<std::sync::Arc<crate::guest_mem::GuestMemoryMmap>>,
+        mem: Option<std::sync::Arc<crate::memory::guest_mem::GuestMemoryMmap>>,
     ) {
         if let Transport::Udp(t) = self {
             t.set_payload_source(mem);
@@ -147,7 +155,12 @@ impl PacketSink for Transport {
         each!(self, t => t.in_memory(dst))
     }
 
-    fn push_refs(&mut self, tx: &Transmit, roce: &[u8], refs: &[crate::payload_ref::PayloadRef]) {
+    fn push_refs(
+        &mut self,
+        tx: &Transmit,
+        roce: &[u8],
+        refs: &[crate::memory::payload_ref::PayloadRef],
+    ) {
         each!(self, t => t.push_refs(tx, roce, refs))
     }
 }

@@ -20,7 +20,7 @@ use std::cell::RefCell;
 use rxe_core::mem::{MemError, Memory};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
-use crate::guest_mem::{in_guest, GuestMemoryMmap, GuestRam};
+use crate::memory::guest_mem::{in_guest, GuestMemoryMmap, GuestRam};
 
 /// Reads smaller than this are copied at once (bookkeeping would cost more than the copy).
 pub const MIN_REF: usize = 256;

@@ -1,9 +1,9 @@
 //! The guest's virtio-net device (vhost-user-net, `--net-socket`): with it the daemon is a
 //! paravirtual RoCE NIC on one host interface. Frames the guest transmits go out of the
-//! interface as they are if its policy lets them ([`crate::net_policy`]: its MAC and
+//! interface as they are if its policy lets them ([`crate::net::net_policy`]: its MAC and
 //! addresses, no tags, offloads as negotiated; refusals counted); frames arriving on it for
 //! the guest's MAC or a group go to the guest, except RoCEv2 to the guest's addresses, which
-//! the raw transport takes for the engine ([`crate::net_port`]).
+//! the raw transport takes for the engine ([`crate::net::net_port`]).
 //! The guest's own stack answers ARP and ND, so its GIDs are simply its addresses.
 //!
 //! Queues: 0 receive, 1 transmit (one pair). Offered: VERSION_1, mergeable receive buffers,
@@ -13,7 +13,7 @@
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use vhost::vhost_user::message::VhostUserProtocolFeatures;
 use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
@@ -32,9 +32,10 @@ use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{EventConsumer, EventNotifier};
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::guest_mem::GuestMemoryMmap;
-use crate::net_policy::{rx_wanted, Refusal};
-use crate::net_port::{NetPort, MAX_FRAME, VNET_HDR};
+use crate::memory::guest_mem::GuestMemoryMmap;
+use crate::net::net_policy::{rx_wanted, Refusal};
+use crate::net::net_port::{NetPort, MAX_FRAME, VNET_HDR};
+use crate::sync::lock;
 
 type GM = GuestMemoryAtomic<GuestMemoryMmap>;
 
@@ -76,14 +77,14 @@ pub struct NetStats {
     pub tx_dropped: AtomicU64,
     /// Receive or transmit buffers outside guest memory.
     pub faults: AtomicU64,
-    /// The MTU the frontend set with NET_SET_MTU (0: none; [`crate::vhost_proxy`]).
+    /// The MTU the frontend set with NET_SET_MTU (0: none; [`crate::net::vhost_proxy`]).
     pub mtu: Arc<AtomicU64>,
     /// Frames the guest transmitted that its policy refused, per [`Refusal`] (in its order).
     pub tx_refused: [AtomicU64; Refusal::ALL.len()],
     /// Frames from the interface for another MAC (the kernel filter keeps them out; this
     /// counts what got past it).
     pub rx_not_for_guest: AtomicU64,
-    /// The addresses of the guest's GIDs the daemon holds ([`crate::net_port`]).
+    /// The addresses of the guest's GIDs the daemon holds ([`crate::net::net_port`]).
     pub addrs: AtomicU64,
 }
 
@@ -126,15 +127,11 @@ impl NetStats {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// The features the device offers (the VMM adds MAC and STATUS of its own; MTU is the
 /// VMM's too — QEMU's `host_mtu` — and offered here so that it passes: the MTU itself comes
-/// with NET_SET_MTU, checked against the host interface's by [`crate::vhost_proxy`]).
+/// with NET_SET_MTU, checked against the host interface's by [`crate::net::vhost_proxy`]).
 /// VHOST_USER_F_PROTOCOL_FEATURES too: QEMU's vhost-user-net does not start without it (and
-/// the connection goes through [`crate::vhost_proxy`] for the ring enable QEMU sends early).
+/// the connection goes through [`crate::net::vhost_proxy`] for the ring enable QEMU sends early).
 pub fn net_features() -> u64 {
     (1 << VIRTIO_F_VERSION_1)
         | (1 << VIRTIO_F_NOTIFY_ON_EMPTY)
@@ -190,7 +187,7 @@ fn finish_checksum(frame: &mut [u8], start: usize, off: usize) -> Option<()> {
     if at + 2 > frame.len() || start > frame.len() {
         return None;
     }
-    let sum = crate::raw::sum16(0, &frame[start..]);
+    let sum = crate::transport::raw::sum16(0, &frame[start..]);
     // All ones for a zero: the same in one's complement, and UDP may not carry 0.
     let c = match !(sum as u16) {
         0 => 0xffff,

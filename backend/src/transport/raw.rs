@@ -28,10 +28,10 @@ use std::sync::Arc;
 use rxe_core::device::{RecvMeta, Transmit};
 use rxe_core::Gid;
 
-use crate::egress::EgressPolicy;
-use crate::model::PacketSink;
-use crate::net_port::NetPort;
-use crate::transport::TransportStats;
+use crate::net::net_port::NetPort;
+use crate::transport::egress::EgressPolicy;
+use crate::transport::sink::PacketSink;
+use crate::transport::udp::TransportStats;
 
 /// Packets sent with one `sendmmsg`.
 pub const TX_BATCH: usize = 32;
@@ -984,7 +984,7 @@ pub struct RawConfig {
     /// The receive ring's kind.
     pub ring: RingKind,
     /// Answer ARP and neighbour solicitations for `addrs` with `mac`. Off when a guest's
-    /// virtio-net shares the interface ([`crate::vhu_net`]): the guest's stack answers.
+    /// virtio-net shares the interface ([`crate::net::vhu_net`]): the guest's stack answers.
     pub answer_neighbours: bool,
 }
 
@@ -1017,7 +1017,7 @@ pub struct RawTransport {
     tx_pending: Vec<(usize, usize, bool, [u8; 6])>,
     tx_blocked: bool,
     answer_neighbours: bool,
-    /// The guest's virtio-net socket on the same interface ([`crate::net_port`]): its filter
+    /// The guest's virtio-net socket on the same interface ([`crate::net::net_port`]): its filter
     /// stays the complement of ours, and our addresses follow the guest's GID table.
     companion: Option<Arc<NetPort>>,
 }

@@ -3,7 +3,7 @@
 //! ([`FilterKind::NotRoce`]): RoCEv2 to the guest's addresses is the engine's, every other
 //! frame for the guest's MAC or a group the guest's. Frames carry a virtio-net header both
 //! ways (`PACKET_VNET_HDR`), so checksum offload and TSO pass between the guest and the
-//! host's stack unchanged (the offloads the guest negotiated: [`crate::net_policy`]).
+//! host's stack unchanged (the offloads the guest negotiated: [`crate::net::net_policy`]).
 
 use std::io;
 use std::net::IpAddr;
@@ -11,11 +11,11 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use crate::net_policy::NetPolicy;
-use crate::raw::{
+use crate::net::net_policy::NetPolicy;
+use crate::net::vhu_net::NetStats;
+use crate::transport::raw::{
     attach_filter, bind_all, iface_info, net_filter_program, setsockopt_raw, RawError,
 };
-use crate::vhu_net::NetStats;
 
 const PACKET_ADD_MEMBERSHIP: i32 = 1;
 const PACKET_MR_PROMISC: u16 = 1;
@@ -36,7 +36,7 @@ pub struct NetPort {
     fd: OwnedFd,
     iface: String,
     mtu: u32,
-    /// What the guest may send and receive ([`crate::net_policy`]).
+    /// What the guest may send and receive ([`crate::net::net_policy`]).
     policy: NetPolicy,
     /// The addresses of the guest's GIDs (learned from ADD_GID and DEL_GID).
     learned: Mutex<Arc<Vec<IpAddr>>>,

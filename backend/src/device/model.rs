@@ -12,62 +12,16 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
-use rxe_core::device::{DeviceConfig, QpInit, RecvMeta, Transmit};
+use rxe_core::device::{DeviceConfig, QpInit, RecvMeta};
 use rxe_core::mem::MwType;
 use rxe_core::verbs::*;
 use rxe_core::{Device, Gid, Instant, Qpn, VerbError};
 use vm_memory::ByteValued;
 
 use crate::abi::{self, op, ring as hdr, Status};
-use crate::guest_mem::{resolve_page_list, GuestMemoryMmap};
-use crate::ring::{self, Ring, SqCaps};
-
-/// Where [`Model::pump`] puts the packets the engine produces: the transport batches them.
-pub trait PacketSink {
-    /// Room for the next packet (at least 4096 + 64 bytes).
-    fn next_buf(&mut self) -> &mut [u8];
-    /// The packet the engine just built at the front of `next_buf()` is complete.
-    fn push(&mut self, t: &Transmit);
-    /// Sends everything pushed so far, or as much as the socket takes.
-    fn flush(&mut self);
-    /// The sink holds packets the socket did not take (its buffer is full): it takes no more
-    /// until it has sent them. [`Model::pump`] stops and the caller waits for writability.
-    fn blocked(&self) -> bool {
-        false
-    }
-    /// Whether some packets may leave with payload references ([`crate::payload_ref`]): the
-    /// engine's large reads into packets are then noted, not made.
-    fn takes_refs(&self) -> bool {
-        false
-    }
-    /// Whether `t` may leave with its payload references (it goes to another device of this
-    /// process); if not, [`Model::pump`] makes the reads before [`Self::push`].
-    fn wants_refs(&mut self, _t: &Transmit) -> bool {
-        false
-    }
-    /// Whether a packet to `dst` goes to another device of this process, in memory: the
-    /// engine may then send an RC packet as a segment of several path MTUs
-    /// ([`rxe_core::Device::poll_transmit_segments`]). Asked only while
-    /// [`Self::takes_refs`] holds.
-    fn in_memory(&self, _dst: &rxe_core::types::Gid) -> bool {
-        false
-    }
-    /// The payload bytes a packet to a device reached in memory may carry (0: one path MTU).
-    fn segment(&self) -> usize {
-        0
-    }
-    /// As [`Self::push`], for the packet `roce` (built outside `next_buf()`) whose payload is
-    /// partly `refs` (asked for with [`Self::wants_refs`]). A sink that answers yes there
-    /// implements this; the default, for sinks that never do, sends `roce` as it is.
-    fn push_refs(&mut self, t: &Transmit, roce: &[u8], _refs: &[crate::payload_ref::PayloadRef]) {
-        let n = t.len.min(roce.len());
-        let buf = self.next_buf();
-        if n <= buf.len() {
-            buf[..n].copy_from_slice(&roce[..n]);
-            self.push(t)
-        }
-    }
-}
+use crate::device::ring::{self, Ring, SqCaps};
+use crate::memory::guest_mem::{resolve_page_list, GuestMemoryMmap};
+use crate::transport::sink::PacketSink;
 
 /// The smallest buffer a packet is built in while the sink takes payload references: one
 /// of path MTU 4096 and its headers (a segment's buffer is larger:
@@ -92,33 +46,9 @@ pub enum Pump {
     Blocked,
 }
 
-/// A sink that hands each packet to a closure at once (tests, fuzzing).
-pub struct FnSink<F: FnMut(&Transmit, &mut [u8])> {
-    pub buf: Vec<u8>,
-    pub f: F,
-}
-
-impl<F: FnMut(&Transmit, &mut [u8])> FnSink<F> {
-    pub fn new(f: F) -> Self {
-        FnSink {
-            buf: vec![0; 65536],
-            f,
-        }
-    }
-}
-
-impl<F: FnMut(&Transmit, &mut [u8])> PacketSink for FnSink<F> {
-    fn next_buf(&mut self) -> &mut [u8] {
-        &mut self.buf
-    }
-    fn push(&mut self, t: &Transmit) {
-        (self.f)(t, &mut self.buf[..t.len]);
-    }
-    fn flush(&mut self) {}
-}
-
-pub use crate::events::MAX_PENDING_EVENTS;
-use crate::events::{EventQueue, Pushed};
+pub use crate::device::events::MAX_PENDING_EVENTS;
+use crate::device::events::{EventQueue, Pushed};
+use crate::sync::{lock, read, write};
 
 /// Bytes of REG_MR page lists one QP may hold for WQEs taken from its ring and not yet
 /// executed: one largest list (2^20 pages of 8 bytes). A REG_MR that would take the QP beyond
@@ -301,7 +231,7 @@ pub struct ModelConfig {
     /// asks for it.
     pub allow_remote_dma_mr: bool,
     /// Destinations address vectors may name (CREATE_AH, MODIFY_QP's AV).
-    pub egress: crate::egress::EgressPolicy,
+    pub egress: crate::transport::egress::EgressPolicy,
     /// Engine shards (`--engine-shards`, 1 to 64): QPs are spread over them.
     pub shards: u32,
     /// Cap on the heap bytes of the send WQEs the engine holds for the device
@@ -406,26 +336,13 @@ struct Shard {
     /// [`Shard::flush_cq`]'s batch of completions.
     cqe_scratch: Vec<rxe_core::verbs::Cqe>,
     /// The payload references of the packet being built ([`Shard::transmit`]).
-    refs_scratch: std::cell::RefCell<Vec<crate::payload_ref::PayloadRef>>,
+    refs_scratch: std::cell::RefCell<Vec<crate::memory::payload_ref::PayloadRef>>,
     /// Where packets are built while the sink takes payload references: room for a
     /// segment of [`PacketSink::segment`] bytes, allocated on first use.
     seg_buf: Vec<u8>,
     slot: Vec<u8>,
     /// Scratch list of object numbers (no allocation per pass).
     scratch: Vec<u32>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic elsewhere must not take the daemon down with poisoned locks.
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn read<T>(m: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
-    m.read().unwrap_or_else(|e| e.into_inner())
-}
-
-fn write<T>(m: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
-    m.write().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Common {
@@ -1627,7 +1544,7 @@ impl Model {
             .ok_or(Status::Invalid)?
             .div_ceil(1 << shift)
             .max(1);
-        if need > crate::guest_mem::MAX_PAGES as u64 || c.pages.num_pages as u64 != need {
+        if need > crate::memory::guest_mem::MAX_PAGES as u64 || c.pages.num_pages as u64 != need {
             return Err(Status::Invalid);
         }
         // Both budgets before the list is read: a registration that cannot fit costs nothing.
@@ -1721,14 +1638,14 @@ impl Model {
 
     /// [`Self::handle_packet`] for a packet from another device of this process whose
     /// payload is partly references into that device's guest memory `src`
-    /// ([`crate::payload_ref`]).
+    /// ([`crate::memory::payload_ref`]).
     pub fn handle_packet_refs(
         &mut self,
         mem: &GuestMemoryMmap,
         now: Instant,
         meta: &RecvMeta,
         bytes: &[u8],
-        src: Option<(&GuestMemoryMmap, &[crate::payload_ref::PayloadRef])>,
+        src: Option<(&GuestMemoryMmap, &[crate::memory::payload_ref::PayloadRef])>,
         in_memory: bool,
     ) {
         let p = Packet {
@@ -1862,7 +1779,10 @@ struct Packet<'a> {
     now: Instant,
     meta: &'a RecvMeta,
     bytes: &'a [u8],
-    src: Option<(&'a GuestMemoryMmap, &'a [crate::payload_ref::PayloadRef])>,
+    src: Option<(
+        &'a GuestMemoryMmap,
+        &'a [crate::memory::payload_ref::PayloadRef],
+    )>,
     in_memory: bool,
 }
 
@@ -1988,11 +1908,11 @@ impl Shard {
                 self.mcast_scratch = members;
             }
         }
-        let mut own = crate::guest_mem::GuestRam(mem);
+        let mut own = crate::memory::guest_mem::GuestRam(mem);
         let mut refs_ram;
         let ram: &mut dyn rxe_core::mem::Memory = match p.src {
             Some((src, refs)) if !refs.is_empty() => {
-                refs_ram = crate::payload_ref::RefRam::new(mem, src, refs, bytes);
+                refs_ram = crate::memory::payload_ref::RefRam::new(mem, src, refs, bytes);
                 &mut refs_ram
             }
             _ => &mut own,
@@ -2624,7 +2544,7 @@ impl Shard {
     /// takes them for an RC packet, else whole; false if the engine had none.
     fn transmit(&mut self, mem: &GuestMemoryMmap, now: Instant, tx: &mut dyn PacketSink) -> bool {
         if !tx.takes_refs() {
-            let mut ram = crate::guest_mem::GuestRam(mem);
+            let mut ram = crate::memory::guest_mem::GuestRam(mem);
             let Some(t) = self.dev.poll_transmit(now, &mut ram, tx.next_buf()) else {
                 return false;
             };
@@ -2639,7 +2559,7 @@ impl Shard {
         }
         let t = {
             let buf = &mut self.seg_buf[..cap];
-            let mut ram = crate::payload_ref::DeferringRam::new(mem, buf, &refs);
+            let mut ram = crate::memory::payload_ref::DeferringRam::new(mem, buf, &refs);
             let sink = &*tx;
             let in_memory = |g: &Gid| seg > 0 && sink.in_memory(g);
             self.dev
@@ -2656,9 +2576,9 @@ impl Shard {
                 // payload read from guest memory straight into it.
                 let buf = tx.next_buf();
                 if t.len <= buf.len() {
-                    crate::payload_ref::copy_unreferenced(roce, &refs.borrow(), buf);
+                    crate::memory::payload_ref::copy_unreferenced(roce, &refs.borrow(), buf);
                     if noted {
-                        crate::payload_ref::resolve(mem, &refs.borrow(), buf);
+                        crate::memory::payload_ref::resolve(mem, &refs.borrow(), buf);
                     }
                     tx.push(t);
                 } else {
@@ -2791,7 +2711,7 @@ mod tests {
                 assert!(!self.blocked, "no packet is taken while blocked");
                 &mut self.buf
             }
-            fn push(&mut self, _: &Transmit) {}
+            fn push(&mut self, _: &rxe_core::device::Transmit) {}
             fn flush(&mut self) {
                 self.blocked = false;
             }
@@ -2812,7 +2732,7 @@ mod tests {
             fn next_buf(&mut self) -> &mut [u8] {
                 panic!("no packet is taken while blocked")
             }
-            fn push(&mut self, _: &Transmit) {}
+            fn push(&mut self, _: &rxe_core::device::Transmit) {}
             fn flush(&mut self) {}
             fn blocked(&self) -> bool {
                 true
