@@ -33,6 +33,7 @@ pub mod memory;
 pub mod net;
 pub mod ratelog;
 pub mod sync;
+pub mod sys;
 pub mod transport;
 pub mod unix_socket;
 pub mod vhu_rdma;

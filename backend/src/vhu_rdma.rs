@@ -15,9 +15,7 @@ use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRE
 use virtio_queue::{QueueOwnedT, QueueT};
 use vm_memory::{Bytes, GuestAddressSpace, GuestMemoryAtomic};
 use vmm_sys_util::epoll::EventSet;
-use vmm_sys_util::event::{
-    new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
-};
+use vmm_sys_util::event::{EventConsumer, EventNotifier};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::abi::{self, NUM_QUEUES, VQ_CTRL, VQ_DOORBELL, VQ_EVENT};
@@ -87,25 +85,6 @@ const QUEUE_NAMES: [&str; NUM_QUEUES] = ["control", "doorbell", "event"];
 /// a whole new table, which is limited to 8 regions. Not INFLIGHT_SHMFD: vhost-user-backend
 /// refuses its messages, and a device whose objects die with the daemon has nothing in flight
 /// worth replaying.
-/// A worker thread's exit event for vhost-user-backend; its fd is kept in `fds` for
-/// [`close_exit_fds`].
-pub(crate) fn exit_event(fds: &Mutex<Vec<RawFd>>) -> Option<(EventConsumer, EventNotifier)> {
-    let (c, n) = new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC).ok()?;
-    lock(fds).push(c.as_raw_fd());
-    Some((c, n))
-}
-
-/// Closes the exit-event fds vhost-user-backend leaks. Call only after the `VhostUserDaemon`
-/// that used them was dropped (its threads joined).
-pub(crate) fn close_exit_fds(fds: &Mutex<Vec<RawFd>>) {
-    for fd in lock(fds).drain(..) {
-        // SAFETY: `fd` came from an EventConsumer we created, whose ownership
-        // vhost-user-backend took with `into_raw_fd()` and abandoned; its epoll (the only
-        // user) is closed, so nothing else refers to it.
-        drop(unsafe { OwnedFd::from_raw_fd(fd) });
-    }
-}
-
 pub fn protocol_features() -> VhostUserProtocolFeatures {
     VhostUserProtocolFeatures::CONFIG
         | VhostUserProtocolFeatures::MQ
@@ -261,7 +240,7 @@ impl VhuRdma {
     /// Closes the exit-event fds vhost-user-backend leaks. Call only after the
     /// `VhostUserDaemon` that used this backend was dropped (its threads joined).
     pub fn close_exit_fds(&self) {
-        close_exit_fds(&self.exit_fds);
+        crate::sys::close_exit_fds(&self.exit_fds);
     }
 
     pub fn timer_fd(&self) -> RawFd {
@@ -1116,7 +1095,7 @@ impl VhostUserBackend for VhuRdma {
     }
 
     fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
-        exit_event(&self.exit_fds)
+        crate::sys::exit_event(&self.exit_fds)
     }
 
     fn handle_event(

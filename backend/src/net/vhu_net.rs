@@ -276,7 +276,7 @@ impl VhuNet {
     /// Closes the exit eventfds the daemon's worker threads were given (their consumers
     /// live in the epoll handlers, which the daemon drops).
     pub fn close_exit_fds(&self) {
-        crate::vhu_rdma::close_exit_fds(&self.exit_fds);
+        crate::sys::close_exit_fds(&self.exit_fds);
     }
 
     fn hdr_len(&self) -> usize {
@@ -652,7 +652,7 @@ impl VhostUserBackend for VhuNet {
     }
 
     fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
-        crate::vhu_rdma::exit_event(&self.exit_fds)
+        crate::sys::exit_event(&self.exit_fds)
     }
 
     fn handle_event(

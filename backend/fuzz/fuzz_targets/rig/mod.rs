@@ -25,8 +25,8 @@ use rxe_core::verbs::*;
 use rxe_core::{Gid, Instant};
 use vhost_user_rdma::abi::{self, op, ring as hdr, swqe, wr_op};
 use vhost_user_rdma::device::model::{Model, ModelConfig, MAX_PENDING_EVENTS};
-use vhost_user_rdma::transport::sink::FnSink;
 use vhost_user_rdma::memory::guest_mem::GuestMemoryMmap;
+use vhost_user_rdma::transport::sink::FnSink;
 use vm_memory::{ByteValued, Bytes, GuestAddress};
 
 pub const BASE: u64 = 0x10000;
