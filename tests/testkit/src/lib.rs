@@ -8,8 +8,13 @@
 //! - otherwise it prints `SKIP <test>: <why>` and, when `VUR_SKIP_LOG` names a file, appends
 //!   that line to it. `tests/run.sh` sets `VUR_SKIP_LOG` and moves each such test from the
 //!   harness's "passed" to its own "skipped" count.
+//!
+//! **The house rules** ([`house`]): each crate's `tests/floors.rs` checks that its imports run
+//! one way down its floors and that no file or production function outgrows a reader.
 
 use std::io::Write;
+
+pub mod house;
 
 /// The environment variable that names the file skips are appended to.
 pub const SKIP_LOG: &str = "VUR_SKIP_LOG";
