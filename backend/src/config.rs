@@ -329,6 +329,134 @@ pub fn parse_size(s: &str) -> Option<u64> {
     num.parse::<u64>().ok()?.checked_mul(mul)
 }
 
+/// A size option ([`parse_size`]) that `ok` accepts, or the error `err` makes of the text
+/// given.
+fn size_option(
+    given: &str,
+    ok: impl Fn(u64) -> bool,
+    err: fn(String) -> ConfigError,
+) -> Result<u64, ConfigError> {
+    parse_size(given)
+        .filter(|&v| ok(v))
+        .ok_or_else(|| err(given.to_string()))
+}
+
+/// The raw transport's configuration (`--iface`), checked; `None` for the UDP transport.
+fn raw_config(
+    a: &Args,
+    transport: TransportKind,
+    mac: Option<[u8; 6]>,
+) -> Result<Option<crate::transport::raw::RawConfig>, ConfigError> {
+    Ok(match (transport, &a.iface) {
+        (TransportKind::Udp, _) => None,
+        (TransportKind::Raw, None) => return Err(ConfigError::RawNeedsIface),
+        (TransportKind::Raw, Some(iface)) => {
+            if a.raw_addr.is_empty() && a.net_socket.is_none() {
+                return Err(ConfigError::RawNeedsAddr);
+            }
+            if !a.raw_addr.is_empty() && a.net_socket.is_some() {
+                return Err(ConfigError::NetRawAddr);
+            }
+            if a.raw_addr.len() > 8 {
+                return Err(ConfigError::RawAddrCount(8));
+            }
+            let mut addrs = Vec::new();
+            for ip in &a.raw_addr {
+                let ip = ip.to_canonical();
+                let v4_bcast = matches!(ip, std::net::IpAddr::V4(v) if v.is_broadcast());
+                if ip.is_unspecified() || ip.is_loopback() || ip.is_multicast() || v4_bcast {
+                    return Err(ConfigError::RawAddr(ip));
+                }
+                if !addrs.contains(&ip) {
+                    addrs.push(ip);
+                }
+            }
+            Some(crate::transport::raw::RawConfig {
+                iface: iface.clone(),
+                addrs,
+                mac,
+                mtu: a.mtu,
+                ring: match a.raw_ring {
+                    RawRing::V3 => crate::transport::raw::RingKind::V3,
+                    RawRing::V2 => crate::transport::raw::RingKind::V2,
+                },
+                // Beside a virtio-net the guest's own stack answers for its addresses.
+                answer_neighbours: a.net_socket.is_none(),
+            })
+        }
+    })
+}
+
+/// The guest's virtio-net (`--net-socket`) needs an interface, a MAC and a socket of its
+/// own; its policy options mean nothing without it.
+fn check_net_options(
+    a: &Args,
+    mac_given: bool,
+    socket_path: &std::path::Path,
+) -> Result<(), ConfigError> {
+    if let Some(p) = &a.net_socket {
+        if a.iface.is_none() {
+            return Err(ConfigError::NetNeedsIface);
+        }
+        if !mac_given {
+            return Err(ConfigError::NetNeedsMac);
+        }
+        if *p == socket_path {
+            return Err(ConfigError::NetSamePath);
+        }
+    }
+    if a.net_socket.is_none() {
+        for (given, name) in [
+            (!a.net_addr.is_empty(), "--net-addr"),
+            (!a.net_ethertype.is_empty(), "--net-ethertype"),
+            (a.net_vlan, "--net-vlan"),
+            (a.net_l2_control, "--net-l2-control"),
+            (a.net_any_mac, "--net-any-mac"),
+        ] {
+            if given {
+                return Err(ConfigError::NetOnly(name));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What the guest's virtio-net may send and receive (`--net-socket`'s policy options).
+fn net_policy(
+    a: &Args,
+    mac: [u8; 6],
+    egress: &EgressPolicy,
+) -> Result<Option<crate::net::net_policy::NetPolicy>, ConfigError> {
+    Ok(match &a.net_socket {
+        None => None,
+        Some(_) => Some(crate::net::net_policy::NetPolicy {
+            mac,
+            addrs: if a.net_addr.is_empty() {
+                None
+            } else {
+                Some(
+                    a.net_addr
+                        .iter()
+                        .map(|s| {
+                            s.parse::<Cidr>()
+                                .map_err(|e| ConfigError::Peer(format!("(--net-addr) {e}")))
+                        })
+                        .collect::<Result<_, _>>()?,
+                )
+            },
+            ethertypes: a
+                .net_ethertype
+                .iter()
+                .map(|s| parse_ethertype(s).ok_or_else(|| ConfigError::EtherType(s.clone())))
+                .collect::<Result<_, _>>()?,
+            vlan: a.net_vlan,
+            l2_control: a.net_l2_control,
+            any_mac: a.net_any_mac,
+            egress: egress.clone(),
+        }),
+    })
+}
+
 impl TryFrom<Args> for Config {
     type Error = ConfigError;
 
@@ -363,68 +491,8 @@ impl TryFrom<Args> for Config {
         {
             return Err(ConfigError::ShardThreads);
         }
-        let raw = match (transport, &a.iface) {
-            (TransportKind::Udp, _) => None,
-            (TransportKind::Raw, None) => return Err(ConfigError::RawNeedsIface),
-            (TransportKind::Raw, Some(iface)) => {
-                if a.raw_addr.is_empty() && a.net_socket.is_none() {
-                    return Err(ConfigError::RawNeedsAddr);
-                }
-                if !a.raw_addr.is_empty() && a.net_socket.is_some() {
-                    return Err(ConfigError::NetRawAddr);
-                }
-                if a.raw_addr.len() > 8 {
-                    return Err(ConfigError::RawAddrCount(8));
-                }
-                let mut addrs = Vec::new();
-                for ip in &a.raw_addr {
-                    let ip = ip.to_canonical();
-                    let v4_bcast = matches!(ip, std::net::IpAddr::V4(v) if v.is_broadcast());
-                    if ip.is_unspecified() || ip.is_loopback() || ip.is_multicast() || v4_bcast {
-                        return Err(ConfigError::RawAddr(ip));
-                    }
-                    if !addrs.contains(&ip) {
-                        addrs.push(ip);
-                    }
-                }
-                Some(crate::transport::raw::RawConfig {
-                    iface: iface.clone(),
-                    addrs,
-                    mac,
-                    mtu: a.mtu,
-                    ring: match a.raw_ring {
-                        RawRing::V3 => crate::transport::raw::RingKind::V3,
-                        RawRing::V2 => crate::transport::raw::RingKind::V2,
-                    },
-                    // Beside a virtio-net the guest's own stack answers for its addresses.
-                    answer_neighbours: a.net_socket.is_none(),
-                })
-            }
-        };
-        if let Some(p) = &a.net_socket {
-            if a.iface.is_none() {
-                return Err(ConfigError::NetNeedsIface);
-            }
-            if mac.is_none() {
-                return Err(ConfigError::NetNeedsMac);
-            }
-            if *p == socket_path {
-                return Err(ConfigError::NetSamePath);
-            }
-        }
-        if a.net_socket.is_none() {
-            for (given, name) in [
-                (!a.net_addr.is_empty(), "--net-addr"),
-                (!a.net_ethertype.is_empty(), "--net-ethertype"),
-                (a.net_vlan, "--net-vlan"),
-                (a.net_l2_control, "--net-l2-control"),
-                (a.net_any_mac, "--net-any-mac"),
-            ] {
-                if given {
-                    return Err(ConfigError::NetOnly(name));
-                }
-            }
-        }
+        let raw = raw_config(&a, transport, mac)?;
+        check_net_options(&a, mac.is_some(), &socket_path)?;
         let mac = mac.unwrap_or([2, 0, 0, 0, 0, 1]);
         let local_ip = match &raw {
             Some(r) => r
@@ -457,17 +525,20 @@ impl TryFrom<Args> for Config {
             max_mr: lim("--max-mr", a.max_mr, 1 << 20)?,
             max_pd: lim("--max-pd", a.max_pd, 1 << 16)?,
             max_srq: lim("--max-srq", a.max_srq, 1 << 16)?,
-            max_registered_bytes: parse_size(&a.max_registered_bytes)
-                .filter(|&v| v > 0)
-                .ok_or_else(|| ConfigError::Size(a.max_registered_bytes.clone()))?,
+            max_registered_bytes: size_option(
+                &a.max_registered_bytes,
+                |v| v > 0,
+                ConfigError::Size,
+            )?,
             port_mtu: Mtu::for_netdev_mtu(a.mtu),
             mac,
             ..defaults
         };
-        let same_host_segment = parse_size(&a.same_host_segment)
-            .filter(|&v| v == 0 || (4 << 10..=1 << 20).contains(&v))
-            .ok_or_else(|| ConfigError::Segment(a.same_host_segment.clone()))?
-            as usize;
+        let same_host_segment = size_option(
+            &a.same_host_segment,
+            |v| v == 0 || (4 << 10..=1 << 20).contains(&v),
+            ConfigError::Segment,
+        )? as usize;
         let egress = EgressPolicy::new(
             local_ip,
             a.allow_peer
@@ -475,34 +546,7 @@ impl TryFrom<Args> for Config {
                 .map(|s| s.parse::<Cidr>().map_err(ConfigError::Peer))
                 .collect::<Result<_, _>>()?,
         );
-        let net_policy = match &a.net_socket {
-            None => None,
-            Some(_) => Some(crate::net::net_policy::NetPolicy {
-                mac,
-                addrs: if a.net_addr.is_empty() {
-                    None
-                } else {
-                    Some(
-                        a.net_addr
-                            .iter()
-                            .map(|s| {
-                                s.parse::<Cidr>()
-                                    .map_err(|e| ConfigError::Peer(format!("(--net-addr) {e}")))
-                            })
-                            .collect::<Result<_, _>>()?,
-                    )
-                },
-                ethertypes: a
-                    .net_ethertype
-                    .iter()
-                    .map(|s| parse_ethertype(s).ok_or_else(|| ConfigError::EtherType(s.clone())))
-                    .collect::<Result<_, _>>()?,
-                vlan: a.net_vlan,
-                l2_control: a.net_l2_control,
-                any_mac: a.net_any_mac,
-                egress: egress.clone(),
-            }),
-        };
+        let net_policy = net_policy(&a, mac, &egress)?;
         Ok(Config {
             socket_path,
             same_host: a.same_host,
@@ -528,13 +572,17 @@ impl TryFrom<Args> for Config {
             model: ModelConfig {
                 dev,
                 netdev_mtu: a.mtu,
-                max_page_list_bytes: parse_size(&a.max_page_list_bytes)
-                    .filter(|v| v.is_power_of_two() && (1 << 16..=1 << 40).contains(v))
-                    .ok_or_else(|| ConfigError::PageListBytes(a.max_page_list_bytes.clone()))?,
+                max_page_list_bytes: size_option(
+                    &a.max_page_list_bytes,
+                    |v| v.is_power_of_two() && (1 << 16..=1 << 40).contains(&v),
+                    ConfigError::PageListBytes,
+                )?,
                 allow_remote_dma_mr: a.allow_remote_dma_mr,
-                max_wqe_bytes: parse_size(&a.max_wqe_bytes)
-                    .filter(|v| (1 << 20..=1 << 40).contains(v))
-                    .ok_or_else(|| ConfigError::WqeBytes(a.max_wqe_bytes.clone()))?,
+                max_wqe_bytes: size_option(
+                    &a.max_wqe_bytes,
+                    |v| (1 << 20..=1 << 40).contains(&v),
+                    ConfigError::WqeBytes,
+                )?,
                 shards: Some(a.engine_shards)
                     .filter(|n| (1..=64).contains(n))
                     .ok_or(ConfigError::Shards(a.engine_shards))?,

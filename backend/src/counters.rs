@@ -13,12 +13,12 @@ use crate::sync::lock;
 use crate::transport::udp::TransportStats;
 use crate::transport::Transport;
 use crate::unix_socket::SocketAccess;
-use crate::vhu_rdma::VhuRdma;
+use crate::worker::counters_desk::CountersDesk;
 
 /// What the counters thread (and the signal thread) can see of the running daemon.
 pub struct Shared {
-    /// The connected frontend's backend, which renders the counters on its own thread.
-    pub backend: Mutex<Option<Arc<VhuRdma>>>,
+    /// The connected frontend's worker, which renders the counters on its own thread.
+    pub backend: Mutex<Option<Arc<CountersDesk>>>,
     pub transport: Arc<Mutex<Transport>>,
     pub connections: AtomicU64,
     pub shutdown: AtomicBool,
@@ -292,8 +292,8 @@ mod tests {
             "{doc}"
         );
         assert!(doc.ends_with("}\n") && !doc.contains("\"port\""));
-        let backend = Arc::new(VhuRdma::new(model.clone(), transport, 0).unwrap());
-        *lock(&shared.backend) = Some(backend);
+        let backend = crate::vhu_rdma::VhuRdma::new(model.clone(), transport, 0).unwrap();
+        *lock(&shared.backend) = Some(backend.counters_desk());
         let _held = lock(&model);
         let t0 = std::time::Instant::now();
         let doc = render(&shared);

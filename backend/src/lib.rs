@@ -432,9 +432,17 @@ fn serve(device: Device) -> Result<(), Error> {
         let shard_workers = if shards.is_empty() {
             None
         } else {
+            let kicks =
+                worker::shard_worker::ShardWorkers::kicks(backend.wake_fd(), shards.len() + 1)?;
+            backend.set_shard_kicks(kicks.clone());
             Some(
-                worker::shard_worker::ShardWorkers::start(shards, &shared.shard_links, &backend)
-                    .map_err(Error::Io)?,
+                worker::shard_worker::ShardWorkers::start(
+                    shards,
+                    &shared.shard_links,
+                    &kicks,
+                    &backend.memory_slot(),
+                )
+                .map_err(Error::Io)?,
             )
         };
         let mut daemon = VhostUserDaemon::new(
@@ -485,7 +493,7 @@ fn serve(device: Device) -> Result<(), Error> {
             daemon.request_shutdown();
         }
         shared.connections.fetch_add(1, Ordering::Relaxed);
-        *shared.backend.lock().unwrap_or_else(|e| e.into_inner()) = Some(backend.clone());
+        *shared.backend.lock().unwrap_or_else(|e| e.into_inner()) = Some(backend.counters_desk());
         log::info!("frontend connected");
         match daemon.wait() {
             Ok(()) => log::info!("frontend disconnected"),

@@ -29,9 +29,13 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::clock::{now, RxBackoff, Timer};
 use crate::device::model::{Pump, ShardHandle, TX_BUDGET};
+use crate::memory::guest_mem::GuestMemoryMmap;
 use crate::sync::lock;
-use crate::transport::udp::{TransportStats, UdpTransport, RX_BATCH};
-use crate::vhu_rdma::VhuRdma;
+use crate::transport::udp::{TransportStats, UdpTransport};
+use crate::worker::receive::receive_batch;
+
+/// Where the device's worker keeps the guest's memory (`None` before the frontend's table).
+pub type MemorySlot = Arc<Mutex<Option<vm_memory::GuestMemoryAtomic<GuestMemoryMmap>>>>;
 
 /// Datagrams received per wake-up before the shard is pumped (the socket is
 /// level-triggered: what is left wakes the thread again).
@@ -78,31 +82,38 @@ pub struct ShardWorkers {
 /// What a shard's thread works with.
 struct Worker {
     shard: ShardHandle,
+    /// The shard's socket, and where the thread leaves its counters.
     link: Arc<ShardLink>,
-    backend: Arc<VhuRdma>,
-    /// Every shard's kick (index = shard; shard 0's is the backend's wake-up).
+    /// The guest's memory, as the device's worker keeps it.
+    mem: MemorySlot,
+    /// Every shard's kick (index = shard; shard 0's is the device's worker's wake-up).
     kicks: Arc<Vec<Arc<EventFd>>>,
     stop: Arc<EventFd>,
     timer: Timer,
 }
 
 impl ShardWorkers {
-    /// Starts a thread for each of `shards` on its link (`links[k - 1]` for shard `k`) and
-    /// tells `backend` how to wake them.
-    pub fn start(
-        shards: Vec<ShardHandle>,
-        links: &[Arc<ShardLink>],
-        backend: &Arc<VhuRdma>,
-    ) -> io::Result<Self> {
-        let stop = Arc::new(EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC)?);
-        let mut kicks = vec![backend.wake_fd()];
-        for _ in &shards {
+    /// How to wake the thread of each of `shards` shards (index = shard): `wake`, the
+    /// device's worker's wake-up, for shard 0, a new eventfd for each other one.
+    pub fn kicks(wake: Arc<EventFd>, shards: usize) -> io::Result<Arc<Vec<Arc<EventFd>>>> {
+        let mut kicks = vec![wake];
+        for _ in 1..shards {
             kicks.push(Arc::new(EventFd::new(
                 libc::EFD_NONBLOCK | libc::EFD_CLOEXEC,
             )?));
         }
-        let kicks = Arc::new(kicks);
-        backend.set_shard_kicks(kicks.clone());
+        Ok(Arc::new(kicks))
+    }
+
+    /// Starts a thread for each of `shards` on its link (`links[k - 1]` for shard `k`),
+    /// woken by `kicks[k]` ([`Self::kicks`]), reading the guest's memory from `mem`.
+    pub fn start(
+        shards: Vec<ShardHandle>,
+        links: &[Arc<ShardLink>],
+        kicks: &Arc<Vec<Arc<EventFd>>>,
+        mem: &MemorySlot,
+    ) -> io::Result<Self> {
+        let stop = Arc::new(EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC)?);
         let mut w = ShardWorkers {
             stop: stop.clone(),
             threads: Vec::new(),
@@ -115,7 +126,7 @@ impl ShardWorkers {
             let worker = Worker {
                 shard,
                 link,
-                backend: backend.clone(),
+                mem: mem.clone(),
                 kicks: kicks.clone(),
                 stop: stop.clone(),
                 timer: Timer::new()?,
@@ -188,7 +199,7 @@ impl Worker {
                 writable_wait = false;
                 add(sock, EventSet::IN, SOCKET)?;
             }
-            let Some(mem) = self.backend.memory() else {
+            let Some(mem) = lock(&self.mem).clone() else {
                 // No guest memory yet (or any more): nothing can be delivered.
                 t.drop_unattached(RX_LIMIT);
                 more = false;
@@ -253,22 +264,11 @@ impl Worker {
 
     /// Receives up to [`RX_LIMIT`] datagrams into the engine; returns the shards they went
     /// to, a bit each.
-    fn receive(&self, t: &mut UdpTransport, g: &crate::memory::guest_mem::GuestMemoryMmap) -> u64 {
+    fn receive(&self, t: &mut UdpTransport, g: &GuestMemoryMmap) -> u64 {
         let mut touched = 0;
-        let mut total = 0;
-        while total < RX_LIMIT {
-            let n = t.recv_batch();
-            let at = now();
-            for i in 0..n {
-                if let Some((meta, bytes)) = t.packet(i) {
-                    touched |= self.shard.handle_packet(g, at, &meta, bytes);
-                }
-            }
-            total += n;
-            if n < RX_BATCH {
-                break;
-            }
-        }
+        receive_batch(t, RX_LIMIT, |at, meta, bytes| {
+            touched |= self.shard.handle_packet(g, at, meta, bytes);
+        });
         touched
     }
 }
