@@ -24,6 +24,7 @@ compile_error!(
 );
 
 pub mod abi;
+pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod counters;
@@ -397,89 +398,14 @@ fn serve(device: Device) -> Result<(), Error> {
         if shared.shutdown.load(Ordering::SeqCst) {
             break Ok(());
         }
-        // Every connection its own key bytes and first QPN: nothing a previous guest or an
-        // off-path sender learnt names this guest's MRs and QPs.
-        let mut mc = config.model.clone();
-        mc.dev.seed = Some(random_u64()?);
-        let mut m = Model::new(mc);
-        m.set_source_gids(
-            shared
-                .transport
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .gids(),
-        );
-        // `--shard-threads`: shards 1 and up to threads of their own, on their sockets.
-        let shards = if shared.shard_links.is_empty() {
-            Vec::new()
-        } else {
-            m.hand_out_shards()
-        };
-        let model = Arc::new(Mutex::new(m));
-        let backend = Arc::new(VhuRdma::new(
-            model.clone(),
-            shared.transport.clone(),
-            config.poll_us,
-        )?);
-        backend.set_shard_links(shared.shard_links.clone());
-        // `--same-host`: the other devices hand their packets to this one's engine on their
-        // own threads while its worker is idle.
-        if let Some(inbox) = &shared.same_host {
-            let d: Arc<dyn transport::same_host::Driver> = backend.clone();
-            inbox.set_driver(Arc::downgrade(&d));
-        }
-        // Stopped and joined when dropped, after the vhost-user daemon below.
-        let shard_workers = if shards.is_empty() {
-            None
-        } else {
-            let kicks =
-                worker::shard_worker::ShardWorkers::kicks(backend.wake_fd(), shards.len() + 1)?;
-            backend.set_shard_kicks(kicks.clone());
-            Some(
-                worker::shard_worker::ShardWorkers::start(
-                    shards,
-                    &shared.shard_links,
-                    &kicks,
-                    &backend.memory_slot(),
-                )
-                .map_err(Error::Io)?,
-            )
-        };
+        let (backend, shard_workers) = connection_backend(&config, &shared)?;
         let mut daemon = VhostUserDaemon::new(
             "vhost-user-rdma".into(),
             backend.clone(),
             GuestMemoryAtomic::new(GuestMemoryMmap::new()),
         )
         .map_err(|e| Error::Daemon(e.to_string()))?;
-        {
-            let handlers = daemon.get_epoll_handlers();
-            let udp_fd = shared
-                .transport
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .fd();
-            // With an I/O thread the socket is its: the worker waits on its inbox instead.
-            match backend.io_fd() {
-                Some(fd) => handlers[0].register_listener(fd, EventSet::IN, IO_EVENT as u64),
-                None => handlers[0].register_listener(udp_fd, EventSet::IN, UDP_EVENT as u64),
-            }
-            .map_err(Error::Io)?;
-            handlers[0]
-                .register_listener(backend.timer_fd(), EventSet::IN, TIMER_EVENT as u64)
-                .map_err(Error::Io)?;
-            handlers[0]
-                .register_listener(backend.work_fd(), EventSet::IN, WORK_EVENT as u64)
-                .map_err(Error::Io)?;
-            handlers[0]
-                .register_listener(backend.counters_fd(), EventSet::IN, COUNTERS_EVENT as u64)
-                .map_err(Error::Io)?;
-            if let Some(fd) = backend.same_host_fd() {
-                handlers[0]
-                    .register_listener(fd, EventSet::IN, SAME_HOST_EVENT as u64)
-                    .map_err(Error::Io)?;
-            }
-            backend.set_epoll_handler(&handlers[0]);
-        }
+        register_listeners(&daemon, &backend, &shared)?;
         log::info!("waiting for a frontend on {path}");
         if let Err(e) = daemon.start(&mut listener) {
             if shared.shutdown.load(Ordering::SeqCst) {
@@ -540,6 +466,99 @@ fn serve(device: Device) -> Result<(), Error> {
         let _ = c.join();
     }
     result
+}
+
+/// The device's side of one frontend connection: a fresh model, its backend and, with
+/// `--shard-threads`, the threads of shards 1 and up.
+fn connection_backend(
+    config: &Config,
+    shared: &Shared,
+) -> Result<(Arc<VhuRdma>, Option<worker::shard_worker::ShardWorkers>), Error> {
+    // Every connection its own key bytes and first QPN: nothing a previous guest or an
+    // off-path sender learnt names this guest's MRs and QPs.
+    let mut mc = config.model.clone();
+    mc.dev.seed = Some(random_u64()?);
+    let mut m = Model::new(mc);
+    m.set_source_gids(
+        shared
+            .transport
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .gids(),
+    );
+    // `--shard-threads`: shards 1 and up to threads of their own, on their sockets.
+    let shards = if shared.shard_links.is_empty() {
+        Vec::new()
+    } else {
+        m.hand_out_shards()
+    };
+    let model = Arc::new(Mutex::new(m));
+    let backend = Arc::new(VhuRdma::new(
+        model.clone(),
+        shared.transport.clone(),
+        config.poll_us,
+    )?);
+    backend.set_shard_links(shared.shard_links.clone());
+    // `--same-host`: the other devices hand their packets to this one's engine on their
+    // own threads while its worker is idle.
+    if let Some(inbox) = &shared.same_host {
+        let d: Arc<dyn transport::same_host::Driver> = backend.clone();
+        inbox.set_driver(Arc::downgrade(&d));
+    }
+    // Stopped and joined when dropped, which the caller does after the vhost-user daemon.
+    let shard_workers = if shards.is_empty() {
+        None
+    } else {
+        let kicks = worker::shard_worker::ShardWorkers::kicks(backend.wake_fd(), shards.len() + 1)?;
+        backend.set_shard_kicks(kicks.clone());
+        Some(
+            worker::shard_worker::ShardWorkers::start(
+                shards,
+                &shared.shard_links,
+                &kicks,
+                &backend.memory_slot(),
+            )
+            .map_err(Error::Io)?,
+        )
+    };
+    Ok((backend, shard_workers))
+}
+
+/// The worker's fds beside the queues' kicks: the socket (or the I/O thread's inbox), the
+/// timer, the wake-up, the counters readers, the same-host inbox.
+fn register_listeners(
+    daemon: &VhostUserDaemon<Arc<VhuRdma>>,
+    backend: &Arc<VhuRdma>,
+    shared: &Shared,
+) -> Result<(), Error> {
+    let handlers = daemon.get_epoll_handlers();
+    let udp_fd = shared
+        .transport
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .fd();
+    // With an I/O thread the socket is its: the worker waits on its inbox instead.
+    match backend.io_fd() {
+        Some(fd) => handlers[0].register_listener(fd, EventSet::IN, IO_EVENT as u64),
+        None => handlers[0].register_listener(udp_fd, EventSet::IN, UDP_EVENT as u64),
+    }
+    .map_err(Error::Io)?;
+    handlers[0]
+        .register_listener(backend.timer_fd(), EventSet::IN, TIMER_EVENT as u64)
+        .map_err(Error::Io)?;
+    handlers[0]
+        .register_listener(backend.work_fd(), EventSet::IN, WORK_EVENT as u64)
+        .map_err(Error::Io)?;
+    handlers[0]
+        .register_listener(backend.counters_fd(), EventSet::IN, COUNTERS_EVENT as u64)
+        .map_err(Error::Io)?;
+    if let Some(fd) = backend.same_host_fd() {
+        handlers[0]
+            .register_listener(fd, EventSet::IN, SAME_HOST_EVENT as u64)
+            .map_err(Error::Io)?;
+    }
+    backend.set_epoll_handler(&handlers[0]);
+    Ok(())
 }
 
 /// Serves the guest's virtio-net on `path`, one frontend after another, until shutdown. Each

@@ -353,14 +353,12 @@ impl From<crate::bpf::BpfError> for RunError {
     }
 }
 
-/// Attaches, captures until --count, --duration, SIGINT/SIGTERM or a closed stdout, detaches.
-pub fn run(cfg: &TapConfig) -> Result<(), RunError> {
-    let names: Vec<String> = cfg.ifaces.iter().map(|(n, _)| n.clone()).collect();
-    let file_snaplen = match cfg.snap {
-        Snap::Bytes(n) => n,
-        Snap::Headers => MAX_SNAPLEN,
-    };
-    let mut decode: Option<(String, Box<dyn Write>)> = match cfg.decode.as_deref() {
+/// An output and the name its errors give.
+type Named = (String, Box<dyn Write>);
+
+/// The decoded-line output (`--decode`), or none.
+fn open_decode(cfg: &TapConfig) -> Result<Option<Named>, RunError> {
+    Ok(match cfg.decode.as_deref() {
         None => None,
         Some(p) if p.as_os_str() == "-" => Some((
             "stdout".into(),
@@ -373,14 +371,22 @@ pub fn run(cfg: &TapConfig) -> Result<(), RunError> {
                 File::create(p).map_err(|e| RunError::Io(p.display().to_string(), e))?,
             )) as Box<dyn Write>,
         )),
-    };
-    let mut writer: Option<Writer<Box<dyn Write>>> = match &cfg.output {
+    })
+}
+
+/// The capture file's writer (`--write`), or none.
+fn open_writer(
+    cfg: &TapConfig,
+    names: &[String],
+    file_snaplen: u32,
+) -> Result<Option<Writer<Box<dyn Write>>>, RunError> {
+    Ok(match &cfg.output {
         Output::None => None,
         Output::Stdout(f) => Some(
             Writer::new(
                 Box::new(BufWriter::with_capacity(1 << 16, io::stdout().lock())) as Box<dyn Write>,
                 *f,
-                &names,
+                names,
                 file_snaplen,
             )
             .map_err(|e| RunError::Io("stdout".into(), e))?,
@@ -391,13 +397,97 @@ pub fn run(cfg: &TapConfig) -> Result<(), RunError> {
                 Writer::new(
                     Box::new(BufWriter::with_capacity(1 << 20, file)) as Box<dyn Write>,
                     *f,
-                    &names,
+                    names,
                     file_snaplen,
                 )
                 .map_err(|e| RunError::Io(p.display().to_string(), e))?,
             )
         }
+    })
+}
+
+/// Flushes what a reader watches live (the capture on stdout, decoded lines on stdout);
+/// the first error goes to `write_err`.
+fn flush_live(
+    live: bool,
+    writer: &mut Option<Writer<Box<dyn Write>>>,
+    decode: &mut Option<Named>,
+    out_name: &str,
+    write_err: &mut Option<RunError>,
+) {
+    if live {
+        if let Some(Err(e)) = writer.as_mut().map(|w| w.flush()) {
+            write_err.get_or_insert(RunError::Io(out_name.to_string(), e));
+        }
+    }
+    if let Some((name, w)) = decode.as_mut().filter(|(n, _)| n == "stdout") {
+        if let Err(e) = w.flush() {
+            write_err.get_or_insert(RunError::Io(name.clone(), e));
+        }
+    }
+}
+
+/// The outputs' last flush; a reader that went away is a normal end.
+fn flush_at_end(
+    writer: Option<&mut Writer<Box<dyn Write>>>,
+    decode: Option<&mut Named>,
+    out_name: String,
+) -> Result<(), RunError> {
+    if let Some(w) = writer {
+        if let Err(e) = w.flush() {
+            if !is_broken_pipe(&e) {
+                return Err(RunError::Io(out_name, e));
+            }
+        }
+    }
+    if let Some((name, w)) = decode {
+        if let Err(e) = w.flush() {
+            if !is_broken_pipe(&e) {
+                return Err(RunError::Io(name.clone(), e));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The last summary line and the totals.
+fn print_done(
+    stats: &crate::bpf::KernelStats,
+    summary: &mut Summary,
+    last_line: Instant,
+    drops_reported: u64,
+    start: Instant,
+    total: u64,
+) {
+    eprintln!(
+        "{}",
+        summary.line(
+            last_line.elapsed().as_secs_f64(),
+            stats.ring_full.saturating_sub(drops_reported)
+        )
+    );
+    eprintln!(
+        "tap: done after {:.1}s: {total} frames written; in kernel: {} matched, {} filtered out, {} lost to a full ring buffer; of the matched {} NAKs, {} RNR NAKs, {} CNPs, {} truncated",
+        start.elapsed().as_secs_f64(),
+        stats.matched,
+        stats.filtered,
+        stats.ring_full,
+        stats.naks,
+        stats.rnr_naks,
+        stats.cnps,
+        stats.truncated
+    );
+}
+
+/// Attaches, captures until --count, --duration, SIGINT/SIGTERM or a closed stdout, detaches.
+pub fn run(cfg: &TapConfig) -> Result<(), RunError> {
+    let names: Vec<String> = cfg.ifaces.iter().map(|(n, _)| n.clone()).collect();
+    let file_snaplen = match cfg.snap {
+        Snap::Bytes(n) => n,
+        Snap::Headers => MAX_SNAPLEN,
     };
+    let mut decode = open_decode(cfg)?;
+    let mut writer = open_writer(cfg, &names, file_snaplen)?;
     let live = matches!(cfg.output, Output::Stdout(_));
     let out_name = match &cfg.output {
         Output::None => "nothing (summary only)".to_string(),
@@ -491,16 +581,7 @@ pub fn run(cfg: &TapConfig) -> Result<(), RunError> {
                 }
             }
         });
-        if live {
-            if let Some(Err(e)) = writer.as_mut().map(|w| w.flush()) {
-                write_err.get_or_insert(RunError::Io(out_name.clone(), e));
-            }
-        }
-        if let Some((name, w)) = decode.as_mut().filter(|(n, _)| n == "stdout") {
-            if let Err(e) = w.flush() {
-                write_err.get_or_insert(RunError::Io(name.clone(), e));
-            }
-        }
+        flush_live(live, &mut writer, &mut decode, &out_name, &mut write_err);
         if cfg.count.is_some_and(|c| total >= c) {
             done = true;
         }
@@ -535,38 +616,15 @@ pub fn run(cfg: &TapConfig) -> Result<(), RunError> {
             last_line = Instant::now();
         }
     }
-    if let Some(w) = writer.as_mut() {
-        if let Err(e) = w.flush() {
-            if !is_broken_pipe(&e) {
-                return Err(RunError::Io(out_name, e));
-            }
-        }
-    }
-    if let Some((name, w)) = decode.as_mut() {
-        if let Err(e) = w.flush() {
-            if !is_broken_pipe(&e) {
-                return Err(RunError::Io(name.clone(), e));
-            }
-        }
-    }
+    flush_at_end(writer.as_mut(), decode.as_mut(), out_name)?;
     let stats = tap.stats()?;
-    eprintln!(
-        "{}",
-        summary.line(
-            last_line.elapsed().as_secs_f64(),
-            stats.ring_full.saturating_sub(drops_reported)
-        )
-    );
-    eprintln!(
-        "tap: done after {:.1}s: {total} frames written; in kernel: {} matched, {} filtered out, {} lost to a full ring buffer; of the matched {} NAKs, {} RNR NAKs, {} CNPs, {} truncated",
-        start.elapsed().as_secs_f64(),
-        stats.matched,
-        stats.filtered,
-        stats.ring_full,
-        stats.naks,
-        stats.rnr_naks,
-        stats.cnps,
-        stats.truncated
+    print_done(
+        &stats,
+        &mut summary,
+        last_line,
+        drops_reported,
+        start,
+        total,
     );
     drop(tap);
     Ok(())

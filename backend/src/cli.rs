@@ -1,0 +1,92 @@
+//! The command line of the daemon's binaries (`vhost-user-rdma`, and the test crate's
+//! `vur-daemon`): serve the devices the options describe, or run a subcommand —
+//! `link ...` makes the host side of a guest's NIC (netkit or veth pair,
+//! [`crate::net::netlink`]), `tap ...` runs the eBPF RoCEv2 tap (vur-tap, docs/tap.md).
+
+use std::ffi::OsString;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::config::{configs, Args};
+
+/// The options, or a subcommand with options of its own.
+#[derive(Parser, Debug)]
+#[command(
+    version,
+    about,
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true,
+    disable_help_subcommand = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    sub: Option<Sub>,
+    #[command(flatten)]
+    args: Args,
+}
+
+#[derive(Subcommand, Debug)]
+enum Sub {
+    /// Makes the host side of a guest's NIC (`link --help`).
+    #[command(disable_help_flag = true, disable_version_flag = true)]
+    Link {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<OsString>,
+    },
+    /// Runs the eBPF RoCEv2 tap (`tap --help`).
+    #[command(disable_help_flag = true, disable_version_flag = true)]
+    Tap {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<OsString>,
+    },
+}
+
+/// What a binary of the daemon offers beside serving.
+#[derive(Clone, Copy, Debug)]
+pub struct Binary {
+    /// The name its messages start with.
+    pub name: &'static str,
+    /// Whether it runs `tap ...` (the test crate's daemon does not).
+    pub tap: bool,
+}
+
+/// The daemon's `main`, after the binary installed its allocator: logging, the command
+/// line, then the devices or the subcommand.
+pub fn main(bin: Binary) -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    main_with_args(bin, std::env::args_os())
+}
+
+/// [`main`] over the arguments given (the first is the program's name).
+pub fn main_with_args(bin: Binary, argv: impl IntoIterator<Item = OsString>) -> ExitCode {
+    let cli = Cli::parse_from(argv);
+    let sub_args = |name: &str, args: Vec<OsString>| {
+        std::iter::once(OsString::from(format!("vhost-user-rdma {name}"))).chain(args)
+    };
+    let configs = match cli.sub {
+        Some(Sub::Link { args }) => {
+            return crate::net::netlink::main_with_args(sub_args("link", args))
+        }
+        Some(Sub::Tap { args }) if bin.tap => {
+            return vur_tap::cli::main_with_args(sub_args("tap", args))
+        }
+        Some(Sub::Tap { .. }) => {
+            eprintln!("{}: no tap in this binary (vhost-user-rdma tap)", bin.name);
+            std::process::exit(2);
+        }
+        None => configs(cli.args),
+    };
+    let configs = match configs {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{}: {e}", bin.name);
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = crate::start_backends(configs) {
+        eprintln!("{}: {e}", bin.name);
+        std::process::exit(1);
+    }
+    ExitCode::SUCCESS
+}
