@@ -3,10 +3,12 @@
 //! docs/virtio-rdma.md.
 //!
 //! Rooms, from the top floor down; a module imports only from its own room or lower ones:
-//! - the top: [`config`] turns the command line into a validated [`config::Config`],
+//! - the top: [`cli`] is the binaries' `main`, [`config`] turns the command line into a
+//!   validated [`config::Config`],
 //!   [`start_backend`] serves one frontend after another, [`vhu_rdma`] is the
 //!   `VhostUserBackend` impl, [`counters`] the query socket;
-//! - [`worker`]: the per-frontend worker (queues, polling, shard threads);
+//! - [`worker`]: the per-frontend worker ([`worker::queues::Worker`]: queues, polling,
+//!   receiving, the counters' rendering) and the shard threads;
 //! - [`net`]: the guest's virtio-net beside the device (`--net-socket`) and the `link` helper;
 //! - [`device`]: the device model (commands, rings, events, engine pumping), testable without
 //!   a socket;
