@@ -234,10 +234,9 @@ pub fn spawn(
     access: SocketAccess,
     shared: Arc<Shared>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
-    let l = crate::unix_socket::bind_private(path, access, || UnixListener::bind(path))
+    let (l, lock) = crate::unix_socket::bind_private(path, access, || UnixListener::bind(path))
         .map_err(|e| std::io::Error::new(e.kind(), format!("counters socket: {e}")))?;
     l.set_nonblocking(true)?;
-    let path = path.to_path_buf();
     std::thread::Builder::new()
         .name("counters".into())
         .spawn(move || {
@@ -251,7 +250,8 @@ pub fn spawn(
                     Err(_) => std::thread::sleep(Duration::from_millis(50)),
                 }
             }
-            let _ = crate::unix_socket::remove_socket(&path);
+            // The socket goes with its lock.
+            drop(lock);
         })
 }
 

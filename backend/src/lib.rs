@@ -42,6 +42,7 @@ pub mod unix_socket;
 pub mod vhu_rdma;
 pub mod worker;
 
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -120,10 +121,30 @@ struct Stopper {
     shared: Arc<Shared>,
     handle: Arc<Mutex<Option<vhost_user_backend::ShutdownHandle>>>,
     net_handle: Arc<Mutex<Option<vhost_user_backend::ShutdownHandle>>>,
-    sock: std::path::PathBuf,
-    net_sock: Option<std::path::PathBuf>,
-    /// Whether the device bound its sockets (only then are they ours to wake).
-    bound: Arc<std::sync::atomic::AtomicBool>,
+    listening: Listening,
+}
+
+/// The device's listening sockets that may sit in `accept()`, by fd: a stop shuts them down
+/// (shutdown(2) wakes a blocked accept with EINVAL), so that no shutdown goes through a
+/// socket's path, which is a name that may meanwhile be another's. An fd is taken out of the
+/// list, under its lock, before its socket is closed.
+#[derive(Clone, Default)]
+struct Listening(Arc<Mutex<Vec<std::os::fd::RawFd>>>);
+
+impl Listening {
+    fn add(&self, fd: std::os::fd::RawFd) {
+        sync::lock(&self.0).push(fd);
+    }
+    fn remove(&self, fd: std::os::fd::RawFd) {
+        sync::lock(&self.0).retain(|&f| f != fd);
+    }
+    fn wake_all(&self) {
+        for &fd in sync::lock(&self.0).iter() {
+            // SAFETY: `fd` is a listening socket that stays open while it is in the list
+            // (whose lock is held here); shutdown passes no memory.
+            unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+        }
+    }
 }
 
 impl Stopper {
@@ -134,14 +155,7 @@ impl Stopper {
                 h.shutdown();
             }
         }
-        if !self.bound.load(Ordering::SeqCst) {
-            return;
-        }
-        // Wake the listeners blocked in accept().
-        let _ = UnixStream::connect(&self.sock);
-        if let Some(n) = &self.net_sock {
-            let _ = UnixStream::connect(n);
-        }
+        self.listening.wake_all();
     }
 }
 
@@ -157,7 +171,7 @@ struct Device {
     )>,
     handle: Arc<Mutex<Option<vhost_user_backend::ShutdownHandle>>>,
     net_handle: Arc<Mutex<Option<vhost_user_backend::ShutdownHandle>>>,
-    bound: Arc<std::sync::atomic::AtomicBool>,
+    listening: Listening,
 }
 
 impl Device {
@@ -286,7 +300,7 @@ impl Device {
             net,
             handle: Arc::new(Mutex::new(None)),
             net_handle: Arc::new(Mutex::new(None)),
-            bound: Arc::default(),
+            listening: Listening::default(),
         })
     }
 
@@ -295,9 +309,7 @@ impl Device {
             shared: self.shared.clone(),
             handle: self.handle.clone(),
             net_handle: self.net_handle.clone(),
-            sock: self.config.socket_path.clone(),
-            net_sock: self.config.net_socket.clone(),
-            bound: self.bound.clone(),
+            listening: self.listening.clone(),
         }
     }
 }
@@ -326,6 +338,12 @@ pub fn start_backends(configs: Vec<Config>) -> Result<(), Error> {
                 unsafe { libc::sigwait(&sigset, &mut sig) };
                 log::info!("signal {sig}: shutting down");
                 stoppers.iter().for_each(Stopper::stop);
+                // Every later signal is still taken: a second one ends the process at once,
+                // for a shutdown that waits on something that does not come.
+                // SAFETY: as above.
+                unsafe { libc::sigwait(&sigset, &mut sig) };
+                log::warn!("signal {sig} during the shutdown: exiting now");
+                std::process::exit(1);
             })?;
     }
     if devices.len() == 1 {
@@ -360,6 +378,19 @@ pub fn start_backends(configs: Vec<Config>) -> Result<(), Error> {
     result
 }
 
+/// Binds a listening vhost-user socket at `path` for the device (see [`unix_socket`]: the
+/// lock returned holds the path, and removes the socket when dropped). The listener itself
+/// never unlinks anything.
+fn bind_listener(
+    path: &std::path::Path,
+    config: &Config,
+) -> Result<(Listener, unix_socket::PathLock), Error> {
+    unix_socket::bind_private(path, config.socket_access, || {
+        std::os::unix::net::UnixListener::bind(path).map(Listener::from)
+    })
+    .map_err(|e| Error::Socket(path.to_string_lossy().to_string(), e))
+}
+
 /// Serves one device's frontends one after another until shutdown.
 fn serve(device: Device) -> Result<(), Error> {
     let Device {
@@ -368,7 +399,7 @@ fn serve(device: Device) -> Result<(), Error> {
         net,
         handle: shutdown_handle,
         net_handle,
-        bound,
+        listening,
     } = device;
     let counters = match &config.counters_socket {
         Some(p) => Some(counters::spawn(p, config.socket_access, shared.clone())?),
@@ -376,26 +407,22 @@ fn serve(device: Device) -> Result<(), Error> {
     };
     let net_thread = match net {
         Some((path, port, stats)) => {
-            let listener = unix_socket::bind_private(&path, config.socket_access, || {
-                Listener::new(&path, false).map_err(|e| std::io::Error::other(e.to_string()))
-            })
-            .map_err(|e| Error::Socket(path.to_string_lossy().to_string(), e))?;
+            let (listener, lock) = bind_listener(&path, &config)?;
+            let listener = Arc::new(listener);
+            listening.add(listener.as_raw_fd());
             let shared = shared.clone();
             let handle = net_handle.clone();
-            Some(
-                std::thread::Builder::new()
-                    .name("vhost-user-net".into())
-                    .spawn(move || serve_net(&path, listener, port, stats, &shared, &handle))?,
-            )
+            let l = listener.clone();
+            let t = std::thread::Builder::new()
+                .name("vhost-user-net".into())
+                .spawn(move || serve_net(&path, &l, port, stats, &shared, &handle))?;
+            Some((t, listener, lock))
         }
         None => None,
     };
     let path = config.socket_path.to_string_lossy().to_string();
-    let mut listener = unix_socket::bind_private(&config.socket_path, config.socket_access, || {
-        Listener::new(&config.socket_path, false).map_err(|e| std::io::Error::other(e.to_string()))
-    })
-    .map_err(|e| Error::Socket(path.clone(), e))?;
-    bound.store(true, Ordering::SeqCst);
+    let (mut listener, lock) = bind_listener(&config.socket_path, &config)?;
+    listening.add(listener.as_raw_fd());
     let result = loop {
         if shared.shutdown.load(Ordering::SeqCst) {
             break Ok(());
@@ -453,16 +480,21 @@ fn serve(device: Device) -> Result<(), Error> {
     if let Some(io) = &shared.io {
         io.stop();
     }
-    let _ = unix_socket::remove_socket(&config.socket_path);
-    if let (Some(t), Some(p)) = (net_thread, &config.net_socket) {
+    listening.remove(listener.as_raw_fd());
+    drop(listener);
+    // The socket and its lock go together, and only ours.
+    drop(lock);
+    if let Some((t, listener, lock)) = net_thread {
         // Its listener may sit in accept(): wake it.
-        let _ = UnixStream::connect(p);
+        listening.wake_all();
         match t.join() {
             Ok(Err(e)) => log::warn!("virtio-net: {e}"),
             Err(_) => log::error!("virtio-net thread panicked"),
             Ok(Ok(())) => {}
         }
-        let _ = unix_socket::remove_socket(p);
+        listening.remove(listener.as_raw_fd());
+        drop(listener);
+        drop(lock);
     }
     if let Some(c) = counters {
         let _ = c.join();
@@ -568,7 +600,7 @@ fn register_listeners(
 /// socket in a directory only this user can enter.
 fn serve_net(
     path: &std::path::Path,
-    listener: Listener,
+    listener: &Listener,
     port: Arc<net::net_port::NetPort>,
     stats: Arc<net::vhu_net::NetStats>,
     shared: &Shared,
@@ -595,6 +627,7 @@ fn serve_net(
             let front = match listener.accept() {
                 Ok(Some(s)) => s,
                 Ok(None) => continue,
+                Err(_) if shared.shutdown.load(Ordering::SeqCst) => break,
                 Err(e) => {
                     log::error!("accepting a virtio-net frontend: {e}");
                     continue;

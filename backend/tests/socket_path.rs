@@ -1,0 +1,230 @@
+//! A socket path belongs to one daemon at a time (backend/src/unix_socket.rs): a second
+//! daemon on a live daemon's path is refused and touches nothing; a shutdown never goes
+//! through the path (no phantom frontend); the socket and its lock go with their daemon; a
+//! stale socket is replaced; a path another program listens on is left alone.
+//!
+//! These run the real daemon binary on loopback addresses (127.x.y.z of this test).
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// Upper bound for a daemon to start or to stop: it catches a hang, not a slow machine.
+const HANG: Duration = Duration::from_secs(20);
+
+fn dir() -> PathBuf {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let d = std::env::temp_dir().join(format!(
+        "vur-sockpath-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A loopback address of this test run, distinct per call.
+fn addr() -> String {
+    static N: AtomicU32 = AtomicU32::new(1);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let pid = std::process::id();
+    format!("127.{}.{}.{}:4791", 200 + (pid % 50), (pid >> 8) & 0xff, n)
+}
+
+/// A daemon whose log lines arrive on a channel.
+struct Daemon {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    log: Vec<String>,
+}
+
+impl Daemon {
+    fn spawn(socket: &Path, counters: Option<&Path>) -> Daemon {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_vhost-user-rdma"));
+        cmd.arg("--socket-path")
+            .arg(socket)
+            .arg("--udp-addr")
+            .arg(addr())
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if let Some(c) = counters {
+            cmd.arg("--counters-socket").arg(c);
+        }
+        let mut child = cmd.spawn().expect("starting the daemon");
+        let err = child.stderr.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(err).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        Daemon {
+            child,
+            lines,
+            log: Vec::new(),
+        }
+    }
+
+    /// Reads the log until a line contains `what`; panics naming it after [`HANG`] or when the
+    /// daemon's log ends first.
+    fn wait_for(&mut self, what: &str) {
+        let end = Instant::now() + HANG;
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    let hit = l.contains(what);
+                    self.log.push(l);
+                    if hit {
+                        return;
+                    }
+                }
+                Err(e) => panic!(
+                    "waited for a log line with {what:?} ({e:?}); the log:\n{}",
+                    self.log.join("\n")
+                ),
+            }
+        }
+    }
+
+    /// Waits for the process to end by itself.
+    fn wait_exit(&mut self) -> ExitStatus {
+        let end = Instant::now() + HANG;
+        while Instant::now() < end {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                self.log.extend(self.lines.iter());
+                return s;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        panic!("the daemon did not exit within {HANG:?}");
+    }
+
+    fn signal(&self, sig: i32) {
+        // SAFETY: signalling our own child, which try_wait has not reaped.
+        unsafe { libc::kill(self.child.id() as i32, sig) };
+    }
+
+    fn terminate(&mut self) -> ExitStatus {
+        self.signal(libc::SIGTERM);
+        self.wait_exit()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn lock_of(socket: &Path) -> PathBuf {
+    let mut s = socket.as_os_str().to_os_string();
+    s.push(".lock");
+    s.into()
+}
+
+fn inode(p: &Path) -> u64 {
+    std::fs::symlink_metadata(p).unwrap().ino()
+}
+
+#[test]
+fn a_second_daemon_on_a_live_path_is_refused_and_the_first_stops_cleanly() {
+    let d = dir();
+    let sock = d.join("rdma.sock");
+    let counters = d.join("counters.sock");
+    let mut first = Daemon::spawn(&sock, Some(&counters));
+    first.wait_for("waiting for a frontend");
+    let (sock_ino, counters_ino) = (inode(&sock), inode(&counters));
+    let holder = std::fs::read_to_string(lock_of(&sock)).unwrap();
+    assert_eq!(
+        holder.trim(),
+        first.child.id().to_string(),
+        "the lock names its holder"
+    );
+
+    // The same vhost-user path, and (another run) the same counters path: refused, nothing
+    // of the first's touched.
+    for (s, c) in [
+        (&sock, None),
+        (&d.join("other.sock"), Some(counters.as_path())),
+    ] {
+        let mut second = Daemon::spawn(s, c);
+        let st = second.wait_exit();
+        let log = second.log.join("\n");
+        assert!(!st.success(), "a second daemon must fail; its log:\n{log}");
+        assert!(
+            log.contains("is served by another daemon")
+                && log.contains(&format!("pid {}", first.child.id())),
+            "the refusal must say who holds the path; the log:\n{log}"
+        );
+        assert!(
+            !log.contains("waiting for a frontend"),
+            "it must not serve; the log:\n{log}"
+        );
+    }
+    assert_eq!(inode(&sock), sock_ino, "the first's socket was replaced");
+    assert_eq!(
+        inode(&counters),
+        counters_ino,
+        "the first's counters socket was replaced"
+    );
+
+    // One SIGTERM stops the first: no phantom frontend, its files gone.
+    let st = first.terminate();
+    let log = first.log.join("\n");
+    assert!(st.success(), "exit {st:?}; the log:\n{log}");
+    assert!(
+        !log.contains("frontend connected") && !log.contains("frontend disconnected"),
+        "a shutdown went through the socket's path (a phantom frontend); the log:\n{log}"
+    );
+    for p in [&sock, &lock_of(&sock), &counters, &lock_of(&counters)] {
+        assert!(!p.exists(), "{} outlived its daemon", p.display());
+    }
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn a_stale_socket_is_replaced_and_another_programs_is_left_alone() {
+    let d = dir();
+    // Stale: bound, then closed; nobody listens, nobody holds the lock.
+    let stale = d.join("stale.sock");
+    drop(UnixListener::bind(&stale).unwrap());
+    let mut a = Daemon::spawn(&stale, None);
+    a.wait_for("waiting for a frontend");
+    assert!(a.terminate().success());
+    assert!(!stale.exists());
+
+    // Another program listens there (no lock): refused, its socket stays.
+    let live = d.join("live.sock");
+    let other = UnixListener::bind(&live).unwrap();
+    let ino = inode(&live);
+    let mut b = Daemon::spawn(&live, None);
+    let st = b.wait_exit();
+    let log = b.log.join("\n");
+    assert!(!st.success(), "the log:\n{log}");
+    assert!(
+        log.contains("another program listens on"),
+        "the refusal must say why; the log:\n{log}"
+    );
+    assert_eq!(inode(&live), ino, "another program's socket was replaced");
+    assert!(
+        !lock_of(&live).exists(),
+        "the refused daemon left its lock file"
+    );
+    drop(other);
+    std::fs::remove_dir_all(&d).unwrap();
+}
