@@ -25,6 +25,12 @@ const NLM_F_ACK: u16 = 4;
 const NLM_F_EXCL: u16 = 0x200;
 const NLM_F_CREATE: u16 = 0x400;
 const NLMSG_ERROR: u16 = 2;
+const SOL_NETLINK: i32 = 270;
+const NETLINK_CAP_ACK: i32 = 10;
+const NETLINK_EXT_ACK: i32 = 11;
+/// In an NLMSG_ERROR's flags: the error carries TLVs after the (capped) request header.
+const NLM_F_ACK_TLVS: u16 = 0x200;
+const NLMSGERR_ATTR_MSG: u16 = 1;
 const IFLA_IFNAME: u16 = 3;
 const IFLA_MTU: u16 = 4;
 const IFLA_MASTER: u16 = 10;
@@ -94,6 +100,8 @@ pub enum LinkError {
     NoSuchInterface(String),
     #[error("--peer-netns {0}: {1}")]
     Netns(String, io::Error),
+    #[error("--bridge {0}: not a bridge (a pair's peer can only be enslaved to a bridge)")]
+    NotABridge(String),
     #[error("{0}: {1}")]
     Netlink(String, io::Error),
 }
@@ -215,7 +223,8 @@ fn new_pair_request(
     m.finish()
 }
 
-/// Sends one request and reads its acknowledgement: the kernel's errno as an error.
+/// Sends one request and reads its acknowledgement: the kernel's errno as an error, with the
+/// kernel's own words (its extended acknowledgement) when it gave some.
 fn request(msg: &[u8]) -> io::Result<()> {
     // SAFETY: plain syscall; the result is checked and owned below.
     let fd = unsafe {
@@ -244,6 +253,19 @@ fn request(msg: &[u8]) -> io::Result<()> {
             std::mem::size_of::<libc::timeval>() as u32,
         )
     };
+    for opt in [NETLINK_EXT_ACK, NETLINK_CAP_ACK] {
+        let on: i32 = 1;
+        // SAFETY: `on` is a live i32 of the size passed. Old kernels refuse: no text then.
+        unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                SOL_NETLINK,
+                opt,
+                (&on as *const i32).cast(),
+                4,
+            )
+        };
+    }
     // SAFETY: sockaddr_nl is plain data; zero is the kernel's address.
     let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
     sa.nl_family = libc::AF_NETLINK as u16;
@@ -268,9 +290,16 @@ fn request(msg: &[u8]) -> io::Result<()> {
         if n < 0 {
             return Err(io::Error::last_os_error());
         }
-        match ack_errno(&buf[..n as usize]) {
+        let b = &buf[..n as usize];
+        match ack_errno(b) {
             Some(0) => return Ok(()),
-            Some(e) => return Err(io::Error::from_raw_os_error(e)),
+            Some(e) => {
+                let os = io::Error::from_raw_os_error(e);
+                return Err(match ack_text(b) {
+                    Some(t) => io::Error::new(os.kind(), Said { os, text: t }),
+                    None => os,
+                });
+            }
             None => continue,
         }
     }
@@ -294,6 +323,59 @@ fn ack_errno(b: &[u8]) -> Option<i32> {
     None
 }
 
+/// The kernel's words in the first NLMSG_ERROR of `b` (NLMSGERR_ATTR_MSG of an extended
+/// acknowledgement whose request header was capped), if it gave any.
+fn ack_text(b: &[u8]) -> Option<String> {
+    let len = u32::from_ne_bytes(b.get(..4)?.try_into().ok()?) as usize;
+    let ty = u16::from_ne_bytes(b.get(4..6)?.try_into().ok()?);
+    let flags = u16::from_ne_bytes(b.get(6..8)?.try_into().ok()?);
+    if ty != NLMSG_ERROR || flags & NLM_F_ACK_TLVS == 0 {
+        return None;
+    }
+    // nlmsghdr, the error, the request's nlmsghdr (capped), then the TLVs.
+    let msg = b.get(..len.min(b.len()))?;
+    let mut at = 16 + 4 + 16;
+    while at + 4 <= msg.len() {
+        let l = u16::from_ne_bytes(msg[at..at + 2].try_into().ok()?) as usize;
+        let t = u16::from_ne_bytes(msg[at + 2..at + 4].try_into().ok()?) & !NLA_F_NESTED;
+        if l < 4 || at + l > msg.len() {
+            return None;
+        }
+        if t == NLMSGERR_ATTR_MSG {
+            let v = &msg[at + 4..at + l];
+            let v = v.split(|&c| c == 0).next().unwrap_or(v);
+            let text = String::from_utf8_lossy(v).trim().to_string();
+            return (!text.is_empty()).then_some(text);
+        }
+        at += (l + 3) & !3;
+    }
+    None
+}
+
+/// An errno with the kernel's explanation of it.
+#[derive(Debug)]
+struct Said {
+    os: io::Error,
+    text: String,
+}
+
+impl std::fmt::Display for Said {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (the kernel says: {})", self.os, self.text)
+    }
+}
+
+impl std::error::Error for Said {}
+
+/// The errno of `e`, also when it carries the kernel's words ([`Said`]).
+fn errno(e: &io::Error) -> Option<i32> {
+    e.raw_os_error().or_else(|| {
+        e.get_ref()
+            .and_then(|i| i.downcast_ref::<Said>())
+            .and_then(|s| s.os.raw_os_error())
+    })
+}
+
 fn index_of(name: &str) -> Option<i32> {
     let c = CString::new(name).ok()?;
     // SAFETY: a valid NUL-terminated string.
@@ -306,11 +388,16 @@ fn set_link(name: &str, index: i32, master: Option<i32>) -> Result<(), LinkError
     if let Some(b) = master {
         m.u32_attr(IFLA_MASTER, b as u32);
     }
-    request(&m.finish()).map_err(|e| classify(name, e, LinkKind::Veth))
+    request(&m.finish()).map_err(|e| match errno(&e) {
+        // Not "no veth support": the pair exists; what failed is bringing it up or
+        // enslaving it.
+        Some(libc::EOPNOTSUPP) => LinkError::Netlink(name.to_string(), e),
+        _ => classify(name, e, LinkKind::Veth),
+    })
 }
 
 fn classify(name: &str, e: io::Error, kind: LinkKind) -> LinkError {
-    match e.raw_os_error() {
+    match errno(&e) {
         Some(libc::EPERM) | Some(libc::EACCES) => LinkError::NoCapNetAdmin(name.to_string()),
         Some(libc::EOPNOTSUPP) => LinkError::NoKind(
             name.to_string(),
@@ -369,7 +456,14 @@ pub fn add(
     };
     let r = up(name, None).and_then(|()| {
         if ns.is_none() {
-            up(peer, master)
+            up(peer, master).map_err(|e| match (&e, bridge) {
+                // Enslaving to an interface that cannot take ports: the kernel says only
+                // EOPNOTSUPP.
+                (LinkError::Netlink(_, io), Some(b)) if errno(io) == Some(libc::EOPNOTSUPP) => {
+                    LinkError::NotABridge(b.to_string())
+                }
+                _ => e,
+            })
         } else {
             Ok(())
         }
@@ -495,6 +589,48 @@ mod tests {
         let mut bad = ack.clone();
         bad[..4].copy_from_slice(&3u32.to_ne_bytes());
         assert_eq!(ack_errno(&bad), None, "a length below the header");
+    }
+
+    /// An extended acknowledgement as the kernel sends it with NETLINK_CAP_ACK: the error,
+    /// the request's header alone, then NLMSGERR_ATTR_MSG.
+    #[test]
+    fn the_kernels_words_are_kept() {
+        let text = b"mtu greater than device maximum\0";
+        let tlv_len = 4 + text.len();
+        let len = 36 + ((tlv_len + 3) & !3);
+        let mut m = vec![0u8; len];
+        m[..4].copy_from_slice(&(len as u32).to_ne_bytes());
+        m[4..6].copy_from_slice(&NLMSG_ERROR.to_ne_bytes());
+        m[6..8].copy_from_slice(&(0x100 | NLM_F_ACK_TLVS).to_ne_bytes());
+        m[16..20].copy_from_slice(&(-libc::EINVAL).to_ne_bytes());
+        m[36..38].copy_from_slice(&(tlv_len as u16).to_ne_bytes());
+        m[38..40].copy_from_slice(&NLMSGERR_ATTR_MSG.to_ne_bytes());
+        m[40..40 + text.len()].copy_from_slice(text);
+        assert_eq!(ack_errno(&m), Some(libc::EINVAL));
+        assert_eq!(
+            ack_text(&m).as_deref(),
+            Some("mtu greater than device maximum")
+        );
+        // Without the flag, or cut inside the TLV, there are no words.
+        let mut plain = m.clone();
+        plain[6..8].copy_from_slice(&0x100u16.to_ne_bytes());
+        assert_eq!(ack_text(&plain), None);
+        assert_eq!(ack_text(&m[..44]), None);
+        // The words reach the error the user reads, and the errno its classification.
+        let os = io::Error::from_raw_os_error(libc::EINVAL);
+        let e = io::Error::new(
+            os.kind(),
+            Said {
+                os,
+                text: "mtu greater than device maximum".into(),
+            },
+        );
+        assert_eq!(errno(&e), Some(libc::EINVAL));
+        let shown = classify("vh0", e, LinkKind::Veth).to_string();
+        assert!(
+            shown.contains("the kernel says: mtu greater than device maximum"),
+            "{shown}"
+        );
     }
 
     #[test]

@@ -151,6 +151,21 @@ fn errors_say_what_is_wrong() {
         );
         assert_eq!(code, Some(1));
         assert!(err.contains("nosuchbr: no such interface"), "{err}");
+        // An interface that is not a bridge: said so, and no pair is left behind (it used to
+        // fail late with "this kernel has no veth support").
+        netns::ip(&["link", "add", "nb0", "type", "veth", "peer", "name", "nb1"]).unwrap();
+        let (code, err) = link(
+            &[
+                "add", "vh0", "--peer", "vh0p", "--kind", "veth", "--bridge", "nb0",
+            ],
+            false,
+        );
+        assert_eq!(code, Some(1), "{err}");
+        assert!(err.contains("--bridge nb0: not a bridge"), "{err}");
+        assert!(
+            !ip_out(&["link", "show"]).contains("vh0"),
+            "a pair was left"
+        );
         let (code, _) = link(&["add", "vh0"], false);
         assert_eq!(code, Some(2), "usage error: no --peer");
     });
