@@ -51,6 +51,14 @@ pub struct Binary {
     pub tap: bool,
 }
 
+/// `--print-capabilities`: the JSON object QEMU's vhost-user backend program conventions
+/// describe (docs/interop/vhost-user.rst). QEMU's schema has no `rdma` type yet: the type is
+/// this device's proposal (virtio ID 42 is `VIRTIO_ID_RDMA`); the features are the options
+/// a manager may rely on.
+pub fn capabilities() -> &'static str {
+    r#"{"type":"rdma","features":["fd","socket-path","udp-addr","iface","net-socket","counters-socket","socket-group","allow-peer"]}"#
+}
+
 /// The daemon's `main`, after the binary installed its allocator: logging, the command
 /// line, then the devices or the subcommand.
 pub fn main(bin: Binary) -> ExitCode {
@@ -74,6 +82,10 @@ pub fn main_with_args(bin: Binary, argv: impl IntoIterator<Item = OsString>) -> 
         Some(Sub::Tap { .. }) => {
             eprintln!("{}: no tap in this binary (vhost-user-rdma tap)", bin.name);
             std::process::exit(2);
+        }
+        None if cli.args.print_capabilities => {
+            println!("{}", capabilities());
+            return ExitCode::SUCCESS;
         }
         None => configs(cli.args),
     };

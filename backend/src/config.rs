@@ -34,8 +34,17 @@ pub struct Args {
     /// vhost-user unix socket to listen on. Repeat it, with one --udp-addr each (and one
     /// --counters-socket each, if any), to serve several frontends from one process: each is
     /// a device of its own, on a worker thread of its own.
-    #[arg(long, required = true)]
+    #[arg(long, required_unless_present_any = ["fd", "print_capabilities"])]
     pub socket_path: Vec<PathBuf>,
+    /// A listening vhost-user socket handed over by file descriptor (by a VMM, libvirt, or
+    /// systemd socket activation, which passes fd 3), instead of --socket-path: one device,
+    /// and no path for the daemon to create or remove.
+    #[arg(long, value_name = "FDNUM", conflicts_with = "socket_path")]
+    pub fd: Option<i32>,
+    /// Print what this backend is and offers as JSON (QEMU's vhost-user backend program
+    /// conventions) and exit.
+    #[arg(long)]
+    pub print_capabilities: bool,
     /// Host attachment.
     #[arg(long, value_enum, default_value_t = TransportKind::Udp)]
     pub transport: TransportKind,
@@ -268,7 +277,11 @@ pub enum ConfigError {
 /// The validated configuration of one device (one frontend socket).
 #[derive(Clone, Debug)]
 pub struct Config {
+    /// The vhost-user socket's path; with `listen_fd`, only a name for messages.
     pub socket_path: PathBuf,
+    /// `--fd`: the listening socket to serve, handed over by the process that started this
+    /// one.
+    pub listen_fd: Option<i32>,
     /// `--same-host`: this device reaches the others of the process through memory.
     pub same_host: bool,
     /// `--same-host-segment`: payload bytes of a packet to another device of the process
@@ -549,6 +562,7 @@ impl TryFrom<Args> for Config {
         let net_policy = net_policy(&a, mac, &egress)?;
         Ok(Config {
             socket_path,
+            listen_fd: a.fd,
             same_host: a.same_host,
             same_host_segment,
             io_thread: a.io_thread,
@@ -594,7 +608,10 @@ impl TryFrom<Args> for Config {
 
 /// The configurations of the devices the command line asks for: one per `--socket-path`, each
 /// with its own `--udp-addr` and `--counters-socket`, everything else shared.
-pub fn configs(a: Args) -> Result<Vec<Config>, ConfigError> {
+pub fn configs(mut a: Args) -> Result<Vec<Config>, ConfigError> {
+    if let Some(fd) = a.fd {
+        a.socket_path = vec![PathBuf::from(format!("fd {fd}"))];
+    }
     let n = a.socket_path.len();
     if a.udp_addr.len() != n {
         return Err(ConfigError::UdpAddrCount(n, a.udp_addr.len()));

@@ -71,6 +71,8 @@ pub enum Error {
     Raw(#[from] transport::raw::RawError),
     #[error("creating the vhost-user socket {0}: {1}")]
     Socket(String, std::io::Error),
+    #[error("--fd {0}: {1}")]
+    Fd(std::os::fd::RawFd, String),
     #[error("vhost-user daemon: {0}")]
     Daemon(String),
     #[error("{0}")]
@@ -391,6 +393,44 @@ fn bind_listener(
     .map_err(|e| Error::Socket(path.to_string_lossy().to_string(), e))
 }
 
+/// Takes the listening socket `fd` handed over by the process that started the daemon
+/// (`--fd`), after checking it is one: a unix stream socket that listens.
+fn adopt_listener(fd: std::os::fd::RawFd) -> Result<Listener, Error> {
+    let bad = |why: String| Error::Fd(fd, why);
+    let opt = |name: i32| -> std::io::Result<i32> {
+        let mut v: i32 = 0;
+        let mut len = std::mem::size_of::<i32>() as libc::socklen_t;
+        // SAFETY: `v` and `len` are live and of the sizes passed; a bad fd is an error.
+        let r = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                name,
+                (&mut v as *mut i32).cast(),
+                &mut len,
+            )
+        };
+        if r == 0 {
+            Ok(v)
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    };
+    let domain = opt(libc::SO_DOMAIN).map_err(|e| bad(format!("not a socket: {e}")))?;
+    let ty = opt(libc::SO_TYPE).map_err(|e| bad(e.to_string()))?;
+    let listening = opt(libc::SO_ACCEPTCONN).map_err(|e| bad(e.to_string()))?;
+    if domain != libc::AF_UNIX || ty != libc::SOCK_STREAM || listening != 1 {
+        return Err(bad("not a listening unix stream socket".into()));
+    }
+    // SAFETY: F_SETFD on an fd the checks above showed open; no memory passed.
+    unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    // SAFETY: the fd was handed to this process to own (it is the daemon's for its lifetime:
+    // nothing else in the process refers to it), and it is a listening unix socket.
+    let l =
+        unsafe { <std::os::unix::net::UnixListener as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    Ok(Listener::from(l))
+}
+
 /// Serves one device's frontends one after another until shutdown.
 fn serve(device: Device) -> Result<(), Error> {
     let Device {
@@ -421,7 +461,13 @@ fn serve(device: Device) -> Result<(), Error> {
         None => None,
     };
     let path = config.socket_path.to_string_lossy().to_string();
-    let (mut listener, lock) = bind_listener(&config.socket_path, &config)?;
+    let (mut listener, lock) = match config.listen_fd {
+        Some(fd) => (adopt_listener(fd)?, None),
+        None => {
+            let (l, lock) = bind_listener(&config.socket_path, &config)?;
+            (l, Some(lock))
+        }
+    };
     listening.add(listener.as_raw_fd());
     let result = loop {
         if shared.shutdown.load(Ordering::SeqCst) {

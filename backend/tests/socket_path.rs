@@ -46,9 +46,12 @@ struct Daemon {
 impl Daemon {
     fn spawn(socket: &Path, counters: Option<&Path>) -> Daemon {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_vhost-user-rdma"));
-        cmd.arg("--socket-path")
-            .arg(socket)
-            .arg("--udp-addr")
+        cmd.arg("--socket-path").arg(socket);
+        Self::spawn_cmd(cmd, counters)
+    }
+
+    fn spawn_cmd(mut cmd: Command, counters: Option<&Path>) -> Daemon {
+        cmd.arg("--udp-addr")
             .arg(addr())
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
@@ -227,4 +230,113 @@ fn a_stale_socket_is_replaced_and_another_programs_is_left_alone() {
     );
     drop(other);
     std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// One vhost-user request and its reply, as a frontend sends it: VHOST_USER_GET_FEATURES.
+fn get_features(path: &Path) -> u64 {
+    use std::io::{Read, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(path).unwrap();
+    s.set_read_timeout(Some(HANG)).unwrap();
+    // request 1 (GET_FEATURES), flags: version 1, size 0.
+    let mut req = [0u8; 12];
+    req[..4].copy_from_slice(&1u32.to_le_bytes());
+    req[4..8].copy_from_slice(&1u32.to_le_bytes());
+    s.write_all(&req).unwrap();
+    let mut rep = [0u8; 20];
+    s.read_exact(&mut rep).expect("a reply to GET_FEATURES");
+    assert_eq!(
+        u32::from_le_bytes(rep[..4].try_into().unwrap()),
+        1,
+        "{rep:?}"
+    );
+    assert_ne!(
+        u32::from_le_bytes(rep[4..8].try_into().unwrap()) & 4,
+        0,
+        "the reply flag"
+    );
+    assert_eq!(
+        u32::from_le_bytes(rep[8..12].try_into().unwrap()),
+        8,
+        "{rep:?}"
+    );
+    u64::from_le_bytes(rep[12..20].try_into().unwrap())
+}
+
+#[test]
+fn a_listening_socket_handed_over_with_fd_is_served_and_its_path_left_alone() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let d = dir();
+    let path = d.join("handed.sock");
+    let listener = UnixListener::bind(&path).unwrap();
+    let fd = listener.as_raw_fd();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vhost-user-rdma"));
+    cmd.arg("--fd").arg("3");
+    // SAFETY: between fork and exec the closure only calls dup2, as systemd's socket
+    // activation hands over its first socket as fd 3.
+    unsafe {
+        cmd.pre_exec(move || {
+            // dup2 onto itself keeps close-on-exec: clear it then.
+            let r = if fd == 3 {
+                libc::fcntl(3, libc::F_SETFD, 0)
+            } else {
+                libc::dup2(fd, 3)
+            };
+            if r < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut a = Daemon::spawn_cmd(cmd, None);
+    a.wait_for("waiting for a frontend on fd 3");
+    drop(listener);
+    // VIRTIO_F_VERSION_1 (bit 32) and VHOST_USER_F_PROTOCOL_FEATURES (bit 30).
+    let features = get_features(&path);
+    assert_eq!(
+        features & (1 << 32 | 1 << 30),
+        1 << 32 | 1 << 30,
+        "{features:#x}"
+    );
+    a.wait_for("frontend connected");
+    assert!(a.terminate().success(), "{}", a.log.join("\n"));
+    assert!(
+        path.exists(),
+        "a path the daemon did not create is not its to remove"
+    );
+    assert!(!lock_of(&path).exists());
+
+    // Anything but a listening unix socket is refused, saying so.
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vhost-user-rdma"));
+    cmd.arg("--fd").arg("0").stdin(Stdio::null());
+    let mut b = Daemon::spawn_cmd(cmd, None);
+    let st = b.wait_exit();
+    let log = b.log.join("\n");
+    assert!(!st.success(), "{log}");
+    assert!(log.contains("--fd 0: not a socket"), "{log}");
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn capabilities_are_printed_as_qemu_asks() {
+    let out = Command::new(env!("CARGO_BIN_EXE_vhost-user-rdma"))
+        .arg("--print-capabilities")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.starts_with("{\"type\":\"rdma\",\"features\":["),
+        "{text}"
+    );
+    assert!(text.contains("\"fd\""), "{text}");
+    // The description file QEMU's discovery reads names the same type.
+    let desc =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/qemu/50-vhost-user-rdma.json");
+    let desc = std::fs::read_to_string(&desc).unwrap();
+    assert!(desc.contains("\"type\": \"rdma\""), "{desc}");
+    assert!(
+        desc.contains("\"binary\": \"/usr/libexec/vhost-user-rdma\""),
+        "{desc}"
+    );
 }
