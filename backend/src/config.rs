@@ -155,10 +155,14 @@ pub struct Args {
     /// allowed, and loopback only when --udp-addr is a loopback address.
     #[arg(long, value_delimiter = ',')]
     pub allow_peer: Vec<String>,
-    /// Group (name or GID) whose members may connect to the sockets too: mode 0660 instead
-    /// of 0600.
+    /// Group (name or GID) whose members may connect to the vhost-user socket and the
+    /// --net-socket too (the VMM's user): mode 0660 instead of 0600. Not the counters socket.
     #[arg(long)]
     pub socket_group: Option<String>,
+    /// Group (name or GID) whose members may read the counters socket too (a monitoring
+    /// user): mode 0660 instead of 0600. Without it the counters are the daemon's user's.
+    #[arg(long)]
+    pub counters_group: Option<String>,
     /// Poll mode: after doing work, the worker keeps polling its doorbell and control queues
     /// and its UDP socket for up to this many microseconds before it sleeps, with the guest's
     /// kicks suppressed meanwhile; the window adapts (halved while polling finds nothing,
@@ -302,6 +306,8 @@ pub struct Config {
     pub counters_socket: Option<PathBuf>,
     /// Mode and group of the unix sockets.
     pub socket_access: SocketAccess,
+    /// Mode and group of the counters socket (`--counters-group`).
+    pub counters_access: SocketAccess,
     /// Poll window in microseconds (0: no polling).
     pub poll_us: u32,
     /// The guest's virtio-net socket (`--net-socket`): the raw transport's interface is then
@@ -470,6 +476,16 @@ fn net_policy(
     })
 }
 
+/// The access a `--*-group` option gives a socket.
+fn access(group: &Option<String>) -> Result<SocketAccess, ConfigError> {
+    Ok(SocketAccess {
+        group: match group {
+            Some(g) => Some(resolve_group(g).ok_or_else(|| ConfigError::Group(g.clone()))?),
+            None => None,
+        },
+    })
+}
+
 impl TryFrom<Args> for Config {
     type Error = ConfigError;
 
@@ -577,12 +593,8 @@ impl TryFrom<Args> for Config {
             poll_us: a.poll_us,
             net_socket: a.net_socket,
             net_policy,
-            socket_access: SocketAccess {
-                group: match &a.socket_group {
-                    Some(g) => Some(resolve_group(g).ok_or_else(|| ConfigError::Group(g.clone()))?),
-                    None => None,
-                },
-            },
+            socket_access: access(&a.socket_group)?,
+            counters_access: access(&a.counters_group)?,
             model: ModelConfig {
                 dev,
                 netdev_mtu: a.mtu,
@@ -875,6 +887,13 @@ mod tests {
         assert_eq!(
             (g.socket_access.group, g.socket_access.mode()),
             (Some(0), 0o660)
+        );
+        // The counters socket is the operator's unless given a group of its own.
+        assert_eq!(g.counters_access.mode(), 0o600);
+        let m = Config::try_from(args(&["--counters-group", "0"])).unwrap();
+        assert_eq!(
+            (m.counters_access.group, m.socket_access.group),
+            (Some(0), None)
         );
         assert!(matches!(
             Config::try_from(args(&["--socket-group", "no-such-group-here"])),

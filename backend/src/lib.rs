@@ -442,7 +442,7 @@ fn serve(device: Device) -> Result<(), Error> {
         listening,
     } = device;
     let counters = match &config.counters_socket {
-        Some(p) => Some(counters::spawn(p, config.socket_access, shared.clone())?),
+        Some(p) => Some(counters::spawn(p, config.counters_access, shared.clone())?),
         None => None,
     };
     let net_thread = match net {

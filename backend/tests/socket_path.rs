@@ -340,3 +340,23 @@ fn capabilities_are_printed_as_qemu_asks() {
         "{desc}"
     );
 }
+
+#[test]
+fn the_counters_socket_has_a_group_of_its_own() {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &Path| std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o777;
+    let d = dir();
+    let (sock, counters) = (d.join("rdma.sock"), d.join("counters.sock"));
+    for (args, want) in [
+        (&["--socket-group", "0"][..], (0o660, 0o600)),
+        (&["--counters-group", "0"][..], (0o600, 0o660)),
+    ] {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_vhost-user-rdma"));
+        cmd.arg("--socket-path").arg(&sock).args(args);
+        let mut a = Daemon::spawn_cmd(cmd, Some(&counters));
+        a.wait_for("waiting for a frontend");
+        assert_eq!((mode(&sock), mode(&counters)), want, "with {args:?}");
+        assert!(a.terminate().success());
+    }
+    std::fs::remove_dir_all(&d).unwrap();
+}
