@@ -102,3 +102,30 @@ pub fn main_with_args(bin: Binary, argv: impl IntoIterator<Item = OsString>) -> 
     }
     ExitCode::SUCCESS
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// Every option says what it does and sits under a heading of `--help` (the man page and
+    /// docs/daemon.md's table are written from the same text).
+    #[test]
+    fn every_option_is_described_under_a_heading() {
+        let cmd = Cli::command();
+        let mut missing = Vec::new();
+        for a in cmd.get_arguments() {
+            let id = a.get_id().as_str();
+            if ["help", "version"].contains(&id) || a.is_positional() {
+                continue;
+            }
+            if a.get_help().is_none() || a.get_help_heading().is_none() {
+                missing.push(id.to_string());
+            }
+        }
+        assert!(
+            missing.is_empty(),
+            "options without a text or a heading: {missing:?}"
+        );
+    }
+}

@@ -34,134 +34,148 @@ pub struct Args {
     /// vhost-user unix socket to listen on. Repeat it, with one --udp-addr each (and one
     /// --counters-socket each, if any), to serve several frontends from one process: each is
     /// a device of its own, on a worker thread of its own.
-    #[arg(long, required_unless_present_any = ["fd", "print_capabilities"])]
+    #[arg(
+        long,
+        required_unless_present_any = ["fd", "print_capabilities"],
+        help_heading = "Sockets"
+    )]
     pub socket_path: Vec<PathBuf>,
     /// A listening vhost-user socket handed over by file descriptor (by a VMM, libvirt, or
     /// systemd socket activation, which passes fd 3), instead of --socket-path: one device,
     /// and no path for the daemon to create or remove.
-    #[arg(long, value_name = "FDNUM", conflicts_with = "socket_path")]
+    #[arg(
+        long,
+        value_name = "FDNUM",
+        conflicts_with = "socket_path",
+        help_heading = "Sockets"
+    )]
     pub fd: Option<i32>,
     /// Print what this backend is and offers as JSON (QEMU's vhost-user backend program
     /// conventions) and exit.
-    #[arg(long)]
+    #[arg(long, help_heading = "Sockets")]
     pub print_capabilities: bool,
     /// Host attachment.
-    #[arg(long, value_enum, default_value_t = TransportKind::Udp)]
+    #[arg(long, value_enum, default_value_t = TransportKind::Udp, help_heading = "Transport")]
     pub transport: TransportKind,
     /// Local address of the UDP socket (a concrete IP: the ICRC covers it). Its IP is the one
     /// RoCEv2 GID the guest should add.
-    #[arg(long, default_value = "127.0.0.1:4791")]
+    #[arg(long, default_value = "127.0.0.1:4791", help_heading = "Transport")]
     pub udp_addr: Vec<SocketAddr>,
     /// UDP destination port of every packet sent (4791 on a real network; tests may use
     /// another).
-    #[arg(long, default_value_t = 4791)]
+    #[arg(long, default_value_t = 4791, help_heading = "Transport")]
     pub peer_port: u16,
     /// Check IPv4 ICRCs exactly: with IP ID 0, or with a datagram's index in a coalesced run
     /// (--udp-gso), nothing else (plain CRC-32; for daemon-only networks). Without it an
     /// ICRC that fails for ID 0 is solved for the ID the socket cannot see and accepted only
     /// when that ID is a GSO run index or lies in a window of its source's ID sequence (Linux
     /// rxe numbers IDs per destination); see docs/daemon.md, "ICRC over a UDP socket".
-    #[arg(long)]
+    #[arg(long, help_heading = "Transport")]
     pub strict_icrc: bool,
     /// With a udp transport: send runs of equal-length packets to one peer (a multi-packet
     /// WRITE, SEND or READ response) as one UDP GSO send, and take coalesced runs (UDP GRO).
     /// For peers behind a kernel UDP stack or a NIC (which cut the runs); not for a
     /// raw-transport peer on a veth or netkit pair, which would get a run whole. Over IPv4
     /// each segment's ICRC is for the IP ID the kernel gives it (its index in the run).
-    #[arg(long)]
+    #[arg(long, help_heading = "Transport")]
     pub udp_gso: bool,
     /// Port MAC address (default 02:00:00:00:00:01; with --iface the interface's MAC).
     /// With several --socket-path: one --mac for all, or one per --socket-path.
-    #[arg(long)]
+    #[arg(long, help_heading = "Transport")]
     pub mac: Vec<String>,
     /// Host interface for the raw transport: the daemon sends and receives whole Ethernet
     /// frames on it (AF_PACKET, needs CAP_NET_RAW). Selects `--transport raw`.
-    #[arg(long)]
+    #[arg(long, help_heading = "Transport")]
     pub iface: Option<String>,
     /// With --iface: an IP address the device sources from and answers to (repeat or
     /// separate with commas; IPv4 and IPv6). Each is a GID the guest should add. Best an
     /// address the host itself does not hold on that interface (else its own UDP stack
     /// answers the packets too, with ICMP port unreachable).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', help_heading = "Transport")]
     pub raw_addr: Vec<std::net::IpAddr>,
     /// With --iface: the receive ring. v2: each frame handed over at once (the default: as
     /// fast as the UDP socket); v3: blocks of frames handed over full or after 1 ms (fewer
     /// wake-ups for a steady stream, but a lone packet waits up to 1 ms).
-    #[arg(long, value_enum, default_value_t = RawRing::V2)]
+    #[arg(long, value_enum, default_value_t = RawRing::V2, help_heading = "Transport")]
     pub raw_ring: RawRing,
     /// Netdev MTU the port is modelled on (active path MTU = largest IB MTU <= MTU - 80).
-    #[arg(long, default_value_t = 1500)]
+    #[arg(long, default_value_t = 1500, help_heading = "Transport")]
     pub mtu: u32,
-    #[arg(long, default_value_t = 1024)]
+    /// Queue pairs the guest may create (QP1, the GSI QP, not counted).
+    #[arg(long, default_value_t = 1024, help_heading = "Limits")]
     pub max_qp: u32,
-    #[arg(long, default_value_t = 2048)]
+    /// Completion queues the guest may create.
+    #[arg(long, default_value_t = 2048, help_heading = "Limits")]
     pub max_cq: u32,
-    #[arg(long, default_value_t = 4096)]
+    /// Memory regions and windows the guest may register (a kernel PD's DMA MR counts).
+    #[arg(long, default_value_t = 4096, help_heading = "Limits")]
     pub max_mr: u32,
-    #[arg(long, default_value_t = 1024)]
+    /// Protection domains the guest may allocate.
+    #[arg(long, default_value_t = 1024, help_heading = "Limits")]
     pub max_pd: u32,
-    #[arg(long, default_value_t = 1024)]
+    /// Shared receive queues the guest may create.
+    #[arg(long, default_value_t = 1024, help_heading = "Limits")]
     pub max_srq: u32,
     /// Total bytes the guest may register (MRs), e.g. 8G, 512M.
-    #[arg(long, default_value = "8G")]
+    #[arg(long, default_value = "8G", help_heading = "Limits")]
     pub max_registered_bytes: String,
     /// Cap on the page lists the device keeps for all objects together (rings, MRs,
     /// fast-registration reservations, REG_MR work requests in flight): a power of two
     /// from 64K to 1T.
-    #[arg(long, default_value = "64M")]
+    #[arg(long, default_value = "64M", help_heading = "Limits")]
     pub max_page_list_bytes: String,
     /// Cap on the heap the engine may hold for the guest's send work requests, e.g. 256M:
     /// past it, WQEs wait in the guest's rings until earlier ones complete (from 1M to 1T).
-    #[arg(long, default_value = "256M")]
+    #[arg(long, default_value = "256M", help_heading = "Limits")]
     pub max_wqe_bytes: String,
     /// Let the guest register DMA MRs (all of guest memory) with remote rights. Off: such a
     /// registration gets PERMISSION; one key would expose every byte of the guest.
-    #[arg(long)]
+    #[arg(long, help_heading = "Security")]
     pub allow_remote_dma_mr: bool,
     /// Unix socket that prints the counters as JSON to whoever connects.
-    #[arg(long)]
+    #[arg(long, help_heading = "Sockets")]
     pub counters_socket: Vec<PathBuf>,
     /// With several --socket-path: a packet one of the devices sends to another's address
     /// goes to it through memory, not through the kernel's UDP stack (docs/daemon.md,
     /// "Same-host shortcut"). The egress policy (--allow-peer) still applies.
-    #[arg(long)]
+    #[arg(long, help_heading = "Performance")]
     pub same_host: bool,
     /// With --same-host: the payload an RC packet to another device of the process may
     /// carry, a segment of whole path MTUs that takes the PSNs of the packets it stands
     /// for (one hand-over and one copy per segment instead of per packet). 0: packets of
     /// one path MTU, as on a wire. 4K to 1M.
-    #[arg(long, default_value = "64K")]
+    #[arg(long, default_value = "64K", help_heading = "Performance")]
     pub same_host_segment: String,
     /// The engine of each device in N shards (1 to 64): its QPs spread over them by QPN,
     /// everything else shared (docs/decisions.md, "The engine in shards"). The device's
-    /// worker drives every shard in turn: this is the layout that threads per shard will
-    /// run, not yet more cores.
-    #[arg(long, default_value_t = 1)]
+    /// worker drives every shard in turn, unless --shard-threads runs shards 1 and up on
+    /// threads (and cores) of their own.
+    #[arg(long, default_value_t = 1, help_heading = "Performance")]
     pub engine_shards: u32,
     /// With --engine-shards N: shards 1 to N-1 each on a thread of their own, with a UDP
     /// socket of their own that the kernel steers their QPs' packets to (a SO_REUSEPORT
     /// group); the device's worker keeps the virtqueues and shard 0. udp transport, not with
     /// --io-thread or --same-host.
-    #[arg(long)]
+    #[arg(long, help_heading = "Performance")]
     pub shard_threads: bool,
     /// Every device's UDP socket work (sendmmsg, recvmmsg, receive-side ICRC checks) on a
     /// thread of its own beside the worker that runs the engine: two cores per frontend,
     /// for bulk traffic; a lone small message waits for one more thread wake-up each way
     /// (docs/daemon.md, "I/O thread"). udp transport only.
-    #[arg(long)]
+    #[arg(long, help_heading = "Performance")]
     pub io_thread: bool,
     /// Peers the guest may send to (address or prefix, IPv4 or IPv6; repeat or separate with
     /// commas). Without it every destination but the unspecified and broadcast addresses is
     /// allowed, and loopback only when --udp-addr is a loopback address.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', help_heading = "Security")]
     pub allow_peer: Vec<String>,
     /// Group (name or GID) whose members may connect to the vhost-user socket and the
     /// --net-socket too (the VMM's user): mode 0660 instead of 0600. Not the counters socket.
-    #[arg(long)]
+    #[arg(long, help_heading = "Sockets")]
     pub socket_group: Option<String>,
     /// Group (name or GID) whose members may read the counters socket too (a monitoring
     /// user): mode 0660 instead of 0600. Without it the counters are the daemon's user's.
-    #[arg(long)]
+    #[arg(long, help_heading = "Sockets")]
     pub counters_group: Option<String>,
     /// Poll mode: after doing work, the worker keeps polling its doorbell and control queues
     /// and its UDP socket for up to this many microseconds before it sleeps, with the guest's
@@ -169,37 +183,50 @@ pub struct Args {
     /// doubled back when it would have). 0 (the default) sleeps in epoll at once. Polling
     /// needs a core of its own: on a machine where the daemon shares its CPU with the guest's
     /// vCPUs it only takes time from them (docs/daemon.md, "Poll mode").
-    #[arg(long, default_value_t = 0, value_name = "N")]
+    #[arg(
+        long,
+        default_value_t = 0,
+        value_name = "N",
+        help_heading = "Performance"
+    )]
     pub poll_us: u32,
     /// Serve the guest's virtio-net too, on this vhost-user socket (QEMU `-netdev
     /// vhost-user`): the daemon is then the guest's RoCE NIC on --iface. Frames that are not
     /// RoCEv2 to a --raw-addr pass between the interface and the guest untouched; the guest's
     /// stack answers ARP and ND. Needs --iface and --mac, the MAC the VMM gives the guest's
     /// virtio-net (RoCE frames leave from it too).
-    #[arg(long)]
+    #[arg(long, help_heading = "The guest's NIC (--net-socket)")]
     pub net_socket: Option<PathBuf>,
     /// With --net-socket: the guest's addresses (address or prefix, IPv4 or IPv6; repeat or
     /// separate with commas), the only ones its NIC may send from and RoCE is taken for.
     /// Without it the guest's addresses are its GIDs (ADD_GID). `0.0.0.0/0,::/0`: any (a
     /// guest that routes). The link-local address of --mac is the guest's in any case.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        help_heading = "The guest's NIC (--net-socket)"
+    )]
     pub net_addr: Vec<String>,
     /// With --net-socket: EtherTypes the guest may send besides IPv4, ARP and IPv6 (hex like
     /// 0x88cc; repeat or separate with commas). Their frames are checked for the guest's MAC
     /// only.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        help_heading = "The guest's NIC (--net-socket)"
+    )]
     pub net_ethertype: Vec<String>,
     /// With --net-socket: the guest may send VLAN-tagged frames (802.1Q, 802.1ad; the frame
     /// inside the tags is checked as an untagged one).
-    #[arg(long)]
+    #[arg(long, help_heading = "The guest's NIC (--net-socket)")]
     pub net_vlan: bool,
     /// With --net-socket: the guest may send to the link-local groups 01:80:c2:00:00:00 to
     /// 01:80:c2:00:00:0f (STP, LLDP, 802.1X, pause frames).
-    #[arg(long)]
+    #[arg(long, help_heading = "The guest's NIC (--net-socket)")]
     pub net_l2_control: bool,
     /// With --net-socket: the guest may send from any MAC, and receives frames to every MAC
     /// on the interface (a guest that bridges).
-    #[arg(long)]
+    #[arg(long, help_heading = "The guest's NIC (--net-socket)")]
     pub net_any_mac: bool,
 }
 
