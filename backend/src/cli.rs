@@ -34,6 +34,8 @@ enum Sub {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<OsString>,
     },
+    /// Prints the man page (roff) written from these options: `man -l <(vhost-user-rdma man)`.
+    Man,
     /// Runs the eBPF RoCEv2 tap (`tap --help`).
     #[command(disable_help_flag = true, disable_version_flag = true)]
     Tap {
@@ -59,6 +61,14 @@ pub fn capabilities() -> &'static str {
     r#"{"type":"rdma","features":["fd","socket-path","udp-addr","iface","net-socket","counters-socket","socket-group","allow-peer"]}"#
 }
 
+/// The man page, vhost-user-rdma(1), from the same definitions as `--help`
+/// (docs/vhost-user-rdma.1 is its output, kept equal by a test).
+pub fn man_page(out: &mut dyn std::io::Write) -> std::io::Result<()> {
+    use clap::CommandFactory;
+    let cmd = Cli::command().name("vhost-user-rdma");
+    clap_mangen::Man::new(cmd).render(out)
+}
+
 /// The daemon's `main`, after the binary installed its allocator: logging, the command
 /// line, then the devices or the subcommand.
 pub fn main(bin: Binary) -> ExitCode {
@@ -82,6 +92,15 @@ pub fn main_with_args(bin: Binary, argv: impl IntoIterator<Item = OsString>) -> 
         Some(Sub::Tap { .. }) => {
             eprintln!("{}: no tap in this binary (vhost-user-rdma tap)", bin.name);
             std::process::exit(2);
+        }
+        Some(Sub::Man) => {
+            return match man_page(&mut std::io::stdout().lock()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("{}: {e}", bin.name);
+                    ExitCode::FAILURE
+                }
+            }
         }
         None if cli.args.print_capabilities => {
             println!("{}", capabilities());
@@ -126,6 +145,20 @@ mod tests {
         assert!(
             missing.is_empty(),
             "options without a text or a heading: {missing:?}"
+        );
+    }
+
+    /// docs/vhost-user-rdma.1 is what `vhost-user-rdma man` prints: regenerate it with
+    /// `cargo run -p vhost-user-rdma -- man > docs/vhost-user-rdma.1` after an option changes.
+    #[test]
+    fn the_man_page_in_docs_is_current() {
+        let mut now = Vec::new();
+        man_page(&mut now).unwrap();
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/vhost-user-rdma.1");
+        let kept = std::fs::read(path).unwrap_or_default();
+        assert!(
+            kept == now,
+            "docs/vhost-user-rdma.1 is stale: cargo run -p vhost-user-rdma -- man > docs/vhost-user-rdma.1"
         );
     }
 }
