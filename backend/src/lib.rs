@@ -65,11 +65,11 @@ use crate::vhu_rdma::{
 
 #[derive(Debug, Error)]
 pub enum Error {
-    #[error("binding the UDP socket {0}: {1}")]
+    #[error("binding the UDP socket {0}: {1}{hint}", hint = udp_hint(.0, .1))]
     Udp(std::net::SocketAddr, std::io::Error),
     #[error("{0}")]
     Raw(#[from] transport::raw::RawError),
-    #[error("creating the vhost-user socket {0}: {1}")]
+    #[error("creating the vhost-user socket {0}: {1}{hint}", hint = socket_hint(.0, .1))]
     Socket(String, std::io::Error),
     #[error("--fd {0}: {1}")]
     Fd(std::os::fd::RawFd, String),
@@ -77,6 +77,40 @@ pub enum Error {
     Daemon(String),
     #[error("{0}")]
     Io(#[from] std::io::Error),
+}
+
+/// What to do about a UDP socket that cannot be bound, when the error says.
+fn udp_hint(addr: &std::net::SocketAddr, e: &std::io::Error) -> String {
+    match e.raw_os_error() {
+        Some(libc::EADDRNOTAVAIL) => format!(
+            " — no interface of this host (in this network namespace) has {}: give --udp-addr \
+             an address the host holds (`ip -br addr`), or add it to an interface first",
+            addr.ip()
+        ),
+        Some(libc::EADDRINUSE) => format!(
+            " — another socket holds {addr}: another daemon of this address, or a Linux rxe \
+             device on it (rxe listens on UDP 4791 of every address); pick another address"
+        ),
+        Some(libc::EACCES) => " — a port below 1024 needs CAP_NET_BIND_SERVICE".into(),
+        _ => String::new(),
+    }
+}
+
+/// What to do about a socket path that cannot be created, when the error says.
+fn socket_hint(path: &str, e: &std::io::Error) -> String {
+    let dir = std::path::Path::new(path)
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .map(|d| d.display().to_string());
+    match (e.kind(), dir) {
+        (std::io::ErrorKind::NotFound, Some(d)) => {
+            format!(" — the directory {d} does not exist: create it first")
+        }
+        (std::io::ErrorKind::PermissionDenied, Some(d)) => {
+            format!(" — this user may not create files in {d}")
+        }
+        _ => String::new(),
+    }
 }
 
 /// 64 bits from the kernel's random source (getrandom(2)).

@@ -360,3 +360,35 @@ fn the_counters_socket_has_a_group_of_its_own() {
     }
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn start_up_errors_say_what_to_do() {
+    let d = dir();
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_vhost-user-rdma"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let missing = d.join("no-such-dir/rdma.sock");
+    let e = run(&[
+        "--socket-path",
+        missing.to_str().unwrap(),
+        "--udp-addr",
+        &addr(),
+    ]);
+    assert!(e.contains("does not exist: create it first"), "{e}");
+    // An address no interface holds (TEST-NET-1: bound, never sent to).
+    let sock = d.join("rdma.sock");
+    let e = run(&[
+        "--socket-path",
+        sock.to_str().unwrap(),
+        "--udp-addr",
+        "192.0.2.1:4791",
+    ]);
+    assert!(e.contains("no interface of this host"), "{e}");
+    assert!(!sock.exists());
+    std::fs::remove_dir_all(&d).unwrap();
+}
