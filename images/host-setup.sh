@@ -11,7 +11,8 @@
 #
 # bookworm-backports is added in a private apt state directory (sources file and
 # package lists under $VUR_APT_DIR, default <repo>/.cache/apt-host), derived at run time
-# from the URIs line of /etc/apt/sources.list.d/debian.sources, so the host's own
+# from the machine's apt sources in either format (deb822 or a classic sources.list:
+# scripts/lib/apt-sources.sh, tests/scripts/apt-sources.test.sh), so the host's own
 # apt configuration is left untouched and the host stays bookworm.
 set -euo pipefail
 
@@ -23,7 +24,9 @@ log() { printf '[host-setup] %s\n' "$*"; }
 die() { printf '[host-setup] error: %s\n' "$*" >&2; exit 1; }
 
 [[ $(id -u) -eq 0 ]] || die "must run as root (apt-get install)"
-[[ -r /etc/apt/sources.list.d/debian.sources ]] || die "no /etc/apt/sources.list.d/debian.sources to derive the archive from"
+# shellcheck source=../scripts/lib/apt-sources.sh
+. "$repo/scripts/lib/apt-sources.sh"
+apt_archive_uri >/dev/null || die "no Debian archive in /etc/apt (sources.list or sources.list.d/*.sources/*.list) to derive the archive from"
 
 installed() { # pkg -> 0 when dpkg says "install ok installed"
     [[ $(dpkg-query -W -f='${Status}' "$1" 2>/dev/null) == "install ok installed" ]]
@@ -51,10 +54,10 @@ if ((${#need_base[@]} == 0 && ${#need_bpo[@]} == 0)); then
     exit 0
 fi
 
-uri=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources)
-[[ -n $uri ]] || die "could not read a URIs: line from debian.sources"
+uri=$(apt_archive_uri)
 mkdir -p "$state/sources.list.d" "$state/lists/partial"
-cp /etc/apt/sources.list.d/debian.sources "$state/sources.list.d/debian.sources"
+rm -f "$state"/sources.list.d/host-* "$state/sources.list.d/debian.sources"
+apt_copy_sources "$state/sources.list.d" || die "no apt source files to copy"
 cat >"$state/sources.list.d/bookworm-backports.sources" <<EOF
 Types: deb
 URIs: $uri

@@ -179,6 +179,11 @@ echo "rust tests: $((SECONDS - t0)) s"
 # Each fuzz target counts as one test (tests/fuzz.sh ends with "N passed, N failed").
 script_step 1500 tests/fuzz.sh
 
+# The set-up scripts' own checks (no network, no root).
+for t in tests/scripts/*.test.sh; do
+    script_step 120 "$t"
+done
+
 # The README's main job, as a newcomer runs it.
 check_step "scripts/demo.sh (the README's main job)" 900 scripts/demo.sh
 
