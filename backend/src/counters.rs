@@ -228,15 +228,22 @@ pub fn render(shared: &Shared) -> String {
     format!("{{\"connections\":{connections},{body}{net}{same_host}{io}{heap}}}\n")
 }
 
-/// Serves the counters socket until `shared.shutdown` is set.
-pub fn spawn(
-    path: &Path,
-    access: SocketAccess,
-    shared: Arc<Shared>,
-) -> std::io::Result<std::thread::JoinHandle<()>> {
+/// The counters socket, bound (and its path held) before the daemon serves.
+pub type Bound = (UnixListener, crate::unix_socket::PathLock);
+
+/// Binds the counters socket at `path`.
+pub fn bind(path: &Path, access: SocketAccess) -> std::io::Result<Bound> {
     let (l, lock) = crate::unix_socket::bind_private(path, access, || UnixListener::bind(path))
         .map_err(|e| std::io::Error::new(e.kind(), format!("counters socket: {e}")))?;
     l.set_nonblocking(true)?;
+    Ok((l, lock))
+}
+
+/// Serves the bound counters socket until `shared.shutdown` is set.
+pub fn spawn(
+    (l, lock): Bound,
+    shared: Arc<Shared>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
         .name("counters".into())
         .spawn(move || {

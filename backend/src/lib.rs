@@ -73,6 +73,8 @@ pub enum Error {
     Socket(String, std::io::Error),
     #[error("--fd {0}: {1}")]
     Fd(std::os::fd::RawFd, String),
+    #[error("dropping the privileges: {0}")]
+    Privileges(String),
     #[error("vhost-user daemon: {0}")]
     Daemon(String),
     #[error("{0}")]
@@ -193,6 +195,13 @@ impl Stopper {
         }
         self.listening.wake_all();
     }
+}
+
+/// A device's listening sockets, and the locks that hold their paths.
+struct Bound {
+    main: (Listener, Option<unix_socket::PathLock>),
+    net: Option<(Listener, unix_socket::PathLock)>,
+    counters: Option<counters::Bound>,
 }
 
 /// One device of the process: its configuration, its host attachment and what its threads
@@ -340,6 +349,32 @@ impl Device {
         })
     }
 
+    /// Binds the device's sockets: the vhost-user listener (or takes the one handed over with
+    /// `--fd`), the guest's virtio-net one, the counters one. All before any device serves, so
+    /// that the privileges can go first ([`sys::drop_privileges`]).
+    fn bind(&self) -> Result<Bound, Error> {
+        let counters = match &self.config.counters_socket {
+            Some(p) => Some(counters::bind(p, self.config.counters_access)?),
+            None => None,
+        };
+        let net = match &self.net {
+            Some((path, ..)) => Some(bind_listener(path, &self.config)?),
+            None => None,
+        };
+        let main = match self.config.listen_fd {
+            Some(fd) => (adopt_listener(fd)?, None),
+            None => {
+                let (l, lock) = bind_listener(&self.config.socket_path, &self.config)?;
+                (l, Some(lock))
+            }
+        };
+        Ok(Bound {
+            main,
+            net,
+            counters,
+        })
+    }
+
     fn stopper(&self) -> Stopper {
         Stopper {
             shared: self.shared.clone(),
@@ -363,6 +398,14 @@ pub fn start_backends(configs: Vec<Config>) -> Result<(), Error> {
         .into_iter()
         .map(|c| Device::open(c, hub.as_ref()))
         .collect::<Result<Vec<_>, _>>()?;
+    let bound = devices
+        .iter()
+        .map(Device::bind)
+        .collect::<Result<Vec<_>, _>>()?;
+    // Every socket is open: nothing the daemon does from here needs a privilege, and every
+    // thread spawned from here on inherits none (the I/O threads, started with their
+    // transports, drop theirs themselves).
+    sys::drop_privileges().map_err(|e| Error::Privileges(e.to_string()))?;
     let stoppers: Arc<Vec<Stopper>> = Arc::new(devices.iter().map(Device::stopper).collect());
     {
         let stoppers = stoppers.clone();
@@ -383,17 +426,22 @@ pub fn start_backends(configs: Vec<Config>) -> Result<(), Error> {
             })?;
     }
     if devices.len() == 1 {
-        return devices.into_iter().next().map_or(Ok(()), serve);
+        return devices
+            .into_iter()
+            .zip(bound)
+            .next()
+            .map_or(Ok(()), |(d, b)| serve(d, b));
     }
     let threads = devices
         .into_iter()
+        .zip(bound)
         .enumerate()
-        .map(|(i, d)| {
+        .map(|(i, (d, b))| {
             let stoppers = stoppers.clone();
             std::thread::Builder::new()
                 .name(format!("device-{i}"))
                 .spawn(move || {
-                    let r = serve(d);
+                    let r = serve(d, b);
                     if let Err(e) = &r {
                         log::error!("device {i}: {e}; stopping the others");
                     }
@@ -466,7 +514,7 @@ fn adopt_listener(fd: std::os::fd::RawFd) -> Result<Listener, Error> {
 }
 
 /// Serves one device's frontends one after another until shutdown.
-fn serve(device: Device) -> Result<(), Error> {
+fn serve(device: Device, bound: Bound) -> Result<(), Error> {
     let Device {
         config,
         shared,
@@ -475,13 +523,12 @@ fn serve(device: Device) -> Result<(), Error> {
         net_handle,
         listening,
     } = device;
-    let counters = match &config.counters_socket {
-        Some(p) => Some(counters::spawn(p, config.counters_access, shared.clone())?),
+    let counters = match bound.counters {
+        Some(b) => Some(counters::spawn(b, shared.clone())?),
         None => None,
     };
-    let net_thread = match net {
-        Some((path, port, stats)) => {
-            let (listener, lock) = bind_listener(&path, &config)?;
+    let net_thread = match (net, bound.net) {
+        (Some((path, port, stats)), Some((listener, lock))) => {
             let listener = Arc::new(listener);
             listening.add(listener.as_raw_fd());
             let shared = shared.clone();
@@ -492,16 +539,10 @@ fn serve(device: Device) -> Result<(), Error> {
                 .spawn(move || serve_net(&path, &l, port, stats, &shared, &handle))?;
             Some((t, listener, lock))
         }
-        None => None,
+        _ => None,
     };
     let path = config.socket_path.to_string_lossy().to_string();
-    let (mut listener, lock) = match config.listen_fd {
-        Some(fd) => (adopt_listener(fd)?, None),
-        None => {
-            let (l, lock) = bind_listener(&config.socket_path, &config)?;
-            (l, Some(lock))
-        }
-    };
+    let (mut listener, lock) = bound.main;
     listening.add(listener.as_raw_fd());
     let result = loop {
         if shared.shutdown.load(Ordering::SeqCst) {

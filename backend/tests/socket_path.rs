@@ -392,3 +392,55 @@ fn start_up_errors_say_what_to_do() {
     assert!(!sock.exists());
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// Every capability of every thread, and NoNewPrivs, from /proc/PID/task/*/status.
+fn privileges(pid: u32) -> Vec<String> {
+    let mut out = Vec::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let t = t.unwrap().path();
+        let Ok(status) = std::fs::read_to_string(t.join("status")) else {
+            continue; // the thread ended meanwhile
+        };
+        let name = std::fs::read_to_string(t.join("comm")).unwrap_or_default();
+        for l in status.lines() {
+            let held = match l.split_once(':') {
+                Some((k, v)) if k.starts_with("Cap") => u64::from_str_radix(v.trim(), 16) != Ok(0),
+                Some(("NoNewPrivs", v)) => v.trim() != "1",
+                _ => false,
+            };
+            if held {
+                out.push(format!("{}: {l}", name.trim()));
+            }
+        }
+    }
+    out
+}
+
+/// Once its sockets are open the daemon keeps no privilege, on any thread (the I/O thread,
+/// started before, drops its own; the vhost-user threads of a frontend are born without).
+#[test]
+fn nothing_privileged_is_kept_once_the_sockets_are_open() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        vur_testkit::skip(
+            "nothing_privileged_is_kept_once_the_sockets_are_open",
+            "needs root (a daemon with privileges to drop)",
+        );
+        return;
+    }
+    let d = dir();
+    let (sock, counters) = (d.join("rdma.sock"), d.join("counters.sock"));
+    for extra in [&[][..], &["--io-thread"][..]] {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_vhost-user-rdma"));
+        cmd.arg("--socket-path").arg(&sock).args(extra);
+        let mut a = Daemon::spawn_cmd(cmd, Some(&counters));
+        a.wait_for("waiting for a frontend");
+        // A frontend's threads too.
+        get_features(&sock);
+        a.wait_for("frontend connected");
+        let held = privileges(a.child.id());
+        assert!(held.is_empty(), "with {extra:?}, still held: {held:#?}");
+        assert!(a.terminate().success(), "{}", a.log.join("\n"));
+    }
+    std::fs::remove_dir_all(&d).unwrap();
+}

@@ -372,6 +372,12 @@ struct Run {
 
 impl Run {
     fn run(&mut self) {
+        // Started with its transport, before the daemon dropped its privileges: drop this
+        // thread's own (the socket is open; nothing here needs one).
+        if let Err(e) = crate::sys::drop_privileges() {
+            log::error!("I/O thread: dropping the privileges: {e}");
+            return;
+        }
         if let Err(e) = self.run_loop() {
             log::error!("I/O thread: {e}");
         }
