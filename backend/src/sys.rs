@@ -1,6 +1,9 @@
-//! System helpers below every room: file descriptors the daemon owns on behalf of a library
-//! (vhost-user-backend's worker exit events).
+//! System helpers below every room: the socket FFI the transports and the net room share
+//! (socket options, C socket addresses, interface requests), file descriptors the daemon owns
+//! on behalf of a library (vhost-user-backend's worker exit events), and dropping privileges.
 
+use std::io;
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Mutex;
 
@@ -101,4 +104,104 @@ pub fn drop_privileges() -> std::io::Result<()> {
     // __user_cap_header_struct and two __user_cap_data_struct.
     let r = unsafe { libc::syscall(libc::SYS_capset, &header, data.as_ptr()) };
     check(r as libc::c_int, "capset")
+}
+
+/// `setsockopt(fd, level, name, v)` with the option value `v` (an `i32`, a `timeval`, a
+/// `sock_fprog`, ...).
+pub(crate) fn setsockopt<T>(fd: RawFd, level: i32, name: i32, v: &T) -> io::Result<()> {
+    // SAFETY: `v` is a live value of the size we pass; the kernel only reads it.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (v as *const T).cast(),
+            std::mem::size_of::<T>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Writes `a` as a C socket address; returns its length.
+pub(crate) fn sockaddr_from(a: SocketAddr, out: &mut libc::sockaddr_storage) -> libc::socklen_t {
+    match a {
+        SocketAddr::V4(v4) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: v4.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(v4.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
+            unsafe { std::ptr::write((out as *mut libc::sockaddr_storage).cast(), sin) };
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t
+        }
+        SocketAddr::V6(v6) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: v6.port().to_be(),
+                sin6_flowinfo: v6.flowinfo(),
+                sin6_addr: libc::in6_addr {
+                    s6_addr: v6.ip().octets(),
+                },
+                sin6_scope_id: v6.scope_id(),
+            };
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in6.
+            unsafe { std::ptr::write((out as *mut libc::sockaddr_storage).cast(), sin6) };
+            std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t
+        }
+    }
+}
+
+/// Reads a C socket address the kernel wrote.
+pub(crate) fn sockaddr_to(s: &libc::sockaddr_storage, len: libc::socklen_t) -> Option<SocketAddr> {
+    let len = len as usize;
+    match s.ss_family as i32 {
+        libc::AF_INET if len >= std::mem::size_of::<libc::sockaddr_in>() => {
+            // SAFETY: the family says the storage holds a sockaddr_in, which it is aligned
+            // for and larger than.
+            let a = unsafe { &*(s as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            Some(SocketAddr::V4(SocketAddrV4::new(
+                Ipv4Addr::from(a.sin_addr.s_addr.to_ne_bytes()),
+                u16::from_be(a.sin_port),
+            )))
+        }
+        libc::AF_INET6 if len >= std::mem::size_of::<libc::sockaddr_in6>() => {
+            // SAFETY: as above, for sockaddr_in6.
+            let a = unsafe { &*(s as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            Some(SocketAddr::V6(SocketAddrV6::new(
+                Ipv6Addr::from(a.sin6_addr.s6_addr),
+                u16::from_be(a.sin6_port),
+                a.sin6_flowinfo,
+                a.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    }
+}
+
+/// An all-zero `sockaddr_storage`, for the kernel or [`sockaddr_from`] to fill.
+pub(crate) fn zeroed_sockaddr() -> libc::sockaddr_storage {
+    // SAFETY: sockaddr_storage is plain data for which all zeroes is a valid value.
+    unsafe { std::mem::zeroed() }
+}
+
+/// An `ifreq` naming `name` (at most IFNAMSIZ - 1 bytes).
+pub(crate) fn ifreq(name: &str) -> Option<libc::ifreq> {
+    let b = name.as_bytes();
+    if b.is_empty() || b.len() >= libc::IFNAMSIZ || b.contains(&0) {
+        return None;
+    }
+    // SAFETY: ifreq is plain data; all-zero is a valid value.
+    let mut r: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, s) in r.ifr_name.iter_mut().zip(b) {
+        *d = *s as libc::c_char;
+    }
+    Some(r)
 }

@@ -13,9 +13,8 @@ use std::sync::{Arc, Mutex};
 
 use crate::net::net_policy::NetPolicy;
 use crate::net::vhu_net::NetStats;
-use crate::transport::raw::{
-    attach_filter, bind_all, iface_info, net_filter_program, setsockopt_raw, RawError,
-};
+use crate::sys::setsockopt;
+use crate::transport::raw::{attach_filter, bind_all, iface_info, net_filter_program, RawError};
 
 const PACKET_ADD_MEMBERSHIP: i32 = 1;
 const PACKET_MR_PROMISC: u16 = 1;
@@ -83,19 +82,19 @@ impl NetPort {
             )
         })?;
         attach_filter(raw, &mut prog).map_err(|e| err("SO_ATTACH_FILTER", e))?;
-        setsockopt_raw(raw, libc::SOL_PACKET, PACKET_VNET_HDR, &1i32)
+        setsockopt(raw, libc::SOL_PACKET, PACKET_VNET_HDR, &1i32)
             .map_err(|e| err("PACKET_VNET_HDR", e))?;
         // Frames any local socket sends out of the interface (ours, the raw transport's) are
         // not input.
-        setsockopt_raw(raw, libc::SOL_PACKET, PACKET_IGNORE_OUTGOING, &1i32)
+        setsockopt(raw, libc::SOL_PACKET, PACKET_IGNORE_OUTGOING, &1i32)
             .map_err(|e| err("PACKET_IGNORE_OUTGOING", e))?;
-        let _ = setsockopt_raw(raw, libc::SOL_SOCKET, libc::SO_RCVBUF, &(4i32 << 20));
-        let _ = setsockopt_raw(raw, libc::SOL_SOCKET, libc::SO_SNDBUF, &(4i32 << 20));
+        let _ = setsockopt(raw, libc::SOL_SOCKET, libc::SO_RCVBUF, &(4i32 << 20));
+        let _ = setsockopt(raw, libc::SOL_SOCKET, libc::SO_SNDBUF, &(4i32 << 20));
         let tv = libc::timeval {
             tv_sec: 0,
             tv_usec: SEND_TIMEOUT_MS * 1000,
         };
-        setsockopt_raw(raw, libc::SOL_SOCKET, libc::SO_SNDTIMEO, &tv)
+        setsockopt(raw, libc::SOL_SOCKET, libc::SO_SNDTIMEO, &tv)
             .map_err(|e| err("SO_SNDTIMEO", e))?;
         bind_all(raw, info.index).map_err(|e| err("bind", e))?;
         let member = |kind: u16, mac: Option<[u8; 6]>| {
@@ -107,7 +106,7 @@ impl NetPort {
                 mr.mr_alen = 6;
                 mr.mr_address[..6].copy_from_slice(&m);
             }
-            setsockopt_raw(raw, libc::SOL_PACKET, PACKET_ADD_MEMBERSHIP, &mr)
+            setsockopt(raw, libc::SOL_PACKET, PACKET_ADD_MEMBERSHIP, &mr)
         };
         let own = match rx_mac {
             Some(m) => member(PACKET_MR_UNICAST, Some(m))

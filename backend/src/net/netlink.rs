@@ -243,28 +243,10 @@ fn request(msg: &[u8]) -> io::Result<()> {
         tv_sec: 5,
         tv_usec: 0,
     };
-    // SAFETY: `tv` is a live timeval of the size passed.
-    unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&tv as *const libc::timeval).cast(),
-            std::mem::size_of::<libc::timeval>() as u32,
-        )
-    };
+    let _ = crate::sys::setsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVTIMEO, &tv);
+    // Old kernels refuse: no text then.
     for opt in [NETLINK_EXT_ACK, NETLINK_CAP_ACK] {
-        let on: i32 = 1;
-        // SAFETY: `on` is a live i32 of the size passed. Old kernels refuse: no text then.
-        unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                SOL_NETLINK,
-                opt,
-                (&on as *const i32).cast(),
-                4,
-            )
-        };
+        let _ = crate::sys::setsockopt(fd.as_raw_fd(), SOL_NETLINK, opt, &1i32);
     }
     // SAFETY: sockaddr_nl is plain data; zero is the kernel's address.
     let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };

@@ -131,7 +131,7 @@ impl TxOffload {
     }
 
     /// The I/O thread's transport counters.
-    pub fn io_stats(&self) -> crate::transport::udp::TransportStats {
+    pub fn io_stats(&self) -> crate::transport::stats::TransportStats {
         lock(&self.io).stats
     }
 

@@ -8,6 +8,7 @@ pub mod io_thread;
 pub mod raw;
 pub mod same_host;
 pub mod sink;
+pub mod stats;
 pub mod steer;
 pub mod udp;
 
@@ -19,7 +20,8 @@ use rxe_core::Gid;
 use crate::transport::egress::EgressPolicy;
 use crate::transport::raw::RawTransport;
 use crate::transport::sink::PacketSink;
-use crate::transport::udp::{TransportStats, UdpTransport};
+use crate::transport::stats::TransportStats;
+use crate::transport::udp::UdpTransport;
 
 pub enum Transport {
     Udp(UdpTransport),

@@ -29,9 +29,10 @@ use rxe_core::device::{RecvMeta, Transmit};
 use rxe_core::Gid;
 
 use crate::net::net_port::NetPort;
+use crate::sys::{ifreq, setsockopt};
 use crate::transport::egress::EgressPolicy;
 use crate::transport::sink::PacketSink;
-use crate::transport::udp::TransportStats;
+use crate::transport::stats::TransportStats;
 
 /// Packets sent with one `sendmmsg`.
 pub const TX_BATCH: usize = 32;
@@ -137,20 +138,6 @@ pub struct IfaceInfo {
     pub mac: [u8; 6],
     pub mtu: u32,
     pub up: bool,
-}
-
-/// An `ifreq` naming `name` (at most IFNAMSIZ - 1 bytes).
-fn ifreq(name: &str) -> Option<libc::ifreq> {
-    let b = name.as_bytes();
-    if b.is_empty() || b.len() >= libc::IFNAMSIZ || b.contains(&0) {
-        return None;
-    }
-    // SAFETY: ifreq is plain data; all-zero is a valid value.
-    let mut r: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (d, s) in r.ifr_name.iter_mut().zip(b) {
-        *d = *s as libc::c_char;
-    }
-    Some(r)
 }
 
 /// Looks `name` up: index, MAC, MTU, whether it is up. Needs no privileges.
@@ -494,25 +481,7 @@ pub(crate) fn attach_filter(fd: RawFd, prog: &mut [libc::sock_filter]) -> io::Re
         len: u16::try_from(prog.len()).map_err(|_| io::Error::other("filter too long"))?,
         filter: prog.as_mut_ptr(),
     };
-    setsockopt_raw(fd, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &fprog)
-}
-
-pub(crate) fn setsockopt_raw<T>(fd: RawFd, level: i32, name: i32, v: &T) -> io::Result<()> {
-    // SAFETY: `v` is a live value of the size we pass; the kernel only reads it.
-    let r = unsafe {
-        libc::setsockopt(
-            fd,
-            level,
-            name,
-            (v as *const T).cast(),
-            std::mem::size_of::<T>() as libc::socklen_t,
-        )
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    setsockopt(fd, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &fprog)
 }
 
 /// Why a received frame was dropped; each has its counter in [`TransportStats`].
@@ -1080,7 +1049,7 @@ impl RawTransport {
             RingKind::V3 => TPACKET_V3,
             RingKind::V2 => TPACKET_V2,
         };
-        setsockopt_raw(raw, libc::SOL_PACKET, PACKET_VERSION, &version)
+        setsockopt(raw, libc::SOL_PACKET, PACKET_VERSION, &version)
             .map_err(|e| RawError::Io("PACKET_VERSION", name.to_string(), e))?;
         let ring_err = |e| RawError::Io("PACKET_RX_RING", name.to_string(), e);
         let (unit, nr, status_at) = match cfg.ring {
@@ -1095,7 +1064,7 @@ impl RawTransport {
                     0,
                     0,
                 ];
-                setsockopt_raw(raw, libc::SOL_PACKET, PACKET_RX_RING, &req).map_err(ring_err)?;
+                setsockopt(raw, libc::SOL_PACKET, PACKET_RX_RING, &req).map_err(ring_err)?;
                 (BLOCK_SIZE, BLOCK_NR, 8)
             }
             RingKind::V2 => {
@@ -1106,7 +1075,7 @@ impl RawTransport {
                     V2_FRAME as u32,
                     V2_FRAMES as u32,
                 ];
-                setsockopt_raw(raw, libc::SOL_PACKET, PACKET_RX_RING, &req).map_err(ring_err)?;
+                setsockopt(raw, libc::SOL_PACKET, PACKET_RX_RING, &req).map_err(ring_err)?;
                 (V2_FRAME, V2_FRAMES, 0)
             }
         };
@@ -1134,11 +1103,11 @@ impl RawTransport {
             walk: None,
             done: Vec::with_capacity(RX_BATCH + BLOCK_NR),
         };
-        setsockopt_raw(raw, libc::SOL_PACKET, PACKET_QDISC_BYPASS, &1i32)
+        setsockopt(raw, libc::SOL_PACKET, PACKET_QDISC_BYPASS, &1i32)
             .map_err(|e| RawError::Io("PACKET_QDISC_BYPASS", name.to_string(), e))?;
         // Our own frames (and those of other sockets) leaving the interface are not input;
         // older kernels lack the option and the ring walk skips them instead.
-        let _ = setsockopt_raw(raw, libc::SOL_PACKET, PACKET_IGNORE_OUTGOING, &1i32);
+        let _ = setsockopt(raw, libc::SOL_PACKET, PACKET_IGNORE_OUTGOING, &1i32);
         // The solicited-node groups of our IPv6 addresses, where neighbour solicitations for
         // them come (a NIC filters other multicast out).
         for a in cfg.addrs.iter().filter(|_| cfg.answer_neighbours) {
@@ -1149,12 +1118,12 @@ impl RawTransport {
                 mr.mr_type = PACKET_MR_MULTICAST;
                 mr.mr_alen = 6;
                 mr.mr_address[..6].copy_from_slice(&solicited_node_mac(v6));
-                setsockopt_raw(raw, libc::SOL_PACKET, PACKET_ADD_MEMBERSHIP, &mr).map_err(|e| {
+                setsockopt(raw, libc::SOL_PACKET, PACKET_ADD_MEMBERSHIP, &mr).map_err(|e| {
                     RawError::Io("joining the solicited-node group", name.to_string(), e)
                 })?;
             }
         }
-        let _ = setsockopt_raw(raw, libc::SOL_SOCKET, libc::SO_SNDBUF, &(4i32 << 20));
+        let _ = setsockopt(raw, libc::SOL_SOCKET, libc::SO_SNDBUF, &(4i32 << 20));
         bind_all(raw, info.index).map_err(|e| RawError::Io("bind", name.to_string(), e))?;
         let mac = cfg.mac.unwrap_or(info.mac);
         let mut macs = vec![mac];

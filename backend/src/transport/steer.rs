@@ -15,7 +15,7 @@ use std::io;
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::{FromRawFd, OwnedFd};
 
-use crate::transport::udp::sockaddr_from;
+use crate::sys::{setsockopt, sockaddr_from, zeroed_sockaddr};
 
 /// `SO_ATTACH_REUSEPORT_CBPF` (asm-generic/socket.h).
 const SO_ATTACH_REUSEPORT_CBPF: libc::c_int = 51;
@@ -71,27 +71,17 @@ fn reuseport_socket(addr: SocketAddr) -> io::Result<UdpSocket> {
     // SAFETY: `fd` is a new socket nothing else owns.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
-    let one: libc::c_int = 1;
-    // SAFETY: `raw` is open; the option value is a live c_int whose size we pass.
-    check(unsafe {
-        libc::setsockopt(
-            raw,
-            libc::SOL_SOCKET,
-            libc::SO_REUSEPORT,
-            (&one as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    })?;
-    let mut ss: libc::sockaddr_storage = unsafe_zeroed_storage();
+    setsockopt(
+        raw,
+        libc::SOL_SOCKET,
+        libc::SO_REUSEPORT,
+        &(1 as libc::c_int),
+    )?;
+    let mut ss = zeroed_sockaddr();
     let len = sockaddr_from(addr, &mut ss);
     // SAFETY: `ss` holds a socket address of `len` bytes.
     check(unsafe { libc::bind(raw, (&ss as *const libc::sockaddr_storage).cast(), len) })?;
     Ok(UdpSocket::from(fd))
-}
-
-fn unsafe_zeroed_storage() -> libc::sockaddr_storage {
-    // SAFETY: sockaddr_storage is plain data for which all zeroes is a valid value.
-    unsafe { std::mem::zeroed() }
 }
 
 /// `n` (1 to 64) non-blocking UDP sockets bound to `addr` (port 0: one the kernel picks,
@@ -114,17 +104,13 @@ pub fn bind_steered(addr: SocketAddr, n: u32) -> io::Result<Vec<UdpSocket>> {
         len: prog.len() as u16,
         filter: prog.as_ptr() as *mut libc::sock_filter,
     };
-    // SAFETY: the socket is open; `fprog` points at `prog`, which outlives the call (the
-    // kernel copies the program).
-    check(unsafe {
-        libc::setsockopt(
-            std::os::fd::AsRawFd::as_raw_fd(&socks[0]),
-            libc::SOL_SOCKET,
-            SO_ATTACH_REUSEPORT_CBPF,
-            (&fprog as *const libc::sock_fprog).cast(),
-            std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
-        )
-    })?;
+    // `fprog` points at `prog`, which outlives the call (the kernel copies the program).
+    setsockopt(
+        std::os::fd::AsRawFd::as_raw_fd(&socks[0]),
+        libc::SOL_SOCKET,
+        SO_ATTACH_REUSEPORT_CBPF,
+        &fprog,
+    )?;
     Ok(socks)
 }
 

@@ -34,13 +34,18 @@
 //! as usual).
 
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
+use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, RawFd};
 
 use rxe_core::device::{RecvMeta, Transmit};
 
+use rxe_core::wire::frame::icrc_for_udp_socket;
+use rxe_core::Gid;
+
+use crate::sys::{setsockopt, sockaddr_from, sockaddr_to};
 use crate::transport::egress::EgressPolicy;
 use crate::transport::sink::PacketSink;
+pub use crate::transport::stats::TransportStats;
 
 /// Packets sent with one `sendmmsg`.
 pub const TX_BATCH: usize = 32;
@@ -85,118 +90,6 @@ const GSO_CMSG_WORDS: usize = 3;
 /// Socket errors one receive call takes (each counted) before it gives up and reports the
 /// socket as failing ([`UdpTransport::rx_failing`]).
 pub const RX_ERROR_LIMIT: u32 = 16;
-use rxe_core::wire::frame::icrc_for_udp_socket;
-use rxe_core::Gid;
-
-/// Transport counters.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct TransportStats {
-    pub tx_packets: u64,
-    pub tx_bytes: u64,
-    pub tx_dropped: u64,
-    /// Times the socket buffer was full (EAGAIN): the packets waited for writability.
-    pub tx_blocked: u64,
-    /// Packets to a destination the egress policy refuses (`--allow-peer`): dropped.
-    pub tx_denied: u64,
-    pub tx_wrong_family: u64,
-    /// `sendmsg`s that carried several packets as UDP GSO segments, and those packets.
-    pub tx_gso_sends: u64,
-    pub tx_gso_segments: u64,
-    /// GSO sends the kernel refused as GSO (EINVAL, EIO, EOPNOTSUPP): their packets went out
-    /// one by one; after [`GSO_REFUSALS_OFF`] in a row GSO stays off.
-    pub tx_gso_refused: u64,
-    /// Received messages that were coalesced runs (UDP GRO), and the datagrams in them.
-    pub rx_gro_runs: u64,
-    pub rx_gro_segments: u64,
-    pub rx_packets: u64,
-    pub rx_bytes: u64,
-    pub rx_icrc_ok: u64,
-    /// IPv4 packets verified by solving for the IP ID (a sender other than ID 0, e.g. rxe),
-    /// whose ID lies in a window of its source's ID sequence.
-    pub rx_icrc_id_solved: u64,
-    /// IPv4 packets dropped although an IP ID explains their ICRC: the ID lies outside every
-    /// window of its source (a sequence not seen yet, or one that jumped), and is learned.
-    pub rx_icrc_id_learned: u64,
-    /// Of `rx_icrc_id_solved`, UD and UC packets accepted with the full solve because their
-    /// source had no live window (its first packet, or its first after an idle time).
-    pub rx_icrc_id_opened: u64,
-    /// IPv4 ID solves run (packets whose ICRC failed the exact check but passed the cheap
-    /// ones: source allowed, BTH worth a look).
-    pub rx_icrc_solves: u64,
-    pub rx_icrc_bad: u64,
-    pub rx_short: u64,
-    /// Receive errors other than "nothing waiting" (ICMP errors reported on the socket, …).
-    pub rx_errors: u64,
-    /// Datagrams dropped because no guest memory was there to take them yet.
-    pub rx_unattached: u64,
-    // The raw transport's own reasons (crate::transport::raw): 0 with the udp transport.
-    /// Frames to a destination MAC or IP address that is not ours.
-    pub rx_not_ours: u64,
-    /// Frames neither IPv4 nor IPv6 (or VLAN-tagged).
-    pub rx_bad_ethertype: u64,
-    /// Bad IP version, header length, total length, protocol, or a fragment.
-    pub rx_bad_ip: u64,
-    pub rx_ip_checksum_bad: u64,
-    /// Bad UDP length, destination port, or non-zero checksum.
-    pub rx_bad_udp: u64,
-    /// Frames the ring held only part of.
-    pub rx_truncated: u64,
-    /// Frames the kernel dropped because the receive ring was full.
-    pub rx_ring_lost: u64,
-    /// Packets whose address vector has no destination MAC.
-    pub tx_no_dmac: u64,
-    /// Packets from a source GID that is none of our addresses.
-    pub tx_bad_source: u64,
-    /// ARP requests for one of our IPv4 addresses answered with our MAC.
-    pub arp_replies: u64,
-    /// IPv6 neighbour solicitations for one of our addresses answered with our MAC.
-    pub nd_adverts: u64,
-    /// ARP and ICMPv6 frames that reached us but asked nothing we answer (replies, other
-    /// targets, malformed solicitations).
-    pub rx_arp_ignored: u64,
-}
-
-impl TransportStats {
-    /// The sum of two sets of counters (the worker's and the I/O thread's halves).
-    pub fn plus(mut self, o: &TransportStats) -> TransportStats {
-        self.tx_packets += o.tx_packets;
-        self.tx_bytes += o.tx_bytes;
-        self.tx_dropped += o.tx_dropped;
-        self.tx_blocked += o.tx_blocked;
-        self.tx_denied += o.tx_denied;
-        self.tx_wrong_family += o.tx_wrong_family;
-        self.tx_gso_sends += o.tx_gso_sends;
-        self.tx_gso_segments += o.tx_gso_segments;
-        self.tx_gso_refused += o.tx_gso_refused;
-        self.rx_gro_runs += o.rx_gro_runs;
-        self.rx_gro_segments += o.rx_gro_segments;
-        self.rx_packets += o.rx_packets;
-        self.rx_bytes += o.rx_bytes;
-        self.rx_icrc_ok += o.rx_icrc_ok;
-        self.rx_icrc_id_solved += o.rx_icrc_id_solved;
-        self.rx_icrc_id_learned += o.rx_icrc_id_learned;
-        self.rx_icrc_id_opened += o.rx_icrc_id_opened;
-        self.rx_icrc_solves += o.rx_icrc_solves;
-        self.rx_icrc_bad += o.rx_icrc_bad;
-        self.rx_short += o.rx_short;
-        self.rx_errors += o.rx_errors;
-        self.rx_unattached += o.rx_unattached;
-        self.rx_not_ours += o.rx_not_ours;
-        self.rx_bad_ethertype += o.rx_bad_ethertype;
-        self.rx_bad_ip += o.rx_bad_ip;
-        self.rx_ip_checksum_bad += o.rx_ip_checksum_bad;
-        self.rx_bad_udp += o.rx_bad_udp;
-        self.rx_truncated += o.rx_truncated;
-        self.rx_ring_lost += o.rx_ring_lost;
-        self.tx_no_dmac += o.tx_no_dmac;
-        self.tx_bad_source += o.tx_bad_source;
-        self.arp_replies += o.arp_replies;
-        self.nd_adverts += o.nd_adverts;
-        self.rx_arp_ignored += o.rx_arp_ignored;
-        self
-    }
-}
-
 pub struct UdpTransport {
     sock: UdpSocket,
     local: SocketAddr,
@@ -296,22 +189,7 @@ struct RxSeg {
 }
 
 fn setsockopt_int(fd: RawFd, level: i32, name: i32, v: i32) -> io::Result<()> {
-    // SAFETY: `fd` is an open socket owned by the caller; the option value is a live i32 whose
-    // size we pass.
-    let r = unsafe {
-        libc::setsockopt(
-            fd,
-            level,
-            name,
-            &v as *const i32 as *const libc::c_void,
-            std::mem::size_of::<i32>() as libc::socklen_t,
-        )
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    setsockopt(fd, level, name, &v)
 }
 
 /// `UDP_NO_CHECK6_TX` / `UDP_NO_CHECK6_RX` (linux/udp.h).
@@ -1219,66 +1097,6 @@ fn gso_cmsg(buf: &mut [u64; GSO_CMSG_WORDS], seg: u16) -> usize {
         std::ptr::write_unaligned(p.add(hl).cast::<u16>(), seg);
     }
     space
-}
-
-/// Writes `a` as a C socket address; returns its length.
-pub(crate) fn sockaddr_from(a: SocketAddr, out: &mut libc::sockaddr_storage) -> libc::socklen_t {
-    match a {
-        SocketAddr::V4(v4) => {
-            let sin = libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: v4.port().to_be(),
-                sin_addr: libc::in_addr {
-                    s_addr: u32::from_ne_bytes(v4.ip().octets()),
-                },
-                sin_zero: [0; 8],
-            };
-            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
-            unsafe { std::ptr::write((out as *mut libc::sockaddr_storage).cast(), sin) };
-            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t
-        }
-        SocketAddr::V6(v6) => {
-            let sin6 = libc::sockaddr_in6 {
-                sin6_family: libc::AF_INET6 as libc::sa_family_t,
-                sin6_port: v6.port().to_be(),
-                sin6_flowinfo: v6.flowinfo(),
-                sin6_addr: libc::in6_addr {
-                    s6_addr: v6.ip().octets(),
-                },
-                sin6_scope_id: v6.scope_id(),
-            };
-            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in6.
-            unsafe { std::ptr::write((out as *mut libc::sockaddr_storage).cast(), sin6) };
-            std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t
-        }
-    }
-}
-
-/// Reads a C socket address the kernel wrote.
-fn sockaddr_to(s: &libc::sockaddr_storage, len: libc::socklen_t) -> Option<SocketAddr> {
-    let len = len as usize;
-    match s.ss_family as i32 {
-        libc::AF_INET if len >= std::mem::size_of::<libc::sockaddr_in>() => {
-            // SAFETY: the family says the storage holds a sockaddr_in, which it is aligned
-            // for and larger than.
-            let a = unsafe { &*(s as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
-            Some(SocketAddr::V4(SocketAddrV4::new(
-                Ipv4Addr::from(a.sin_addr.s_addr.to_ne_bytes()),
-                u16::from_be(a.sin_port),
-            )))
-        }
-        libc::AF_INET6 if len >= std::mem::size_of::<libc::sockaddr_in6>() => {
-            // SAFETY: as above, for sockaddr_in6.
-            let a = unsafe { &*(s as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
-            Some(SocketAddr::V6(SocketAddrV6::new(
-                Ipv6Addr::from(a.sin6_addr.s6_addr),
-                u16::from_be(a.sin6_port),
-                a.sin6_flowinfo,
-                a.sin6_scope_id,
-            )))
-        }
-        _ => None,
-    }
 }
 
 /// The receive side's ICRC rules and state.
