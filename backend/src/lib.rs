@@ -300,7 +300,7 @@ impl Device {
         // `--io-thread`: the socket's work moves to a thread of its own.
         let io = match &mut transport {
             Transport::Udp(t) if config.io_thread => {
-                let io = transport::io_thread::IoThread::start(t).map_err(Error::Io)?;
+                let io = t.start_io_thread().map_err(Error::Io)?;
                 log::info!("udp socket served by an I/O thread beside the worker");
                 Some(Arc::new(io))
             }

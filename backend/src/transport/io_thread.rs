@@ -23,7 +23,6 @@
 //! (docs/benchmarks.md, "I/O thread").
 
 use std::io;
-use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TryRecvError, TrySendError};
@@ -34,7 +33,8 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::sync::lock;
 use crate::transport::same_host::Inbox;
-use crate::transport::udp::UdpTransport;
+use crate::transport::socket::{TxBatch, UdpIo, RX_BATCH};
+use crate::transport::stats::TransportStats;
 
 /// Send batches the channel to the I/O thread holds: 8 × 32 = 256 packets on their way to
 /// the socket, about 1 MiB at 4 KiB each. Batches in circulation (the channel's, the one
@@ -47,14 +47,6 @@ pub const CHANNEL_BATCHES: usize = 8;
 pub const INLINE_MAX: usize = 4;
 /// Datagrams the I/O thread receives before it looks at the send channel again.
 const RX_ROUND: usize = 256;
-
-/// A batch of packets for the socket: slot `i` of `buf` starts at `base + i * TX_STRIDE`
-/// ([`UdpTransport`]'s send slots), `pending[i]` is its length and destination.
-pub struct TxBatch {
-    pub(crate) buf: Vec<u8>,
-    pub(crate) base: usize,
-    pub(crate) pending: Vec<(usize, SocketAddr)>,
-}
 
 /// What the two threads share.
 struct Link {
@@ -111,7 +103,7 @@ pub struct TxOffload {
     back: Receiver<TxBatch>,
     link: Arc<Link>,
     /// The I/O thread's half, for its counters (the worker never sends through it).
-    io: Arc<Mutex<UdpTransport>>,
+    io: Arc<Mutex<UdpIo>>,
     /// An empty batch the worker had in hand when the channel was full.
     kept: Option<TxBatch>,
 }
@@ -131,7 +123,7 @@ impl TxOffload {
     }
 
     /// The I/O thread's transport counters.
-    pub fn io_stats(&self) -> crate::transport::stats::TransportStats {
+    pub fn io_stats(&self) -> TransportStats {
         lock(&self.io).stats
     }
 
@@ -145,7 +137,7 @@ impl TxOffload {
                 b.pending.clear();
                 b
             }
-            Err(_) => UdpTransport::new_batch(),
+            Err(_) => TxBatch::new(),
         }
     }
 
@@ -219,14 +211,15 @@ impl TxOffload {
 pub struct IoThread {
     link: Arc<Link>,
     /// The socket half the thread sends and receives with (its counters are the device's).
-    io: Arc<Mutex<UdpTransport>>,
+    io: Arc<Mutex<UdpIo>>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl IoThread {
-    /// Splits `t` into the worker's half (which keeps building packets and hands them to
-    /// the returned thread) and the I/O thread's half, and starts the thread.
-    pub fn start(t: &mut UdpTransport) -> io::Result<IoThread> {
+    /// Starts the thread on a half of the socket `t` of its own
+    /// ([`UdpIo::io_half`]); returns it and the worker's end, which hands it send batches
+    /// ([`crate::transport::udp::UdpTransport::start_io_thread`]).
+    pub fn start(t: &UdpIo) -> io::Result<(IoThread, TxOffload)> {
         let io = Arc::new(Mutex::new(t.io_half()?));
         let (to_io, from_worker) = mpsc::sync_channel(CHANNEL_BATCHES);
         let (to_worker, back) = mpsc::channel();
@@ -244,18 +237,21 @@ impl IoThread {
         let thread = std::thread::Builder::new()
             .name("vur-io".into())
             .spawn(move || run.run())?;
-        t.set_offload(TxOffload {
+        let offload = TxOffload {
             to_io,
             back,
             link: link.clone(),
             io: io.clone(),
             kept: None,
-        });
-        Ok(IoThread {
-            link,
-            io,
-            thread: Some(thread),
-        })
+        };
+        Ok((
+            IoThread {
+                link,
+                io,
+                thread: Some(thread),
+            },
+            offload,
+        ))
     }
 
     /// The inbox received packets wait in; its fd wakes the worker.
@@ -264,7 +260,7 @@ impl IoThread {
     }
 
     /// The I/O thread's socket half (for its counters).
-    pub fn transport(&self) -> &Arc<Mutex<UdpTransport>> {
+    pub fn transport(&self) -> &Arc<Mutex<UdpIo>> {
         &self.io
     }
 
@@ -309,9 +305,7 @@ impl Drop for IoThread {
 /// A worker's end with no I/O thread behind it, and the channel's other end (tests of the
 /// worker's side: a full channel, a thread that is gone).
 #[cfg(test)]
-pub(crate) fn offload_without_thread(
-    t: &UdpTransport,
-) -> io::Result<(TxOffload, Receiver<TxBatch>)> {
+pub(crate) fn offload_without_thread(t: &UdpIo) -> io::Result<(TxOffload, Receiver<TxBatch>)> {
     let (to_io, from_worker) = mpsc::sync_channel(CHANNEL_BATCHES);
     let (_to_worker, back) = mpsc::channel();
     let link = Link::new()?;
@@ -359,7 +353,7 @@ fn epoll_ctl(ep: RawFd, op: i32, fd: RawFd, events: u32, token: u64) -> io::Resu
 /// The I/O thread's state.
 struct Run {
     link: Arc<Link>,
-    io: Arc<Mutex<UdpTransport>>,
+    io: Arc<Mutex<UdpIo>>,
     from_worker: Receiver<TxBatch>,
     to_worker: Sender<TxBatch>,
     epoll: OwnedFd,
@@ -493,7 +487,7 @@ impl Run {
         let inbox = &self.link.inbox;
         let mut total = 0;
         while total < RX_ROUND {
-            if inbox.wait_for_room(crate::transport::udp::RX_BATCH) {
+            if inbox.wait_for_room(RX_BATCH) {
                 self.rx_full = true;
                 self.link.stats.rx_full.fetch_add(1, Ordering::Relaxed);
                 break;
@@ -505,7 +499,7 @@ impl Run {
                 }
             }
             total += n;
-            if n < crate::transport::udp::RX_BATCH {
+            if n < RX_BATCH {
                 break;
             }
         }

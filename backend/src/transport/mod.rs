@@ -8,6 +8,7 @@ pub mod io_thread;
 pub mod raw;
 pub mod same_host;
 pub mod sink;
+pub mod socket;
 pub mod stats;
 pub mod steer;
 pub mod udp;

@@ -34,86 +34,27 @@
 //! as usual).
 
 use std::io;
-use std::net::{IpAddr, SocketAddr, UdpSocket};
-use std::os::fd::{AsRawFd, RawFd};
+use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::RawFd;
 
 use rxe_core::device::{RecvMeta, Transmit};
-
 use rxe_core::wire::frame::icrc_for_udp_socket;
 use rxe_core::Gid;
 
-use crate::sys::{setsockopt, sockaddr_from, sockaddr_to};
 use crate::transport::egress::EgressPolicy;
+use crate::transport::io_thread::{IoThread, Refused, TxOffload, INLINE_MAX};
 use crate::transport::sink::PacketSink;
+use crate::transport::socket::{UdpIo, TX_BATCH, TX_SLOT};
+pub use crate::transport::socket::{RX_BATCH, RX_ERROR_LIMIT};
 pub use crate::transport::stats::TransportStats;
 
-/// Packets sent with one `sendmmsg`.
-pub const TX_BATCH: usize = 32;
-/// Datagrams received with one `recvmmsg`.
-pub const RX_BATCH: usize = 32;
-/// Room per packet: a 4096-byte path MTU plus every RoCE header and the ICRC.
-const TX_SLOT: usize = 4096 + 256;
-/// Distance between two send slots: whole pages, so that every slot starts at the same
-/// offset in its page ([`TX_PAGE_OFFSET`]).
-const TX_STRIDE: usize = 8192;
-/// Where in its page each send slot starts. The engine copies a packet's payload from guest
-/// memory to just behind its headers (12–40 bytes into the slot); a slot at the start of a
-/// page would put it 12–40 bytes past a page-aligned source's offset in the page, where the
-/// CPU's `rep movsb` copy stalls on 4 KiB aliasing (3.4× slower here for 4 KiB copies). Half
-/// a page away from the usual buffer alignment the copy runs at full speed.
-const TX_PAGE_OFFSET: usize = 2048;
-/// Room per received datagram (larger ones are truncated and dropped).
-const RX_SLOT: usize = 9216;
-/// One GSO send carries at most this many UDP payload bytes (the IPv6 payload length is 16
-/// bits and holds the UDP header too; a 4 KiB path MTU fits 15 segments) ...
-const GSO_MAX_BYTES: usize = 65_000;
-/// ... and at most this many segments (the kernel's UDP_MAX_SEGMENTS is 64 or more).
-const GSO_MAX_SEGS: usize = 64;
-/// `UDP_SEGMENT` (linux/udp.h): the cmsg and socket option carrying the GSO segment size.
-const UDP_SEGMENT: i32 = 103;
-/// `UDP_GRO` (linux/udp.h): the socket option that has the kernel hand over coalesced runs
-/// of datagrams, and the cmsg carrying their segment size.
-const UDP_GRO: i32 = 104;
-/// Room per received message with GRO on: a whole coalesced run (at most 64 KiB).
-const GRO_SLOT: usize = 1 << 16;
-/// Messages one `recvmmsg` takes with GRO on: each may hold a run of up to 64 datagrams, so
-/// one receive call hands over at most 8 × 64 = 512 (8 × 15 = 120 at path MTU 4096), not
-/// [`RX_BATCH`] × 64.
-const RX_BATCH_GRO: usize = 8;
-/// GSO sends refused in a row, each for a reason that says the path cannot do GSO (EINVAL,
-/// EIO, EOPNOTSUPP), after which the transport stops trying; a GSO send that goes through
-/// resets the count (one peer behind a smaller path MTU or an IPsec route does not turn GSO
-/// off for the others).
-const GSO_REFUSALS_OFF: u32 = 8;
-/// Room for one `UDP_SEGMENT` cmsg (CMSG_SPACE of a u16), as u64s for the alignment.
-const GSO_CMSG_WORDS: usize = 3;
-/// Socket errors one receive call takes (each counted) before it gives up and reports the
-/// socket as failing ([`UdpTransport::rx_failing`]).
-pub const RX_ERROR_LIMIT: u32 = 16;
+/// The worker's side of the transport: routes the engine's packets (address family, egress
+/// policy, the same-host shortcut), fills their ICRC into the socket half's send slots, and
+/// sends them through it or hands them to the I/O thread.
 pub struct UdpTransport {
-    sock: UdpSocket,
-    local: SocketAddr,
+    /// The socket half ([`crate::transport::socket`]).
+    io: UdpIo,
     peer_port: u16,
-    /// How received ICRCs are checked ([`verify_icrc`]); its solver also serves the send
-    /// side (with GSO) to put a packet's ID, its index in its run, into its ICRC.
-    icrc: Box<RxIcrc>,
-    egress: EgressPolicy,
-    pub stats: TransportStats,
-    /// Packets waiting for `sendmmsg`: `TX_BATCH` slots of `TX_SLOT` bytes, slot `i` at
-    /// `tx_base + i * TX_STRIDE` ([`UdpTransport::slot`]).
-    tx_buf: Vec<u8>,
-    tx_base: usize,
-    tx_pending: Vec<(usize, SocketAddr)>,
-    /// The last `sendmmsg` found the socket buffer full; `tx_pending` holds what it did not
-    /// take, sent first once the socket is writable again.
-    tx_blocked: bool,
-    /// Runs of equal-length packets to one destination leave as one UDP GSO send.
-    gso: bool,
-    /// GSO sends refused in a row ([`GSO_REFUSALS_OFF`]).
-    gso_refusals: u32,
-    /// The last receive gave up after [`RX_ERROR_LIMIT`] errors in a row.
-    rx_failing: bool,
-    rx: RxBatch,
     /// `--same-host`: the other ports of this process, reached without the socket.
     same_host: Option<crate::transport::same_host::Link>,
     /// The guest memory of the packets being built, while a pump runs (`--same-host`).
@@ -122,79 +63,8 @@ pub struct UdpTransport {
     segment: usize,
     /// `--io-thread`: full batches go to the I/O thread instead of the socket
     /// ([`crate::transport::io_thread`]).
-    offload: Option<crate::transport::io_thread::TxOffload>,
+    offload: Option<TxOffload>,
 }
-
-/// `recvmmsg` state: buffers, source addresses, and the datagrams found in them.
-struct RxBatch {
-    /// `RX_BATCH` slots of `slot` bytes.
-    buf: Vec<u8>,
-    /// [`RX_SLOT`], or [`GRO_SLOT`] with GRO on.
-    slot: usize,
-    names: Vec<libc::sockaddr_storage>,
-    name_lens: Vec<libc::socklen_t>,
-    /// The `UDP_GRO` cmsg of each message (GRO on).
-    cmsgs: Vec<[u64; GSO_CMSG_WORDS]>,
-    /// The datagrams of the last batch: one per message, or a coalesced message's segments.
-    segs: Vec<RxSeg>,
-    /// Whether the socket coalesces runs (`UDP_GRO` set).
-    gro: bool,
-}
-
-impl RxBatch {
-    /// Buffers for [`RX_BATCH`] datagrams, or with `gro` for [`RX_BATCH_GRO`] coalesced runs.
-    fn new(gro: bool) -> RxBatch {
-        let (n, slot) = if gro {
-            (RX_BATCH_GRO, GRO_SLOT)
-        } else {
-            (RX_BATCH, RX_SLOT)
-        };
-        RxBatch {
-            buf: vec![0; n * slot],
-            slot,
-            // SAFETY: sockaddr_storage is plain data; all-zero is a valid value.
-            names: vec![unsafe { std::mem::zeroed() }; RX_BATCH],
-            name_lens: vec![0; RX_BATCH],
-            cmsgs: vec![[0; GSO_CMSG_WORDS]; RX_BATCH],
-            segs: Vec::with_capacity(RX_BATCH),
-            gro,
-        }
-    }
-
-    /// No buffers: a transport half that does not receive ([`UdpTransport::recv_batch`]
-    /// then takes nothing).
-    fn none() -> RxBatch {
-        RxBatch {
-            buf: Vec::new(),
-            slot: RX_SLOT,
-            names: Vec::new(),
-            name_lens: Vec::new(),
-            cmsgs: Vec::new(),
-            segs: Vec::new(),
-            gro: false,
-        }
-    }
-}
-
-/// A datagram of the last receive batch: where it is in `RxBatch::buf`.
-#[derive(Clone, Copy)]
-struct RxSeg {
-    slot: u16,
-    off: u32,
-    len: u32,
-    truncated: bool,
-    /// Its place in a coalesced run (0 for a datagram alone): the IPv4 ID a GSO sender that
-    /// follows this transport's rule gave it.
-    index: u16,
-}
-
-fn setsockopt_int(fd: RawFd, level: i32, name: i32, v: i32) -> io::Result<()> {
-    setsockopt(fd, level, name, &v)
-}
-
-/// `UDP_NO_CHECK6_TX` / `UDP_NO_CHECK6_RX` (linux/udp.h).
-const UDP_NO_CHECK6_TX: i32 = 101;
-const UDP_NO_CHECK6_RX: i32 = 102;
 
 impl UdpTransport {
     pub fn bind(addr: SocketAddr, peer_port: u16, strict_icrc: bool) -> io::Result<Self> {
@@ -239,98 +109,9 @@ impl UdpTransport {
         strict_icrc: bool,
         ids: std::sync::Arc<std::sync::Mutex<rxe_core::icrc::Ipv4IdWindows>>,
     ) -> io::Result<Self> {
-        sock.set_nonblocking(true)?;
-        let fd = sock.as_raw_fd();
-        let addr = sock.local_addr()?;
-        match addr {
-            SocketAddr::V4(_) => {
-                setsockopt_int(
-                    fd,
-                    libc::IPPROTO_IP,
-                    libc::IP_MTU_DISCOVER,
-                    libc::IP_PMTUDISC_DO,
-                )?;
-                // Checksum 0, as rxe sends (the ICRC masks the field either way).
-                setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_NO_CHECK, 1)?;
-            }
-            SocketAddr::V6(_) => {
-                setsockopt_int(
-                    fd,
-                    libc::IPPROTO_IPV6,
-                    libc::IPV6_MTU_DISCOVER,
-                    libc::IPV6_PMTUDISC_DO,
-                )?;
-                setsockopt_int(fd, libc::IPPROTO_UDP, UDP_NO_CHECK6_TX, 1)?;
-                setsockopt_int(fd, libc::IPPROTO_UDP, UDP_NO_CHECK6_RX, 1)?;
-            }
-        }
-        let _ = setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, 4 << 20);
-        let _ = setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, 4 << 20);
-        let local = sock.local_addr()?;
-        let b = Self::new_batch();
         Ok(UdpTransport {
-            sock,
-            local,
+            io: UdpIo::open(sock, strict_icrc, ids)?,
             peer_port,
-            icrc: Box::new(RxIcrc {
-                strict: strict_icrc,
-                solver: rxe_core::icrc::Ipv4IdSolver::new(),
-                ids,
-                epoch: std::time::Instant::now(),
-            }),
-            egress: EgressPolicy::default(),
-            stats: TransportStats::default(),
-            tx_buf: b.buf,
-            tx_base: b.base,
-            tx_pending: b.pending,
-            tx_blocked: false,
-            gso: false,
-            gso_refusals: 0,
-            rx_failing: false,
-            same_host: None,
-            payload_src: None,
-            segment: 0,
-            rx: RxBatch::new(false),
-            offload: None,
-        })
-    }
-
-    /// An empty send batch: [`TX_BATCH`] slots, each starting [`TX_PAGE_OFFSET`] into a page.
-    pub(crate) fn new_batch() -> crate::transport::io_thread::TxBatch {
-        let buf = vec![0u8; TX_BATCH * TX_STRIDE + 4096];
-        // The heap block never moves (the vector is never grown), so neither do the slots.
-        let base = (TX_PAGE_OFFSET + 4096 - buf.as_ptr() as usize % 4096) % 4096;
-        crate::transport::io_thread::TxBatch {
-            buf,
-            base,
-            pending: Vec::with_capacity(TX_BATCH),
-        }
-    }
-
-    /// The I/O thread's half of this transport (`--io-thread`): the same socket (a duplicate
-    /// fd), address, GSO and ICRC rules, with its own send and receive buffers and counters.
-    pub(crate) fn io_half(&self) -> io::Result<UdpTransport> {
-        let b = Self::new_batch();
-        Ok(UdpTransport {
-            sock: self.sock.try_clone()?,
-            local: self.local,
-            peer_port: self.peer_port,
-            icrc: Box::new(RxIcrc {
-                strict: self.icrc.strict,
-                solver: rxe_core::icrc::Ipv4IdSolver::new(),
-                ids: std::sync::Arc::clone(&self.icrc.ids),
-                epoch: self.icrc.epoch,
-            }),
-            egress: self.egress.clone(),
-            stats: TransportStats::default(),
-            tx_buf: b.buf,
-            tx_base: b.base,
-            tx_pending: b.pending,
-            tx_blocked: false,
-            gso: self.gso,
-            gso_refusals: 0,
-            rx_failing: false,
-            rx: RxBatch::new(self.rx.gro),
             same_host: None,
             payload_src: None,
             segment: 0,
@@ -338,11 +119,13 @@ impl UdpTransport {
         })
     }
 
-    /// Hands full batches to the I/O thread from now on; this half no longer receives (its
-    /// receive buffers are let go).
-    pub(crate) fn set_offload(&mut self, o: crate::transport::io_thread::TxOffload) {
-        self.offload = Some(o);
-        self.rx = RxBatch::none();
+    /// Starts the I/O thread (`--io-thread`): it takes a half of the socket of its own, this
+    /// transport hands it full batches from now on and no longer receives.
+    pub fn start_io_thread(&mut self) -> io::Result<IoThread> {
+        let (thread, offload) = IoThread::start(&self.io)?;
+        self.offload = Some(offload);
+        self.io.stop_receiving();
+        Ok(thread)
     }
 
     /// The I/O thread's inbox of received packets (`--io-thread`).
@@ -354,34 +137,9 @@ impl UdpTransport {
     /// thread's), else this transport's.
     pub fn all_stats(&self) -> TransportStats {
         match &self.offload {
-            Some(o) => self.stats.plus(&o.io_stats()),
-            None => self.stats,
+            Some(o) => self.io.stats.plus(&o.io_stats()),
+            None => self.io.stats,
         }
-    }
-
-    /// Whether packets the socket did not take wait (the I/O thread's half).
-    pub(crate) fn tx_blocked_now(&self) -> bool {
-        self.tx_blocked
-    }
-
-    /// Sends what the socket did not take before (the I/O thread's half).
-    pub(crate) fn send_held(&mut self) {
-        self.send_pending();
-    }
-
-    /// Sends `b` (the I/O thread's half; nothing may be held, [`Self::tx_blocked_now`]);
-    /// what the socket does not take stays held. Returns an empty batch.
-    pub(crate) fn send_batch(
-        &mut self,
-        mut b: crate::transport::io_thread::TxBatch,
-    ) -> crate::transport::io_thread::TxBatch {
-        debug_assert!(self.tx_pending.is_empty());
-        std::mem::swap(&mut self.tx_buf, &mut b.buf);
-        std::mem::swap(&mut self.tx_base, &mut b.base);
-        std::mem::swap(&mut self.tx_pending, &mut b.pending);
-        b.pending.clear();
-        self.send_pending();
-        b
     }
 
     /// The worker's half: hands the pending batch to the I/O thread, or holds it while the
@@ -390,107 +148,83 @@ impl UdpTransport {
         let Some(off) = &mut self.offload else {
             return;
         };
-        if self.tx_pending.is_empty() {
-            self.tx_blocked = false;
+        let io = &mut self.io;
+        if io.tx_pending.is_empty() {
+            io.tx_blocked = false;
             return;
         }
         let mut spare = off.spare();
-        std::mem::swap(&mut self.tx_buf, &mut spare.buf);
-        std::mem::swap(&mut self.tx_base, &mut spare.base);
-        std::mem::swap(&mut self.tx_pending, &mut spare.pending);
+        io.swap_batch(&mut spare);
         // `spare` is now the full batch.
         match off.send(spare) {
-            Ok(()) => self.tx_blocked = false,
-            Err(crate::transport::io_thread::Refused::Full(mut b)) => {
+            Ok(()) => io.tx_blocked = false,
+            Err(Refused::Full(mut b)) => {
                 // Keep it, in order, for the next flush; the I/O thread wakes the worker.
-                std::mem::swap(&mut self.tx_buf, &mut b.buf);
-                std::mem::swap(&mut self.tx_base, &mut b.base);
-                std::mem::swap(&mut self.tx_pending, &mut b.pending);
+                io.swap_batch(&mut b);
                 off.keep(b);
-                self.stats.tx_blocked += 1;
-                self.tx_blocked = true;
+                io.stats.tx_blocked += 1;
+                io.tx_blocked = true;
             }
-            Err(crate::transport::io_thread::Refused::Gone(b)) => {
-                self.stats.tx_dropped += b.pending.len() as u64;
-                self.tx_blocked = false;
+            Err(Refused::Gone(b)) => {
+                io.stats.tx_dropped += b.pending.len() as u64;
+                io.tx_blocked = false;
             }
         }
     }
 
     /// Sends runs of packets as UDP GSO segments from now on, and takes coalesced runs
-    /// (UDP GRO) on receive, if the kernel knows UDP GSO (4.18 and later); returns whether it
-    /// will. (IPv4: the module comment says how the ICRC covers a segment's IP ID.) Turns
-    /// the UDP checksum on, which the kernel requires of a GSO send. A kernel without UDP GRO
-    /// (before 5.0) leaves receive as it was.
+    /// (UDP GRO) on receive, if the kernel knows UDP GSO ([`UdpIo::enable_gso`]); returns
+    /// whether it will.
     pub fn enable_gso(&mut self) -> io::Result<bool> {
-        // A kernel that does not know UDP_SEGMENT would ignore the cmsg and send a run as
-        // one datagram: ask it first (a segment size of 0 is "no default").
-        if setsockopt_int(self.fd(), libc::IPPROTO_UDP, UDP_SEGMENT, 0).is_err() {
-            return Ok(false);
-        }
-        if self.local.is_ipv4() {
-            setsockopt_int(self.fd(), libc::SOL_SOCKET, libc::SO_NO_CHECK, 0)?;
-        } else {
-            setsockopt_int(self.fd(), libc::IPPROTO_UDP, UDP_NO_CHECK6_TX, 0)?;
-        }
-        self.gso = true;
-        if setsockopt_int(self.fd(), libc::IPPROTO_UDP, UDP_GRO, 1).is_ok() {
-            self.rx = RxBatch::new(true);
-        }
-        Ok(true)
+        self.io.enable_gso()
     }
 
     /// Whether runs of packets leave as UDP GSO sends ([`Self::enable_gso`], until the kernel
     /// refuses one).
     pub fn gso(&self) -> bool {
-        self.gso
+        self.io.gso()
     }
 
     /// Where packets may go ([`EgressPolicy`]); everything before this is called.
     pub fn set_egress(&mut self, p: EgressPolicy) {
-        self.egress = p;
+        self.io.egress = p;
     }
 
     pub fn local_addr(&self) -> SocketAddr {
-        self.local
+        self.io.local_addr()
     }
 
     pub fn fd(&self) -> RawFd {
-        self.sock.as_raw_fd()
+        self.io.fd()
     }
 
     /// The GID of the bound address.
     pub fn gid(&self) -> Gid {
-        Gid::from_ip(self.local.ip())
+        self.io.gid()
     }
 
     /// Fills the ICRC of one packet (BTH … zeroed ICRC slot); returns its destination.
+    #[cfg(test)]
     fn prepare(&mut self, t: &Transmit, roce: &mut [u8]) -> Option<SocketAddr> {
         let dst = self.route(t)?;
-        if icrc_for_udp_socket(self.local, dst, roce).is_err() {
-            self.stats.tx_dropped += 1;
+        if icrc_for_udp_socket(self.io.local, dst, roce).is_err() {
+            self.io.stats.tx_dropped += 1;
             return None;
         }
         Some(dst)
     }
 
-    /// The bytes of send slot `i`.
-    fn slot(&self, i: usize) -> std::ops::Range<usize> {
-        let at = self.tx_base + i * TX_STRIDE;
-        at..at + TX_SLOT
-    }
-
     /// Where `t` goes, if the address family and the egress policy let it go anywhere.
     fn route(&mut self, t: &Transmit) -> Option<SocketAddr> {
         let dst_ip = t.dst.to_ip();
-        if dst_ip.is_ipv4() != self.local.is_ipv4() {
-            self.stats.tx_wrong_family += 1;
+        if dst_ip.is_ipv4() != self.io.local.is_ipv4() {
+            self.io.stats.tx_wrong_family += 1;
             return None;
         }
-        if !self.egress.allows(dst_ip) {
+        if !self.io.egress.allows(dst_ip) {
             // As a destination without a route: the packet is lost (the requester retries
             // and ends with RETRY_EXC_ERR; a UD datagram is gone).
-            self.stats.tx_denied += 1;
+            self.io.stats.tx_denied += 1;
             return None;
         }
         Some(SocketAddr::new(dst_ip, self.peer_port))
@@ -520,473 +254,95 @@ impl UdpTransport {
     }
 
     /// Sends one packet at once (BTH … zeroed ICRC slot); fills the ICRC first.
-    pub fn send(&mut self, t: &Transmit, roce: &mut [u8]) {
+    #[cfg(test)]
+    fn send(&mut self, t: &Transmit, roce: &mut [u8]) {
         let Some(dst) = self.prepare(t, roce) else {
             return;
         };
-        match self.sock.send_to(roce, dst) {
+        match self.io.sock.send_to(roce, dst) {
             Ok(_) => {
-                self.stats.tx_packets += 1;
-                self.stats.tx_bytes += roce.len() as u64;
+                self.io.stats.tx_packets += 1;
+                self.io.stats.tx_bytes += roce.len() as u64;
             }
             // A full socket buffer is loss: the engine's retransmission covers it.
-            Err(_) => self.stats.tx_dropped += 1,
+            Err(_) => self.io.stats.tx_dropped += 1,
         }
     }
 
-    /// Sends the queued packets with as few `sendmmsg` calls as the kernel allows; with GSO,
-    /// each run of packets [`Self::gso_run`] finds is one message of that call.
+    /// Sends the queued packets ([`UdpIo::send_pending`]). With an I/O thread: hands the
+    /// batch over, unless it is a few packets (an ACK, a lone small message) and the thread
+    /// sleeps with nothing in hand: then sends them here and spares it a wake-up (and hands
+    /// over what the socket did not take). Larger batches always go to it, busy or not.
     fn send_pending(&mut self) {
-        // With an I/O thread: hand the batch over, unless it is a few packets (an ACK, a lone
-        // small message) and the thread sleeps with nothing in hand: then send them here and
-        // spare it a wake-up. Larger batches always go to it, busy or not.
         match &self.offload {
-            Some(o)
-                if self.tx_pending.len() > crate::transport::io_thread::INLINE_MAX
-                    || !o.io_idle() =>
-            {
+            Some(o) if self.io.tx_pending.len() > INLINE_MAX || !o.io_idle() => {
                 return self.hand_off()
             }
-            Some(o) if !self.tx_pending.is_empty() => o.sent_inline(),
+            Some(o) if !self.io.tx_pending.is_empty() => o.sent_inline(),
             _ => {}
         }
-        let n = self.tx_pending.len();
-        if n == 0 {
-            self.tx_blocked = false;
-            return;
+        self.io.send_pending();
+        if self.io.tx_blocked && self.offload.is_some() {
+            self.hand_off();
         }
-        let mut names: [libc::sockaddr_storage; TX_BATCH] =
-            // SAFETY: sockaddr_storage is plain data; all-zero is a valid value.
-            unsafe { std::mem::zeroed() };
-        let mut iov: [libc::iovec; TX_BATCH] =
-            // SAFETY: iovec is a pointer and a length; all-zero is a valid (empty) value.
-            unsafe { std::mem::zeroed() };
-        let mut msgs: [libc::mmsghdr; TX_BATCH] =
-            // SAFETY: mmsghdr is plain data and pointers; all-zero is a valid (empty) value.
-            unsafe { std::mem::zeroed() };
-        let mut cmsgs = [[0u64; GSO_CMSG_WORDS]; TX_BATCH];
-        // The packets each message carries: (first, count).
-        let mut runs = [(0usize, 0usize); TX_BATCH];
-        let mut name_lens: [libc::socklen_t; TX_BATCH] = [0; TX_BATCH];
-        for (i, &(_, dst)) in self.tx_pending.iter().enumerate() {
-            name_lens[i] = sockaddr_from(dst, &mut names[i]);
-        }
-        // IPv4: the IP ID each packet's ICRC was computed for (0 outside this function).
-        let mut ids = [0u16; TX_BATCH];
-        // The headers point into these arrays through pointers taken once, so that no later
-        // borrow of an array invalidates what an earlier header holds.
-        let (names_p, iov_p, cmsgs_p) = (names.as_mut_ptr(), iov.as_mut_ptr(), cmsgs.as_mut_ptr());
-        // Packets sent (or lost) so far; a GSO refusal sends the rest one by one.
-        let mut done = 0usize;
-        let mut gso = self.gso;
-        'build: while done < n {
-            // This pass's messages: a packet's ICRC first takes the IPv4 ID the kernel will
-            // write (its index in its GSO run), then its iovec points at it.
-            let mut m = 0usize;
-            let mut i = done;
-            while i < n {
-                let count = if gso { self.gso_run(i) } else { 1 };
-                for k in 0..count {
-                    let id = if count > 1 { k as u16 } else { 0 };
-                    self.set_ip_id(&mut ids, i + k, id);
-                }
-                runs[m] = (i, count);
-                m += 1;
-                i += count;
-            }
-            for i in done..n {
-                let r = self.slot(i);
-                let base = self.tx_buf[r].as_mut_ptr().cast();
-                // SAFETY: `i < n <= TX_BATCH`: inside `iov`, written through the pointer the
-                // headers use.
-                unsafe {
-                    (*iov_p.add(i)).iov_base = base;
-                    (*iov_p.add(i)).iov_len = self.tx_pending[i].0;
-                }
-            }
-            for (j, &(i, count)) in runs[..m].iter().enumerate() {
-                let hdr = &mut msgs[j].msg_hdr;
-                // SAFETY: `i < n <= TX_BATCH` and `j <= i`: inside `names`, `iov` and `cmsgs`,
-                // which outlive every use of the headers; the kernel reads `count` iovecs from
-                // `iov_p + i`, and `i + count <= n`.
-                unsafe {
-                    hdr.msg_name = names_p.add(i).cast();
-                    hdr.msg_iov = iov_p.add(i);
-                }
-                hdr.msg_namelen = name_lens[i];
-                hdr.msg_iovlen = count;
-                if count > 1 {
-                    // SAFETY: as above; nothing else refers to `cmsgs[j]` meanwhile.
-                    let c = unsafe { &mut *cmsgs_p.add(j) };
-                    hdr.msg_controllen = gso_cmsg(c, self.tx_pending[i].0 as u16);
-                    hdr.msg_control = (c as *mut [u64; GSO_CMSG_WORDS]).cast();
-                } else {
-                    hdr.msg_control = std::ptr::null_mut();
-                    hdr.msg_controllen = 0;
-                }
-            }
-            let mut sent = 0usize;
-            while sent < m {
-                // SAFETY: `msgs[sent..m]` are initialised headers whose name, iovec, control
-                // and data pointers point into `names`, `iov`, `cmsgs` and `self.tx_buf`, all
-                // alive and unmoved for the duration of the call.
-                let r = unsafe {
-                    libc::sendmmsg(
-                        self.sock.as_raw_fd(),
-                        msgs[sent..m].as_mut_ptr(),
-                        (m - sent) as libc::c_uint,
-                        0,
-                    )
-                };
-                if r > 0 {
-                    for &(first, count) in &runs[sent..sent + r as usize] {
-                        for &(len, _) in &self.tx_pending[first..first + count] {
-                            self.stats.tx_packets += 1;
-                            self.stats.tx_bytes += len as u64;
-                        }
-                        if count > 1 {
-                            self.stats.tx_gso_sends += 1;
-                            self.stats.tx_gso_segments += count as u64;
-                            self.gso_refusals = 0;
-                        }
-                        done = first + count;
-                    }
-                    sent += r as usize;
-                    continue;
-                }
-                let e = io::Error::last_os_error();
-                if r < 0 && e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                if r < 0 && e.kind() == io::ErrorKind::WouldBlock {
-                    // The socket buffer is full: keep the rest, in order, for when it drains
-                    // (with an I/O thread: for it to send when the socket has room).
-                    self.stats.tx_blocked += 1;
-                    self.tx_blocked = true;
-                    for i in done..n {
-                        self.set_ip_id(&mut ids, i, 0);
-                    }
-                    self.keep_unsent(done);
-                    if self.offload.is_some() {
-                        self.hand_off();
-                    }
-                    return;
-                }
-                let (first, count) = runs[sent];
-                if count > 1 {
-                    // The GSO send failed: send these packets (and the rest of this batch)
-                    // one by one, where an error is the packet's own. A refusal that says the
-                    // path cannot do GSO counts; enough of them in a row turn it off.
-                    if matches!(
-                        e.raw_os_error(),
-                        Some(libc::EINVAL | libc::EIO | libc::EOPNOTSUPP)
-                    ) {
-                        self.stats.tx_gso_refused += 1;
-                        self.gso_refusals += 1;
-                        if self.gso_refusals >= GSO_REFUSALS_OFF && self.gso {
-                            log::warn!("udp transport: the kernel refused {GSO_REFUSALS_OFF} GSO sends in a row ({e}); sending packets one by one from now on");
-                            self.gso = false;
-                        }
-                    }
-                    gso = false;
-                    done = first;
-                    continue 'build;
-                }
-                // An error of this packet (an ICMP error reported on this call, a route that
-                // refuses it) loses it: the engine's retransmission covers it. Try the rest.
-                self.stats.tx_dropped += 1;
-                done = first + 1;
-                sent += 1;
-            }
-        }
-        self.tx_pending.clear();
-        self.tx_blocked = false;
     }
 
-    /// Makes the ICRC of pending packet `i` (computed for the IPv4 ID `ids[i]`) one for ID
-    /// `id`: the ICRC is affine in the ID's bits ([`rxe_core::icrc::Ipv4IdBasis`]). IPv6
-    /// has no ID: nothing to do.
-    fn set_ip_id(&mut self, ids: &mut [u16; TX_BATCH], i: usize, id: u16) {
-        if ids[i] == id || !self.local.is_ipv4() {
-            return;
-        }
-        let len = self.tx_pending[i].0;
-        let at = self.slot(i).start;
-        let roce = &mut self.tx_buf[at..at + len];
-        let b = self
-            .icrc
-            .solver
-            .basis(len, rxe_core::icrc::covers_twice(roce));
-        let delta = b.contribution(ids[i]) ^ b.contribution(id);
-        let icrc = &mut roce[len - 4..];
-        let v = u32::from_le_bytes([icrc[0], icrc[1], icrc[2], icrc[3]]) ^ delta;
-        icrc.copy_from_slice(&v.to_le_bytes());
-        ids[i] = id;
-    }
-
-    /// How many packets from `first` on can leave as one GSO send: the same destination,
-    /// the same length as the first (the last of the run may be shorter), within
-    /// [`GSO_MAX_BYTES`] and [`GSO_MAX_SEGS`].
-    fn gso_run(&self, first: usize) -> usize {
-        let (len, dst) = self.tx_pending[first];
-        let mut bytes = len;
-        let mut count = 1;
-        for &(l, d) in &self.tx_pending[first + 1..] {
-            if d != dst || l > len || bytes + l > GSO_MAX_BYTES || count == GSO_MAX_SEGS {
-                break;
-            }
-            bytes += l;
-            count += 1;
-            if l < len {
-                break;
-            }
-        }
-        count
-    }
-
-    /// Moves the packets from `done` on to the front of the batch.
-    fn keep_unsent(&mut self, done: usize) {
-        for i in done..self.tx_pending.len() {
-            let (len, _) = self.tx_pending[i];
-            let from = self.slot(i).start;
-            let to = self.slot(i - done).start;
-            self.tx_buf.copy_within(from..from + len, to);
-        }
-        self.tx_pending.drain(..done);
-    }
-
-    /// Receives up to [`RX_BATCH`] datagrams with one `recvmmsg` (with GRO: up to
-    /// [`RX_BATCH_GRO`] messages, each a datagram or a coalesced run of them); returns how
-    /// many datagrams arrived (0 when nothing is waiting). Read them with [`Self::packet`].
+    /// Receives a batch of datagrams ([`UdpIo::recv_batch`]); read them with [`Self::packet`].
+    #[inline]
     pub fn recv_batch(&mut self) -> usize {
-        if self.rx.buf.is_empty() {
-            // The worker's half with an I/O thread: the socket's datagrams are the thread's.
-            return 0;
-        }
-        let mut iov: [libc::iovec; RX_BATCH] =
-            // SAFETY: iovec is a pointer and a length; all-zero is a valid (empty) value.
-            unsafe { std::mem::zeroed() };
-        let mut msgs: [libc::mmsghdr; RX_BATCH] =
-            // SAFETY: mmsghdr is plain data and pointers; all-zero is a valid (empty) value.
-            unsafe { std::mem::zeroed() };
-        let rx = &mut self.rx;
-        rx.segs.clear();
-        let slot = rx.slot;
-        let vlen = if rx.gro { RX_BATCH_GRO } else { RX_BATCH };
-        for i in 0..vlen {
-            iov[i].iov_base = rx.buf[i * slot..].as_mut_ptr().cast();
-            iov[i].iov_len = slot;
-            msgs[i].msg_hdr.msg_name = (&mut rx.names[i] as *mut libc::sockaddr_storage).cast();
-            msgs[i].msg_hdr.msg_namelen =
-                std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-            msgs[i].msg_hdr.msg_iov = &mut iov[i];
-            msgs[i].msg_hdr.msg_iovlen = 1;
-            if rx.gro {
-                msgs[i].msg_hdr.msg_control = rx.cmsgs[i].as_mut_ptr().cast();
-                msgs[i].msg_hdr.msg_controllen = std::mem::size_of_val(&rx.cmsgs[i]);
-            }
-        }
-        let mut errors = 0;
-        let n = loop {
-            // SAFETY: every header points at a live, writable buffer of the size it names
-            // (`rx.buf` slots, `rx.names` and `rx.cmsgs` entries) that stays put during the
-            // call.
-            let r = unsafe {
-                libc::recvmmsg(
-                    self.sock.as_raw_fd(),
-                    msgs.as_mut_ptr(),
-                    vlen as libc::c_uint,
-                    libc::MSG_DONTWAIT,
-                    std::ptr::null_mut(),
-                )
-            };
-            if r >= 0 {
-                break r as usize;
-            }
-            match io::Error::last_os_error().kind() {
-                io::ErrorKind::Interrupted => continue,
-                io::ErrorKind::WouldBlock => {
-                    self.rx_failing = false;
-                    return 0;
-                }
-                // ICMP errors surface here (ECONNREFUSED on a closed peer port): not fatal,
-                // and they consume the error: try again, a bounded number of times.
-                _ => {
-                    self.stats.rx_errors += 1;
-                    errors += 1;
-                    if errors >= RX_ERROR_LIMIT {
-                        self.rx_failing = true;
-                        return 0;
-                    }
-                }
-            }
-        };
-        self.rx_failing = false;
-        for (i, m) in msgs.iter().enumerate().take(n) {
-            let truncated = m.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
-            rx.name_lens[i] = m.msg_hdr.msg_namelen;
-            let len = m.msg_len as usize;
-            let seg = if rx.gro {
-                gro_segment_size(&m.msg_hdr)
-            } else {
-                0
-            };
-            if seg == 0 || seg >= len || truncated {
-                rx.segs.push(RxSeg {
-                    slot: i as u16,
-                    off: 0,
-                    len: len as u32,
-                    truncated,
-                    index: 0,
-                });
-                continue;
-            }
-            self.stats.rx_gro_runs += 1;
-            for off in (0..len).step_by(seg) {
-                self.stats.rx_gro_segments += 1;
-                rx.segs.push(RxSeg {
-                    slot: i as u16,
-                    off: off as u32,
-                    len: seg.min(len - off) as u32,
-                    truncated: false,
-                    index: (off / seg) as u16,
-                });
-            }
-        }
-        rx.segs.len()
+        self.io.recv_batch()
     }
 
     /// Whether the last [`Self::recv_batch`] gave up on errors: the socket keeps failing,
     /// and the caller should leave it alone for a while.
     pub fn rx_failing(&self) -> bool {
-        self.rx_failing
+        self.io.rx_failing()
     }
 
     /// Receives and drops at most `max` datagrams (no guest memory to take them); returns
     /// how many.
     pub fn drop_unattached(&mut self, max: usize) -> usize {
-        let mut total = 0;
-        while total < max {
-            let n = self.recv_batch();
-            self.stats.rx_unattached += n as u64;
-            total += n;
-            if n < RX_BATCH {
-                break;
-            }
-        }
-        total
+        self.io.drop_unattached(max)
     }
 
     /// Datagram `i` of the last [`Self::recv_batch`], checked (length, ICRC); `None` if it
     /// was dropped (counted).
+    #[inline]
     pub fn packet(&mut self, i: usize) -> Option<(RecvMeta, &[u8])> {
-        let seg = *self.rx.segs.get(i)?;
-        let (n, slot) = (seg.len as usize, seg.slot as usize);
-        self.stats.rx_packets += 1;
-        self.stats.rx_bytes += n as u64;
-        let src = sockaddr_to(&self.rx.names[slot], self.rx.name_lens[slot])?;
-        if n < 12 + 4 || seg.truncated {
-            self.stats.rx_short += 1;
-            return None;
-        }
-        let at = slot * self.rx.slot + seg.off as usize;
-        let bytes = &self.rx.buf[at..at + n];
-        if !verify_icrc(
-            &mut self.icrc,
-            &self.egress,
-            &mut self.stats,
-            self.local,
-            src,
-            bytes,
-            seg.index,
-        ) {
-            return None;
-        }
-        let meta = self.meta(src);
-        Some((meta, &self.rx.buf[at..at + n]))
+        self.io.packet(i)
     }
 
-    fn meta(&self, src: SocketAddr) -> RecvMeta {
-        RecvMeta {
-            src: Gid::from_ip(unmap(src.ip())),
-            dst: self.gid(),
-            sport: src.port(),
-            traffic_class: 0,
-            hop_limit: 64,
-            flow_label: 0,
-        }
-    }
-
-    /// Receives one datagram into `buf`; `None` when nothing is waiting. Packets that fail
-    /// the checks are counted and skipped. Not with GRO on ([`Self::enable_gso`]): a
-    /// coalesced run would come whole; the daemon reads with [`Self::recv_batch`].
-    pub fn recv(&mut self, buf: &mut [u8]) -> Option<(RecvMeta, usize)> {
-        debug_assert!(
-            !self.rx.gro,
-            "recv() reads one datagram; with GRO use recv_batch()"
-        );
-        let mut errors = 0;
-        loop {
-            let (n, src) = match self.sock.recv_from(buf) {
-                Ok(v) => v,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return None,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                // ICMP errors surface here (ECONNREFUSED on a closed peer port): not fatal.
-                Err(_) => {
-                    self.stats.rx_errors += 1;
-                    errors += 1;
-                    if errors >= RX_ERROR_LIMIT {
-                        return None;
-                    }
-                    continue;
-                }
-            };
-            self.stats.rx_packets += 1;
-            self.stats.rx_bytes += n as u64;
-            if n < 12 + 4 {
-                self.stats.rx_short += 1;
-                continue;
-            }
-            if !verify_icrc(
-                &mut self.icrc,
-                &self.egress,
-                &mut self.stats,
-                self.local,
-                src,
-                &buf[..n],
-                0,
-            ) {
-                continue;
-            }
-            return Some((self.meta(src), n));
-        }
+    /// Receives one datagram into `buf` ([`UdpIo::recv`]).
+    #[cfg(test)]
+    fn recv(&mut self, buf: &mut [u8]) -> Option<(RecvMeta, usize)> {
+        self.io.recv(buf)
     }
 }
 
 impl PacketSink for UdpTransport {
     fn next_buf(&mut self) -> &mut [u8] {
-        let r = self.slot(self.tx_pending.len());
-        &mut self.tx_buf[r]
+        let r = self.io.slot(self.io.tx_pending.len());
+        &mut self.io.tx_buf[r]
     }
 
     fn push(&mut self, t: &Transmit) {
-        let i = self.tx_pending.len();
+        let i = self.io.tx_pending.len();
         let len = t.len.min(TX_SLOT);
-        let at = self.slot(i).start;
+        let at = self.io.slot(i).start;
         let Some(dst) = self.route(t) else {
             return;
         };
         if let Some(l) = &mut self.same_host {
-            if l.deliver(t, &self.tx_buf[at..at + len]) {
+            if l.deliver(t, &self.io.tx_buf[at..at + len]) {
                 return;
             }
         }
-        if icrc_for_udp_socket(self.local, dst, &mut self.tx_buf[at..at + len]).is_err() {
-            self.stats.tx_dropped += 1;
+        if icrc_for_udp_socket(self.io.local, dst, &mut self.io.tx_buf[at..at + len]).is_err() {
+            self.io.stats.tx_dropped += 1;
             return;
         }
-        self.tx_pending.push((len, dst));
-        if self.tx_pending.len() == TX_BATCH {
+        self.io.tx_pending.push((len, dst));
+        if self.io.tx_pending.len() == TX_BATCH {
             self.send_pending();
         }
     }
@@ -999,7 +355,7 @@ impl PacketSink for UdpTransport {
     }
 
     fn blocked(&self) -> bool {
-        self.tx_blocked
+        self.io.tx_blocked
     }
 
     fn takes_refs(&self) -> bool {
@@ -1044,12 +400,12 @@ impl PacketSink for UdpTransport {
             }
         }
         // Not another port after all (wants_refs said it was): the packet whole, by the wire.
-        let r = self.slot(self.tx_pending.len());
+        let r = self.io.slot(self.io.tx_pending.len());
         if roce.len() > r.len() {
-            self.stats.tx_dropped += 1;
+            self.io.stats.tx_dropped += 1;
             return;
         }
-        let dst = &mut self.tx_buf[r.start..r.start + roce.len()];
+        let dst = &mut self.io.tx_buf[r.start..r.start + roce.len()];
         crate::memory::payload_ref::copy_unreferenced(roce, refs, dst);
         if let Some(src) = &src {
             crate::memory::payload_ref::resolve(src, refs, dst);
@@ -1058,403 +414,14 @@ impl PacketSink for UdpTransport {
     }
 }
 
-/// The segment size a `UDP_GRO` cmsg of a received message gives (0: not a coalesced run).
-fn gro_segment_size(h: &libc::msghdr) -> usize {
-    // SAFETY: `h` is a header recvmmsg filled: its control pointer and length describe the
-    // live cmsg buffer it wrote (or are empty), which CMSG_FIRSTHDR/CMSG_NXTHDR walk within.
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(h);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_UDP
-                && (*c).cmsg_type == UDP_GRO
-                && (*c).cmsg_len as usize >= libc::CMSG_LEN(4) as usize
-            {
-                let v = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<i32>());
-                return usize::try_from(v).unwrap_or(0);
-            }
-            c = libc::CMSG_NXTHDR(h, c);
-        }
-    }
-    0
-}
-
-/// Writes a `UDP_SEGMENT` cmsg carrying `seg` into `buf`; returns its length (CMSG_SPACE).
-fn gso_cmsg(buf: &mut [u64; GSO_CMSG_WORDS], seg: u16) -> usize {
-    // SAFETY: CMSG_SPACE and CMSG_LEN are pure arithmetic.
-    let (space, len) = unsafe { (libc::CMSG_SPACE(2) as usize, libc::CMSG_LEN(2) as usize) };
-    debug_assert!(space <= std::mem::size_of_val(buf));
-    let hdr = libc::cmsghdr {
-        cmsg_len: len as _,
-        cmsg_level: libc::SOL_UDP,
-        cmsg_type: UDP_SEGMENT,
-    };
-    let hl = std::mem::size_of::<libc::cmsghdr>();
-    // SAFETY: `buf` is at least CMSG_SPACE(2) bytes and 8-byte aligned, the alignment of a
-    // cmsghdr; the header and the u16 after it (at CMSG_DATA, i.e. `hl` bytes in) fit.
-    unsafe {
-        let p = buf.as_mut_ptr().cast::<u8>();
-        std::ptr::write(p.cast::<libc::cmsghdr>(), hdr);
-        std::ptr::write_unaligned(p.add(hl).cast::<u16>(), seg);
-    }
-    space
-}
-
-/// The receive side's ICRC rules and state.
-struct RxIcrc {
-    /// `--strict-icrc`: the exact ID only.
-    strict: bool,
-    /// The IPv4 ID bases of the packet lengths seen.
-    solver: rxe_core::icrc::Ipv4IdSolver,
-    /// The IPv4 ID sequences learned per source address (shared by the sockets of a steered
-    /// group and by the two halves of a transport with an I/O thread).
-    ids: std::sync::Arc<std::sync::Mutex<rxe_core::icrc::Ipv4IdWindows>>,
-    /// The windows' clock starts here.
-    epoch: std::time::Instant,
-}
-
-/// Checks a received datagram's ICRC and counts the verdict; false when it must be dropped.
-/// `id`: the IPv4 ID tried first and exactly (its index in a GRO run, 0 for a datagram
-/// alone). Otherwise, unless strict, an IPv4 packet that passes the cheap checks (a source
-/// the egress policy allows, a BTH the engine would look at: [`rxe_core::icrc::worth_solving`])
-/// is solved for its ID, and accepted only if that ID lies in a window of its source's ID
-/// sequence ([`rxe_core::icrc::Ipv4IdWindows`]); outside, it is dropped and its ID learned.
-fn verify_icrc(
-    icrc: &mut RxIcrc,
-    egress: &EgressPolicy,
-    stats: &mut TransportStats,
-    local: SocketAddr,
-    src: SocketAddr,
-    roce: &[u8],
-    id: u16,
-) -> bool {
-    match check_icrc(local, src, roce.len(), roce, id) {
-        IcrcCheck::Ok => {
-            stats.rx_icrc_ok += 1;
-            return true;
-        }
-        IcrcCheck::Unverifiable if !icrc.strict => {}
-        IcrcCheck::Unverifiable | IcrcCheck::Bad => {
-            stats.rx_icrc_bad += 1;
-            return false;
-        }
-    }
-    let IpAddr::V4(from) = unmap(src.ip()) else {
-        stats.rx_icrc_bad += 1;
-        return false;
-    };
-    if !egress.allows(IpAddr::V4(from)) || !rxe_core::icrc::worth_solving(roce) {
-        stats.rx_icrc_bad += 1;
-        return false;
-    }
-    stats.rx_icrc_solves += 1;
-    let Ok(Some(found)) =
-        rxe_core::wire::frame::verify_icrc_from_udp_socket(src, local, roce, &mut icrc.solver)
-    else {
-        stats.rx_icrc_bad += 1;
-        return false;
-    };
-    if found != 0 && rxe_core::icrc::may_be_run_index(found, roce.len()) {
-        // A segment of a GSO run that reached a socket without GRO, cut by the kernel.
-        stats.rx_icrc_id_solved += 1;
-        return true;
-    }
-    let now_ms = icrc.epoch.elapsed().as_millis() as u64;
-    // RC packets are resent when dropped; UD and UC ones are not.
-    let reliable = roce[0] >> 5 == 0;
-    let verdict = icrc.ids.lock().unwrap_or_else(|e| e.into_inner()).admit(
-        u32::from(from),
-        found,
-        now_ms,
-        !reliable,
-    );
-    match verdict {
-        rxe_core::icrc::IdVerdict::InWindow => {
-            stats.rx_icrc_id_solved += 1;
-            true
-        }
-        rxe_core::icrc::IdVerdict::Opened => {
-            stats.rx_icrc_id_solved += 1;
-            stats.rx_icrc_id_opened += 1;
-            true
-        }
-        rxe_core::icrc::IdVerdict::Learned => {
-            stats.rx_icrc_id_learned += 1;
-            false
-        }
-    }
-}
-
-// The receive side's run-index rule (`rxe_core::icrc::may_be_run_index`) is this sender's.
-const _: () = assert!(
-    GSO_MAX_SEGS == rxe_core::icrc::RUN_MAX_SEGS && GSO_MAX_BYTES == rxe_core::icrc::RUN_MAX_BYTES
-);
-
-fn check_icrc(local: SocketAddr, src: SocketAddr, n: usize, roce: &[u8], id: u16) -> IcrcCheck {
-    let mut h = [0u8; 48];
-    let udp_len = (8 + n) as u16;
-    let l = match (unmap(src.ip()), local.ip()) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => {
-            h[0] = 0x45;
-            h[2..4].copy_from_slice(&(20 + udp_len).to_be_bytes());
-            h[4..6].copy_from_slice(&id.to_be_bytes());
-            // DF.
-            h[6] = 0x40;
-            h[8] = 64;
-            h[9] = 17;
-            h[12..16].copy_from_slice(&s.octets());
-            h[16..20].copy_from_slice(&d.octets());
-            20
-        }
-        (IpAddr::V6(s), IpAddr::V6(d)) => {
-            h[0] = 0x60;
-            h[4..6].copy_from_slice(&udp_len.to_be_bytes());
-            h[6] = 17;
-            h[7] = 64;
-            h[8..24].copy_from_slice(&s.octets());
-            h[24..40].copy_from_slice(&d.octets());
-            40
-        }
-        _ => return IcrcCheck::Bad,
-    };
-    h[l..l + 2].copy_from_slice(&src.port().to_be_bytes());
-    h[l + 2..l + 4].copy_from_slice(&local.port().to_be_bytes());
-    h[l + 4..l + 6].copy_from_slice(&udp_len.to_be_bytes());
-    match rxe_core::icrc::verify(&h[..l + 8], roce) {
-        Ok(()) => IcrcCheck::Ok,
-        Err(_) if l == 20 => IcrcCheck::Unverifiable,
-        Err(_) => IcrcCheck::Bad,
-    }
-}
-
-enum IcrcCheck {
-    Ok,
-    Unverifiable,
-    Bad,
-}
-
-fn unmap(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-        v4 => v4,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::transport::socket::{
+        setsockopt_int, test_packet as packet, GSO_REFUSALS_OFF, TX_STRIDE, UDP_NO_CHECK6_TX,
+    };
     use rxe_core::wire::{emit, BthRepr, ExtRepr, Opcode};
-
-    fn packet(buf: &mut [u8]) -> usize {
-        let bth = BthRepr::new(Opcode::RC_SEND_ONLY, 0x12, 7, true);
-        let (n, pr) = emit(buf, &bth, &ExtRepr::default(), 4).unwrap();
-        buf[pr.start..pr.end].copy_from_slice(b"ping");
-        n
-    }
-
-    /// `packet()` with its ICRC computed for `src` → `local` and the IPv4 ID `id`.
-    fn packet_with_id(src: SocketAddr, local: SocketAddr, id: u16) -> ([u8; 256], usize) {
-        let mut roce = [0u8; 256];
-        let n = packet(&mut roce);
-        let udp_len = (8 + n) as u16;
-        let (IpAddr::V4(s), IpAddr::V4(d)) = (src.ip(), local.ip()) else {
-            panic!("IPv4 addresses only");
-        };
-        let mut h = [0u8; 28];
-        h[0] = 0x45;
-        h[2..4].copy_from_slice(&(20 + udp_len).to_be_bytes());
-        h[4..6].copy_from_slice(&id.to_be_bytes());
-        h[6] = 0x40;
-        h[8] = 64;
-        h[9] = 17;
-        h[12..16].copy_from_slice(&s.octets());
-        h[16..20].copy_from_slice(&d.octets());
-        h[20..22].copy_from_slice(&src.port().to_be_bytes());
-        h[22..24].copy_from_slice(&local.port().to_be_bytes());
-        h[24..26].copy_from_slice(&udp_len.to_be_bytes());
-        rxe_core::icrc::fill(&h, &mut roce[..n]).unwrap();
-        (roce, n)
-    }
-
-    fn rx_icrc(strict: bool) -> RxIcrc {
-        RxIcrc {
-            strict,
-            solver: rxe_core::icrc::Ipv4IdSolver::new(),
-            ids: Default::default(),
-            epoch: std::time::Instant::now(),
-        }
-    }
-
-    /// An IPv4 packet whose sender picked an IP ID other than 0 (as Linux rxe does): the
-    /// first of a source teaches its ID and is dropped, the next of the sequence verifies by
-    /// solving for the ID; strict mode refuses both; a corrupted one is dropped either way.
-    #[test]
-    fn ipv4_icrc_with_a_nonzero_id_is_solved_not_waved_through() {
-        let src: SocketAddr = "10.1.2.3:49152".parse().unwrap();
-        let local: SocketAddr = "10.1.2.4:4791".parse().unwrap();
-        let any = EgressPolicy::default();
-        let (first, n) = packet_with_id(src, local, 0xbeef);
-        let (roce, _) = packet_with_id(src, local, 0xbef0);
-        let mut strict = rx_icrc(true);
-        let mut icrc = rx_icrc(false);
-        let mut st = TransportStats::default();
-        assert!(!verify_icrc(
-            &mut icrc,
-            &any,
-            &mut st,
-            local,
-            src,
-            &first[..n],
-            0
-        ));
-        assert_eq!(
-            (st.rx_icrc_ok, st.rx_icrc_id_learned, st.rx_icrc_bad),
-            (0, 1, 0),
-            "a source's first ID is learned, its packet dropped"
-        );
-        assert!(verify_icrc(
-            &mut icrc,
-            &any,
-            &mut st,
-            local,
-            src,
-            &roce[..n],
-            0
-        ));
-        assert_eq!(
-            (st.rx_icrc_ok, st.rx_icrc_id_solved, st.rx_icrc_bad),
-            (0, 1, 0)
-        );
-        assert!(!verify_icrc(
-            &mut strict,
-            &any,
-            &mut st,
-            local,
-            src,
-            &roce[..n],
-            0
-        ));
-        assert_eq!(st.rx_icrc_bad, 1, "strict: ID 0 only");
-        // Strict, as segment 0xbef0 of a GRO run: that ID exactly.
-        assert!(verify_icrc(
-            &mut strict,
-            &any,
-            &mut st,
-            local,
-            src,
-            &roce[..n],
-            0xbef0
-        ));
-        assert_eq!(
-            (st.rx_icrc_ok, st.rx_icrc_bad),
-            (1, 1),
-            "strict: the run index"
-        );
-        for bit in [0usize, 8 * 6 + 3, 8 * (n - 6)] {
-            let mut bad = roce;
-            bad[bit / 8] ^= 1 << (bit % 8);
-            let before = (st.rx_icrc_bad, st.rx_icrc_id_learned);
-            assert!(!verify_icrc(
-                &mut icrc,
-                &any,
-                &mut st,
-                local,
-                src,
-                &bad[..n],
-                0
-            ));
-            assert_eq!(
-                st.rx_icrc_bad + st.rx_icrc_id_learned,
-                before.0 + before.1 + 1,
-                "bit {bit} flipped must be dropped"
-            );
-        }
-        // The source port is covered too.
-        let other: SocketAddr = "10.1.2.3:49153".parse().unwrap();
-        assert!(!verify_icrc(
-            &mut icrc,
-            &any,
-            &mut st,
-            local,
-            other,
-            &roce[..n],
-            0
-        ));
-        // The sequence goes on past the corrupted packets.
-        let (next, _) = packet_with_id(src, local, 0xbef1);
-        assert!(verify_icrc(
-            &mut icrc,
-            &any,
-            &mut st,
-            local,
-            src,
-            &next[..n],
-            0
-        ));
-    }
-
-    /// What fails the cheap checks costs no solve: a source the egress policy refuses, a
-    /// BTH the engine would drop (unknown opcode, transport version, P_Key), a packet too
-    /// short for its opcode's headers.
-    #[test]
-    fn junk_costs_no_solve() {
-        let src: SocketAddr = "10.1.2.3:49152".parse().unwrap();
-        let local: SocketAddr = "10.1.2.4:4791".parse().unwrap();
-        let (good, n) = packet_with_id(src, local, 0x1234);
-        let only_10_9: EgressPolicy =
-            EgressPolicy::new(local.ip(), vec!["10.9.0.0/16".parse().unwrap()]);
-        let any = EgressPolicy::default();
-        let mut icrc = rx_icrc(false);
-        let mut st = TransportStats::default();
-        assert!(!verify_icrc(
-            &mut icrc,
-            &only_10_9,
-            &mut st,
-            local,
-            src,
-            &good[..n],
-            0
-        ));
-        let bad_bth: [fn(&mut [u8]); 3] = [
-            |b| b[0] = 0x1f,        // an opcode nobody implements
-            |b| b[1] |= 0x01,       // transport version 1
-            |b| b[2..4].fill(0x12), // a P_Key that is not the default
-        ];
-        for f in bad_bth {
-            let mut b = good;
-            f(&mut b);
-            assert!(!verify_icrc(
-                &mut icrc,
-                &any,
-                &mut st,
-                local,
-                src,
-                &b[..n],
-                0
-            ));
-        }
-        assert!(!verify_icrc(
-            &mut icrc,
-            &any,
-            &mut st,
-            local,
-            src,
-            &good[..15],
-            0
-        ));
-        assert_eq!((st.rx_icrc_solves, st.rx_icrc_bad), (0, 5), "{st:?}");
-        assert_eq!(icrc.solver.solves(), 0);
-        // The same packet from an allowed source is solved (and its ID learned).
-        assert!(!verify_icrc(
-            &mut icrc,
-            &any,
-            &mut st,
-            local,
-            src,
-            &good[..n],
-            0
-        ));
-        assert_eq!((st.rx_icrc_solves, st.rx_icrc_id_learned), (1, 1));
-    }
+    use std::net::UdpSocket;
 
     /// ICMP errors reported on the socket are counted and do not stop the receive path:
     /// datagrams that arrive after them are still read.
@@ -1474,17 +441,17 @@ mod tests {
         let dead = closed.local_addr().unwrap();
         drop(closed);
         for _ in 0..3 {
-            ta.sock.send_to(b"x", dead).unwrap();
+            ta.io.sock.send_to(b"x", dead).unwrap();
             std::thread::sleep(std::time::Duration::from_millis(5));
             let _ = ta.recv_batch();
         }
-        assert!(ta.stats.rx_errors >= 1, "{:?}", ta.stats);
+        assert!(ta.io.stats.rx_errors >= 1, "{:?}", ta.io.stats);
         assert!(!ta.rx_failing(), "a few errors are not a failing socket");
         let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
         peer.send_to(&[0u8; 20], ta.local_addr()).unwrap();
         std::thread::sleep(std::time::Duration::from_millis(5));
         assert_eq!(ta.drop_unattached(RX_BATCH * 4), 1);
-        assert_eq!(ta.stats.rx_unattached, 1);
+        assert_eq!(ta.io.stats.rx_unattached, 1);
     }
 
     /// A full socket buffer keeps the packets it did not take, in order, for the next flush;
@@ -1505,13 +472,13 @@ mod tests {
         for i in 0..4u8 {
             let buf = ta.next_buf();
             buf[..3].copy_from_slice(&[i, i, i]);
-            ta.tx_pending.push((3, dst));
+            ta.io.tx_pending.push((3, dst));
         }
         // As after a sendmmsg that took the first packet and then met EAGAIN.
-        ta.tx_blocked = true;
-        ta.keep_unsent(1);
+        ta.io.tx_blocked = true;
+        ta.io.keep_unsent(1);
         assert!(ta.blocked());
-        assert_eq!(ta.tx_pending.len(), 3);
+        assert_eq!(ta.io.tx_pending.len(), 3);
         ta.flush();
         assert!(!ta.blocked());
         let mut b = [0u8; 16];
@@ -1519,7 +486,7 @@ mod tests {
             let n = rx.recv(&mut b).unwrap();
             assert_eq!(&b[..n], &[i, i, i]);
         }
-        assert_eq!(ta.stats.tx_packets, 3);
+        assert_eq!(ta.io.stats.tx_packets, 3);
     }
 
     /// Builds packet `i` of a run in the next slot: a SEND of `payload` bytes with PSN `i`.
@@ -1607,7 +574,7 @@ mod tests {
         };
         assert!(ta.enable_gso().unwrap());
         assert!(tb.enable_gso().unwrap());
-        assert!(tb.rx.gro, "UDP GRO on a 6.x kernel");
+        assert!(tb.io.rx.gro, "UDP GRO on a 6.x kernel");
         ta.peer_port = tb.local_addr().port();
         let dst = tb.gid();
         // 20 packets of 4 KiB (GSO_MAX_BYTES splits them 15 + 5), one of 1000 B ending the
@@ -1629,19 +596,19 @@ mod tests {
             (12 + 4096 + 4, 12 + 64 + 4),
             "the short tail"
         );
-        assert_eq!(tb.stats.rx_icrc_ok, 23);
-        assert_eq!(tb.stats.rx_icrc_bad, 0);
+        assert_eq!(tb.io.stats.rx_icrc_ok, 23);
+        assert_eq!(tb.io.stats.rx_icrc_bad, 0);
         assert_eq!(
-            (ta.stats.tx_gso_sends, ta.stats.tx_gso_segments),
+            (ta.io.stats.tx_gso_sends, ta.io.stats.tx_gso_segments),
             (3, 23),
             "runs of 15, 6 (the 1000 B packet ends the second) and 2; {:?}",
-            ta.stats
+            ta.io.stats
         );
-        assert_eq!(ta.stats.tx_packets, 23);
+        assert_eq!(ta.io.stats.tx_packets, 23);
         assert!(
-            tb.stats.rx_gro_runs >= 1 && tb.stats.rx_gro_segments >= 6,
+            tb.io.stats.rx_gro_runs >= 1 && tb.io.stats.rx_gro_segments >= 6,
             "the runs arrive coalesced on loopback: {:?}",
-            tb.stats
+            tb.io.stats
         );
         // A receiver without GRO gets the same run as separate datagrams (the kernel cuts it
         // at the receiving socket), each ICRC right.
@@ -1654,13 +621,13 @@ mod tests {
         let (exact, solved) = if v4 { (1, 5) } else { (6, 0) };
         assert_eq!(
             (
-                tc.stats.rx_icrc_ok,
-                tc.stats.rx_icrc_id_solved,
-                tc.stats.rx_gro_runs
+                tc.io.stats.rx_icrc_ok,
+                tc.io.stats.rx_icrc_id_solved,
+                tc.io.stats.rx_gro_runs
             ),
             (exact, solved, 0)
         );
-        assert_eq!(ta.stats.tx_gso_sends, 4);
+        assert_eq!(ta.io.stats.tx_gso_sends, 4);
         // The IDs the kernel gave the segments it cut, seen as a plain socket sees them.
         let plain = UdpSocket::bind(at).unwrap();
         plain
@@ -1671,7 +638,7 @@ mod tests {
             push_send(&mut ta, tc.gid(), i, 4096);
         }
         ta.flush();
-        assert_eq!(ta.stats.tx_gso_sends, 5);
+        assert_eq!(ta.io.stats.tx_gso_sends, 5);
         let mut solver = rxe_core::icrc::Ipv4IdSolver::new();
         let local = plain.local_addr().unwrap();
         for k in 0..6u16 {
@@ -1696,7 +663,7 @@ mod tests {
         }
         tc.flush();
         assert_eq!(receive_n(&mut tb, 8).len(), 8);
-        assert_eq!(tc.stats.tx_gso_sends, 0);
+        assert_eq!(tc.io.stats.tx_gso_sends, 0);
         // A kernel that refuses GSO (here: the checksum turned off behind the transport's
         // back, EINVAL) loses nothing: each run goes out packet by packet, its ICRCs for ID 0
         // again (the strict receiver checks); GSO stays on for the next batch until
@@ -1706,7 +673,7 @@ mod tests {
         } else {
             setsockopt_int(ta.fd(), libc::IPPROTO_UDP, UDP_NO_CHECK6_TX, 1).unwrap();
         }
-        let ok_before = tb.stats.rx_icrc_ok;
+        let ok_before = tb.io.stats.rx_icrc_ok;
         for batch in 0..GSO_REFUSALS_OFF {
             assert!(ta.gso(), "still on after {batch} refusals");
             for i in 0..3 {
@@ -1715,12 +682,12 @@ mod tests {
             ta.flush();
         }
         let n = 3 * GSO_REFUSALS_OFF as usize;
-        assert_eq!(receive_n(&mut tb, n).len(), n, "{:?}", ta.stats);
-        assert_eq!(tb.stats.rx_icrc_ok - ok_before, n as u64);
-        assert_eq!(ta.stats.tx_gso_refused, GSO_REFUSALS_OFF as u64);
+        assert_eq!(receive_n(&mut tb, n).len(), n, "{:?}", ta.io.stats);
+        assert_eq!(tb.io.stats.rx_icrc_ok - ok_before, n as u64);
+        assert_eq!(ta.io.stats.tx_gso_refused, GSO_REFUSALS_OFF as u64);
         assert!(!ta.gso());
-        assert_eq!(ta.stats.tx_gso_sends, 5);
-        assert_eq!(ta.stats.tx_packets, 35 + n as u64);
+        assert_eq!(ta.io.stats.tx_gso_sends, 5);
+        assert_eq!(ta.io.stats.tx_packets, 35 + n as u64);
     }
 
     /// Two sockets on loopback: what one sends the other verifies (ID 0 over IPv4), and a
@@ -1766,10 +733,11 @@ mod tests {
             let (meta, len) = got.expect("datagram");
             assert_eq!(len, n);
             assert_eq!(meta.src, ta.gid());
-            assert_eq!(tb.stats.rx_icrc_ok, 1);
+            assert_eq!(tb.io.stats.rx_icrc_ok, 1);
             // Corrupt one payload byte after the ICRC was computed.
             buf[n - 5] ^= 1;
-            ta.sock
+            ta.io
+                .sock
                 .send_to(&buf[..n], tb.local_addr())
                 .expect("raw send");
             let mut dropped = false;
@@ -1777,7 +745,7 @@ mod tests {
                 if tb.recv(&mut rb).is_some() {
                     break;
                 }
-                if tb.stats.rx_icrc_bad == 1 {
+                if tb.io.stats.rx_icrc_bad == 1 {
                     dropped = true;
                     break;
                 }
@@ -1830,11 +798,11 @@ mod tests {
             );
             return;
         };
-        ta.peer_port = tb.local.port();
-        tb.peer_port = ta.local.port();
+        ta.peer_port = tb.io.local.port();
+        tb.peer_port = ta.io.local.port();
         let (ga, gb) = (ta.gid(), tb.gid());
-        let io_a = crate::transport::io_thread::IoThread::start(&mut ta).unwrap();
-        let io_b = crate::transport::io_thread::IoThread::start(&mut tb).unwrap();
+        let io_a = ta.start_io_thread().unwrap();
+        let io_b = tb.start_io_thread().unwrap();
         // 1000 packets of 1 KiB from a, flushed every 100 as a pump does; a full channel
         // stops it until the I/O thread wakes the worker through the inbox's eventfd. Each
         // hundred is taken at b before the next leaves: b's socket buffer holds about two
@@ -1910,7 +878,7 @@ mod tests {
         drop(io_a);
         push_send(&mut ta, gb, 0, 64);
         ta.flush();
-        assert_eq!(ta.stats.tx_dropped, 1);
+        assert_eq!(ta.io.stats.tx_dropped, 1);
     }
 
     /// The worker's half with a full channel holds its batch, in order, says it is blocked
@@ -1927,8 +895,10 @@ mod tests {
         };
         ta.peer_port = 9;
         let dst = ta.gid();
-        let (off, from_worker) = crate::transport::io_thread::offload_without_thread(&ta).unwrap();
-        ta.set_offload(off);
+        let (off, from_worker) =
+            crate::transport::io_thread::offload_without_thread(&ta.io).unwrap();
+        ta.offload = Some(off);
+        ta.io.stop_receiving();
         let n = crate::transport::io_thread::CHANNEL_BATCHES * TX_BATCH;
         for i in 0..n as u32 {
             push_send(&mut ta, dst, i, 64);
@@ -1942,9 +912,9 @@ mod tests {
             ta.blocked(),
             "the channel holds {n} packets: the rest must wait"
         );
-        assert_eq!(ta.tx_pending.len(), 5);
+        assert_eq!(ta.io.tx_pending.len(), 5);
         assert!(ta.offload.as_ref().unwrap().waits());
-        assert_eq!(ta.stats.tx_blocked, 1);
+        assert_eq!(ta.io.stats.tx_blocked, 1);
         let first = from_worker.try_recv().unwrap();
         assert_eq!(first.pending.len(), TX_BATCH);
         ta.flush();
@@ -1967,7 +937,7 @@ mod tests {
         push_send(&mut ta, dst, 0, 64);
         ta.flush();
         assert_eq!(
-            ta.stats.tx_dropped, 1,
+            ta.io.stats.tx_dropped, 1,
             "a gone I/O thread loses what it is handed"
         );
         assert!(!ta.blocked());
