@@ -19,7 +19,7 @@ pub struct Cidr {
 
 impl Cidr {
     pub fn contains(&self, ip: IpAddr) -> bool {
-        match (self.addr, unmap(ip)) {
+        match (self.addr, ip.to_canonical()) {
             (IpAddr::V4(n), IpAddr::V4(a)) => {
                 let mask = u32::MAX.checked_shl(32 - self.len as u32).unwrap_or(0);
                 u32::from(n) & mask == u32::from(a) & mask
@@ -43,7 +43,7 @@ impl FromStr for Cidr {
         let addr: IpAddr = a
             .parse()
             .map_err(|_| format!("{s:?}: not an address/prefix"))?;
-        let addr = unmap(addr);
+        let addr = addr.to_canonical();
         let max = if addr.is_ipv4() { 32 } else { 128 };
         let len = match l {
             None => max,
@@ -82,14 +82,14 @@ impl EgressPolicy {
     pub fn new(local: IpAddr, allow: Vec<Cidr>) -> Self {
         EgressPolicy {
             allow: (!allow.is_empty()).then_some(allow),
-            deny_loopback: !unmap(local).is_loopback(),
-            deny_link_local: !is_link_local(unmap(local)),
+            deny_loopback: !local.to_canonical().is_loopback(),
+            deny_link_local: !is_link_local(local.to_canonical()),
         }
     }
 
     /// Whether a packet may go to `ip`.
     pub fn allows(&self, ip: IpAddr) -> bool {
-        let ip = unmap(ip);
+        let ip = ip.to_canonical();
         if let Some(list) = &self.allow {
             return list.iter().any(|c| c.contains(ip));
         }
@@ -108,13 +108,6 @@ fn is_link_local(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(a) => a.is_link_local(),
         IpAddr::V6(a) => a.segments()[0] & 0xffc0 == 0xfe80,
-    }
-}
-
-fn unmap(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-        v4 => v4,
     }
 }
 

@@ -23,12 +23,13 @@
 //! (docs/benchmarks.md, "I/O thread").
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TryRecvError, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::sync::lock;
@@ -229,8 +230,8 @@ impl IoThread {
             io: io.clone(),
             from_worker,
             to_worker,
-            epoll: epoll_new()?,
-            interest: 0,
+            epoll: Epoll::new()?,
+            interest: EventSet::empty(),
             rx_pause: crate::clock::RxBackoff::default(),
             rx_full: false,
         };
@@ -331,34 +332,15 @@ const TOKEN_SOCKET: u64 = 0;
 const TOKEN_WAKE: u64 = 1;
 const TOKEN_ROOM: u64 = 2;
 
-fn epoll_new() -> io::Result<OwnedFd> {
-    // SAFETY: epoll_create1 takes flags and returns a new fd or -1.
-    let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` was just created and is owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-fn epoll_ctl(ep: RawFd, op: i32, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
-    let mut ev = libc::epoll_event { events, u64: token };
-    // SAFETY: `ev` is a valid epoll_event for the duration of the call.
-    if unsafe { libc::epoll_ctl(ep, op, fd, &mut ev) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
 /// The I/O thread's state.
 struct Run {
     link: Arc<Link>,
     io: Arc<Mutex<UdpIo>>,
     from_worker: Receiver<TxBatch>,
     to_worker: Sender<TxBatch>,
-    epoll: OwnedFd,
-    /// The socket's epoll interest now (EPOLLIN while receiving, EPOLLOUT while blocked).
-    interest: u32,
+    epoll: Epoll,
+    /// The socket's epoll interest now (IN while receiving, OUT while blocked).
+    interest: EventSet,
     rx_pause: crate::clock::RxBackoff,
     /// The inbox was full: the socket is not read until the worker has made room.
     rx_full: bool,
@@ -379,24 +361,14 @@ impl Run {
     }
 
     fn run_loop(&mut self) -> io::Result<()> {
-        let ep = self.epoll.as_raw_fd();
+        let ep = &self.epoll;
         let sock = lock(&self.io).fd();
-        epoll_ctl(
-            ep,
-            libc::EPOLL_CTL_ADD,
-            self.link.io_wake.as_raw_fd(),
-            libc::EPOLLIN as u32,
-            TOKEN_WAKE,
-        )?;
-        epoll_ctl(ep, libc::EPOLL_CTL_ADD, sock, 0, TOKEN_SOCKET)?;
-        epoll_ctl(
-            ep,
-            libc::EPOLL_CTL_ADD,
-            self.link.inbox.room_fd(),
-            libc::EPOLLIN as u32,
-            TOKEN_ROOM,
-        )?;
-        let mut events = [libc::epoll_event { events: 0, u64: 0 }; 4];
+        let add =
+            |fd, events, token| ep.ctl(ControlOperation::Add, fd, EpollEvent::new(events, token));
+        add(self.link.io_wake.as_raw_fd(), EventSet::IN, TOKEN_WAKE)?;
+        add(sock, EventSet::empty(), TOKEN_SOCKET)?;
+        add(self.link.inbox.room_fd(), EventSet::IN, TOKEN_ROOM)?;
+        let mut events = [EpollEvent::default(); 4];
         loop {
             if self.link.stop.load(Ordering::SeqCst) {
                 return Ok(());
@@ -407,17 +379,20 @@ impl Run {
             }
             let blocked = self.send();
             self.link.io_holding.store(blocked, Ordering::SeqCst);
-            if self.rx_pause.until.is_none() && !self.rx_full {
+            let receiving = self.rx_pause.until.is_none() && !self.rx_full;
+            if receiving {
                 self.receive();
             }
-            let want = if blocked { libc::EPOLLOUT as u32 } else { 0 }
-                | if self.rx_pause.until.is_none() && !self.rx_full {
-                    libc::EPOLLIN as u32
-                } else {
-                    0
-                };
+            let mut want = EventSet::empty();
+            if blocked {
+                want |= EventSet::OUT;
+            }
+            if self.rx_pause.until.is_none() && !self.rx_full {
+                want |= EventSet::IN;
+            }
             if want != self.interest {
-                epoll_ctl(ep, libc::EPOLL_CTL_MOD, sock, want, TOKEN_SOCKET)?;
+                let ev = EpollEvent::new(want, TOKEN_SOCKET);
+                self.epoll.ctl(ControlOperation::Modify, sock, ev)?;
                 self.interest = want;
             }
             // Sleep, unless a batch came meanwhile (the worker wakes a sleeper only).
@@ -431,27 +406,18 @@ impl Run {
                     None => -1,
                 }
             };
-            // SAFETY: `events` is a valid array of its length for the kernel to fill.
-            let n =
-                unsafe { libc::epoll_wait(ep, events.as_mut_ptr(), events.len() as i32, timeout) };
+            let woken = self.epoll.wait(timeout, &mut events);
             self.link.io_sleeping.store(false, Ordering::SeqCst);
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() != io::ErrorKind::Interrupted {
-                    return Err(e);
-                }
-            }
+            let n = match woken {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => 0,
+                Err(e) => return Err(e),
+            };
             // The eventfd only when it woke us: no system call per wake-up by the socket.
-            if events[..n.max(0) as usize].iter().any(|e| {
-                let token = e.u64;
-                token == TOKEN_WAKE
-            }) {
+            if events[..n].iter().any(|e| e.data() == TOKEN_WAKE) {
                 let _ = self.link.io_wake.read();
             }
-            if events[..n.max(0) as usize].iter().any(|e| {
-                let token = e.u64;
-                token == TOKEN_ROOM
-            }) {
+            if events[..n].iter().any(|e| e.data() == TOKEN_ROOM) {
                 self.rx_full = self.link.inbox.room_taken();
             }
         }
