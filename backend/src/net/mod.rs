@@ -6,5 +6,6 @@
 pub mod net_policy;
 pub mod net_port;
 pub mod netlink;
+pub mod stats;
 pub mod vhost_proxy;
 pub mod vhu_net;

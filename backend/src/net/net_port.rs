@@ -12,9 +12,11 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use crate::net::net_policy::NetPolicy;
-use crate::net::vhu_net::NetStats;
+use crate::net::stats::NetStats;
 use crate::sys::setsockopt;
-use crate::transport::raw::{attach_filter, bind_all, iface_info, net_filter_program, RawError};
+use crate::transport::raw::{
+    attach_filter, bind_all, iface_info, net_filter_program, Companion, RawError,
+};
 
 const PACKET_ADD_MEMBERSHIP: i32 = 1;
 const PACKET_MR_PROMISC: u16 = 1;
@@ -214,5 +216,15 @@ impl NetPort {
                 return Err(e);
             }
         }
+    }
+}
+
+impl Companion for NetPort {
+    fn set_guest_addrs(&self, gids: &[IpAddr]) -> Vec<IpAddr> {
+        NetPort::set_guest_addrs(self, gids)
+    }
+
+    fn set_roce_addrs(&self, addrs: &[IpAddr]) -> io::Result<()> {
+        NetPort::set_roce_addrs(self, addrs)
     }
 }

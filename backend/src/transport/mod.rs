@@ -4,7 +4,9 @@
 //! engine's packets through [`PacketSink`].
 
 pub mod egress;
+pub mod filter;
 pub mod io_thread;
+pub mod neighbour;
 pub mod raw;
 pub mod same_host;
 pub mod sink;

@@ -28,9 +28,16 @@ use std::sync::Arc;
 use rxe_core::device::{RecvMeta, Transmit};
 use rxe_core::Gid;
 
-use crate::net::net_port::NetPort;
 use crate::sys::{ifreq, setsockopt};
 use crate::transport::egress::EgressPolicy;
+pub(crate) use crate::transport::filter::{attach_filter, filter_program, net_filter_program};
+pub use crate::transport::filter::{FilterKind, MAX_ADDRS_PER_FAMILY};
+use crate::transport::filter::{
+    ETH_LEN, ETH_P_ALL, ETH_P_ARP, ETH_P_IP, ETH_P_IPV6, ICMPV6, ROCE_PORT,
+};
+pub(crate) use crate::transport::neighbour::sum16;
+pub use crate::transport::neighbour::{arp_reply, multicast_mac, nd_reply, Local};
+use crate::transport::neighbour::{be16, solicited_node_mac};
 use crate::transport::sink::PacketSink;
 use crate::transport::stats::TransportStats;
 
@@ -57,25 +64,10 @@ const V2_FRAMES: usize = 256;
 /// A block the kernel has put frames in is handed over at the latest this long after it was
 /// opened (the latency floor of a lone packet).
 pub const BLOCK_TIMEOUT_MS: u32 = 1;
-/// Bytes of a frame the kernel copies into the ring at most (the filter's return value).
-const SNAP_LEN: u32 = 65535;
 
-const ETH_LEN: usize = 14;
-const ETH_P_ALL: u16 = 0x0003;
-const ETH_P_IP: u16 = 0x0800;
-const ETH_P_IPV6: u16 = 0x86dd;
-const ETH_P_ARP: u16 = 0x0806;
-/// An ARP packet for IPv4 over Ethernet.
-const ARP_LEN: usize = 28;
-/// A neighbour advertisement: IPv6 header, ICMPv6 NA with the target link-layer address.
-const NA_LEN: usize = 40 + 24 + 8;
-const ICMPV6: u8 = 58;
-const ND_SOLICIT: u8 = 135;
-const ND_ADVERT: u8 = 136;
 // linux/if_packet.h
 const PACKET_ADD_MEMBERSHIP: i32 = 1;
 const PACKET_MR_MULTICAST: u16 = 0;
-const ROCE_PORT: u16 = 4791;
 
 // linux/if_packet.h
 const PACKET_RX_RING: i32 = 5;
@@ -130,6 +122,15 @@ impl fmt::Display for RawError {
 }
 
 impl std::error::Error for RawError {}
+
+/// The guest's virtio-net socket on the same interface ([`crate::net::net_port`]), as the
+/// raw transport sees it when their filters split the frames ([`RawTransport::set_addrs`]).
+pub trait Companion: Send + Sync {
+    /// Learns the guest's addresses (its GID table); returns those RoCE is taken for.
+    fn set_guest_addrs(&self, gids: &[IpAddr]) -> Vec<IpAddr>;
+    /// Lets RoCEv2 to `addrs` go to the raw transport (its filter replaced in one step).
+    fn set_roce_addrs(&self, addrs: &[IpAddr]) -> io::Result<()>;
+}
 
 /// What the raw transport needs to know of its interface.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -192,268 +193,6 @@ pub fn iface_info(name: &str) -> Result<IfaceInfo, RawError> {
     })
 }
 
-/// One classic BPF instruction with symbolic jump targets, resolved by [`assemble`].
-#[derive(Clone, Copy)]
-enum Op {
-    /// A statement (load, return, …).
-    S(u16, u32),
-    /// A conditional jump: taken to `.1`, not taken to `.2`.
-    J(u16, u32, Target, Target),
-    At(Label),
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Target {
-    Next,
-    /// Over this many instructions.
-    Skip(usize),
-    To(Label),
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Label {
-    Arp,
-    Nd,
-    V4,
-    V6,
-    V4Port,
-    Accept,
-    Drop,
-    /// The virtio-net's destination check passed ([`net_filter_program`]).
-    Mine,
-    /// Dropped whatever the kind of filter.
-    Refuse,
-}
-
-const BPF_LD_H_ABS: u16 = 0x28;
-const BPF_LD_B_ABS: u16 = 0x30;
-const BPF_LD_W_ABS: u16 = 0x20;
-const BPF_LDX_MSH: u16 = 0xb1;
-const BPF_LD_H_IND: u16 = 0x48;
-const BPF_JEQ_K: u16 = 0x15;
-const BPF_JSET_K: u16 = 0x45;
-const BPF_RET_K: u16 = 0x06;
-const BPF_ALU_AND_K: u16 = 0x54;
-
-/// Resolves the labels of `ops` into relative jumps (each within 255 instructions).
-fn assemble(ops: &[Op]) -> Option<Vec<libc::sock_filter>> {
-    let mut at = Vec::new();
-    let mut n = 0usize;
-    for op in ops {
-        match op {
-            Op::At(l) => at.push((*l, n)),
-            _ => n += 1,
-        }
-    }
-    let pos = |l: Label| at.iter().find(|(x, _)| *x == l).map(|&(_, p)| p);
-    let mut out = Vec::with_capacity(n);
-    for op in ops {
-        match *op {
-            Op::At(_) => {}
-            Op::S(code, k) => out.push(libc::sock_filter {
-                code,
-                jt: 0,
-                jf: 0,
-                k,
-            }),
-            Op::J(code, k, t, f) => {
-                let here = out.len();
-                let rel = |t: Target| -> Option<u8> {
-                    match t {
-                        Target::Next => Some(0),
-                        Target::Skip(n) => u8::try_from(n).ok(),
-                        Target::To(l) => u8::try_from(pos(l)?.checked_sub(here + 1)?).ok(),
-                    }
-                };
-                out.push(libc::sock_filter {
-                    code,
-                    jt: rel(t)?,
-                    jf: rel(f)?,
-                    k,
-                });
-            }
-        }
-    }
-    Some(out)
-}
-
-/// Most addresses of one family a filter holds (its jumps stay within 255 instructions).
-pub const MAX_ADDRS_PER_FAMILY: usize = 8;
-
-/// Which frames a packet filter keeps (see [`filter_program`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FilterKind {
-    /// RoCEv2 to our addresses, ARP for our IPv4 ones and neighbour solicitations for our
-    /// IPv6 ones: the raw transport that answers for its addresses itself.
-    RoceAndNeighbours,
-    /// RoCEv2 to our addresses or to a multicast group: the raw transport beside a guest's
-    /// virtio-net, where the guest's own stack answers ARP and ND and joins the groups.
-    Roce,
-    /// Everything [`FilterKind::Roce`] does not keep: what the guest's virtio-net receives.
-    NotRoce,
-}
-
-/// The kernel-side filter. RoCEv2 is untagged IPv4 (unfragmented) or IPv6 UDP to port 4791
-/// of one of `addrs`; with [`FilterKind::RoceAndNeighbours`] also ARP for one of the IPv4
-/// ones and neighbour solicitations for one of the IPv6 ones; [`FilterKind::NotRoce`] keeps
-/// exactly what [`FilterKind::Roce`] drops.
-pub(crate) fn filter_program(addrs: &[IpAddr], kind: FilterKind) -> Option<Vec<libc::sock_filter>> {
-    assemble(&filter_ops(addrs, kind))
-}
-
-/// The guest's virtio-net filter: [`FilterKind::NotRoce`] for `addrs`, and with `mac` only
-/// frames to that MAC or to a group (multicast, broadcast).
-pub(crate) fn net_filter_program(
-    addrs: &[IpAddr],
-    mac: Option<[u8; 6]>,
-) -> Option<Vec<libc::sock_filter>> {
-    use Label::*;
-    use Op::*;
-    use Target::*;
-    let mut p = Vec::new();
-    if let Some(m) = mac {
-        p.extend([
-            S(BPF_LD_B_ABS, 0),
-            J(BPF_JSET_K, 1, To(Mine), Next),
-            S(BPF_LD_W_ABS, 2),
-            J(
-                BPF_JEQ_K,
-                u32::from_be_bytes([m[2], m[3], m[4], m[5]]),
-                Next,
-                To(Refuse),
-            ),
-            S(BPF_LD_H_ABS, 0),
-            J(
-                BPF_JEQ_K,
-                u16::from_be_bytes([m[0], m[1]]) as u32,
-                To(Mine),
-                Next,
-            ),
-            At(Refuse),
-            S(BPF_RET_K, 0),
-            At(Mine),
-        ]);
-    }
-    p.extend(filter_ops(addrs, FilterKind::NotRoce));
-    assemble(&p)
-}
-
-fn filter_ops(addrs: &[IpAddr], kind: FilterKind) -> Vec<Op> {
-    use Label::*;
-    use Op::*;
-    use Target::*;
-    let neighbours = kind == FilterKind::RoceAndNeighbours;
-    // Beside a virtio-net, RoCE to any multicast group is the engine's too (it delivers to the
-    // QPs attached to the group; the guest's stack joins the groups on the wire).
-    let multicast = !neighbours;
-    // What a frame that is ours (RoCE for our addresses) and one that is not return.
-    let (yes, no) = match kind {
-        FilterKind::NotRoce => (0, SNAP_LEN),
-        _ => (SNAP_LEN, 0),
-    };
-    let mut p = vec![
-        S(BPF_LD_H_ABS, 12),
-        J(BPF_JEQ_K, ETH_P_IP as u32, To(V4), Next),
-        J(
-            BPF_JEQ_K,
-            ETH_P_ARP as u32,
-            if neighbours { To(Arp) } else { To(Drop) },
-            Next,
-        ),
-        J(BPF_JEQ_K, ETH_P_IPV6 as u32, To(V6), To(Drop)),
-    ];
-    if neighbours {
-        // ARP whose target protocol address is one of ours (answered, see `arp_reply`)
-        p.extend([At(Arp), S(BPF_LD_W_ABS, (ETH_LEN + 24) as u32)]);
-        for a in addrs {
-            if let IpAddr::V4(v4) = a {
-                p.push(J(BPF_JEQ_K, u32::from(*v4), To(Accept), Next));
-            }
-        }
-        p.push(S(BPF_RET_K, no));
-    }
-    p.extend([
-        At(V4),
-        S(BPF_LD_B_ABS, 23),
-        J(BPF_JEQ_K, 17, Next, To(Drop)),
-        S(BPF_LD_H_ABS, 20),
-        // More fragments or a fragment offset: not for us (a RoCE packet has DF).
-        J(BPF_JSET_K, 0x3fff, To(Drop), Next),
-        S(BPF_LD_W_ABS, 30),
-    ]);
-    for a in addrs {
-        if let IpAddr::V4(v4) = a {
-            p.push(J(BPF_JEQ_K, u32::from(*v4), To(V4Port), Next));
-        }
-    }
-    if multicast {
-        // 224.0.0.0/4
-        p.extend([
-            S(BPF_ALU_AND_K, 0xf000_0000),
-            J(BPF_JEQ_K, 0xe000_0000, To(V4Port), Next),
-        ]);
-    }
-    p.extend([
-        S(BPF_RET_K, no),
-        At(V4Port),
-        S(BPF_LDX_MSH, ETH_LEN as u32),
-        S(BPF_LD_H_IND, ETH_LEN as u32 + 2),
-        J(BPF_JEQ_K, ROCE_PORT as u32, To(Accept), To(Drop)),
-        At(V6),
-        S(BPF_LD_B_ABS, ETH_LEN as u32 + 6),
-        J(
-            BPF_JEQ_K,
-            ICMPV6 as u32,
-            if neighbours { To(Nd) } else { To(Drop) },
-            Next,
-        ),
-        J(BPF_JEQ_K, 17, Next, To(Drop)),
-        S(BPF_LD_H_ABS, ETH_LEN as u32 + 40 + 2),
-        J(BPF_JEQ_K, ROCE_PORT as u32, Next, To(Drop)),
-    ]);
-    for a in addrs {
-        if let IpAddr::V6(v6) = a {
-            let o = v6.octets();
-            for w in 0..4 {
-                let word = u32::from_be_bytes(o[4 * w..4 * w + 4].try_into().expect("4"));
-                p.push(S(BPF_LD_W_ABS, (ETH_LEN + 24 + 4 * w) as u32));
-                // A mismatch goes on with the next address: past the rest of this one's.
-                let t = if w == 3 { To(Accept) } else { Next };
-                p.push(J(BPF_JEQ_K, word, t, Skip((3 - w) * 2)));
-            }
-        }
-    }
-    if multicast {
-        // ff00::/8
-        p.extend([
-            S(BPF_LD_B_ABS, (ETH_LEN + 24) as u32),
-            J(BPF_JEQ_K, 0xff, To(Accept), Next),
-        ]);
-    }
-    p.push(S(BPF_RET_K, no));
-    if neighbours {
-        // ICMPv6 neighbour solicitation whose target is one of ours (see `nd_reply`)
-        p.extend([
-            At(Nd),
-            S(BPF_LD_B_ABS, (ETH_LEN + 40) as u32),
-            J(BPF_JEQ_K, ND_SOLICIT as u32, Next, To(Drop)),
-        ]);
-        for a in addrs {
-            if let IpAddr::V6(v6) = a {
-                let o = v6.octets();
-                for w in 0..4 {
-                    let word = u32::from_be_bytes(o[4 * w..4 * w + 4].try_into().expect("4"));
-                    p.push(S(BPF_LD_W_ABS, (ETH_LEN + 40 + 8 + 4 * w) as u32));
-                    let t = if w == 3 { To(Accept) } else { Next };
-                    p.push(J(BPF_JEQ_K, word, t, Skip((3 - w) * 2)));
-                }
-            }
-        }
-    }
-    p.extend([At(Drop), S(BPF_RET_K, no), At(Accept), S(BPF_RET_K, yes)]);
-    p
-}
-
 /// Binds the packet socket `fd` to every protocol of the interface `index`.
 pub(crate) fn bind_all(fd: RawFd, index: i32) -> io::Result<()> {
     // SAFETY: sockaddr_ll is plain data; all-zero is a valid value.
@@ -473,15 +212,6 @@ pub(crate) fn bind_all(fd: RawFd, index: i32) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
-}
-
-/// Attaches `prog` to the socket `fd`.
-pub(crate) fn attach_filter(fd: RawFd, prog: &mut [libc::sock_filter]) -> io::Result<()> {
-    let fprog = libc::sock_fprog {
-        len: u16::try_from(prog.len()).map_err(|_| io::Error::other("filter too long"))?,
-        filter: prog.as_mut_ptr(),
-    };
-    setsockopt(fd, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &fprog)
 }
 
 /// Why a received frame was dropped; each has its counter in [`TransportStats`].
@@ -506,48 +236,6 @@ pub enum RxDrop {
     Icrc,
 }
 
-/// Where received frames must be addressed: the MACs and IP addresses we answer to.
-#[derive(Clone, Debug)]
-pub struct Local {
-    pub macs: Vec<[u8; 6]>,
-    pub addrs: Vec<IpAddr>,
-    /// RoCE to a multicast group (to its Ethernet group address) is ours too.
-    pub multicast: bool,
-}
-
-/// The Ethernet group address of multicast IP `ip` (RFC 1112, RFC 2464).
-pub fn multicast_mac(ip: IpAddr) -> [u8; 6] {
-    match ip {
-        IpAddr::V4(v) => {
-            let o = v.octets();
-            [0x01, 0x00, 0x5e, o[1] & 0x7f, o[2], o[3]]
-        }
-        IpAddr::V6(v) => {
-            let o = v.octets();
-            [0x33, 0x33, o[12], o[13], o[14], o[15]]
-        }
-    }
-}
-
-fn be16(b: &[u8], at: usize) -> u16 {
-    u16::from_be_bytes([b[at], b[at + 1]])
-}
-
-/// The 16-bit ones' complement sum of `b` (an odd last byte padded with zero), folded.
-pub(crate) fn sum16(mut acc: u32, b: &[u8]) -> u32 {
-    let mut c = b.chunks_exact(2);
-    for w in &mut c {
-        acc += u16::from_be_bytes([w[0], w[1]]) as u32;
-    }
-    if let [last] = c.remainder() {
-        acc += (*last as u32) << 8;
-    }
-    while acc > 0xffff {
-        acc = (acc & 0xffff) + (acc >> 16);
-    }
-    acc
-}
-
 /// Whether a non-zero UDP checksum is right (zero: not computed, as rxe sends).
 fn udp_checksum_ok(src: IpAddr, dst: IpAddr, udp: &[u8]) -> bool {
     if be16(udp, 6) == 0 {
@@ -567,127 +255,6 @@ fn udp_checksum_ok(src: IpAddr, dst: IpAddr, udp: &[u8]) -> bool {
 pub struct RxFrame {
     pub meta: RecvMeta,
     pub roce: (usize, usize),
-}
-
-/// The answer to an ARP request (Ethernet, IPv4) whose target is one of our IPv4 addresses:
-/// our MAC for it, sent to the asker, as the host's own stack answers for its addresses (the
-/// device's addresses are on no host interface, so nothing else would). `None` for any other
-/// frame, ARP reply or request for another address. Never panics.
-pub fn arp_reply(local: &Local, mac: [u8; 6], f: &[u8]) -> Option<[u8; ETH_LEN + ARP_LEN]> {
-    let a = f.get(ETH_LEN..ETH_LEN + ARP_LEN)?;
-    // hardware Ethernet, protocol IPv4, lengths 6 and 4, operation request
-    if be16(f, 12) != ETH_P_ARP || a[..8] != [0, 1, 8, 0, 6, 4, 0, 1] {
-        return None;
-    }
-    let sha: [u8; 6] = a[8..14].try_into().expect("6 bytes");
-    let spa = &a[14..18];
-    let tpa: [u8; 4] = a[24..28].try_into().expect("4 bytes");
-    // a multicast or broadcast sender hardware address is no one to answer
-    if sha[0] & 1 != 0 || !local.addrs.contains(&IpAddr::from(tpa)) {
-        return None;
-    }
-    let mut r = [0u8; ETH_LEN + ARP_LEN];
-    r[..6].copy_from_slice(&sha);
-    r[6..12].copy_from_slice(&mac);
-    r[12..14].copy_from_slice(&ETH_P_ARP.to_be_bytes());
-    let b = &mut r[ETH_LEN..];
-    b[..8].copy_from_slice(&[0, 1, 8, 0, 6, 4, 0, 2]);
-    b[8..14].copy_from_slice(&mac);
-    b[14..18].copy_from_slice(&tpa);
-    b[18..24].copy_from_slice(&sha);
-    b[24..28].copy_from_slice(spa);
-    Some(r)
-}
-
-/// The answer to an IPv6 neighbour solicitation (RFC 4861 7.2.4) whose target is one of our
-/// IPv6 addresses: a neighbour advertisement from that address with our MAC (solicited and
-/// override set; to the all-nodes group when the solicitation came from the unspecified
-/// address, duplicate address detection). The solicitation must be well formed (hop limit
-/// 255, code 0, a good checksum, options of non-zero length). `None` for any other frame.
-/// Never panics.
-pub fn nd_reply(local: &Local, mac: [u8; 6], f: &[u8]) -> Option<[u8; ETH_LEN + NA_LEN]> {
-    if f.len() < ETH_LEN + 40 || be16(f, 12) != ETH_P_IPV6 {
-        return None;
-    }
-    let ip = &f[ETH_LEN..];
-    let plen = be16(ip, 4) as usize;
-    if ip[0] >> 4 != 6 || ip[6] != ICMPV6 || ip[7] != 255 || plen < 24 || ip.len() < 40 + plen {
-        return None;
-    }
-    let src: [u8; 16] = ip[8..24].try_into().expect("16 bytes");
-    let dst: [u8; 16] = ip[24..40].try_into().expect("16 bytes");
-    let icmp = &ip[40..40 + plen];
-    if icmp[0] != ND_SOLICIT || icmp[1] != 0 || icmpv6_sum(&src, &dst, icmp) != 0xffff {
-        return None;
-    }
-    let target: [u8; 16] = icmp[8..24].try_into().expect("16 bytes");
-    if !local.addrs.contains(&IpAddr::from(target)) {
-        return None;
-    }
-    // options: the source link-layer address if there is one; none may have length 0
-    let mut asker = None;
-    let mut o = &icmp[24..];
-    while o.len() >= 2 {
-        let len = o[1] as usize * 8;
-        if len == 0 || len > o.len() {
-            return None;
-        }
-        if o[0] == 1 && len >= 8 {
-            asker = Some(<[u8; 6]>::try_from(&o[2..8]).expect("6 bytes"));
-        }
-        o = &o[len..];
-    }
-    let dad = src == [0; 16];
-    let (to_ip, to_mac) = if dad {
-        let all_nodes = std::net::Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1).octets();
-        (all_nodes, [0x33, 0x33, 0, 0, 0, 1])
-    } else {
-        let m = asker.unwrap_or_else(|| f[6..12].try_into().expect("6 bytes"));
-        if m[0] & 1 != 0 {
-            return None;
-        }
-        (src, m)
-    };
-    let mut r = [0u8; ETH_LEN + NA_LEN];
-    r[..6].copy_from_slice(&to_mac);
-    r[6..12].copy_from_slice(&mac);
-    r[12..14].copy_from_slice(&ETH_P_IPV6.to_be_bytes());
-    let ip = &mut r[ETH_LEN..];
-    ip[0] = 0x60;
-    ip[4..6].copy_from_slice(&32u16.to_be_bytes());
-    ip[6] = ICMPV6;
-    ip[7] = 255;
-    ip[8..24].copy_from_slice(&target);
-    ip[24..40].copy_from_slice(&to_ip);
-    let (hdr, na) = ip.split_at_mut(40);
-    na[0] = ND_ADVERT;
-    // solicited (not for DAD) and override
-    na[4] = if dad { 0x20 } else { 0x60 };
-    na[8..24].copy_from_slice(&target);
-    na[24] = 2; // target link-layer address
-    na[25] = 1;
-    na[26..32].copy_from_slice(&mac);
-    let s: [u8; 16] = hdr[8..24].try_into().expect("16 bytes");
-    let d: [u8; 16] = hdr[24..40].try_into().expect("16 bytes");
-    let sum = !icmpv6_sum(&s, &d, na);
-    na[2..4].copy_from_slice(&sum.to_be_bytes());
-    Some(r)
-}
-
-/// The ones'-complement sum of the ICMPv6 pseudo-header and `msg` (0xffff: a good checksum).
-fn icmpv6_sum(src: &[u8; 16], dst: &[u8; 16], msg: &[u8]) -> u16 {
-    let mut ph = [0u8; 8];
-    ph[..4].copy_from_slice(&(msg.len() as u32).to_be_bytes());
-    ph[7] = ICMPV6;
-    let acc = sum16(sum16(sum16(0, src), dst), &ph);
-    sum16(acc, msg) as u16
-}
-
-/// The Ethernet group a node joins for the solicitations of an IPv6 address (33:33:ff +
-/// its last three bytes).
-fn solicited_node_mac(a: &std::net::Ipv6Addr) -> [u8; 6] {
-    let o = a.octets();
-    [0x33, 0x33, 0xff, o[13], o[14], o[15]]
 }
 
 /// Checks one received Ethernet frame completely (see the module documentation). Never
@@ -903,6 +470,74 @@ unsafe impl Send for Ring {}
 const TP_STATUS_LOSING: u32 = 1 << 2;
 
 impl Ring {
+    /// Sets the TPACKET version `kind` on the packet socket `raw` (of interface `name`), has
+    /// the kernel allocate its receive ring, and maps it.
+    fn map(raw: RawFd, kind: RingKind, name: &str) -> Result<Ring, RawError> {
+        let version = match kind {
+            RingKind::V3 => TPACKET_V3,
+            RingKind::V2 => TPACKET_V2,
+        };
+        setsockopt(raw, libc::SOL_PACKET, PACKET_VERSION, &version)
+            .map_err(|e| RawError::Io("PACKET_VERSION", name.to_string(), e))?;
+        let ring_err = |e| RawError::Io("PACKET_RX_RING", name.to_string(), e);
+        let (unit, nr, status_at) = match kind {
+            RingKind::V3 => {
+                // struct tpacket_req3.
+                let req: [u32; 7] = [
+                    BLOCK_SIZE as u32,
+                    BLOCK_NR as u32,
+                    FRAME_SIZE as u32,
+                    (BLOCK_SIZE * BLOCK_NR / FRAME_SIZE) as u32,
+                    BLOCK_TIMEOUT_MS,
+                    0,
+                    0,
+                ];
+                setsockopt(raw, libc::SOL_PACKET, PACKET_RX_RING, &req).map_err(ring_err)?;
+                (BLOCK_SIZE, BLOCK_NR, 8)
+            }
+            RingKind::V2 => {
+                // struct tpacket_req.
+                let req: [u32; 4] = [
+                    V2_BLOCK as u32,
+                    (V2_FRAME * V2_FRAMES / V2_BLOCK) as u32,
+                    V2_FRAME as u32,
+                    V2_FRAMES as u32,
+                ];
+                setsockopt(raw, libc::SOL_PACKET, PACKET_RX_RING, &req).map_err(ring_err)?;
+                (V2_FRAME, V2_FRAMES, 0)
+            }
+        };
+        // SAFETY: mapping the ring the kernel just allocated for this socket, of its size.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                unit * nr,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                raw,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            let e = io::Error::last_os_error();
+            return Err(RawError::Io(
+                "mmap of the receive ring",
+                name.to_string(),
+                e,
+            ));
+        }
+        Ok(Ring {
+            base: base.cast(),
+            kind,
+            unit,
+            nr,
+            status_at,
+            cur: 0,
+            walk: None,
+            done: Vec::with_capacity(RX_BATCH + BLOCK_NR),
+        })
+    }
+
     fn status(&self, b: usize) -> &AtomicU32 {
         // SAFETY: unit `b` < nr lies in the mapping; it starts page-aligned (V3) or at a
         // multiple of 16 KiB (V2), so the status word (offset 8 or 0) is aligned; the kernel
@@ -930,6 +565,23 @@ impl Ring {
         }
         self.done.clear();
     }
+}
+
+/// Has the interface `index` take the solicited-node groups of the IPv6 addresses among
+/// `addrs`, where neighbour solicitations for them come (a NIC filters other multicast out).
+fn join_solicited_node_groups(raw: RawFd, index: i32, addrs: &[IpAddr]) -> io::Result<()> {
+    for a in addrs {
+        if let IpAddr::V6(v6) = a {
+            // SAFETY: packet_mreq is plain data; all-zero is a valid value.
+            let mut mr: libc::packet_mreq = unsafe { std::mem::zeroed() };
+            mr.mr_ifindex = index;
+            mr.mr_type = PACKET_MR_MULTICAST;
+            mr.mr_alen = 6;
+            mr.mr_address[..6].copy_from_slice(&solicited_node_mac(v6));
+            setsockopt(raw, libc::SOL_PACKET, PACKET_ADD_MEMBERSHIP, &mr)?;
+        }
+    }
+    Ok(())
 }
 
 impl Drop for Ring {
@@ -988,7 +640,7 @@ pub struct RawTransport {
     answer_neighbours: bool,
     /// The guest's virtio-net socket on the same interface ([`crate::net::net_port`]): its filter
     /// stays the complement of ours, and our addresses follow the guest's GID table.
-    companion: Option<Arc<NetPort>>,
+    companion: Option<Arc<dyn Companion>>,
 }
 
 impl RawTransport {
@@ -1007,10 +659,6 @@ impl RawTransport {
                 has: info.mtu,
             });
         }
-        let io = |what| {
-            let e = io::Error::last_os_error();
-            RawError::Io(what, name.to_string(), e)
-        };
         // Protocol 0: nothing is queued before the filter and the ring are in place and the
         // socket is bound.
         // SAFETY: plain syscall; the result is checked and owned below.
@@ -1045,83 +693,16 @@ impl RawTransport {
         })?;
         attach_filter(raw, &mut prog)
             .map_err(|e| RawError::Io("SO_ATTACH_FILTER", name.to_string(), e))?;
-        let version = match cfg.ring {
-            RingKind::V3 => TPACKET_V3,
-            RingKind::V2 => TPACKET_V2,
-        };
-        setsockopt(raw, libc::SOL_PACKET, PACKET_VERSION, &version)
-            .map_err(|e| RawError::Io("PACKET_VERSION", name.to_string(), e))?;
-        let ring_err = |e| RawError::Io("PACKET_RX_RING", name.to_string(), e);
-        let (unit, nr, status_at) = match cfg.ring {
-            RingKind::V3 => {
-                // struct tpacket_req3.
-                let req: [u32; 7] = [
-                    BLOCK_SIZE as u32,
-                    BLOCK_NR as u32,
-                    FRAME_SIZE as u32,
-                    (BLOCK_SIZE * BLOCK_NR / FRAME_SIZE) as u32,
-                    BLOCK_TIMEOUT_MS,
-                    0,
-                    0,
-                ];
-                setsockopt(raw, libc::SOL_PACKET, PACKET_RX_RING, &req).map_err(ring_err)?;
-                (BLOCK_SIZE, BLOCK_NR, 8)
-            }
-            RingKind::V2 => {
-                // struct tpacket_req.
-                let req: [u32; 4] = [
-                    V2_BLOCK as u32,
-                    (V2_FRAME * V2_FRAMES / V2_BLOCK) as u32,
-                    V2_FRAME as u32,
-                    V2_FRAMES as u32,
-                ];
-                setsockopt(raw, libc::SOL_PACKET, PACKET_RX_RING, &req).map_err(ring_err)?;
-                (V2_FRAME, V2_FRAMES, 0)
-            }
-        };
-        // SAFETY: mapping the ring the kernel just allocated for this socket, of its size.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                unit * nr,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                raw,
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(io("mmap of the receive ring"));
-        }
-        let ring = Ring {
-            base: base.cast(),
-            kind: cfg.ring,
-            unit,
-            nr,
-            status_at,
-            cur: 0,
-            walk: None,
-            done: Vec::with_capacity(RX_BATCH + BLOCK_NR),
-        };
+        let ring = Ring::map(raw, cfg.ring, name)?;
         setsockopt(raw, libc::SOL_PACKET, PACKET_QDISC_BYPASS, &1i32)
             .map_err(|e| RawError::Io("PACKET_QDISC_BYPASS", name.to_string(), e))?;
         // Our own frames (and those of other sockets) leaving the interface are not input;
         // older kernels lack the option and the ring walk skips them instead.
         let _ = setsockopt(raw, libc::SOL_PACKET, PACKET_IGNORE_OUTGOING, &1i32);
-        // The solicited-node groups of our IPv6 addresses, where neighbour solicitations for
-        // them come (a NIC filters other multicast out).
-        for a in cfg.addrs.iter().filter(|_| cfg.answer_neighbours) {
-            if let IpAddr::V6(v6) = a {
-                // SAFETY: packet_mreq is plain data; all-zero is a valid value.
-                let mut mr: libc::packet_mreq = unsafe { std::mem::zeroed() };
-                mr.mr_ifindex = info.index;
-                mr.mr_type = PACKET_MR_MULTICAST;
-                mr.mr_alen = 6;
-                mr.mr_address[..6].copy_from_slice(&solicited_node_mac(v6));
-                setsockopt(raw, libc::SOL_PACKET, PACKET_ADD_MEMBERSHIP, &mr).map_err(|e| {
-                    RawError::Io("joining the solicited-node group", name.to_string(), e)
-                })?;
-            }
+        if cfg.answer_neighbours {
+            join_solicited_node_groups(raw, info.index, &cfg.addrs).map_err(|e| {
+                RawError::Io("joining the solicited-node group", name.to_string(), e)
+            })?;
         }
         let _ = setsockopt(raw, libc::SOL_SOCKET, libc::SO_SNDBUF, &(4i32 << 20));
         bind_all(raw, info.index).map_err(|e| RawError::Io("bind", name.to_string(), e))?;
@@ -1155,7 +736,7 @@ impl RawTransport {
     /// Shares the interface with the guest's virtio-net socket `port`: from now on the
     /// addresses are the guest's ([`Self::set_addrs`]), and what is not RoCE for them is the
     /// port's.
-    pub fn set_companion(&mut self, port: Arc<NetPort>) {
+    pub fn set_companion(&mut self, port: Arc<dyn Companion>) {
         self.companion = Some(port);
     }
 
@@ -1607,19 +1188,9 @@ impl PacketSink for RawTransport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rxe_core::wire::frame::{encap, FrameMeta};
-    use rxe_core::wire::{emit, BthRepr, ExtRepr, Opcode};
-
-    const MAC_A: [u8; 6] = [2, 0x79, 0, 0, 0, 1];
-    const MAC_B: [u8; 6] = [2, 0x79, 0, 0, 0, 2];
-
-    fn local(ip: &str) -> Local {
-        Local {
-            macs: vec![MAC_B],
-            addrs: vec![ip.parse().unwrap(), "fd79::2".parse().unwrap()],
-            multicast: false,
-        }
-    }
+    use crate::transport::filter::run_bpf;
+    use crate::transport::neighbour::testing::{frame, local, MAC_B};
+    use rxe_core::wire::Opcode;
 
     #[test]
     fn multicast_roce_is_ours_beside_a_virtio_net_only() {
@@ -1683,22 +1254,6 @@ mod tests {
             0,
             "other multicast UDP: the guest's"
         );
-    }
-
-    /// A RoCE SEND from `src` to `dst` inside Ethernet, as the transport builds it.
-    fn frame(src: &str, dst: &str, payload: usize) -> Vec<u8> {
-        let m = FrameMeta::new(src.parse().unwrap(), dst.parse().unwrap(), 0xc001)
-            .with_eth(MAC_A, MAC_B);
-        let h = m.header_len().unwrap();
-        let mut buf = vec![0u8; h + 64 + payload];
-        let bth = BthRepr::new(Opcode::RC_SEND_ONLY, 0x12, 7, true);
-        let (n, pr) = emit(&mut buf[h..], &bth, &ExtRepr::default(), payload).unwrap();
-        for (i, b) in buf[h + pr.start..h + pr.end].iter_mut().enumerate() {
-            *b = i as u8;
-        }
-        let len = encap(&mut buf, &m, n).unwrap();
-        buf.truncate(len);
-        buf
     }
 
     fn fix_ipv4_checksum(f: &mut [u8]) {
@@ -1908,334 +1463,6 @@ mod tests {
         s[12..14].copy_from_slice(&4u16.to_ne_bytes());
         assert_eq!(slot_frame_v2(&s), None, "frame inside its own header");
         assert_eq!(slot_frame_v2(&s[..20]), None, "slot shorter than a header");
-    }
-
-    /// A classic BPF interpreter for the instructions the filter uses.
-    fn run_bpf(prog: &[libc::sock_filter], pkt: &[u8]) -> u32 {
-        let (mut a, mut x, mut pc) = (0u32, 0u32, 0usize);
-        let ld = |at: usize, n: usize| -> Option<u32> {
-            let b = pkt.get(at..at + n)?;
-            Some(b.iter().fold(0u32, |v, &c| (v << 8) | c as u32))
-        };
-        for _ in 0..prog.len() {
-            let i = prog[pc];
-            pc += 1;
-            let k = i.k as usize;
-            // A load past the packet ends the program with 0, as in the kernel.
-            match i.code {
-                BPF_LD_H_ABS => match ld(k, 2) {
-                    Some(v) => a = v,
-                    None => return 0,
-                },
-                BPF_LD_B_ABS => match ld(k, 1) {
-                    Some(v) => a = v,
-                    None => return 0,
-                },
-                BPF_LD_W_ABS => match ld(k, 4) {
-                    Some(v) => a = v,
-                    None => return 0,
-                },
-                BPF_LDX_MSH => match ld(k, 1) {
-                    Some(v) => x = (v & 0xf) * 4,
-                    None => return 0,
-                },
-                BPF_LD_H_IND => match ld(x as usize + k, 2) {
-                    Some(v) => a = v,
-                    None => return 0,
-                },
-                BPF_ALU_AND_K => a &= i.k,
-                BPF_RET_K => return i.k,
-                BPF_JEQ_K | BPF_JSET_K => {
-                    let hit = if i.code == BPF_JEQ_K {
-                        a == i.k
-                    } else {
-                        a & i.k != 0
-                    };
-                    pc += if hit { i.jt } else { i.jf } as usize;
-                }
-                c => panic!("unexpected opcode {c:#x}"),
-            }
-            assert!(pc < prog.len(), "ran off the program");
-        }
-        panic!("no return")
-    }
-
-    #[test]
-    fn the_kernel_filter_keeps_roce_to_our_addresses_only() {
-        let addrs: Vec<IpAddr> = vec![
-            "10.79.0.2".parse().unwrap(),
-            "fd79::2".parse().unwrap(),
-            "10.79.0.3".parse().unwrap(),
-            "fd79::3".parse().unwrap(),
-        ];
-        let prog = filter_program(&addrs, FilterKind::RoceAndNeighbours).unwrap();
-        for (s, d, want) in [
-            ("10.79.0.1", "10.79.0.2", true),
-            ("10.79.0.1", "10.79.0.3", true),
-            ("10.79.0.1", "10.79.0.4", false),
-            ("fd79::1", "fd79::2", true),
-            ("fd79::1", "fd79::3", true),
-            ("fd79::1", "fd79::4", false),
-            ("fd79::1", "fd78::2", false),
-        ] {
-            let f = frame(s, d, 8);
-            assert_eq!(run_bpf(&prog, &f) != 0, want, "{s} -> {d}");
-        }
-        let mut f = frame("10.79.0.1", "10.79.0.2", 8);
-        f[36..38].copy_from_slice(&4792u16.to_be_bytes());
-        assert_eq!(run_bpf(&prog, &f), 0, "other port");
-        let mut f = frame("10.79.0.1", "10.79.0.2", 8);
-        f[20] |= 0x20;
-        assert_eq!(run_bpf(&prog, &f), 0, "fragment");
-        let mut f = frame("fd79::1", "fd79::2", 8);
-        f[20] = 6;
-        assert_eq!(run_bpf(&prog, &f), 0, "not UDP");
-        assert_eq!(run_bpf(&prog, &[0u8; 10]), 0, "runt");
-        // Eight addresses of each family still assemble (jumps within 255).
-        let many: Vec<IpAddr> = (0..8)
-            .flat_map(|i| {
-                [
-                    format!("10.79.1.{i}").parse().unwrap(),
-                    format!("fd79::1:{i}").parse().unwrap(),
-                ]
-            })
-            .collect();
-        assert!(filter_program(&many, FilterKind::RoceAndNeighbours).is_some());
-    }
-
-    #[test]
-    fn beside_a_virtio_net_the_two_filters_split_every_frame() {
-        let addrs: Vec<IpAddr> = vec!["10.79.0.2".parse().unwrap(), "fd79::2".parse().unwrap()];
-        let roce = filter_program(&addrs, FilterKind::Roce).unwrap();
-        let rest = filter_program(&addrs, FilterKind::NotRoce).unwrap();
-        let peer = [0x02, 0x79, 0, 0, 0, 0x0b];
-        let mut frames = vec![
-            ("roce v4", frame("10.79.0.1", "10.79.0.2", 8), true),
-            ("roce v6", frame("fd79::1", "fd79::2", 8), true),
-            (
-                "udp v4 to another",
-                frame("10.79.0.1", "10.79.0.3", 8),
-                false,
-            ),
-            ("udp v6 to another", frame("fd79::1", "fd79::3", 8), false),
-            ("arp", arp_request(peer, "10.79.0.1", "10.79.0.2"), false),
-            ("nd", nd_solicit(peer, "fd79::1", "fd79::2"), false),
-        ];
-        let mut port = frame("10.79.0.1", "10.79.0.2", 8);
-        port[36..38].copy_from_slice(&4792u16.to_be_bytes());
-        frames.push(("udp v4 other port", port, false));
-        let mut frag = frame("10.79.0.1", "10.79.0.2", 8);
-        frag[20] |= 0x20;
-        frames.push(("fragment", frag, false));
-        let mut tcp = frame("fd79::1", "fd79::2", 8);
-        tcp[20] = 6;
-        frames.push(("tcp v6", tcp, false));
-        let mut vlan = frame("10.79.0.1", "10.79.0.2", 8);
-        vlan[12..14].copy_from_slice(&0x8100u16.to_be_bytes());
-        frames.push(("tagged", vlan, false));
-        for (what, f, is_roce) in frames {
-            assert_eq!(run_bpf(&roce, &f) != 0, is_roce, "{what}: raw transport");
-            assert_eq!(run_bpf(&rest, &f) != 0, !is_roce, "{what}: virtio-net");
-        }
-        // Shorter than an Ethernet header: neither's (the kernel ends a filter that loads
-        // past the frame with 0).
-        let runt = [0u8; 10];
-        assert_eq!((run_bpf(&roce, &runt), run_bpf(&rest, &runt)), (0, 0));
-    }
-
-    /// The guest's virtio-net takes frames to its MAC and to groups only (the rest of its
-    /// filter unchanged); without a MAC (`--net-any-mac`) every MAC.
-    #[test]
-    fn the_virtio_nets_filter_keeps_the_guests_mac_and_groups() {
-        let addrs: Vec<IpAddr> = vec!["10.79.0.2".parse().unwrap()];
-        let guest = [0x52, 0x54, 0, 0x79, 0, 2];
-        let mine = net_filter_program(&addrs, Some(guest)).unwrap();
-        let any = net_filter_program(&addrs, None).unwrap();
-        let to = |mac: [u8; 6], dst: &str| {
-            let mut f = frame("10.79.0.1", dst, 8);
-            f[..6].copy_from_slice(&mac);
-            f
-        };
-        for (what, mac, dst, want, want_any) in [
-            ("the guest's", guest, "10.79.0.3", true, true),
-            ("broadcast", [0xff; 6], "10.79.0.3", true, true),
-            (
-                "multicast",
-                [0x01, 0, 0x5e, 0, 0, 1],
-                "10.79.0.3",
-                true,
-                true,
-            ),
-            (
-                "another MAC",
-                [0x02, 0xaa, 0, 0, 0, 1],
-                "10.79.0.3",
-                false,
-                true,
-            ),
-            (
-                "the last byte differs",
-                [0x52, 0x54, 0, 0x79, 0, 3],
-                "10.79.0.3",
-                false,
-                true,
-            ),
-            (
-                "the first bytes differ",
-                [0x50, 0x54, 0, 0x79, 0, 2],
-                "10.79.0.3",
-                false,
-                true,
-            ),
-            ("RoCE to its GID", guest, "10.79.0.2", false, false),
-        ] {
-            assert_eq!(run_bpf(&mine, &to(mac, dst)) != 0, want, "{what}");
-            assert_eq!(
-                run_bpf(&any, &to(mac, dst)) != 0,
-                want_any,
-                "{what}, any MAC"
-            );
-        }
-    }
-
-    /// An ARP request (Ethernet, IPv4) from `sha`/`spa` for `tpa`.
-    fn arp_request(sha: [u8; 6], spa: &str, tpa: &str) -> Vec<u8> {
-        let spa: std::net::Ipv4Addr = spa.parse().unwrap();
-        let tpa: std::net::Ipv4Addr = tpa.parse().unwrap();
-        let mut f = vec![0xff; 6];
-        f.extend_from_slice(&sha);
-        f.extend_from_slice(&ETH_P_ARP.to_be_bytes());
-        f.extend_from_slice(&[0, 1, 8, 0, 6, 4, 0, 1]);
-        f.extend_from_slice(&sha);
-        f.extend_from_slice(&spa.octets());
-        f.extend_from_slice(&[0; 6]);
-        f.extend_from_slice(&tpa.octets());
-        f.resize(60, 0); // Ethernet padding
-        f
-    }
-
-    #[test]
-    fn arp_requests_for_our_addresses_are_answered_with_our_mac() {
-        let l = local("10.79.0.2");
-        let ours = [0x02, 0x79, 0, 0, 0, 0x0a];
-        let peer = [0x02, 0x79, 0, 0, 0, 0x0b];
-        let r = arp_reply(&l, ours, &arp_request(peer, "10.79.0.1", "10.79.0.2")).expect("reply");
-        let mut want = peer.to_vec();
-        want.extend_from_slice(&ours);
-        want.extend_from_slice(&[0x08, 0x06, 0, 1, 8, 0, 6, 4, 0, 2]);
-        want.extend_from_slice(&ours);
-        want.extend_from_slice(&[10, 79, 0, 2]);
-        want.extend_from_slice(&peer);
-        want.extend_from_slice(&[10, 79, 0, 1]);
-        assert_eq!(r.to_vec(), want);
-        // another target, a reply, a broadcast sender, cut short, not ARP: no answer
-        assert!(arp_reply(&l, ours, &arp_request(peer, "10.79.0.1", "10.79.0.3")).is_none());
-        let mut rep = arp_request(peer, "10.79.0.1", "10.79.0.2");
-        rep[21] = 2;
-        assert!(arp_reply(&l, ours, &rep).is_none(), "an ARP reply");
-        assert!(arp_reply(&l, ours, &arp_request([0xff; 6], "10.79.0.1", "10.79.0.2")).is_none());
-        let f = arp_request(peer, "10.79.0.1", "10.79.0.2");
-        for n in 0..ETH_LEN + ARP_LEN {
-            assert!(arp_reply(&l, ours, &f[..n]).is_none(), "cut at {n}");
-        }
-        assert!(arp_reply(&l, ours, &frame("10.79.0.1", "10.79.0.2", 8)).is_none());
-        // the kernel filter lets exactly the ARP for our IPv4 addresses through
-        let addrs: Vec<IpAddr> = vec!["10.79.0.2".parse().unwrap(), "fd79::2".parse().unwrap()];
-        let prog = filter_program(&addrs, FilterKind::RoceAndNeighbours).unwrap();
-        assert_ne!(run_bpf(&prog, &f), 0, "ARP for 10.79.0.2");
-        let other = arp_request(peer, "10.79.0.1", "10.79.0.3");
-        assert_eq!(run_bpf(&prog, &other), 0, "ARP for 10.79.0.3");
-    }
-
-    /// A neighbour solicitation from `sha`/`src` for `target` (with the source link-layer
-    /// address option unless `src` is unspecified), to the target's solicited-node group.
-    fn nd_solicit(sha: [u8; 6], src: &str, target: &str) -> Vec<u8> {
-        let src: std::net::Ipv6Addr = src.parse().unwrap();
-        let target: std::net::Ipv6Addr = target.parse().unwrap();
-        let t = target.octets();
-        let dst = std::net::Ipv6Addr::from([
-            0xff, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0xff, t[13], t[14], t[15],
-        ]);
-        let mut icmp = vec![ND_SOLICIT, 0, 0, 0, 0, 0, 0, 0];
-        icmp.extend_from_slice(&t);
-        if !src.is_unspecified() {
-            icmp.extend_from_slice(&[1, 1]);
-            icmp.extend_from_slice(&sha);
-        }
-        let sum = !icmpv6_sum(&src.octets(), &dst.octets(), &icmp);
-        icmp[2..4].copy_from_slice(&sum.to_be_bytes());
-        let mut f = solicited_node_mac(&target).to_vec();
-        f.extend_from_slice(&sha);
-        f.extend_from_slice(&ETH_P_IPV6.to_be_bytes());
-        f.extend_from_slice(&[0x60, 0, 0, 0]);
-        f.extend_from_slice(&(icmp.len() as u16).to_be_bytes());
-        f.extend_from_slice(&[ICMPV6, 255]);
-        f.extend_from_slice(&src.octets());
-        f.extend_from_slice(&dst.octets());
-        f.extend_from_slice(&icmp);
-        f
-    }
-
-    #[test]
-    fn neighbour_solicitations_for_our_addresses_are_answered_with_our_mac() {
-        let l = local("10.79.0.2"); // and fd79::2
-        let ours = [0x02, 0x79, 0, 0, 0, 0x0a];
-        let peer = [0x02, 0x79, 0, 0, 0, 0x0b];
-        let ns = nd_solicit(peer, "fd79::1", "fd79::2");
-        let r = nd_reply(&l, ours, &ns).expect("advertisement");
-        assert_eq!(&r[..6], &peer, "to the asker's MAC");
-        assert_eq!(&r[6..12], &ours);
-        assert_eq!(be16(&r, 12), ETH_P_IPV6);
-        let ip = &r[ETH_LEN..];
-        assert_eq!((ip[0], be16(ip, 4), ip[6], ip[7]), (0x60, 32, ICMPV6, 255));
-        let fd79 = |s: &str| s.parse::<std::net::Ipv6Addr>().unwrap().octets();
-        assert_eq!(ip[8..24], fd79("fd79::2"), "from the target");
-        assert_eq!(ip[24..40], fd79("fd79::1"), "to the asker");
-        let na = &ip[40..];
-        assert_eq!(
-            (na[0], na[1], na[4]),
-            (ND_ADVERT, 0, 0x60),
-            "solicited, override"
-        );
-        assert_eq!(na[8..24], fd79("fd79::2"));
-        assert_eq!(
-            &na[24..32],
-            &[2, 1, ours[0], ours[1], ours[2], ours[3], ours[4], ours[5]]
-        );
-        let (s16, d16) = (
-            ip[8..24].try_into().unwrap(),
-            ip[24..40].try_into().unwrap(),
-        );
-        assert_eq!(icmpv6_sum(&s16, &d16, na), 0xffff, "checksum");
-        // duplicate address detection: to all nodes, not solicited
-        let r = nd_reply(&l, ours, &nd_solicit(peer, "::", "fd79::2")).expect("DAD answer");
-        assert_eq!(&r[..6], &[0x33, 0x33, 0, 0, 0, 1]);
-        assert_eq!(r[ETH_LEN + 24..ETH_LEN + 40], fd79("ff02::1"));
-        assert_eq!(r[ETH_LEN + 40 + 4], 0x20);
-        // another target, a bad checksum, a forwarded one (hop limit), a zero-length option
-        assert!(nd_reply(&l, ours, &nd_solicit(peer, "fd79::1", "fd79::3")).is_none());
-        let mut bad = ns.clone();
-        bad[ETH_LEN + 40 + 2] ^= 1;
-        assert!(nd_reply(&l, ours, &bad).is_none(), "bad checksum");
-        let mut fwd = ns.clone();
-        fwd[ETH_LEN + 7] = 254;
-        assert!(nd_reply(&l, ours, &fwd).is_none(), "hop limit 254");
-        let mut zero = ns.clone();
-        zero[ETH_LEN + 40 + 25] = 0;
-        assert!(nd_reply(&l, ours, &zero).is_none(), "option of length 0");
-        for n in 0..ns.len() {
-            assert!(nd_reply(&l, ours, &ns[..n]).is_none(), "cut at {n}");
-        }
-        assert!(nd_reply(&l, ours, &frame("fd79::1", "fd79::2", 8)).is_none());
-        // the kernel filter lets exactly the solicitations for our IPv6 addresses through
-        let addrs: Vec<IpAddr> = vec!["10.79.0.2".parse().unwrap(), "fd79::2".parse().unwrap()];
-        let prog = filter_program(&addrs, FilterKind::RoceAndNeighbours).unwrap();
-        assert_ne!(run_bpf(&prog, &ns), 0, "NS for fd79::2");
-        let other = nd_solicit(peer, "fd79::1", "fd79::3");
-        assert_eq!(run_bpf(&prog, &other), 0, "NS for fd79::3");
-        let mut echo = ns.clone();
-        echo[ETH_LEN + 40] = 128;
-        assert_eq!(run_bpf(&prog, &echo), 0, "an echo request");
     }
 
     /// Missing and down interfaces are told apart before any privilege is needed.
