@@ -66,6 +66,20 @@ struct Parcel {
     sealed: bool,
 }
 
+impl Parcel {
+    /// Lays the packet out in `whole` (at least `len` bytes) at its own offsets: the bytes
+    /// it carries where no reference stands; the referenced ranges keep what `whole` held.
+    #[inline]
+    fn unpack_into(&self, whole: &mut [u8]) {
+        let mut at = 0;
+        for g in crate::memory::payload_ref::unreferenced(self.len, &self.refs) {
+            let n = g.len();
+            whole[g].copy_from_slice(&self.buf[at..at + n]);
+            at += n;
+        }
+    }
+}
+
 /// An empty parcel's buffers, kept for the next one.
 type Spare = (Vec<u8>, Vec<PayloadRef>);
 
@@ -216,12 +230,7 @@ impl Inbox {
             let (mut whole, spare_refs) = lock(&self.pool).pop().unwrap_or_default();
             whole.clear();
             whole.resize(p.len, 0);
-            let mut at = 0;
-            for g in crate::memory::payload_ref::unreferenced(p.len, &p.refs) {
-                let n = g.len();
-                whole[g].copy_from_slice(&p.buf[at..at + n]);
-                at += n;
-            }
+            p.unpack_into(&mut whole);
             if let Some(src) = p.src.take() {
                 crate::memory::payload_ref::resolve(&src, &p.refs, &mut whole);
             }
@@ -324,12 +333,7 @@ impl Inbox {
                 if whole.len() < p.len {
                     whole.resize(p.len, 0);
                 }
-                let mut at = 0;
-                for g in crate::memory::payload_ref::unreferenced(p.len, &p.refs) {
-                    let n = g.len();
-                    whole[g].copy_from_slice(&p.buf[at..at + n]);
-                    at += n;
-                }
+                p.unpack_into(&mut whole);
                 // Every byte a reference stands for is written from the sender's memory
                 // (RefRam), never from `whole`, whose bytes there are an earlier packet's.
                 f(
