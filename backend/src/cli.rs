@@ -34,6 +34,12 @@ enum Sub {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<OsString>,
     },
+    /// Prints a daemon's counters, as JSON or OpenMetrics (`counters --help`).
+    #[command(disable_help_flag = true, disable_version_flag = true)]
+    Counters {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<OsString>,
+    },
     /// Prints the man page (roff) written from these options: `man -l <(vhost-user-rdma man)`.
     Man,
     /// Runs the eBPF RoCEv2 tap (`tap --help`).
@@ -92,6 +98,9 @@ pub fn main_with_args(bin: Binary, argv: impl IntoIterator<Item = OsString>) -> 
         Some(Sub::Tap { .. }) => {
             eprintln!("{}: no tap in this binary (vhost-user-rdma tap)", bin.name);
             std::process::exit(2);
+        }
+        Some(Sub::Counters { args }) => {
+            return crate::metrics::main_with_args(sub_args("counters", args))
         }
         Some(Sub::Man) => {
             return match man_page(&mut std::io::stdout().lock()) {

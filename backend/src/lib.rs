@@ -33,6 +33,7 @@ pub mod counters;
 pub mod device;
 pub mod heap;
 pub mod memory;
+pub mod metrics;
 pub mod net;
 pub mod ratelog;
 pub mod sync;

@@ -444,3 +444,45 @@ fn nothing_privileged_is_kept_once_the_sockets_are_open() {
     }
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+#[test]
+fn counters_read_as_json_and_as_openmetrics() {
+    let d = dir();
+    let (sock, counters) = (d.join("rdma.sock"), d.join("counters.sock"));
+    let mut a = Daemon::spawn(&sock, Some(&counters));
+    a.wait_for("waiting for a frontend");
+    let run = |extra: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_vhost-user-rdma"))
+            .arg("counters")
+            .arg(&counters)
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let json = run(&[]);
+    assert!(json.starts_with("{\"connections\":0,"), "{json}");
+    let om = run(&["--openmetrics"]);
+    let device = counters.display().to_string();
+    assert!(
+        om.contains(&format!(
+            "vhost_user_rdma_transport_tx_packets{{device=\"{device}\"}} 0\n"
+        )),
+        "{om}"
+    );
+    assert!(om.ends_with("# EOF\n"), "{om}");
+    assert!(a.terminate().success());
+    // A path that is no counters socket: said so.
+    let out = Command::new(env!("CARGO_BIN_EXE_vhost-user-rdma"))
+        .args(["counters", "/nonexistent/counters.sock"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is it a daemon's --counters-socket?"));
+    std::fs::remove_dir_all(&d).unwrap();
+}
