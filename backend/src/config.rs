@@ -36,7 +36,7 @@ pub struct Args {
     /// a device of its own, on a worker thread of its own.
     #[arg(
         long,
-        required_unless_present_any = ["fd", "print_capabilities"],
+        required_unless_present_any = ["fd", "print_capabilities", "device"],
         help_heading = "Sockets"
     )]
     pub socket_path: Vec<PathBuf>,
@@ -50,6 +50,16 @@ pub struct Args {
         help_heading = "Sockets"
     )]
     pub fd: Option<i32>,
+    /// One device, its settings grouped: `socket=PATH,udp-addr=ADDR[,mac=MAC][,counters=PATH]`.
+    /// Repeat it for several devices (instead of pairing the n-th --socket-path with the n-th
+    /// --udp-addr); the other options apply to every device.
+    #[arg(
+        long,
+        value_name = "SPEC",
+        conflicts_with_all = ["socket_path", "fd", "udp_addr", "mac", "counters_socket"],
+        help_heading = "Sockets"
+    )]
+    pub device: Vec<String>,
     /// Print what this backend is and offers as JSON (QEMU's vhost-user backend program
     /// conventions) and exit.
     #[arg(long, help_heading = "Sockets")]
@@ -237,6 +247,8 @@ pub const MAX_POLL_US: u32 = 1_000_000;
 pub enum ConfigError {
     #[error("invalid MAC address {0:?} (want xx:xx:xx:xx:xx:xx, unicast)")]
     Mac(String),
+    #[error("--device {0:?}: {1} (want socket=PATH,udp-addr=ADDR[,mac=MAC][,counters=PATH])")]
+    Device(String, String),
     #[error("--udp-addr must be a concrete address, not {0}")]
     UnspecifiedAddr(SocketAddr),
     #[error("--mtu {0} out of range (576..=65535)")]
@@ -645,11 +657,48 @@ impl TryFrom<Args> for Config {
     }
 }
 
+/// `--device` specs into the per-device lists (`--socket-path`, `--udp-addr`, `--mac`,
+/// `--counters-socket`) that [`configs`] checks: every spec names its socket and address;
+/// a MAC or a counters socket given for one device must be given for all (as the lists ask).
+fn group_devices(a: &mut Args) -> Result<(), ConfigError> {
+    let (mut socks, mut addrs, mut macs, mut counters) = (vec![], vec![], vec![], vec![]);
+    for spec in &a.device {
+        let bad = |why: &str| ConfigError::Device(spec.clone(), why.to_string());
+        let (mut sock, mut addr) = (None, None);
+        for part in spec.split(',') {
+            let (k, v) = part
+                .split_once('=')
+                .ok_or_else(|| bad("want key=value pairs"))?;
+            match k {
+                "socket" => sock = Some(PathBuf::from(v)),
+                "udp-addr" => addr = Some(v.parse().map_err(|_| bad("udp-addr is no IP:port"))?),
+                "mac" => macs.push(v.to_string()),
+                "counters" => counters.push(PathBuf::from(v)),
+                _ => return Err(bad(&format!("no key {k:?}"))),
+            }
+        }
+        socks.push(sock.ok_or_else(|| bad("no socket="))?);
+        addrs.push(addr.ok_or_else(|| bad("no udp-addr="))?);
+    }
+    let n = socks.len();
+    if (!macs.is_empty() && macs.len() != n) || (!counters.is_empty() && counters.len() != n) {
+        return Err(ConfigError::Device(
+            a.device.join(" "),
+            "give mac= and counters= to every device or to none".into(),
+        ));
+    }
+    (a.socket_path, a.udp_addr, a.mac, a.counters_socket) = (socks, addrs, macs, counters);
+    Ok(())
+}
+
 /// The configurations of the devices the command line asks for: one per `--socket-path`, each
 /// with its own `--udp-addr` and `--counters-socket`, everything else shared.
 pub fn configs(mut a: Args) -> Result<Vec<Config>, ConfigError> {
     if let Some(fd) = a.fd {
         a.socket_path = vec![PathBuf::from(format!("fd {fd}"))];
+    }
+    if !a.device.is_empty() {
+        group_devices(&mut a)?;
     }
     let n = a.socket_path.len();
     if a.udp_addr.len() != n {
@@ -706,6 +755,67 @@ mod tests {
         let mut v = vec!["vhost-user-rdma", "--socket-path", "/tmp/x.sock"];
         v.extend_from_slice(extra);
         Args::parse_from(v)
+    }
+
+    /// `--device` groups one device's socket, address, MAC and counters socket.
+    #[test]
+    fn devices_are_grouped_by_device() {
+        let parse = |v: &[&str]| {
+            let mut all = vec!["vhost-user-rdma"];
+            all.extend_from_slice(v);
+            configs(Args::try_parse_from(all).unwrap())
+        };
+        let cs = parse(&[
+            "--device",
+            "socket=/tmp/a.sock,udp-addr=127.0.0.2:4791,mac=02:00:00:00:00:0a,counters=/tmp/a.c",
+            "--device",
+            "udp-addr=127.0.0.3:4791,socket=/tmp/b.sock,counters=/tmp/b.c,mac=02:00:00:00:00:0b",
+            "--mtu",
+            "9000",
+        ])
+        .unwrap();
+        assert_eq!(cs.len(), 2);
+        assert_eq!(cs[1].socket_path, PathBuf::from("/tmp/b.sock"));
+        assert_eq!(cs[1].udp_addr, "127.0.0.3:4791".parse().unwrap());
+        assert_eq!(cs[1].model.dev.mac, [2, 0, 0, 0, 0, 0x0b]);
+        assert_eq!(cs[0].counters_socket, Some(PathBuf::from("/tmp/a.c")));
+        assert_eq!(
+            (cs[0].model.netdev_mtu, cs[1].model.netdev_mtu),
+            (9000, 9000)
+        );
+        for (bad, why) in [
+            ("socket=/tmp/a.sock", "no udp-addr="),
+            ("udp-addr=127.0.0.2:4791", "no socket="),
+            (
+                "socket=/tmp/a.sock,udp-addr=nowhere",
+                "udp-addr is no IP:port",
+            ),
+            (
+                "socket=/tmp/a.sock,udp-addr=127.0.0.2:4791,colour=red",
+                "no key",
+            ),
+        ] {
+            let e = parse(&["--device", bad]).unwrap_err().to_string();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+        let e = parse(&[
+            "--device",
+            "socket=/tmp/a.sock,udp-addr=127.0.0.2:4791,mac=02:00:00:00:00:0a",
+            "--device",
+            "socket=/tmp/b.sock,udp-addr=127.0.0.3:4791",
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("to every device or to none"), "{e}");
+        // Not together with the positional lists.
+        assert!(Args::try_parse_from([
+            "vhost-user-rdma",
+            "--device",
+            "socket=/tmp/a.sock,udp-addr=127.0.0.2:4791",
+            "--socket-path",
+            "/tmp/x.sock"
+        ])
+        .is_err());
     }
 
     /// Several sockets make several devices, each with its own address and counters socket;
