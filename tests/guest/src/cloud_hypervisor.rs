@@ -53,8 +53,11 @@ use vhost::vhost_user::message::{
 };
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo};
+use vhost_user_rdma::abi;
 
-use crate::{abi, Guest, GuestRam, Virtq};
+use crate::driver::Guest;
+use crate::ram::GuestRam;
+use crate::virtq::Virtq;
 
 const F_INDIRECT_DESC: u64 = 1 << 28;
 const F_EVENT_IDX: u64 = 1 << 29;
@@ -205,7 +208,7 @@ pub enum ChError {
     /// No backend accepted the connection in time.
     ConnectTimeout,
     /// The guest side could not be built (guest memory).
-    Guest(crate::Error),
+    Guest(crate::error::Error),
     /// What the backend agreed needs a part of the frontend this replay does not have.
     NotReplayed(&'static str),
 }
@@ -217,8 +220,8 @@ impl std::fmt::Display for ChError {
 }
 impl std::error::Error for ChError {}
 
-impl From<crate::Error> for ChError {
-    fn from(e: crate::Error) -> Self {
+impl From<crate::error::Error> for ChError {
+    fn from(e: crate::error::Error) -> Self {
         ChError::Guest(e)
     }
 }
@@ -484,7 +487,7 @@ impl GenericVhostUserDevice {
             .queue_sizes
             .iter()
             .map(|&n| Virtq::new(ram, n, event_idx))
-            .collect::<crate::Result<Vec<_>>>()?;
+            .collect::<crate::error::Result<Vec<_>>>()?;
         let refs: Vec<(usize, &Virtq)> = qs.iter().enumerate().collect();
         self.activate(ram, acks, &refs)?;
         let ev_n = qs[abi::VQ_EVENT as usize].size;
@@ -510,7 +513,7 @@ impl GenericVhostUserDevice {
             .queue_sizes
             .iter()
             .map(|&n| Virtq::new(&g.ram, n, event_idx))
-            .collect::<crate::Result<Vec<_>>>()?;
+            .collect::<crate::error::Result<Vec<_>>>()?;
         {
             let refs: Vec<(usize, &Virtq)> = qs.iter().enumerate().collect();
             self.activate(&g.ram, acks, &refs)?;

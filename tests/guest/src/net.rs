@@ -13,7 +13,9 @@ use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatu
 use vhost::vhost_user::{Frontend, VhostUserFrontend};
 use vhost::VhostBackend;
 
-use crate::{Error, GuestRam, Result, Virtq};
+use crate::error::{Error, Result};
+use crate::ram::GuestRam;
+use crate::virtq::Virtq;
 
 pub const VIRTIO_NET_F_CSUM: u32 = 0;
 pub const VIRTIO_NET_F_GUEST_CSUM: u32 = 1;

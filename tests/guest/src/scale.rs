@@ -9,7 +9,10 @@ use std::time::{Duration, Instant};
 use rxe_core::verbs::*;
 use rxe_core::Gid;
 
-use crate::{bring_up, connect_qps, ConnOpts, End, Error, Guest, Mr, Node, Qp, Result, Srq};
+use crate::driver::Guest;
+use crate::error::{Error, Result};
+use crate::node::{bring_up, connect_qps, ConnOpts, End, Node};
+use crate::rings::{Mr, Qp, Srq};
 
 /// The traffic of one measurement.
 #[derive(Clone, Copy, Debug, Default)]
@@ -170,7 +173,7 @@ pub fn run_traffic(
 /// one shared CQ, each moved to RTS towards a QPN on `peer` that never sends.
 pub struct Idle {
     pub pd: u32,
-    pub cq: crate::Cq,
+    pub cq: crate::rings::Cq,
     pub srq: Srq,
     pub qps: Vec<Qp>,
 }
