@@ -80,24 +80,10 @@ device_up() { # SECONDS
     done
     return 1
 }
-# wait_listen PORT: bounded wait for a TCP listener (a pingpong server: it has opened the
-# device and made its QP by then)
-wait_listen() {
-    for _ in $(seq 200); do ss -ltn | grep -q ":$1 " && return 0; sleep 0.05; done
-    say "note: nothing listened on TCP $1 within 10 s"
-    return 1
-}
-# wait_cm_listen PORT: bounded wait for an rdma_cm listener on a device (rping)
-wait_cm_listen() {
-    local l
-    for _ in $(seq 200); do
-        l=$(rdma resource show cm_id 2>/dev/null | grep -w LISTEN | grep -w link) || true
-        grep -qE ":$1( |$)" <<<"$l" && return 0
-        sleep 0.05
-    done
-    say "note: no rdma_cm listener on port $1 within 10 s"
-    return 1
-}
+# wait_listen, wait_cm_listen
+wait_tag=DR
+# shellcheck source=tests/vm/guest-wait.sh
+. /vur-scenario/guest-wait.sh
 # wait_rts N: bounded wait until N QPs of ibv_rc_pingpong on $dev are in RTS (connected: the
 # ping-pong is under way; their output, a file, is only flushed at exit)
 wait_rts() {
@@ -326,7 +312,7 @@ EOF
 vm_rc=0
 "$here/run-vm.sh" --name dr --qemu "$qemu" --images "$images" --rdma-sock "$work/rdma.sock" \
     --rdma-reconnect 500 --allow-reboot --nic-no-peer --mac "$mac" --ip "$addr/24" --no-rxe --shared "$work" \
-    --smp 2 --scenario "$work/guest.sh" --timeout 600 >"$work/run-vm.log" 2>&1 &
+    --smp 2 --scenario "$work/guest.sh" --file "$here/guest-wait.sh" --timeout 600 >"$work/run-vm.log" 2>&1 &
 vm=$!
 
 fail=0

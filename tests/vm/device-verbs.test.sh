@@ -101,24 +101,10 @@ for _ in $(seq 50); do gid=$(vur-gid v4 "$dev") && break; sleep 0.1; done
 [[ -n $gid ]] || { echo "DV-FAIL no IPv4 RoCE v2 GID on $dev within 5 s"; exit 1; }
 echo "DV gid-index-v4=$gid gid=$(cat /sys/class/infiniband/$dev/ports/1/gids/$gid)"
 
-# wait_listen PORT: bounded wait for a TCP listener (the tools exchange QP numbers over TCP)
-wait_listen() {
-    for _ in $(seq 200); do ss -ltn | grep -q ":$1 " && return 0; sleep 0.05; done
-    echo "DV note: nothing listened on TCP $1 within 10 s"
-    return 1
-}
-
-# wait_cm_listen PORT: bounded wait for an rdma_cm listener on a device (rping)
-wait_cm_listen() {
-    local l
-    for _ in $(seq 200); do
-        l=$(rdma resource show cm_id 2>/dev/null | grep -w LISTEN | grep -w link) || true
-        grep -qE ":$1( |$)" <<<"$l" && return 0
-        sleep 0.05
-    done
-    echo "DV note: no rdma_cm listener on port $1 within 10 s"
-    return 1
-}
+# wait_listen, wait_cm_listen
+wait_tag=DV
+# shellcheck source=tests/vm/guest-wait.sh
+. /vur-scenario/guest-wait.sh
 
 # pair NAME SECONDS SERVER-CMD... -- CLIENT-ARGS...: server in the background, client
 # against 127.0.0.1, both bounded by SECONDS. A libibverbs example's --chk finding ("invalid
@@ -495,7 +481,7 @@ vm_rc=0
 watcher=$!
 "$here/run-vm.sh" --name dv --qemu "$qemu" --images "$images" --rdma-sock "$work/rdma.sock" \
     --nic-no-peer --mac "$mac" --ip "$addr/24" --no-rxe "${nic2[@]}" --shared "$work" --smp "${VUR_DEVICE_SMP:-2}" \
-    --scenario "$work/device-guest.sh" --timeout "$vm_timeout" ${VUR_DRIVER_PARAMS:+--env "VUR_DRIVER_PARAMS=$VUR_DRIVER_PARAMS"} || vm_rc=$?
+    --scenario "$work/device-guest.sh" --file "$here/guest-wait.sh" --timeout "$vm_timeout" ${VUR_DRIVER_PARAMS:+--env "VUR_DRIVER_PARAMS=$VUR_DRIVER_PARAMS"} || vm_rc=$?
 
 tr -d '\r' <"$work/dv.console.log" |
     grep -a -E '^DV|^\[vur-init|usec/iter|t_avg|BW average|^ *[0-9]+ +[0-9]+ +[0-9.]+' || true
