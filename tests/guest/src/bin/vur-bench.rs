@@ -1216,7 +1216,6 @@ fn main() {
     } else {
         WaitMode::Spin
     };
-    let want = |w: &str| a.only.as_deref().is_none_or(|o| o == w);
     if let Some(c) = a.daemon_cpu {
         let n = std::thread::available_parallelism().map_or(1, |n| n.get());
         let others: Vec<usize> = (0..n).filter(|&x| x != c).collect();
@@ -1224,34 +1223,39 @@ fn main() {
             vur_testguest::pin_current_thread(&others).expect("sched_setaffinity");
         }
     }
-    if a.only.as_deref() == Some("scale") {
-        scale(&bin, &a);
-        return;
-    }
-    if a.only.as_deref() == Some("raw") {
-        raw_vs_udp(&bin, &a, wait);
-        return;
-    }
-    if a.only.as_deref() == Some("same-host") {
-        same_host_table(&bin, &a);
-        return;
-    }
-    if a.only.as_deref() == Some("io-thread") {
-        io_thread_table(&bin, &a, wait);
-        return;
-    }
-    if a.only.as_deref() == Some("shard-threads") {
-        shard_threads_table(&bin, &a);
-        return;
-    }
-    if a.only.as_deref() == Some("gso") {
-        gso_table(&a);
-        gso_daemon_table(&bin, &a);
+    if a.only
+        .as_deref()
+        .is_some_and(|only| own_table(only, &bin, &a, wait))
+    {
         return;
     }
     let ours = run_daemon(&bin, &a, wait, None);
     let polled = a.poll_us.map(|p| run_daemon(&bin, &a, wait, Some(p)));
     let other = a.compare.as_ref().map(|c| run_daemon(c, &a, wait, None));
+    let k = kernel_row(&a);
+    print_table(&bin, &a, &ours, &k, other, polled);
+}
+
+/// Runs the benchmark `only` names if it has a table of its own (true), else nothing (false).
+fn own_table(only: &str, bin: &std::path::Path, a: &Args, wait: WaitMode) -> bool {
+    match only {
+        "scale" => scale(bin, a),
+        "raw" => raw_vs_udp(bin, a, wait),
+        "same-host" => same_host_table(bin, a),
+        "io-thread" => io_thread_table(bin, a, wait),
+        "shard-threads" => shard_threads_table(bin, a),
+        "gso" => {
+            gso_table(a);
+            gso_daemon_table(bin, a);
+        }
+        _ => return false,
+    }
+    true
+}
+
+/// The kernel's counterparts of the measurements `a.only` asks for.
+fn kernel_row(a: &Args) -> Row {
+    let want = |w: &str| a.only.as_deref().is_none_or(|o| o == w);
     let mut k = Row::default();
     if want("pingpong") {
         k.half_rtt_us = perf::udp_pingpong(64, a.iters).expect("udp").as_secs_f64() * 1e6;
@@ -1265,7 +1269,19 @@ fn main() {
     if want("rate") {
         k.msg_rate = udp_rate(64, a.messages, RATE_WINDOW as u64).expect("udp stream");
     }
+    k
+}
 
+/// The main table: ours, the kernel, their ratio, the compare column and the poll-mode column.
+fn print_table(
+    bin: &std::path::Path,
+    a: &Args,
+    ours: &Row,
+    k: &Row,
+    other: Option<Row>,
+    polled: Option<Row>,
+) {
+    let want = |w: &str| a.only.as_deref().is_none_or(|o| o == w);
     let cmp_hdr = if other.is_some() { "compare" } else { "" };
     let poll_hdr = a
         .poll_us
@@ -1314,7 +1330,7 @@ fn main() {
             ("  IPv6 ::1, --udp-gso", |r| r.write6_gbit),
         ];
         for (name, of) in gso_rows {
-            match of(&ours) {
+            match of(ours) {
                 Some(w) => line(
                     &format!("{name} (TCP stream)"),
                     w,
@@ -1369,7 +1385,7 @@ fn main() {
         println!(
             "{:<34} {}  ratio {:.2}x",
             "QUERY_PORT under 16 x 64 KiB WRITEs",
-            c(&ours),
+            c(ours),
             ours.ctrl_us[1] / ours.ctrl_us[0].max(1e-9)
         );
         if let Some(o) = &other {

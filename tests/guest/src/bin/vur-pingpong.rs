@@ -27,7 +27,7 @@ use rxe_core::verbs::*;
 use rxe_core::Gid;
 use vur_interop::oob::{self, Dest};
 use vur_interop::pingpong::{expected, payload, scrub_of};
-use vur_testguest::{Guest, GuestOpts};
+use vur_testguest::{Cq, Guest, GuestOpts, Mr, Qp};
 
 const RECV_WRID: u64 = 1;
 const SEND_WRID: u64 = 2;
@@ -112,11 +112,87 @@ fn main() -> ExitCode {
     }
 }
 
+/// What a failed command says: the step, then the device's answer.
+fn e(what: &'static str) -> impl Fn(vur_testguest::Error) -> String {
+    move |err| format!("{what}: {err}")
+}
+
+/// One side of the ping-pong: the QP, its CQ and one MR whose first half receives and whose
+/// second half (from `half`) sends.
+struct Side {
+    g: Guest,
+    cq: Cq,
+    qp: Qp,
+    mr: Mr,
+    recv: RecvWr,
+    size: usize,
+    half: usize,
+}
+
 fn run(a: &Args, mtu: Mtu) -> Result<(), String> {
-    let e = |what: &str| {
-        let what = what.to_string();
-        move |err: vur_testguest::Error| format!("{what}: {err}")
+    let mut side = open(a)?;
+    let gid = Gid::from_ip(a.ip);
+    let psn = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .subsec_nanos()
+        ^ (side.qp.qpn << 8))
+        & 0xff_ffff;
+    let mine = Dest {
+        lid: 0,
+        qpn: side.qp.qpn,
+        psn,
+        gid,
     };
+    let timeout = Duration::from_secs(a.timeout);
+    let remote = match a.server {
+        Some(ip) => {
+            let r = oob::client_exchange(SocketAddr::new(ip, a.port), &mine, timeout)
+                .map_err(|err| format!("exchange with {ip}:{}: {err}", a.port))?;
+            connect(&mut side, a, mtu, psn, &r)?;
+            r
+        }
+        None => {
+            let listen = SocketAddr::new(IpAddr::from([0u8; 4]), a.port);
+            let mut failed = None;
+            let r = oob::server_exchange(listen, |r| {
+                connect(&mut side, a, mtu, psn, r).map_err(|m| {
+                    failed = Some(m.clone());
+                    std::io::Error::other(m)
+                })?;
+                Ok(mine)
+            })
+            .map_err(|err| failed.unwrap_or_else(|| format!("exchange on {listen}: {err}")))?;
+            r
+        }
+    };
+    println!(
+        "  local address:  LID 0x0000, QPN 0x{:06x}, PSN 0x{psn:06x}, GID {}",
+        side.qp.qpn, a.ip
+    );
+    println!(
+        "  remote address: LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}",
+        remote.lid, remote.qpn, remote.psn
+    );
+    let start = Instant::now();
+    let verified = ping_pong(a, &mut side, start + timeout)?;
+    let secs = start.elapsed().as_secs_f64();
+    let bytes = a.size as u64 * a.iters as u64 * 2;
+    println!(
+        "{bytes} bytes in {secs:.2} seconds = {:.2} Mbit/sec",
+        bytes as f64 * 8.0 / secs / 1e6
+    );
+    println!(
+        "{} iters in {secs:.2} seconds = {:.2} usec/iter",
+        a.iters,
+        secs * 1e6 / a.iters as f64
+    );
+    println!("verified {verified} buffers byte for byte");
+    Ok(())
+}
+
+/// Attaches to the device, makes the PD, CQ, MR and an RC QP in INIT, and posts the receives.
+fn open(a: &Args) -> Result<Side, String> {
     let mut g = Guest::connect(&a.socket, GuestOpts::default()).map_err(e("attach"))?;
     let gid = Gid::from_ip(a.ip);
     g.add_gid(0, gid).map_err(e("ADD_GID"))?;
@@ -160,100 +236,83 @@ fn run(a: &Args, mtu: Mtu) -> Result<(), String> {
     for _ in 0..a.rx_depth {
         g.post_recv(&qp, &recv).map_err(e("post_recv"))?;
     }
-    let psn = (std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .subsec_nanos()
-        ^ (qp.qpn << 8))
-        & 0xff_ffff;
-    let mine = Dest {
-        lid: 0,
-        qpn: qp.qpn,
-        psn,
-        gid,
-    };
-    let dmac = a.dmac.unwrap_or_default();
-    let connect = |g: &mut Guest, r: &Dest| -> Result<(), String> {
-        let mut at = QpAttr {
-            qp_state: QpState::Rtr,
-            path_mtu: mtu,
-            dest_qp_num: r.qpn,
-            rq_psn: r.psn,
-            max_dest_rd_atomic: 1,
-            min_rnr_timer: 12,
-            av: Av {
-                dgid: r.gid,
-                sgid_index: 0,
-                hop_limit: 1,
-                dmac,
-                ..Default::default()
-            },
+    Ok(Side {
+        g,
+        cq,
+        qp,
+        mr,
+        recv,
+        size,
+        half,
+    })
+}
+
+/// Moves the QP to RTR and RTS towards the peer `r`, our first PSN `psn`.
+fn connect(side: &mut Side, a: &Args, mtu: Mtu, psn: u32, r: &Dest) -> Result<(), String> {
+    let mut at = QpAttr {
+        qp_state: QpState::Rtr,
+        path_mtu: mtu,
+        dest_qp_num: r.qpn,
+        rq_psn: r.psn,
+        max_dest_rd_atomic: 1,
+        min_rnr_timer: 12,
+        av: Av {
+            dgid: r.gid,
+            sgid_index: 0,
+            hop_limit: 1,
+            dmac: a.dmac.unwrap_or_default(),
             ..Default::default()
-        };
-        let m = AttrMask::STATE
-            | AttrMask::AV
-            | AttrMask::PATH_MTU
-            | AttrMask::DEST_QPN
-            | AttrMask::RQ_PSN
-            | AttrMask::MAX_DEST_RD_ATOMIC
-            | AttrMask::MIN_RNR_TIMER;
-        g.modify_qp(&qp, &at, m).map_err(e("modify RTR"))?;
-        at.qp_state = QpState::Rts;
-        at.timeout = 14;
-        at.retry_cnt = 7;
-        at.rnr_retry = 7;
-        at.sq_psn = psn;
-        at.max_rd_atomic = 1;
-        let m = AttrMask::STATE
-            | AttrMask::SQ_PSN
-            | AttrMask::TIMEOUT
-            | AttrMask::RETRY_CNT
-            | AttrMask::RNR_RETRY
-            | AttrMask::MAX_QP_RD_ATOMIC;
-        g.modify_qp(&qp, &at, m).map_err(e("modify RTS"))
+        },
+        ..Default::default()
     };
-    let timeout = Duration::from_secs(a.timeout);
+    let m = AttrMask::STATE
+        | AttrMask::AV
+        | AttrMask::PATH_MTU
+        | AttrMask::DEST_QPN
+        | AttrMask::RQ_PSN
+        | AttrMask::MAX_DEST_RD_ATOMIC
+        | AttrMask::MIN_RNR_TIMER;
+    side.g
+        .modify_qp(&side.qp, &at, m)
+        .map_err(e("modify RTR"))?;
+    at.qp_state = QpState::Rts;
+    at.timeout = 14;
+    at.retry_cnt = 7;
+    at.rnr_retry = 7;
+    at.sq_psn = psn;
+    at.max_rd_atomic = 1;
+    let m = AttrMask::STATE
+        | AttrMask::SQ_PSN
+        | AttrMask::TIMEOUT
+        | AttrMask::RETRY_CNT
+        | AttrMask::RNR_RETRY
+        | AttrMask::MAX_QP_RD_ATOMIC;
+    side.g.modify_qp(&side.qp, &at, m).map_err(e("modify RTS"))
+}
+
+/// The exchange itself: `a.iters` SENDs each way, every received buffer checked; returns how
+/// many were verified.
+fn ping_pong(a: &Args, side: &mut Side, deadline: Instant) -> Result<u32, String> {
+    let Side {
+        g,
+        cq,
+        qp,
+        mr,
+        recv,
+        size,
+        half,
+    } = side;
+    let (size, half) = (*size, *half);
     let client = a.server.is_some();
-    let remote = match a.server {
-        Some(ip) => {
-            let r = oob::client_exchange(SocketAddr::new(ip, a.port), &mine, timeout)
-                .map_err(|err| format!("exchange with {ip}:{}: {err}", a.port))?;
-            connect(&mut g, &r)?;
-            r
-        }
-        None => {
-            let listen = SocketAddr::new(IpAddr::from([0u8; 4]), a.port);
-            let mut failed = None;
-            let r = oob::server_exchange(listen, |r| {
-                connect(&mut g, r).map_err(|m| {
-                    failed = Some(m.clone());
-                    std::io::Error::other(m)
-                })?;
-                Ok(mine)
-            })
-            .map_err(|err| failed.unwrap_or_else(|| format!("exchange on {listen}: {err}")))?;
-            r
-        }
-    };
-    println!(
-        "  local address:  LID 0x0000, QPN 0x{:06x}, PSN 0x{psn:06x}, GID {}",
-        qp.qpn, a.ip
-    );
-    println!(
-        "  remote address: LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}",
-        remote.lid, remote.qpn, remote.psn
-    );
     // Our n-th SEND carries payload(n); our n-th receive must hold expected(n), and the
     // receive buffer holds its complement before.
     let expect_at = |n: u32| expected(n, size, client, !a.peer_is_ours);
     mr.buf.write(half, &payload(1, size));
     let send = SendWr::new(SEND_WRID, SendOp::Send, vec![mr.sge(half, a.size)]);
-    let start = Instant::now();
-    let deadline = start + timeout;
     let (mut scnt, mut rcnt, mut verified) = (0u32, 0u32, 0u32);
     let mut pending = RECV_WRID;
     if client {
-        g.post_send(&qp, &send).map_err(e("post_send"))?;
+        g.post_send(qp, &send).map_err(e("post_send"))?;
         pending |= SEND_WRID;
     }
     let mut progress = Instant::now();
@@ -282,7 +341,7 @@ fn run(a: &Args, mtu: Mtu) -> Result<(), String> {
                 waiting()
             ));
         }
-        let wcs = g.poll_cq(&cq, 16);
+        let wcs = g.poll_cq(cq, 16);
         if wcs.is_empty() {
             std::thread::yield_now();
             continue;
@@ -320,7 +379,7 @@ fn run(a: &Args, mtu: Mtu) -> Result<(), String> {
                     verified += 1;
                     // Before our next SEND, which the peer's next message answers.
                     mr.buf.write(0, &scrub_of(&expect_at(rcnt + 1)));
-                    g.post_recv(&qp, &recv).map_err(e("post_recv"))?;
+                    g.post_recv(qp, recv).map_err(e("post_recv"))?;
                 }
                 other => return Err(format!("completion for unknown wr_id {other}")),
             }
@@ -328,22 +387,10 @@ fn run(a: &Args, mtu: Mtu) -> Result<(), String> {
             if scnt < a.iters && pending == 0 {
                 // The last SEND has completed: its buffer is ours again.
                 mr.buf.write(half, &payload(scnt + 1, size));
-                g.post_send(&qp, &send).map_err(e("post_send"))?;
+                g.post_send(qp, &send).map_err(e("post_send"))?;
                 pending = RECV_WRID | SEND_WRID;
             }
         }
     }
-    let secs = start.elapsed().as_secs_f64();
-    let bytes = a.size as u64 * a.iters as u64 * 2;
-    println!(
-        "{bytes} bytes in {secs:.2} seconds = {:.2} Mbit/sec",
-        bytes as f64 * 8.0 / secs / 1e6
-    );
-    println!(
-        "{} iters in {secs:.2} seconds = {:.2} usec/iter",
-        a.iters,
-        secs * 1e6 / a.iters as f64
-    );
-    println!("verified {verified} buffers byte for byte");
-    Ok(())
+    Ok(verified)
 }
