@@ -201,7 +201,20 @@ const RNR_NAK: u8 = 0x21;
 /// (RC, path MTU 1024, 4 receives of 4 KiB over a 16 KiB MR with local write and every remote
 /// access, unless its setup words say otherwise).
 pub fn cases() -> Vec<Case> {
-    let mut v = vec![
+    [
+        rc_send_write_read(),
+        rc_atomics_sequence_malformed(),
+        icrc_cases(),
+        uc_ud_rc_requester(),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
+}
+
+/// RC responder: SEND, WRITE and READ.
+fn rc_send_write_read() -> Vec<Case> {
+    vec![
         // --- RC responder: SEND ---
         case("rc send only", "", vec![send(|c| vec![Pkt::new(O::RC_SEND_ONLY, c, 0, 100)])]),
         case("rc send first/middle/last", "", vec![send(|c| vec![
@@ -296,6 +309,13 @@ pub fn cases() -> Vec<Case> {
             Pkt::new(O::RC_RDMA_READ_REQUEST, c, 2, 0).reth(c.va + 3 * RECV_LEN + 2048, c.rkey, 10),
             Pkt::new(O::RC_SEND_ONLY, c, 3, 10),
         ])]),
+    ]
+}
+
+/// RC responder: atomics, ATOMIC_WRITE and FLUSH; sequence, duplicates and replay;
+/// malformed and filtered packets.
+fn rc_atomics_sequence_malformed() -> Vec<Case> {
+    vec![
         // --- RC responder: atomics, ATOMIC_WRITE, FLUSH ---
         case("rc compare and swap that matches", "", vec![send(|c| vec![
             Pkt::new(O::RC_COMPARE_SWAP, c, 0, 0).atomic(c.va + 8, c.rkey, 0xabcd, pattern_u64(8)),
@@ -391,9 +411,13 @@ pub fn cases() -> Vec<Case> {
             send(|c| vec![Pkt::new(O::RC_ACKNOWLEDGE, c, 0, 0).aeth(ACK, 1)]),
             send(|c| vec![Pkt::new(O::RC_SEND_ONLY, c, 0, 8)]),
         ]),
-    ];
-    // --- ICRC: one bit flipped in each field the ICRC covers, and in the payload; each is
-    // dropped without a trace, and the same packet intact afterwards is taken ---
+    ]
+}
+
+/// ICRC: one bit flipped in each field the ICRC covers, and in the payload; each is dropped
+/// without a trace, and the same packet intact afterwards is taken.
+fn icrc_cases() -> Vec<Case> {
+    let mut v = Vec::new();
     for (name, at) in [
         ("rc corrupted ICRC: opcode bit", (0usize, 0x01u8)),
         ("rc corrupted ICRC: P_Key bit", (2, 0x01)),
@@ -413,7 +437,12 @@ pub fn cases() -> Vec<Case> {
             ],
         ));
     }
-    v.extend([
+    v
+}
+
+/// UC, UD, and the RC requester (the target posts, the crafter answers).
+fn uc_ud_rc_requester() -> Vec<Case> {
+    vec![
         // --- UC ---
         case("uc send only", "type=uc", vec![send(|c| vec![Pkt::new(O::UC_SEND_ONLY, c, 0, 100)])]),
         case("uc write, then a write with immediate", "type=uc", vec![send(|c| vec![
@@ -511,8 +540,7 @@ pub fn cases() -> Vec<Case> {
             send(|c| vec![Pkt::new(O::RC_ATOMIC_ACKNOWLEDGE, c, 0, 0).sq(c, 0).aeth(ACK, 1)
                 .with(|p| p.ext.atomic_orig = 0x1122_3344_5566_7788)]),
         ]),
-    ]);
-    v
+    ]
 }
 
 const UD_QKEY: u32 = 0x1111_1111;

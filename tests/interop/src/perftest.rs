@@ -1117,19 +1117,7 @@ fn bw_client(
         )),
         _ => None,
     };
-    // What each READ must bring back: the remote buffer at the operation's offset.
-    let read_expect: Vec<Vec<u8>> = if o.test == Test::ReadBw {
-        (0..l.wrap().min(iters))
-            .map(|j| {
-                let base = l.remote_off() + l.op_off(j);
-                (0..o.size as u64)
-                    .map(|i| fill_byte(&pat, o.size, base + i))
-                    .collect()
-            })
-            .collect()
-    } else {
-        Vec::new()
-    };
+    let read_expect = read_expectations(o, &l, &pat);
     let read_poison: Vec<Vec<u8>> = read_expect.iter().map(|w| poison_of(w)).collect();
     for (w, x) in read_expect.iter().zip(&read_poison) {
         check_poison(x, w, "READ sink")?;
@@ -1230,33 +1218,11 @@ fn bw_client(
                 )));
             }
             match pending.pop_front() {
-                Some(Expect::Read { k }) => {
-                    let got = p.mem.slice(sink(k), o.size);
-                    let want = &read_expect[(k % l.wrap()) as usize];
-                    // A plain slice compare: a slow byte loop here (debug builds) lets the
-                    // UDP socket overflow while the peer keeps sending.
-                    if got != &want[..] {
-                        let at = first_diff(got, |i| want[i]).unwrap_or(0);
-                        return Err(err(format!(
-                            "READ {k}: byte {at} is {:#04x}, the remote buffer holds {:#04x}",
-                            got[at], want[at]
-                        )));
-                    }
-                    rep.verified += 1;
-                }
-                Some(Expect::Atomic { res, orig, k }) => {
-                    let mut b = [0u8; 8];
-                    b.copy_from_slice(p.mem.slice(res, 8));
-                    let got = u64::from_le_bytes(b);
-                    if got != orig {
-                        return Err(err(format!(
-                            "atomic {k} on slot {}: returned {got:#018x}, expected {orig:#018x}",
-                            k % l.wrap()
-                        )));
-                    }
-                    rep.verified += 1;
-                }
                 Some(Expect::None) => {}
+                Some(exp) => {
+                    check_result(p, o, &l, &exp, sink, &read_expect)?;
+                    rep.verified += 1;
+                }
                 None => return Err(err("completion without a posted operation".into())),
             }
             done += 1;
@@ -1264,6 +1230,62 @@ fn bw_client(
         }
     }
     rep.bytes = iters * o.size as u64;
+    Ok(())
+}
+
+/// What each READ of a bandwidth client must bring back: the remote buffer at the operation's
+/// offset (nothing for the other tests).
+fn read_expectations(o: &Opts, l: &Layout, pat: &[u8]) -> Vec<Vec<u8>> {
+    if o.test != Test::ReadBw {
+        return Vec::new();
+    }
+    (0..l.wrap().min(o.iters as u64))
+        .map(|j| {
+            let base = l.remote_off() + l.op_off(j);
+            (0..o.size as u64)
+                .map(|i| fill_byte(pat, o.size, base + i))
+                .collect()
+        })
+        .collect()
+}
+
+/// Checks what a completed READ (in its sink, `sink(k)`) or atomic (in its result slot)
+/// brought back.
+fn check_result(
+    p: &Peer,
+    o: &Opts,
+    l: &Layout,
+    exp: &Expect,
+    sink: impl Fn(u64) -> u64,
+    read_expect: &[Vec<u8>],
+) -> io::Result<()> {
+    match *exp {
+        Expect::Read { k } => {
+            let got = p.mem.slice(sink(k), o.size);
+            let want = &read_expect[(k % l.wrap()) as usize];
+            // A plain slice compare: a slow byte loop here (debug builds) lets the
+            // UDP socket overflow while the peer keeps sending.
+            if got != &want[..] {
+                let at = first_diff(got, |i| want[i]).unwrap_or(0);
+                return Err(err(format!(
+                    "READ {k}: byte {at} is {:#04x}, the remote buffer holds {:#04x}",
+                    got[at], want[at]
+                )));
+            }
+        }
+        Expect::Atomic { res, orig, k } => {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(p.mem.slice(res, 8));
+            let got = u64::from_le_bytes(b);
+            if got != orig {
+                return Err(err(format!(
+                    "atomic {k} on slot {}: returned {got:#018x}, expected {orig:#018x}",
+                    k % l.wrap()
+                )));
+            }
+        }
+        Expect::None => {}
+    }
     Ok(())
 }
 

@@ -127,7 +127,108 @@ fn ok<T>(r: Result<T, rxe_core::VerbError>, what: &str) -> io::Result<T> {
     r.map_err(|e| err(format!("{what}: {e}")))
 }
 
+/// Our end of a run: the QP and its CQ, one MR over both buffers, and where they are.
+struct Local {
+    qpn: Qpn,
+    cq: u32,
+    mr: u32,
+    /// The receive buffer: `grh` bytes of room for a UD network header, then the payload.
+    rbuf: u64,
+    /// The send buffer, `grh` bytes in (as the tools lay it out).
+    sbuf: u64,
+    grh: usize,
+    recv: RecvWr,
+}
+
+impl Local {
+    /// What we send: payload(n) as our n-th SEND.
+    fn put_payload(&self, p: &mut Peer, o: &Opts, n: u32) {
+        p.mem
+            .slice_mut(self.sbuf + self.grh as u64, o.size)
+            .copy_from_slice(&payload(n, o.size));
+    }
+
+    /// The receive buffer before each receive: no network header, and the complement of the
+    /// payload that must arrive.
+    fn scrub(&self, p: &mut Peer, o: &Opts, n: u32) {
+        let expect = expected(n, o.size, o.server.is_some(), o.peer_is_tool);
+        p.mem.slice_mut(self.rbuf, self.grh).fill(0);
+        p.mem
+            .slice_mut(self.rbuf + self.grh as u64, o.size)
+            .copy_from_slice(&scrub_of(&expect));
+    }
+}
+
+/// Where the loop of [`exchange`] stands.
+struct Progress {
+    scnt: u32,
+    rcnt: u32,
+    verified: u32,
+    pending: u64,
+    end: End,
+}
+
 pub fn run(p: &mut Peer, o: &Opts) -> io::Result<Report> {
+    let l = open(p, o)?;
+    let ud = o.kind == Kind::Ud;
+    let psn = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .subsec_nanos()
+        ^ l.qpn.0 << 8)
+        & 0xff_ffff;
+    let mine = Dest {
+        lid: 0,
+        qpn: l.qpn.0,
+        psn,
+        gid: Gid::from_ip(p.local_ip),
+    };
+    if ud {
+        let mut a = QpAttr {
+            qp_state: QpState::Rtr,
+            qkey: UD_QKEY,
+            ..Default::default()
+        };
+        ok(
+            p.dev.modify_qp(l.qpn, &a, AttrMask(AttrMask::STATE)),
+            "modify RTR",
+        )?;
+        a.qp_state = QpState::Rts;
+        a.sq_psn = psn;
+        ok(
+            p.dev
+                .modify_qp(l.qpn, &a, AttrMask(AttrMask::STATE | AttrMask::SQ_PSN)),
+            "modify RTS",
+        )?;
+    }
+    let remote = match o.server {
+        Some(addr) => {
+            let r = oob::client_exchange(addr, &mine, o.timeout)?;
+            connect(&mut p.dev, o, l.qpn, psn, &r)?;
+            r
+        }
+        None => {
+            let dev = &mut p.dev;
+            oob::server_exchange(o.listen, |r| connect(dev, o, l.qpn, psn, r).map(|_| mine))?
+        }
+    };
+    let (secs, done) = exchange(p, o, &l, &remote)?;
+    stay(p, o)?;
+    let counters = p.dev.qp_counters(l.qpn).unwrap_or_default();
+    Ok(Report {
+        iters: o.iters,
+        bytes: 2 * o.iters as u64 * o.size as u64,
+        secs,
+        verified: done.verified,
+        remote,
+        counters,
+        end: done.end,
+    })
+}
+
+/// Makes the PD, MR, CQ and QP (in INIT) and posts the receives, as the tools do before the
+/// exchange.
+fn open(p: &mut Peer, o: &Opts) -> io::Result<Local> {
     let ud = o.kind == Kind::Ud;
     let grh = if ud { 40 } else { 0 };
     let buf_len = o.size + grh;
@@ -175,7 +276,7 @@ pub fn run(p: &mut Peer, o: &Opts) -> io::Result<Report> {
         }),
         "create_qp",
     )?;
-    let mut a = QpAttr {
+    let a = QpAttr {
         qp_state: QpState::Init,
         qkey: UD_QKEY,
         ..Default::default()
@@ -200,114 +301,75 @@ pub fn run(p: &mut Peer, o: &Opts) -> io::Result<Report> {
     for _ in 0..o.rx_depth {
         ok(d.post_recv(qpn, recv.clone()), "post_recv")?;
     }
-    let psn = (std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .subsec_nanos()
-        ^ qpn.0 << 8)
-        & 0xff_ffff;
-    let mine = Dest {
-        lid: 0,
-        qpn: qpn.0,
-        psn,
-        gid: Gid::from_ip(p.local_ip),
-    };
-    if ud {
-        a.qp_state = QpState::Rtr;
-        ok(
-            p.dev.modify_qp(qpn, &a, AttrMask(AttrMask::STATE)),
-            "modify RTR",
-        )?;
-        a.qp_state = QpState::Rts;
-        a.sq_psn = psn;
-        ok(
-            p.dev
-                .modify_qp(qpn, &a, AttrMask(AttrMask::STATE | AttrMask::SQ_PSN)),
-            "modify RTS",
-        )?;
+    Ok(Local {
+        qpn,
+        cq,
+        mr,
+        rbuf,
+        sbuf,
+        grh,
+        recv,
+    })
+}
+
+/// Moves an RC or UC QP to RTR and RTS towards the peer `r` (a UD QP is there already).
+fn connect(dev: &mut rxe_core::Device, o: &Opts, qpn: Qpn, psn: u32, r: &Dest) -> io::Result<()> {
+    if o.kind == Kind::Ud {
+        return Ok(());
     }
-    let connect = |dev: &mut rxe_core::Device, r: &Dest| -> io::Result<()> {
-        if ud {
-            return Ok(());
-        }
-        let mut a = QpAttr {
-            qp_state: QpState::Rtr,
-            path_mtu: o.mtu,
-            dest_qp_num: r.qpn,
-            rq_psn: r.psn,
-            max_dest_rd_atomic: 1,
-            min_rnr_timer: 12,
-            av: Av {
-                dgid: r.gid,
-                sgid_index: 0,
-                hop_limit: 1,
-                ..Default::default()
-            },
+    let mut a = QpAttr {
+        qp_state: QpState::Rtr,
+        path_mtu: o.mtu,
+        dest_qp_num: r.qpn,
+        rq_psn: r.psn,
+        max_dest_rd_atomic: 1,
+        min_rnr_timer: 12,
+        av: Av {
+            dgid: r.gid,
+            sgid_index: 0,
+            hop_limit: 1,
             ..Default::default()
-        };
-        let mut m = AttrMask::STATE
-            | AttrMask::AV
-            | AttrMask::PATH_MTU
-            | AttrMask::DEST_QPN
-            | AttrMask::RQ_PSN;
-        if o.kind == Kind::Rc {
-            m |= AttrMask::MAX_DEST_RD_ATOMIC | AttrMask::MIN_RNR_TIMER;
-        }
-        ok(dev.modify_qp(qpn, &a, AttrMask(m)), "modify RTR")?;
-        a.qp_state = QpState::Rts;
-        a.timeout = 14;
-        a.retry_cnt = 7;
-        a.rnr_retry = 7;
-        a.sq_psn = psn;
-        a.max_rd_atomic = 1;
-        let mut m = AttrMask::STATE | AttrMask::SQ_PSN;
-        if o.kind == Kind::Rc {
-            m |= AttrMask::TIMEOUT
-                | AttrMask::RETRY_CNT
-                | AttrMask::RNR_RETRY
-                | AttrMask::MAX_QP_RD_ATOMIC;
-        }
-        ok(dev.modify_qp(qpn, &a, AttrMask(m)), "modify RTS")
+        },
+        ..Default::default()
     };
-    let remote = match o.server {
-        Some(addr) => {
-            let r = oob::client_exchange(addr, &mine, o.timeout)?;
-            connect(&mut p.dev, &r)?;
-            r
-        }
-        None => {
-            let dev = &mut p.dev;
-            oob::server_exchange(o.listen, |r| connect(dev, r).map(|_| mine))?
-        }
-    };
+    let mut m =
+        AttrMask::STATE | AttrMask::AV | AttrMask::PATH_MTU | AttrMask::DEST_QPN | AttrMask::RQ_PSN;
+    if o.kind == Kind::Rc {
+        m |= AttrMask::MAX_DEST_RD_ATOMIC | AttrMask::MIN_RNR_TIMER;
+    }
+    ok(dev.modify_qp(qpn, &a, AttrMask(m)), "modify RTR")?;
+    a.qp_state = QpState::Rts;
+    a.timeout = 14;
+    a.retry_cnt = 7;
+    a.rnr_retry = 7;
+    a.sq_psn = psn;
+    a.max_rd_atomic = 1;
+    let mut m = AttrMask::STATE | AttrMask::SQ_PSN;
+    if o.kind == Kind::Rc {
+        m |= AttrMask::TIMEOUT
+            | AttrMask::RETRY_CNT
+            | AttrMask::RNR_RETRY
+            | AttrMask::MAX_QP_RD_ATOMIC;
+    }
+    ok(dev.modify_qp(qpn, &a, AttrMask(m)), "modify RTS")
+}
+
+/// The ping-pong: `o.iters` messages each way, every one that arrives checked byte for byte;
+/// returns its time in seconds and how it ended.
+fn exchange(p: &mut Peer, o: &Opts, l: &Local, remote: &Dest) -> io::Result<(f64, Progress)> {
     let client = o.server.is_some();
-    // What we send: payload(n) as our n-th SEND; what must come back: expected(n).
-    let expect_at = |n: u32| expected(n, o.size, client, o.peer_is_tool);
-    let put_payload = |p: &mut Peer, n: u32| {
-        p.mem
-            .slice_mut(sbuf + grh as u64, o.size)
-            .copy_from_slice(&payload(n, o.size));
-    };
-    // The receive buffer before each receive: no network header, and the complement of the
-    // payload that must arrive.
-    let scrub = |p: &mut Peer, n: u32| {
-        p.mem.slice_mut(rbuf, grh).fill(0);
-        p.mem
-            .slice_mut(rbuf + grh as u64, o.size)
-            .copy_from_slice(&scrub_of(&expect_at(n)));
-    };
-    scrub(p, 1);
-    put_payload(p, 1);
+    l.scrub(p, o, 1);
+    l.put_payload(p, o, 1);
     let mut send = SendWr::new(
         SEND_WRID,
         SendOp::Send,
         vec![Sge {
-            addr: sbuf + grh as u64,
+            addr: l.sbuf + l.grh as u64,
             length: o.size as u32,
-            lkey: mr,
+            lkey: l.mr,
         }],
     );
-    if ud {
+    if o.kind == Kind::Ud {
         send.ud = Some(UdDest {
             av: Av {
                 dgid: remote.gid,
@@ -321,9 +383,13 @@ pub fn run(p: &mut Peer, o: &Opts) -> io::Result<Report> {
     }
     let start = Wall::now();
     let deadline = start + o.timeout;
-    let (mut scnt, mut rcnt, mut verified) = (0u32, 0u32, 0u32);
-    let mut end = End::Complete;
-    let mut pending = RECV_WRID;
+    let mut s = Progress {
+        scnt: 0,
+        rcnt: 0,
+        verified: 0,
+        pending: RECV_WRID,
+        end: End::Complete,
+    };
     // Progress watchdog: a datagram in or a completion out resets it.
     let mut progress_at = Wall::now();
     let mut seen = p.received;
@@ -338,10 +404,11 @@ pub fn run(p: &mut Peer, o: &Opts) -> io::Result<Report> {
         w.join(" and ")
     };
     if client {
-        ok(p.dev.post_send(qpn, send.clone()), "post_send")?;
-        pending |= SEND_WRID;
+        ok(p.dev.post_send(l.qpn, send.clone()), "post_send")?;
+        s.pending |= SEND_WRID;
     }
-    while scnt < o.iters || rcnt < o.iters {
+    while s.scnt < o.iters || s.rcnt < o.iters {
+        let (scnt, rcnt) = (s.scnt, s.rcnt);
         if Wall::now() > deadline {
             return Err(err(format!(
                 "timed out after {scnt} sends and {rcnt} receives"
@@ -353,40 +420,26 @@ pub fn run(p: &mut Peer, o: &Opts) -> io::Result<Report> {
             progress_at = Wall::now();
         }
         if progress_at.elapsed() > o.stall {
-            let c = p.dev.qp_counters(qpn).unwrap_or_default();
+            let c = p.dev.qp_counters(l.qpn).unwrap_or_default();
             return Err(err(format!(
                 "stalled: nothing received and nothing completed for {:.1} s after {scnt} sends and {rcnt} receives; waiting for {}; counters: retransmits={} timeouts={} naks_sent={} naks_received={} duplicates={}",
                 o.stall.as_secs_f64(),
-                waiting_for(pending, scnt, rcnt),
+                waiting_for(s.pending, scnt, rcnt),
                 c.retransmits, c.timeouts, c.naks_sent, c.naks_received, c.duplicates
             )));
         }
-        while let Some(c) = p.dev.poll_cq(cq) {
+        while let Some(c) = p.dev.poll_cq(l.cq) {
             progress_at = Wall::now();
             if c.status == WcStatus::RetryExcErr
                 && c.wr_id == SEND_WRID
-                && rcnt == o.iters
-                && scnt + 1 == o.iters
+                && s.rcnt == o.iters
+                && s.scnt + 1 == o.iters
             {
                 if let Some(f) = &o.tool_done {
-                    // The last SEND only: did the tool leave before our retransmission came?
-                    let until = Wall::now() + o.stall;
-                    while tool_exit(f).is_none() && Wall::now() < until {
-                        std::thread::sleep(Duration::from_millis(20));
-                    }
-                    match tool_exit(f) {
-                        Some(0) => {
-                            end = End::LastSendAfterToolLeft;
-                            scnt += 1;
-                            break;
-                        }
-                        rc => {
-                            return Err(err(format!(
-                                "last SEND failed with RetryExcErr and the tool's exit code is {rc:?} (want 0 in {})",
-                                f.display()
-                            )))
-                        }
-                    }
+                    tool_left_before_retransmission(o, f)?;
+                    s.end = End::LastSendAfterToolLeft;
+                    s.scnt += 1;
+                    break;
                 }
             }
             if c.status != WcStatus::Success {
@@ -396,57 +449,89 @@ pub fn run(p: &mut Peer, o: &Opts) -> io::Result<Report> {
                 )));
             }
             match c.wr_id {
-                SEND_WRID => scnt += 1,
+                SEND_WRID => s.scnt += 1,
                 RECV_WRID => {
-                    rcnt += 1;
-                    if c.byte_len as usize != o.size + grh {
-                        return Err(err(format!(
-                            "received {} bytes, expected {}",
-                            c.byte_len,
-                            o.size + grh
-                        )));
-                    }
-                    let got = p.mem.slice(rbuf + grh as u64, o.size);
-                    let expect = expect_at(rcnt);
-                    if got != &expect[..] {
-                        let at = got
-                            .iter()
-                            .zip(&expect)
-                            .position(|(a, b)| a != b)
-                            .unwrap_or(0);
-                        return Err(err(format!(
-                            "iteration {rcnt}: received data differs at byte {at} ({:#04x}, expected {:#04x}{})",
-                            got[at],
-                            expect[at],
-                            if got[at] == !expect[at] { ": never placed" } else { "" }
-                        )));
-                    }
-                    verified += 1;
-                    if ud
-                        && p.mem.slice(rbuf + 20, 1)[0] != 0x45
-                        && p.mem.slice(rbuf, 1)[0] >> 4 != 6
-                    {
-                        return Err(err("UD receive without a network header".into()));
-                    }
+                    s.rcnt += 1;
+                    check_receive(p, o, l, c.byte_len as usize, s.rcnt)?;
+                    s.verified += 1;
                     // Before our next SEND, which the peer's next message answers.
-                    scrub(p, rcnt + 1);
-                    ok(p.dev.post_recv(qpn, recv.clone()), "post_recv")?;
+                    l.scrub(p, o, s.rcnt + 1);
+                    ok(p.dev.post_recv(l.qpn, l.recv.clone()), "post_recv")?;
                 }
                 other => return Err(err(format!("completion for unknown wr_id {other}"))),
             }
-            pending &= !c.wr_id;
-            if scnt < o.iters && pending == 0 {
+            s.pending &= !c.wr_id;
+            if s.scnt < o.iters && s.pending == 0 {
                 // The last SEND has completed: its buffer is ours again.
-                put_payload(p, scnt + 1);
-                ok(p.dev.post_send(qpn, send.clone()), "post_send")?;
-                pending = RECV_WRID | SEND_WRID;
+                l.put_payload(p, o, s.scnt + 1);
+                ok(p.dev.post_send(l.qpn, send.clone()), "post_send")?;
+                s.pending = RECV_WRID | SEND_WRID;
             }
         }
     }
-    let secs = start.elapsed().as_secs_f64();
+    Ok((start.elapsed().as_secs_f64(), s))
+}
+
+/// The last SEND failed with RetryExcErr: did the tool leave (exit 0) before our
+/// retransmission came?
+fn tool_left_before_retransmission(o: &Opts, f: &std::path::Path) -> io::Result<()> {
+    let until = Wall::now() + o.stall;
+    while tool_exit(f).is_none() && Wall::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    match tool_exit(f) {
+        Some(0) => Ok(()),
+        rc => Err(err(format!(
+            "last SEND failed with RetryExcErr and the tool's exit code is {rc:?} (want 0 in {})",
+            f.display()
+        ))),
+    }
+}
+
+/// Checks the `rcnt`-th receive, `byte_len` bytes: its length, its payload, and for UD the
+/// network header the device wrote before it.
+fn check_receive(p: &Peer, o: &Opts, l: &Local, byte_len: usize, rcnt: u32) -> io::Result<()> {
+    let grh = l.grh;
+    if byte_len != o.size + grh {
+        return Err(err(format!(
+            "received {} bytes, expected {}",
+            byte_len,
+            o.size + grh
+        )));
+    }
+    let got = p.mem.slice(l.rbuf + grh as u64, o.size);
+    let expect = expected(rcnt, o.size, o.server.is_some(), o.peer_is_tool);
+    if got != &expect[..] {
+        let at = got
+            .iter()
+            .zip(&expect)
+            .position(|(a, b)| a != b)
+            .unwrap_or(0);
+        return Err(err(format!(
+            "iteration {rcnt}: received data differs at byte {at} ({:#04x}, expected {:#04x}{})",
+            got[at],
+            expect[at],
+            if got[at] == !expect[at] {
+                ": never placed"
+            } else {
+                ""
+            }
+        )));
+    }
+    if o.kind == Kind::Ud
+        && p.mem.slice(l.rbuf + 20, 1)[0] != 0x45
+        && p.mem.slice(l.rbuf, 1)[0] >> 4 != 6
+    {
+        return Err(err("UD receive without a network header".into()));
+    }
+    Ok(())
+}
+
+/// After the exchange: with `o.tool_done`, stays on the wire until the tool has left (our ACK
+/// of its last message may be lost, and then we must be here to answer its retransmission);
+/// without, lingers 300 ms to let the last ACKs out before the process goes away.
+fn stay(p: &mut Peer, o: &Opts) -> io::Result<()> {
     match &o.tool_done {
-        // Stay on the wire until the tool has left: our ACK of its last message may be lost,
-        // and then we must be here to answer its retransmission.
         Some(f) => {
             let mut quiet_since = Wall::now();
             let mut seen = p.received;
@@ -466,7 +551,6 @@ pub fn run(p: &mut Peer, o: &Opts) -> io::Result<Report> {
                 }
             }
         }
-        // Let the last ACKs out before the process goes away.
         None => {
             let linger = Wall::now() + Duration::from_millis(300);
             while Wall::now() < linger {
@@ -474,16 +558,7 @@ pub fn run(p: &mut Peer, o: &Opts) -> io::Result<Report> {
             }
         }
     }
-    let counters = p.dev.qp_counters(qpn).unwrap_or_default();
-    Ok(Report {
-        iters: o.iters,
-        bytes: 2 * o.iters as u64 * o.size as u64,
-        secs,
-        verified,
-        remote,
-        counters,
-        end,
-    })
+    Ok(())
 }
 
 #[cfg(test)]

@@ -24,17 +24,34 @@ fn usage() -> ExitCode {
     ExitCode::from(2)
 }
 
-fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let (mut local, mut control, mut targets) = (None::<IpAddr>, None::<SocketAddr>, Vec::new());
-    let (mut only, mut table, mut quiet_ms, mut dir) =
-        (None::<String>, None::<String>, 250u64, None::<String>);
+/// The command line.
+struct Cli {
+    local: Option<IpAddr>,
+    control: Option<SocketAddr>,
+    targets: Vec<Target>,
+    only: Option<String>,
+    table: Option<String>,
+    quiet_ms: u64,
+    dir: Option<String>,
+}
+
+/// Parses the arguments; the first bad one is `Err`.
+fn parse_args(args: &[String]) -> Result<Cli, String> {
+    let mut c = Cli {
+        local: None,
+        control: None,
+        targets: Vec::new(),
+        only: None,
+        table: None,
+        quiet_ms: 250,
+        dir: None,
+    };
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let mut val = || it.next().cloned().unwrap_or_default();
         let ok = match a.as_str() {
-            "--local-ip" => val().parse().map(|v| local = Some(v)).is_ok(),
-            "--control" => val().parse().map(|v| control = Some(v)).is_ok(),
+            "--local-ip" => val().parse().map(|v| c.local = Some(v)).is_ok(),
+            "--control" => val().parse().map(|v| c.control = Some(v)).is_ok(),
             "--target" => {
                 let v = val();
                 match v
@@ -42,35 +59,91 @@ fn main() -> ExitCode {
                     .map(|(d, ip)| (d.to_string(), ip.parse::<IpAddr>()))
                 {
                     Some((dev, Ok(addr))) if !dev.is_empty() => {
-                        targets.push(Target { dev, addr });
+                        c.targets.push(Target { dev, addr });
                         true
                     }
                     _ => false,
                 }
             }
             "--case" => {
-                only = Some(val());
+                c.only = Some(val());
                 true
             }
             "--table" => {
-                table = Some(val());
+                c.table = Some(val());
                 true
             }
             "--transcripts" => {
-                dir = Some(val());
+                c.dir = Some(val());
                 true
             }
             "--quiet-ms" => val()
                 .parse()
-                .map(|v| quiet_ms = v)
-                .is_ok_and(|_| quiet_ms > 0),
+                .map(|v| c.quiet_ms = v)
+                .is_ok_and(|_| c.quiet_ms > 0),
             _ => false,
         };
         if !ok {
+            return Err(a.clone());
+        }
+    }
+    Ok(c)
+}
+
+/// How many cases were the same, known differences, or failing.
+#[derive(Default)]
+struct Tally {
+    same: u32,
+    known: u32,
+    bad: u32,
+}
+
+impl Tally {
+    /// The verdict on one target's transcript against the reference, counted.
+    fn judge(&mut self, differs: bool, known: Option<&str>, setup_failed: bool) -> String {
+        match (!differs, known) {
+            _ if setup_failed => {
+                self.bad += 1;
+                "SETUP FAILED".to_string()
+            }
+            (true, None) => {
+                self.same += 1;
+                "same".to_string()
+            }
+            (false, Some(why)) => {
+                self.known += 1;
+                format!("differs, known: {why}")
+            }
+            (true, Some(_)) => {
+                self.bad += 1;
+                "same, but listed as a known difference: take it off the list".to_string()
+            }
+            (false, None) => {
+                self.bad += 1;
+                "DIFFERENT".to_string()
+            }
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let cli = match parse_args(&args) {
+        Ok(c) => c,
+        Err(a) => {
             eprintln!("rxe-diff: bad argument {a}");
             return usage();
         }
-    }
+    };
+    let Cli {
+        local,
+        control,
+        targets,
+        only,
+        table,
+        quiet_ms,
+        dir,
+    } = cli;
     let (Some(local), Some(control)) = (local, control) else {
         return usage();
     };
@@ -101,7 +174,7 @@ fn main() -> ExitCode {
     md.push_str("\n|---|---|");
     md.push_str(&"---|".repeat(targets.len() - 1));
     md.push('\n');
-    let (mut same, mut known, mut bad, mut corrupted) = (0, 0, 0, 0);
+    let (mut tally, mut corrupted) = (Tally::default(), 0);
     for (n, case) in all.iter().enumerate() {
         let n = n + 1;
         if only
@@ -133,28 +206,7 @@ fn main() -> ExitCode {
             let setup_failed = scripts
                 .iter()
                 .any(|s| s.iter().any(|l| l.starts_with("setup:")));
-            let verdict = match (d.is_empty(), case.known) {
-                _ if setup_failed => {
-                    bad += 1;
-                    "SETUP FAILED".to_string()
-                }
-                (true, None) => {
-                    same += 1;
-                    "same".to_string()
-                }
-                (false, Some(why)) => {
-                    known += 1;
-                    format!("differs, known: {why}")
-                }
-                (true, Some(_)) => {
-                    bad += 1;
-                    "same, but listed as a known difference: take it off the list".to_string()
-                }
-                (false, None) => {
-                    bad += 1;
-                    "DIFFERENT".to_string()
-                }
-            };
+            let verdict = tally.judge(!d.is_empty(), case.known, setup_failed);
             println!("case {n:2} {:<70} {}: {verdict}", case.name, t.dev);
             for l in &d {
                 println!("    {} | {}: {l}", targets[0].dev, t.dev);
@@ -171,8 +223,8 @@ fn main() -> ExitCode {
     ctl.bye();
     let st = udp.stats();
     println!(
-        "rxe-diff: {same} same, {known} known differences, {bad} failing; datagrams with a good ICRC {}, bad {}; corrupted packets sent to each target: {corrupted}",
-        st.rx_icrc_ok, st.rx_icrc_bad
+        "rxe-diff: {} same, {} known differences, {} failing; datagrams with a good ICRC {}, bad {}; corrupted packets sent to each target: {corrupted}",
+        tally.same, tally.known, tally.bad, st.rx_icrc_ok, st.rx_icrc_bad
     );
     if let Some(f) = table {
         if let Err(e) = std::fs::write(&f, md) {
@@ -180,7 +232,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
-    if bad > 0 || st.rx_icrc_bad > 0 {
+    if tally.bad > 0 || st.rx_icrc_bad > 0 {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
