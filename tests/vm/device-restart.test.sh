@@ -84,6 +84,19 @@ device_up() { # SECONDS
 wait_tag=DR
 # shellcheck source=tests/vm/guest-wait.sh
 . /vur-scenario/guest-wait.sh
+# ended_within SECONDS PID...: bounded wait (counted from $t0) until every PID has exited; if
+# one still runs then, all are killed and it returns 1
+ended_within() {
+    local secs=$1 p
+    shift
+    for p; do
+        while kill -0 "$p" 2>/dev/null && ((SECONDS - t0 < secs)); do sleep 0.2; done
+    done
+    for p; do
+        kill -0 "$p" 2>/dev/null && { kill "$@" 2>/dev/null; return 1; }
+    done
+    return 0
+}
 # wait_rts N: bounded wait until N QPs of ibv_rc_pingpong on $dev are in RTS (connected: the
 # ping-pong is under way; their output, a file, is only flushed at exit)
 wait_rts() {
@@ -199,26 +212,14 @@ kill -0 $p3 $p4 2>/dev/null || { say "FAIL the polling pingpong did not start: $
 touch /vur/traffic
 wait_file /vur/restarted 60 "the host to restart the daemon" || exit 1
 t0=$SECONDS
-for p in $p1 $p2; do
-    while kill -0 "$p" 2>/dev/null && ((SECONDS - t0 < 30)); do sleep 0.2; done
-done
-if kill -0 $p1 2>/dev/null || kill -0 $p2 2>/dev/null; then
-    say "FAIL a pingpong still ran 30 s after the daemon restart (it should have got an error)"
-    kill $p1 $p2 2>/dev/null
-    fail=1
-fi
+ended_within 30 $p1 $p2 ||
+    { say "FAIL a pingpong still ran 30 s after the daemon restart (it should have got an error)"; fail=1; }
 wait $p1; r1=$?
 wait $p2; r2=$?
 say "in-flight pingpongs ended: server rc=$r1 ($(tail -1 /tmp/long.s)) client rc=$r2 ($(tail -1 /tmp/long.c)) after $((SECONDS - t0)) s"
 ((r1 != 0 && r2 != 0 && r1 != 124 && r2 != 124)) || { say "FAIL the in-flight pingpongs should have failed with an error"; fail=1; }
-for p in $p3 $p4; do
-    while kill -0 "$p" 2>/dev/null && ((SECONDS - t0 < 30)); do sleep 0.2; done
-done
-if kill -0 $p3 2>/dev/null || kill -0 $p4 2>/dev/null; then
-    say "FAIL a polling pingpong still ran 30 s after the daemon restart (no flush completion in its ring)"
-    kill $p3 $p4 2>/dev/null
-    fail=1
-fi
+ended_within 30 $p3 $p4 ||
+    { say "FAIL a polling pingpong still ran 30 s after the daemon restart (no flush completion in its ring)"; fail=1; }
 wait $p3; r3=$?
 wait $p4; r4=$?
 say "in-flight polling pingpongs ended: server rc=$r3 ($(grep -m1 -i 'fail\|error' /tmp/poll.s)) client rc=$r4 ($(grep -m1 -i 'fail\|error' /tmp/poll.c)) after $((SECONDS - t0)) s"

@@ -230,14 +230,7 @@ impl Guest {
     /// Puts a control command (header + `cmd`, room for the response) on the control queue
     /// without kicking it; [`Self::wait_unkicked_cmd`] waits for it. One at a time.
     pub fn post_unkicked_cmd(&mut self, opcode: u32, cmd: &[u8]) -> Result<u16> {
-        self.seq += 1;
-        let h = abi::CtrlHdr {
-            opcode,
-            flags: 0,
-            seq: self.seq,
-        };
-        let mut req = vm_memory::ByteValued::as_slice(&h).to_vec();
-        req.extend_from_slice(cmd);
+        let req = self.request(opcode, cmd);
         self.ram.write(self.ctrl_req, &req);
         self.ram.write(self.ctrl_resp, &[0xEE; 16]);
         let chain = [
@@ -324,8 +317,8 @@ impl Guest {
         }
     }
 
-    /// A control command: header + `cmd`, response struct returned.
-    pub fn cmd(&mut self, opcode: u32, cmd: &[u8]) -> Result<Vec<u8>> {
+    /// A control request: the header (the next sequence number) and `cmd`.
+    fn request(&mut self, opcode: u32, cmd: &[u8]) -> Vec<u8> {
         self.seq += 1;
         let h = abi::CtrlHdr {
             opcode,
@@ -334,6 +327,12 @@ impl Guest {
         };
         let mut req = vm_memory::ByteValued::as_slice(&h).to_vec();
         req.extend_from_slice(cmd);
+        req
+    }
+
+    /// A control command: header + `cmd`, response struct returned.
+    pub fn cmd(&mut self, opcode: u32, cmd: &[u8]) -> Result<Vec<u8>> {
+        let req = self.request(opcode, cmd);
         let (status, body) = self.raw_cmd(&req, 16 + 256)?;
         match Status::from_u32(status) {
             Some(Status::Ok) => Ok(body),

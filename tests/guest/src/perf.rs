@@ -11,7 +11,7 @@ use crate::daemon::loopback_pair;
 use crate::driver::Guest;
 use crate::error::{Error, Result};
 use crate::node::{connect_qps, ConnOpts, Node};
-use crate::rings::{Cq, Wc};
+use crate::rings::{Cq, Mr, Wc};
 
 const ALL: Access = Access::LOCAL_WRITE.union(Access::REMOTE);
 
@@ -146,15 +146,8 @@ pub fn rc_write_bw(a: &mut Node, b: &mut Node, size: u32, total: u64, depth: u32
     let start = Instant::now();
     while done < n {
         while posted < n && posted - done < depth as u64 {
-            let wr = SendWr::new(
-                posted,
-                SendOp::Write {
-                    remote_addr: mb.addr(0),
-                    rkey: mb.rkey,
-                },
-                vec![ma.sge(0, size)],
-            );
-            a.guest.post_send(&ea.qp, &wr)?;
+            a.guest
+                .post_send(&ea.qp, &write_wr(posted, &ma, &mb, size))?;
             posted += 1;
         }
         let w = a.guest.wait_cq(&ea.cq, 1, t);
@@ -287,15 +280,8 @@ pub fn ctrl_under_write(
     let t = Duration::from_secs(30);
     while loaded.len() < n {
         while posted - done < depth as u64 {
-            let wr = SendWr::new(
-                posted,
-                SendOp::Write {
-                    remote_addr: mb.addr(0),
-                    rkey: mb.rkey,
-                },
-                vec![ma.sge(0, size)],
-            );
-            a.guest.post_send(&ea.qp, &wr)?;
+            a.guest
+                .post_send(&ea.qp, &write_wr(posted, &ma, &mb, size))?;
             posted += 1;
         }
         loaded.push(timed(&mut a.guest)?);
@@ -466,4 +452,16 @@ pub fn tcp_stream(chunk: usize, total: u64) -> io::Result<f64> {
         .join()
         .map_err(|_| io::Error::other("receiver panicked"))??;
     Ok(got as f64 / start.elapsed().as_secs_f64())
+}
+
+/// WRITE number `id`: the first `size` bytes of `from` to the start of `to`.
+fn write_wr(id: u64, from: &Mr, to: &Mr, size: u32) -> SendWr {
+    SendWr::new(
+        id,
+        SendOp::Write {
+            remote_addr: to.addr(0),
+            rkey: to.rkey,
+        },
+        vec![from.sge(0, size)],
+    )
 }

@@ -580,15 +580,14 @@ fn io_thread_table(bin: &std::path::Path, a: &Args, wait: WaitMode) {
             std::process::exit(1);
         }
     }
-    println!(
-        "{:<34} {:>22} {:>22} {:>7} {:>22} {:>9}",
+    let head = [
         "two daemons on loopback",
         "worker alone (range)",
         "--io-thread (range)",
         "ratio",
         "kernel (range)",
-        "io/kernel"
-    );
+        "io/kernel",
+    ];
     let rows = [
         ("64 KiB RC WRITE Gbit/s (TCP)", 0, 2),
         ("64 B RC SEND rate k/s (UDP)", 1, 0),
@@ -596,19 +595,7 @@ fn io_thread_table(bin: &std::path::Path, a: &Args, wait: WaitMode) {
         ("daemon CPU us per 64 KiB WRITE", 3, 1),
         ("daemon CPU ns per 64 B message", 4, 0),
     ];
-    for (name, k, prec) in rows {
-        let (w, io) = (med_range(&mut m[0][k]), med_range(&mut m[1][k]));
-        let f = |v: (f64, f64, f64)| format!("{:.p$} ({:.p$}-{:.p$})", v.0, v.1, v.2, p = prec);
-        let kernel = (k < 3).then(|| med_range(&mut m[2][k]));
-        println!(
-            "{name:<34} {:>22} {:>22} {:>6.2}x {:>22} {:>9}",
-            f(w),
-            f(io),
-            io.0 / w.0,
-            kernel.map_or(String::new(), f),
-            kernel.map_or(String::new(), |kv| format!("{:.2}x", io.0 / kv.0)),
-        );
-    }
+    range_table(34, head, &rows, &mut m, 3);
     println!(
         "medians of {rounds} rounds; WRITE {} MiB, {} messages, {} round trips; daemons {}",
         a.write_bytes >> 20,
@@ -668,33 +655,20 @@ fn shard_threads_table(bin: &std::path::Path, a: &Args) {
             std::process::exit(1);
         }
     }
-    println!(
-        "{:<40} {:>22} {:>22} {:>7} {:>22} {:>9}",
+    let head = [
         "two daemons, --engine-shards 2",
         "one worker (range)",
         "--shard-threads",
         "ratio",
         "kernel (range)",
-        "vs kernel"
-    );
+        "vs kernel",
+    ];
     let rows = [
         ("64 B SEND rate k/s, 4 RC pairs (UDP)", 0, 0),
         ("64 KiB WRITE Gbit/s, 2 RC pairs (TCP)", 1, 2),
         ("daemon CPU ns per 64 B message", 2, 0),
     ];
-    for (name, k, prec) in rows {
-        let (w, t) = (med_range(&mut m[0][k]), med_range(&mut m[1][k]));
-        let f = |v: (f64, f64, f64)| format!("{:.p$} ({:.p$}-{:.p$})", v.0, v.1, v.2, p = prec);
-        let kernel = (k < 2).then(|| med_range(&mut m[2][k]));
-        println!(
-            "{name:<40} {:>22} {:>22} {:>6.2}x {:>22} {:>9}",
-            f(w),
-            f(t),
-            t.0 / w.0,
-            kernel.map_or(String::new(), f),
-            kernel.map_or(String::new(), |kv| format!("{:.2}x", t.0 / kv.0)),
-        );
-    }
+    range_table(40, head, &rows, &mut m, 2);
     println!(
         "medians of {rounds} rounds; {} messages ({SCALE_WINDOW} outstanding per pair), WRITE {} \
          MiB; {} CPUs",
@@ -952,6 +926,33 @@ fn veth_pair_run(
     let d = perf::rc_pingpong_wait(&mut x, &mut y, 64, a.iters, wait).expect("ping-pong");
     let bw = perf::rc_write_bw(&mut x, &mut y, 64 << 10, a.write_bytes, 16).expect("write");
     (d.as_secs_f64() * 1e6, bw * 8.0 / 1e9)
+}
+
+/// A table of medians and ranges over rounds: the `head` row, then per row (name, index in
+/// `m`, precision) the daemon without (`m[0]`) and with (`m[1]`) the option, their ratio, and
+/// the kernel (`m[2]`) for the indices below `kernel_below`; names `width` wide.
+fn range_table<const N: usize>(
+    width: usize,
+    head: [&str; 6],
+    rows: &[(&str, usize, usize)],
+    m: &mut [[Vec<f64>; N]; 3],
+    kernel_below: usize,
+) {
+    let [h0, h1, h2, h3, h4, h5] = head;
+    println!("{h0:<width$} {h1:>22} {h2:>22} {h3:>7} {h4:>22} {h5:>9}");
+    for &(name, k, prec) in rows {
+        let (w, t) = (med_range(&mut m[0][k]), med_range(&mut m[1][k]));
+        let f = |v: (f64, f64, f64)| format!("{:.p$} ({:.p$}-{:.p$})", v.0, v.1, v.2, p = prec);
+        let kernel = (k < kernel_below).then(|| med_range(&mut m[2][k]));
+        println!(
+            "{name:<width$} {:>22} {:>22} {:>6.2}x {:>22} {:>9}",
+            f(w),
+            f(t),
+            t.0 / w.0,
+            kernel.map_or(String::new(), f),
+            kernel.map_or(String::new(), |kv| format!("{:.2}x", t.0 / kv.0)),
+        );
+    }
 }
 
 /// Median and range of `v`.
