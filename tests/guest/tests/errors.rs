@@ -277,8 +277,26 @@ fn malicious_guest_gets_errors_and_the_daemon_survives() {
     let mut g = Guest::connect(&d.socket, GuestOpts::default()).unwrap();
     g.add_gid(0, rxe_core::Gid::from_ip(aa.ip())).unwrap();
     let pd = g.alloc_pd().unwrap();
+    bad_control_requests(&mut g);
+    // Rings outside memory, absurd sizes, page lists pointing anywhere.
+    let outside = g.page_list(&[0x7fff_0000_0000]).unwrap();
+    bad_rings(&mut g, outside);
+    bad_mrs(&mut g, pd, outside);
+    let (cq, qp) = missing_objects_and_bad_states(&mut g, pd);
+    garbage_wqes(&mut g, &qp, &cq, aa.ip());
+    // Still serving.
+    assert!(g.query_device().is_ok());
+    let c = d.counters().unwrap();
+    assert!(json_u64(&c, "device", "bad_wqes").unwrap() >= 1);
+    assert!(json_u64(&c, "device", "bad_doorbells").unwrap() >= 2);
+    assert!(d.is_alive());
+}
+
+/// Unknown opcode, non-zero flags, truncated command, response room too small; chains with
+/// only a readable part or outside guest memory.
+fn bad_control_requests(g: &mut Guest) {
     // Unknown opcode, non-zero flags, truncated command, response room too small.
-    assert_eq!(status(&mut g, 999, &[]), Status::Unsupported);
+    assert_eq!(status(g, 999, &[]), Status::Unsupported);
     let h = abi::CtrlHdr {
         opcode: op::CREATE_PD,
         flags: 1,
@@ -288,10 +306,7 @@ fn malicious_guest_gets_errors_and_the_daemon_survives() {
         g.raw_cmd(h.as_slice(), 64).unwrap().0,
         Status::BadRequest as u32
     );
-    assert_eq!(
-        status(&mut g, op::CREATE_CQ, &[1, 2, 3]),
-        Status::BadRequest
-    );
+    assert_eq!(status(g, op::CREATE_CQ, &[1, 2, 3]), Status::BadRequest);
     let h = abi::CtrlHdr {
         opcode: op::QUERY_DEVICE,
         flags: 0,
@@ -310,9 +325,11 @@ fn malicious_guest_gets_errors_and_the_daemon_survives() {
             .unwrap(),
         0
     );
+}
 
-    // Rings outside memory, absurd sizes, page lists pointing anywhere.
-    let bad_q = |gpa, slots, log2, pages| abi::QueueDesc {
+/// A queue descriptor for the bad rings: levels 0, 4 KiB pages.
+fn bad_q(gpa: u64, slots: u32, log2: u32, pages: u32) -> abi::QueueDesc {
+    abi::QueueDesc {
         pages: abi::PageListDesc {
             gpa,
             num_pages: pages,
@@ -323,33 +340,30 @@ fn malicious_guest_gets_errors_and_the_daemon_survives() {
         num_slots: slots,
         log2_elem_size: log2,
         reserved: 0,
-    };
-    let outside = g.page_list(&[0x7fff_0000_0000]).unwrap();
+    }
+}
+
+/// CQ rings outside memory (`outside`: a page list whose page is), absurd sizes, too few pages.
+fn bad_rings(g: &mut Guest, outside: u64) {
     let c = abi::CmdCreateCq {
         cqe: 3,
         flags: 0,
         queue: bad_q(outside, 4, 6, 1),
     };
-    assert_eq!(
-        status(&mut g, op::CREATE_CQ, c.as_slice()),
-        Status::BadAddress
-    );
+    assert_eq!(status(g, op::CREATE_CQ, c.as_slice()), Status::BadAddress);
     let c = abi::CmdCreateCq {
         cqe: 3,
         flags: 0,
         queue: bad_q(0xffff_ffff_ffff_f000, 4, 6, 1),
     };
-    assert_eq!(
-        status(&mut g, op::CREATE_CQ, c.as_slice()),
-        Status::BadAddress
-    );
+    assert_eq!(status(g, op::CREATE_CQ, c.as_slice()), Status::BadAddress);
     let c = abi::CmdCreateCq {
         cqe: 3,
         flags: 0,
         queue: bad_q(outside, 3, 6, 1),
     };
     assert_eq!(
-        status(&mut g, op::CREATE_CQ, c.as_slice()),
+        status(g, op::CREATE_CQ, c.as_slice()),
         Status::Invalid,
         "slots not a power of two"
     );
@@ -358,18 +372,21 @@ fn malicious_guest_gets_errors_and_the_daemon_survives() {
         flags: 0,
         queue: bad_q(outside, 1 << 31, 31, u32::MAX),
     };
-    assert_eq!(status(&mut g, op::CREATE_CQ, c.as_slice()), Status::Invalid);
+    assert_eq!(status(g, op::CREATE_CQ, c.as_slice()), Status::Invalid);
     let c = abi::CmdCreateCq {
         cqe: 3,
         flags: 0,
         queue: bad_q(outside, 4, 6, 0),
     };
     assert_eq!(
-        status(&mut g, op::CREATE_CQ, c.as_slice()),
+        status(g, op::CREATE_CQ, c.as_slice()),
         Status::Invalid,
         "too few pages"
     );
-    // MR: page list outside memory, wrong page count, registering beyond the byte limit.
+}
+
+/// MR: page list outside memory, wrong page count, registering beyond the byte limit.
+fn bad_mrs(g: &mut Guest, pd: u32, outside: u64) {
     let m = abi::CmdRegUserMr {
         pdn: pd,
         access: 1,
@@ -385,18 +402,12 @@ fn malicious_guest_gets_errors_and_the_daemon_survives() {
         page_offset: 0,
         reserved: 0,
     };
-    assert_eq!(
-        status(&mut g, op::REG_USER_MR, m.as_slice()),
-        Status::BadAddress
-    );
+    assert_eq!(status(g, op::REG_USER_MR, m.as_slice()), Status::BadAddress);
     let m2 = abi::CmdRegUserMr {
         length: 1 << 40,
         ..m
     };
-    assert_eq!(
-        status(&mut g, op::REG_USER_MR, m2.as_slice()),
-        Status::Invalid
-    );
+    assert_eq!(status(g, op::REG_USER_MR, m2.as_slice()), Status::Invalid);
     let m3 = abi::CmdRegUserMr {
         pages: abi::PageListDesc {
             levels: 7,
@@ -404,19 +415,19 @@ fn malicious_guest_gets_errors_and_the_daemon_survives() {
         },
         ..m
     };
-    assert_eq!(
-        status(&mut g, op::REG_USER_MR, m3.as_slice()),
-        Status::Invalid
-    );
+    assert_eq!(status(g, op::REG_USER_MR, m3.as_slice()), Status::Invalid);
     assert!(g.reg_mr(pd, 15 << 20, Access::LOCAL_WRITE).is_ok());
     assert!(matches!(
         g.reg_mr(pd, 2 << 20, Access::LOCAL_WRITE),
         Err(Error::Status(Status::NoMemory))
     ));
-    // Objects that do not exist; state machine violations.
+}
+
+/// Objects that do not exist; state machine violations. Returns the CQ and QP it made.
+fn missing_objects_and_bad_states(g: &mut Guest, pd: u32) -> (Cq, Qp) {
     assert_eq!(
         status(
-            &mut g,
+            g,
             op::DESTROY_CQ,
             abi::Handle {
                 handle: 12345,
@@ -432,7 +443,7 @@ fn malicious_guest_gets_errors_and_the_daemon_survives() {
         .unwrap();
     assert_eq!(
         status(
-            &mut g,
+            g,
             op::DESTROY_CQ,
             abi::Handle {
                 handle: cq.cqn,
@@ -444,7 +455,7 @@ fn malicious_guest_gets_errors_and_the_daemon_survives() {
     );
     assert_eq!(
         status(
-            &mut g,
+            g,
             op::DESTROY_PD,
             abi::Handle {
                 handle: pd,
@@ -468,13 +479,17 @@ fn malicious_guest_gets_errors_and_the_daemon_survives() {
         qp_state: 99,
         ..Default::default()
     };
-    assert_eq!(status(&mut g, op::MODIFY_QP, w.as_slice()), Status::Invalid);
+    assert_eq!(status(g, op::MODIFY_QP, w.as_slice()), Status::Invalid);
+    (cq, qp)
+}
 
-    // Garbage WQEs: the QP errors out with a LOC_QP_OP_ERR completion, the daemon lives on.
+/// Garbage WQEs: the QP errors out with a LOC_QP_OP_ERR completion; an absurd producer index
+/// and doorbells for objects that do not exist.
+fn garbage_wqes(g: &mut Guest, qp: &Qp, cq: &Cq, ip: std::net::IpAddr) {
     bring_up(
-        &mut g,
-        &qp,
-        rxe_core::Gid::from_ip(aa.ip()),
+        g,
+        qp,
+        rxe_core::Gid::from_ip(ip),
         qp.qpn,
         &ConnOpts::default(),
     )
@@ -482,14 +497,14 @@ fn malicious_guest_gets_errors_and_the_daemon_survives() {
     let sq = qp.sq.as_ref().unwrap();
     let mut slot = vec![0xA5u8; sq.elem_size()];
     slot[..8].copy_from_slice(&77u64.to_le_bytes());
-    g.post_raw_send_slot(&qp, &slot).unwrap();
-    let w = g.wait_cq(&cq, 1, T);
+    g.post_raw_send_slot(qp, &slot).unwrap();
+    let w = g.wait_cq(cq, 1, T);
     assert_eq!((w[0].wr_id, w[0].status), (77, WcStatus::LocQpOpErr as u32));
     // num_sge far beyond the QP's limit, valid opcode.
     let mut wr = encode_send_wqe(&SendWr::new(78, SendOp::Send, vec![]), 0, sq.elem_size());
     wr[abi::swqe::DMA_NUM_SGE..abi::swqe::DMA_NUM_SGE + 4].copy_from_slice(&u32::MAX.to_le_bytes());
-    g.post_raw_send_slot(&qp, &wr).unwrap();
-    let w = g.wait_cq(&cq, 1, T);
+    g.post_raw_send_slot(qp, &wr).unwrap();
+    let w = g.wait_cq(cq, 1, T);
     assert_eq!(w.len(), 1);
     assert_ne!(w[0].status, 0);
     // Absurd producer index and doorbells for objects that do not exist.
@@ -498,12 +513,6 @@ fn malicious_guest_gets_errors_and_the_daemon_survives() {
     g.doorbell(abi::doorbell::SQ, qp.qpn, 0).unwrap();
     g.doorbell(abi::doorbell::SQ, 0xdead, 0).unwrap();
     g.doorbell(77, 1, 2).unwrap();
-    // Still serving.
-    assert!(g.query_device().is_ok());
-    let c = d.counters().unwrap();
-    assert!(json_u64(&c, "device", "bad_wqes").unwrap() >= 1);
-    assert!(json_u64(&c, "device", "bad_doorbells").unwrap() >= 2);
-    assert!(d.is_alive());
 }
 
 #[test]
