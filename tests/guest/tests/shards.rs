@@ -72,13 +72,40 @@ fn shared_cq_and_srq(arg: &[&str]) {
         bring_up(&mut a.guest, &qa[i], b.gid, qb[i].qpn, &o).unwrap();
         bring_up(&mut b.guest, &qb[i], a.gid, qa[i].qpn, &o).unwrap();
     }
-    let s = a.guest.reg_mr(pa, PAIRS * MSGS * 64, ALL).unwrap();
-    let r = b.guest.reg_mr(pb, 2 * PAIRS * MSGS * 64, ALL).unwrap();
+    let (s, r) = (
+        a.guest.reg_mr(pa, PAIRS * MSGS * 64, ALL).unwrap(),
+        b.guest.reg_mr(pb, 2 * PAIRS * MSGS * 64, ALL).unwrap(),
+    );
+    post_traffic(&mut a, &mut b, &srq, &qa, &s, &r);
+    sends_complete_in_order(&mut a, &ca, &qa);
+    sends_land_in_their_srq_slots(&mut b, &cb, &qb, &r);
+    every_shard_has_two_qps_and_traffic(&a, &b);
+    shard_sockets_carry_their_shards_packets(&a, &b, threads);
+    for (i, _) in qa.iter().enumerate() {
+        for m in (1..MSGS).step_by(2) {
+            let mut got = [0u8; 17];
+            r.buf.read(write_at(i, m), &mut got);
+            assert_eq!(
+                String::from_utf8_lossy(&got),
+                format!("pair {i} message {m:02}")
+            );
+        }
+    }
+}
+
+/// Where message `m` of pair `i` is written, if it is a WRITE: the second half of b's MR.
+fn write_at(i: usize, m: usize) -> usize {
+    PAIRS * MSGS * 64 + (i * MSGS + m) * 64
+}
+
+/// Receives into b's SRQ (slot k: 64 bytes at k × 64 of `r`); message m of pair i from a's
+/// `s`: a SEND when m is even (into an SRQ slot), else a WRITE into the second half of `r`.
+fn post_traffic(a: &mut Node, b: &mut Node, srq: &Srq, qa: &[Qp], s: &Mr, r: &Mr) {
     // Receive slot k: 64 bytes at k × 64.
     for k in 0..PAIRS * MSGS / 2 {
         b.guest
             .post_srq_recv(
-                &srq,
+                srq,
                 &RecvWr {
                     wr_id: k as u64,
                     sg_list: vec![r.sge(k * 64, 64)].into(),
@@ -88,7 +115,6 @@ fn shared_cq_and_srq(arg: &[&str]) {
     }
     // Message m of pair i: a SEND when m is even (into an SRQ slot), else a WRITE into the
     // second half of b's MR.
-    let write_at = |i: usize, m: usize| PAIRS * MSGS * 64 + (i * MSGS + m) * 64;
     for m in 0..MSGS {
         for (i, q) in qa.iter().enumerate() {
             let at = (i * MSGS + m) * 64;
@@ -106,8 +132,11 @@ fn shared_cq_and_srq(arg: &[&str]) {
             a.guest.post_send(q, &wr).unwrap();
         }
     }
-    // a: every WQE of each QP succeeded, in posting order.
-    let wa = a.guest.wait_cq(&ca, PAIRS * MSGS, T);
+}
+
+/// a: every WQE of each QP succeeded, in posting order.
+fn sends_complete_in_order(a: &mut Node, ca: &Cq, qa: &[Qp]) {
+    let wa = a.guest.wait_cq(ca, PAIRS * MSGS, T);
     assert_eq!(wa.len(), PAIRS * MSGS, "send completions on the shared CQ");
     let mut next = [0usize; PAIRS];
     for w in &wa {
@@ -123,8 +152,11 @@ fn shared_cq_and_srq(arg: &[&str]) {
         );
         next[i] += 1;
     }
-    // b: each QP's SENDs, in order, each in the SRQ slot its completion names.
-    let wb = b.guest.wait_cq(&cb, PAIRS * MSGS / 2, T);
+}
+
+/// b: each QP's SENDs, in order, each in the SRQ slot its completion names.
+fn sends_land_in_their_srq_slots(b: &mut Node, cb: &Cq, qb: &[Qp], r: &Mr) {
+    let wb = b.guest.wait_cq(cb, PAIRS * MSGS / 2, T);
     assert_eq!(
         wb.len(),
         PAIRS * MSGS / 2,
@@ -148,8 +180,11 @@ fn shared_cq_and_srq(arg: &[&str]) {
         );
         next[i] += 2;
     }
-    // Each daemon's counters: two QPs in every shard, and packets through every shard.
-    for (side, n) in [("a", &a), ("b", &b)] {
+}
+
+/// Each daemon's counters: two QPs in every shard, and packets through every shard.
+fn every_shard_has_two_qps_and_traffic(a: &Node, b: &Node) {
+    for (side, n) in [("a", a), ("b", b)] {
         let c = n.daemon.counters().expect("counters");
         for k in 0..SHARDS {
             let get = |key| {
@@ -164,10 +199,13 @@ fn shared_cq_and_srq(arg: &[&str]) {
         }
         assert!(!c.contains("\"shard3\""), "side {side}: {c}");
     }
-    // With threads: shards 1 and 2 sent and received on their own sockets, every packet of
-    // their QPs and nothing else. A thread publishes its socket's counters at the end of
-    // the pass that sent the last ACK: wait for that pass, no longer.
-    for (side, n) in [("a", &a), ("b", &b)] {
+}
+
+/// With threads: shards 1 and 2 sent and received on their own sockets, every packet of
+/// their QPs and nothing else. A thread publishes its socket's counters at the end of the
+/// pass that sent the last ACK: wait for that pass, no longer.
+fn shard_sockets_carry_their_shards_packets(a: &Node, b: &Node, threads: bool) {
+    for (side, n) in [("a", a), ("b", b)] {
         let sockets = |c: &str| -> Vec<Option<(u64, u64, u64, u64)>> {
             (1..SHARDS)
                 .map(|k| {
@@ -203,15 +241,5 @@ fn shared_cq_and_srq(arg: &[&str]) {
              exactly their engine shards' packets (rx, tx) within 5 s: {:?} in {c}",
             sockets(&c)
         );
-    }
-    for (i, _) in qa.iter().enumerate() {
-        for m in (1..MSGS).step_by(2) {
-            let mut got = [0u8; 17];
-            r.buf.read(write_at(i, m), &mut got);
-            assert_eq!(
-                String::from_utf8_lossy(&got),
-                format!("pair {i} message {m:02}")
-            );
-        }
     }
 }
