@@ -254,6 +254,200 @@ fn wait_addrs(d: &Daemon, n: u64) {
     }
 }
 
+/// A frame the guest sends: what it is, the marker its payload carries, its bytes.
+type Frame = (&'static str, &'static [u8], Vec<u8>);
+
+/// F2's frames the daemon must refuse (the guest at 10.79.0.2, `--allow-peer 10.79.0.1`).
+fn refused_frames() -> Vec<Frame> {
+    let me = (GUEST_MAC, PEER_MAC);
+    let mine = (GUEST_IP, PEER_IP);
+    vec![
+        (
+            "RoCEv2 to a peer --allow-peer refuses",
+            b"BAD-roce-far",
+            udp4(
+                me,
+                (GUEST_IP, [198, 51, 100, 7]),
+                (49152, 4791),
+                b"BAD-roce-far",
+            ),
+        ),
+        (
+            "a spoofed source MAC",
+            b"BAD-src-mac",
+            udp4((OTHER_MAC, PEER_MAC), mine, (9, 9), b"BAD-src-mac"),
+        ),
+        (
+            "a spoofed source IP",
+            b"BAD-src-ip",
+            udp4(me, ([10, 79, 0, 250], PEER_IP), (9, 9), b"BAD-src-ip"),
+        ),
+        (
+            "spoofed RoCEv2 (MAC and IP) to an allowed peer",
+            b"BAD-roce-spoof",
+            udp4(
+                (OTHER_MAC, PEER_MAC),
+                ([10, 79, 0, 250], PEER_IP),
+                (49152, 4791),
+                b"BAD-roce-spoof",
+            ),
+        ),
+        ("a VLAN tag", b"BAD-vlan", {
+            let inner = udp4(me, mine, (9, 9), b"BAD-vlan");
+            let mut f = inner[..12].to_vec();
+            f.extend_from_slice(&[0x81, 0x00, 0, 42]);
+            f.extend_from_slice(&inner[12..]);
+            f
+        }),
+        ("LLDP to 01:80:c2:00:00:0e", b"BAD-lldp", {
+            let mut f = eth([0x01, 0x80, 0xc2, 0, 0, 0x0e], GUEST_MAC, 0x88cc);
+            f.extend_from_slice(b"BAD-lldp");
+            f
+        }),
+        ("IPv4 to a link-local group MAC", b"BAD-group", {
+            udp4(
+                (GUEST_MAC, [0x01, 0x80, 0xc2, 0, 0, 0]),
+                mine,
+                (9, 9),
+                b"BAD-group",
+            )
+        }),
+        ("an EtherType nobody allowed", b"BAD-type", {
+            let mut f = eth(PEER_MAC, GUEST_MAC, 0x88b5);
+            f.extend_from_slice(b"BAD-type");
+            f
+        }),
+        (
+            "ARP claiming another address",
+            b"BAD-arp-ip",
+            arp(
+                BCAST,
+                GUEST_MAC,
+                2,
+                (GUEST_MAC, [10, 79, 0, 1]),
+                [10, 79, 0, 1],
+                b"BAD-arp-ip",
+            ),
+        ),
+        (
+            "ARP claiming another MAC",
+            b"BAD-arp-mac",
+            arp(
+                BCAST,
+                GUEST_MAC,
+                1,
+                (OTHER_MAC, GUEST_IP),
+                PEER_IP,
+                b"BAD-arp-mac",
+            ),
+        ),
+        (
+            "DHCP-shaped UDP from 0.0.0.0 to another port",
+            b"BAD-zero-src",
+            udp4(
+                (GUEST_MAC, BCAST),
+                ([0; 4], [255; 4]),
+                (68, 9999),
+                b"BAD-zero-src",
+            ),
+        ),
+        (
+            "a neighbour advertisement for another's address",
+            b"BADna",
+            {
+                icmp6(
+                    [0x33, 0x33, 0, 0, 0, 1],
+                    GUEST_MAC,
+                    v6("fe80::5054:ff:fe79:2"),
+                    v6("ff02::1"),
+                    &nd(136, v6("fe80::1"), 2, GUEST_MAC, b"BADna\0"),
+                )
+            },
+        ),
+        ("a solicitation naming another MAC", b"BADns", {
+            icmp6(
+                [0x33, 0x33, 0xff, 0, 0, 1],
+                GUEST_MAC,
+                v6("fe80::5054:ff:fe79:2"),
+                v6("ff02::1:ff00:1"),
+                &nd(135, v6("fe80::1"), 1, OTHER_MAC, b"BADns\0"),
+            )
+        }),
+    ]
+}
+
+/// F2's frames the daemon passes: an address-less guest's DHCP, ARP probe and DAD; its own
+/// traffic.
+fn passed_frames() -> Vec<Frame> {
+    let me = (GUEST_MAC, PEER_MAC);
+    let mine = (GUEST_IP, PEER_IP);
+    vec![
+        (
+            "a DHCP discover from 0.0.0.0",
+            b"OK-dhcp",
+            udp4((GUEST_MAC, BCAST), ([0; 4], [255; 4]), (68, 67), b"OK-dhcp"),
+        ),
+        (
+            "an ARP probe (sender 0.0.0.0)",
+            b"OK-probe",
+            arp(
+                BCAST,
+                GUEST_MAC,
+                1,
+                (GUEST_MAC, [0; 4]),
+                [10, 79, 0, 77],
+                b"OK-probe",
+            ),
+        ),
+        ("duplicate address detection from ::", b"OKdad", {
+            let mut m = vec![135, 0, 0, 0, 0, 0, 0, 0];
+            m.extend_from_slice(&v6("fe80::5054:ff:fe79:2"));
+            m.extend_from_slice(&[250, 1]);
+            m.extend_from_slice(b"OKdad\0");
+            icmp6(
+                [0x33, 0x33, 0xff, 0x79, 0, 2],
+                GUEST_MAC,
+                [0; 16],
+                v6("ff02::1:ff79:2"),
+                &m,
+            )
+        }),
+        (
+            "a neighbour advertisement from its link-local address (its MAC's)",
+            b"OK-na",
+            icmp6(
+                [0x33, 0x33, 0, 0, 0, 1],
+                GUEST_MAC,
+                v6("fe80::5054:ff:fe79:2"),
+                v6("ff02::1"),
+                &nd(136, v6("fe80::5054:ff:fe79:2"), 2, GUEST_MAC, b"OK-na\0"),
+            ),
+        ),
+        (
+            "a gratuitous ARP for its address",
+            b"OK-garp",
+            arp(
+                BCAST,
+                GUEST_MAC,
+                2,
+                (GUEST_MAC, GUEST_IP),
+                GUEST_IP,
+                b"OK-garp",
+            ),
+        ),
+        (
+            "RoCEv2 to the allowed peer",
+            b"OK-roce-near",
+            udp4(me, mine, (49152, 4791), b"OK-roce-near"),
+        ),
+        (
+            "UDP from its address (the fence)",
+            b"OK-fence",
+            udp4(me, mine, (9, 9), b"OK-fence"),
+        ),
+    ]
+}
+
 /// F2. The guest's addresses are its GIDs: 10.79.0.2 (ADD_GID). `--allow-peer 10.79.0.1`.
 #[test]
 fn the_guests_nic_sends_only_from_its_own_mac_and_addresses_and_to_allowed_peers() {
@@ -266,186 +460,8 @@ fn the_guests_nic_sends_only_from_its_own_mac_and_addresses_and_to_allowed_peers
             let cap = netns::Capture::open("vp0").expect("capture");
             let me = (GUEST_MAC, PEER_MAC);
             let mine = (GUEST_IP, PEER_IP);
-            // Refused.
-            let bad: Vec<(&str, &[u8], Vec<u8>)> = vec![
-                (
-                    "RoCEv2 to a peer --allow-peer refuses",
-                    b"BAD-roce-far",
-                    udp4(
-                        me,
-                        (GUEST_IP, [198, 51, 100, 7]),
-                        (49152, 4791),
-                        b"BAD-roce-far",
-                    ),
-                ),
-                (
-                    "a spoofed source MAC",
-                    b"BAD-src-mac",
-                    udp4((OTHER_MAC, PEER_MAC), mine, (9, 9), b"BAD-src-mac"),
-                ),
-                (
-                    "a spoofed source IP",
-                    b"BAD-src-ip",
-                    udp4(me, ([10, 79, 0, 250], PEER_IP), (9, 9), b"BAD-src-ip"),
-                ),
-                (
-                    "spoofed RoCEv2 (MAC and IP) to an allowed peer",
-                    b"BAD-roce-spoof",
-                    udp4(
-                        (OTHER_MAC, PEER_MAC),
-                        ([10, 79, 0, 250], PEER_IP),
-                        (49152, 4791),
-                        b"BAD-roce-spoof",
-                    ),
-                ),
-                ("a VLAN tag", b"BAD-vlan", {
-                    let inner = udp4(me, mine, (9, 9), b"BAD-vlan");
-                    let mut f = inner[..12].to_vec();
-                    f.extend_from_slice(&[0x81, 0x00, 0, 42]);
-                    f.extend_from_slice(&inner[12..]);
-                    f
-                }),
-                ("LLDP to 01:80:c2:00:00:0e", b"BAD-lldp", {
-                    let mut f = eth([0x01, 0x80, 0xc2, 0, 0, 0x0e], GUEST_MAC, 0x88cc);
-                    f.extend_from_slice(b"BAD-lldp");
-                    f
-                }),
-                ("IPv4 to a link-local group MAC", b"BAD-group", {
-                    udp4(
-                        (GUEST_MAC, [0x01, 0x80, 0xc2, 0, 0, 0]),
-                        mine,
-                        (9, 9),
-                        b"BAD-group",
-                    )
-                }),
-                ("an EtherType nobody allowed", b"BAD-type", {
-                    let mut f = eth(PEER_MAC, GUEST_MAC, 0x88b5);
-                    f.extend_from_slice(b"BAD-type");
-                    f
-                }),
-                (
-                    "ARP claiming another address",
-                    b"BAD-arp-ip",
-                    arp(
-                        BCAST,
-                        GUEST_MAC,
-                        2,
-                        (GUEST_MAC, [10, 79, 0, 1]),
-                        [10, 79, 0, 1],
-                        b"BAD-arp-ip",
-                    ),
-                ),
-                (
-                    "ARP claiming another MAC",
-                    b"BAD-arp-mac",
-                    arp(
-                        BCAST,
-                        GUEST_MAC,
-                        1,
-                        (OTHER_MAC, GUEST_IP),
-                        PEER_IP,
-                        b"BAD-arp-mac",
-                    ),
-                ),
-                (
-                    "DHCP-shaped UDP from 0.0.0.0 to another port",
-                    b"BAD-zero-src",
-                    udp4(
-                        (GUEST_MAC, BCAST),
-                        ([0; 4], [255; 4]),
-                        (68, 9999),
-                        b"BAD-zero-src",
-                    ),
-                ),
-                (
-                    "a neighbour advertisement for another's address",
-                    b"BADna",
-                    {
-                        icmp6(
-                            [0x33, 0x33, 0, 0, 0, 1],
-                            GUEST_MAC,
-                            v6("fe80::5054:ff:fe79:2"),
-                            v6("ff02::1"),
-                            &nd(136, v6("fe80::1"), 2, GUEST_MAC, b"BADna\0"),
-                        )
-                    },
-                ),
-                ("a solicitation naming another MAC", b"BADns", {
-                    icmp6(
-                        [0x33, 0x33, 0xff, 0, 0, 1],
-                        GUEST_MAC,
-                        v6("fe80::5054:ff:fe79:2"),
-                        v6("ff02::1:ff00:1"),
-                        &nd(135, v6("fe80::1"), 1, OTHER_MAC, b"BADns\0"),
-                    )
-                }),
-            ];
-            // Passed: an address-less guest's DHCP, ARP probe and DAD; its own traffic.
-            let good: Vec<(&str, &[u8], Vec<u8>)> = vec![
-                (
-                    "a DHCP discover from 0.0.0.0",
-                    b"OK-dhcp",
-                    udp4((GUEST_MAC, BCAST), ([0; 4], [255; 4]), (68, 67), b"OK-dhcp"),
-                ),
-                (
-                    "an ARP probe (sender 0.0.0.0)",
-                    b"OK-probe",
-                    arp(
-                        BCAST,
-                        GUEST_MAC,
-                        1,
-                        (GUEST_MAC, [0; 4]),
-                        [10, 79, 0, 77],
-                        b"OK-probe",
-                    ),
-                ),
-                ("duplicate address detection from ::", b"OKdad", {
-                    let mut m = vec![135, 0, 0, 0, 0, 0, 0, 0];
-                    m.extend_from_slice(&v6("fe80::5054:ff:fe79:2"));
-                    m.extend_from_slice(&[250, 1]);
-                    m.extend_from_slice(b"OKdad\0");
-                    icmp6(
-                        [0x33, 0x33, 0xff, 0x79, 0, 2],
-                        GUEST_MAC,
-                        [0; 16],
-                        v6("ff02::1:ff79:2"),
-                        &m,
-                    )
-                }),
-                (
-                    "a neighbour advertisement from its link-local address (its MAC's)",
-                    b"OK-na",
-                    icmp6(
-                        [0x33, 0x33, 0, 0, 0, 1],
-                        GUEST_MAC,
-                        v6("fe80::5054:ff:fe79:2"),
-                        v6("ff02::1"),
-                        &nd(136, v6("fe80::5054:ff:fe79:2"), 2, GUEST_MAC, b"OK-na\0"),
-                    ),
-                ),
-                (
-                    "a gratuitous ARP for its address",
-                    b"OK-garp",
-                    arp(
-                        BCAST,
-                        GUEST_MAC,
-                        2,
-                        (GUEST_MAC, GUEST_IP),
-                        GUEST_IP,
-                        b"OK-garp",
-                    ),
-                ),
-                (
-                    "RoCEv2 to the allowed peer",
-                    b"OK-roce-near",
-                    udp4(me, mine, (49152, 4791), b"OK-roce-near"),
-                ),
-                (
-                    "UDP from its address (the fence)",
-                    b"OK-fence",
-                    udp4(me, mine, (9, 9), b"OK-fence"),
-                ),
-            ];
+            let bad = refused_frames();
+            let good = passed_frames();
             for (_, _, f) in bad.iter().chain(&good) {
                 g.send([0; HDR], f).expect("transmit");
             }
