@@ -1226,7 +1226,30 @@ fn mixed_traffic_with_loss_and_qp_churn_stays_flat() {
     let elapsed = t0.elapsed();
     relay.stop();
 
-    // Flat RSS and fds after the warm-up.
+    let report = flat_after_warmup(&samples, warmup);
+    let (ab, ba) = counters_agree(&s, &relay, &base_lists);
+    recovered(&s, &relay, (ab, ba), t0, kinds.len());
+    eprintln!(
+        "soak: {:.0} s, {} work requests ({} flushed at churn), {} with their data checked \
+         ({} bytes), {} QP pairs re-created, {} RC retry exhaustions, {} \
+         cuts of the path; relay a→b [received, forwarded, dropped, duplicated, reordered] \
+         {ab:?}, b→a {ba:?}",
+        elapsed.as_secs_f64(),
+        s.tally.posted,
+        s.tally.flushed,
+        s.tally.checked,
+        s.tally.checked_bytes,
+        s.tally.churns,
+        s.tally.retry_exc.len(),
+        relay.cuts.len(),
+    );
+    for r in report {
+        eprintln!("soak: {r}");
+    }
+}
+
+/// Flat RSS, live heap and fds after the warm-up; returns a line per daemon for the report.
+fn flat_after_warmup(samples: &[Sample], warmup: Duration) -> Vec<String> {
     let after: Vec<&Sample> = samples
         .iter()
         .filter(|x| x.t >= warmup.as_secs_f64())
@@ -1290,8 +1313,13 @@ fn mixed_traffic_with_loss_and_qp_churn_stays_flat() {
             "daemon {i} fd count grows {fs:.2}/min (bound {FD_SLOPE_PER_MIN}): {fds:?}"
         );
     }
+    report
+}
 
-    // Counters agree with what the guests saw.
+/// Counters agree with what the guests saw; returns the relay's counts a→b and b→a
+/// ([received, forwarded, dropped, duplicated, reordered]).
+fn counters_agree(s: &Soak, relay: &Relay, base_lists: &[u64]) -> ([u64; 5], [u64; 5]) {
+    let counters = |s: &Soak, i: usize| s.nodes[i].daemon.counters().expect("counters");
     let dirs = &relay.dirs;
     let get = |d: &Dir| {
         [
@@ -1304,7 +1332,7 @@ fn mixed_traffic_with_loss_and_qp_churn_stays_flat() {
     };
     let (ab, ba) = (get(&dirs[0]), get(&dirs[1]));
     for (i, &base) in base_lists.iter().enumerate() {
-        let j = counters(&s, i);
+        let j = counters(s, i);
         let d = |k: &str| json_u64(&j, "device", k).unwrap_or_else(|| panic!("device.{k}: {j}"));
         let t =
             |k: &str| json_u64(&j, "transport", k).unwrap_or_else(|| panic!("transport.{k}: {j}"));
@@ -1344,12 +1372,17 @@ fn mixed_traffic_with_loss_and_qp_churn_stays_flat() {
             "node {i}: page lists back at their value before the first connection ({j})"
         );
     }
-    // The loss was real, and the transports recovered from it.
+    (ab, ba)
+}
+
+/// The loss was real (`ab`, `ba`: the relay's counts), and the transports recovered from it:
+/// connections churned, data checked, a retry exhaustion only where the path was cut.
+fn recovered(s: &Soak, relay: &Relay, (ab, ba): ([u64; 5], [u64; 5]), t0: Instant, kinds: usize) {
     assert!(
         ab[2] > 0 && ba[2] > 0,
         "the relay dropped nothing: {ab:?} {ba:?}"
     );
-    assert!(s.tally.churns as usize >= kinds.len(), "no churn");
+    assert!(s.tally.churns as usize >= kinds, "no churn");
     // Every byte was checked: receives, WRITE targets and READ sinks of every transport.
     assert!(
         s.tally.checked * 4 >= s.tally.posted,
@@ -1380,21 +1413,4 @@ fn mixed_traffic_with_loss_and_qp_churn_stays_flat() {
             .map(|(at, w)| format!("{:.1} s: {w}", at.duration_since(t0).as_secs_f64()))
             .collect::<Vec<_>>()
     );
-    eprintln!(
-        "soak: {:.0} s, {} work requests ({} flushed at churn), {} with their data checked \
-         ({} bytes), {} QP pairs re-created, {} RC retry exhaustions, {} \
-         cuts of the path; relay a→b [received, forwarded, dropped, duplicated, reordered] \
-         {ab:?}, b→a {ba:?}",
-        elapsed.as_secs_f64(),
-        s.tally.posted,
-        s.tally.flushed,
-        s.tally.checked,
-        s.tally.checked_bytes,
-        s.tally.churns,
-        s.tally.retry_exc.len(),
-        relay.cuts.len(),
-    );
-    for r in report {
-        eprintln!("soak: {r}");
-    }
 }
