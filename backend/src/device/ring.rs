@@ -260,41 +260,7 @@ pub fn decode_send_wqe(
                 u32_at(slot, swqe::MW_ACCESS) & (Access::REMOTE.0 | Access::ZERO_BASED.0),
             ),
         },
-        wr_op::REG_MR => {
-            let page_shift = slot[swqe::REG_PAGE_SHIFT];
-            let length = u64_at(slot, swqe::REG_LENGTH);
-            let iova = u64_at(slot, swqe::REG_IOVA);
-            let d = abi::PageListDesc {
-                gpa: u64_at(slot, swqe::REG_PAGE_LIST),
-                num_pages: u32_at(slot, swqe::REG_NUM_PAGES),
-                page_shift,
-                levels: slot[swqe::REG_LEVELS],
-                reserved: 0,
-            };
-            let flags = slot[swqe::REG_FLAGS];
-            if flags & !abi::reg_flags::PAGE_OFFSET != 0 {
-                return Err(bad(BadWqe::PageList));
-            }
-            let pages = resolve_page_list(mem, &d, 1 << 20).map_err(|_| bad(BadWqe::PageList))?;
-            // page_shift is 12 ..= 30 here (resolve_page_list checked it). Without the flag,
-            // the first byte is where the IOVA falls in a page (the rule before the flag); the
-            // engine refuses an offset beyond the first page.
-            let page_offset = if flags & abi::reg_flags::PAGE_OFFSET != 0 {
-                u32_at(slot, swqe::REG_PAGE_OFFSET) as u64
-            } else {
-                iova & ((1u64 << page_shift) - 1)
-            };
-            SendOp::RegMr {
-                lkey: u32_at(slot, swqe::REG_MR_LKEY),
-                key: u32_at(slot, swqe::REG_KEY),
-                access: Access(u32_at(slot, swqe::REG_ACCESS)),
-                iova,
-                length,
-                page_shift,
-                page_offset,
-                pages,
-            }
-        }
+        wr_op::REG_MR => decode_reg_mr(slot, mem).map_err(bad)?,
         _ => return Err(bad(BadWqe::Opcode)),
     };
     let num_sge = u32_at(slot, swqe::DMA_NUM_SGE);
@@ -350,6 +316,44 @@ pub fn decode_send_wqe(
         sg_list,
         inline_data,
         ud,
+    })
+}
+
+/// The REG_MR part of a send WQE: its page list resolved in guest memory.
+#[inline]
+fn decode_reg_mr(slot: &[u8], mem: &GuestMemoryMmap) -> Result<SendOp, BadWqe> {
+    let page_shift = slot[swqe::REG_PAGE_SHIFT];
+    let length = u64_at(slot, swqe::REG_LENGTH);
+    let iova = u64_at(slot, swqe::REG_IOVA);
+    let d = abi::PageListDesc {
+        gpa: u64_at(slot, swqe::REG_PAGE_LIST),
+        num_pages: u32_at(slot, swqe::REG_NUM_PAGES),
+        page_shift,
+        levels: slot[swqe::REG_LEVELS],
+        reserved: 0,
+    };
+    let flags = slot[swqe::REG_FLAGS];
+    if flags & !abi::reg_flags::PAGE_OFFSET != 0 {
+        return Err(BadWqe::PageList);
+    }
+    let pages = resolve_page_list(mem, &d, 1 << 20).map_err(|_| BadWqe::PageList)?;
+    // page_shift is 12 ..= 30 here (resolve_page_list checked it). Without the flag,
+    // the first byte is where the IOVA falls in a page (the rule before the flag); the
+    // engine refuses an offset beyond the first page.
+    let page_offset = if flags & abi::reg_flags::PAGE_OFFSET != 0 {
+        u32_at(slot, swqe::REG_PAGE_OFFSET) as u64
+    } else {
+        iova & ((1u64 << page_shift) - 1)
+    };
+    Ok(SendOp::RegMr {
+        lkey: u32_at(slot, swqe::REG_MR_LKEY),
+        key: u32_at(slot, swqe::REG_KEY),
+        access: Access(u32_at(slot, swqe::REG_ACCESS)),
+        iova,
+        length,
+        page_shift,
+        page_offset,
+        pages,
     })
 }
 

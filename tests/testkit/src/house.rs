@@ -63,7 +63,10 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
             if p.file_name().is_some_and(|n| n != "bin") {
                 walk(&p, out);
             }
-        } else if p.extension().is_some_and(|x| x == "rs") {
+        } else if p.extension().is_some_and(|x| x == "rs")
+            // A module's unit tests in a file of their own (`mod tests;`) are not production.
+            && p.file_name().is_some_and(|n| n != "tests.rs")
+        {
             out.push(p);
         }
     }
