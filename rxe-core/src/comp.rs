@@ -2,9 +2,9 @@
 //! at the requester, runs the retransmission and RNR timers, and turns finished WQEs into
 //! completions in send-queue order. Also the flush of both queues when a QP enters ERR.
 
-use crate::device::{Drop, Resources};
 use crate::mem::*;
 use crate::qp::*;
+use crate::shared::{Drop, Resources};
 use crate::types::{Instant, Psn};
 use crate::verbs::*;
 use crate::wire::{NakCode, OpFlags, Opcode, Packet, Syndrome};

@@ -2,8 +2,8 @@
 //! WQEs become completions in send-queue order, a QP in ERR flushes both queues, and a transport
 //! error moves the QP there. The requester, responder, completer and device all end here.
 
-use crate::device::{lock, Resources};
 use crate::qp::*;
+use crate::shared::{lock, Resources};
 use crate::verbs::*;
 
 /// Moves the QP to ERR after a transport error: async event, then flush.

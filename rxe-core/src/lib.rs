@@ -21,6 +21,7 @@ pub mod device;
 pub mod qp;
 mod req;
 mod resp;
+mod shared;
 mod slab;
 mod timers;
 

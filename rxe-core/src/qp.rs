@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
-use crate::device::{Cq, Srq};
+use crate::shared::{Cq, Srq};
 
 use crate::types::{Instant, Psn, Qpn};
 use crate::verbs::*;
@@ -325,7 +325,7 @@ fn transition(cur: QpState, next: QpState, t: QpType) -> Option<(u32, u32)> {
 impl Qp {
     pub(crate) fn new(
         qpn: Qpn,
-        init: &crate::device::QpInit,
+        init: &crate::shared::QpInit,
         cq_objs: [Arc<Mutex<Cq>>; 2],
         srq_obj: Option<Arc<Mutex<Srq>>>,
     ) -> Self {
@@ -582,7 +582,7 @@ mod tests {
     use super::*;
 
     fn qp(t: QpType) -> Qp {
-        let init = crate::device::QpInit {
+        let init = crate::shared::QpInit {
             qp_type: t,
             pd: 1,
             send_cq: 1,
@@ -591,7 +591,7 @@ mod tests {
             cap: QpCap::default(),
             sq_sig_all: false,
         };
-        let cq = Arc::new(Mutex::new(crate::device::Cq::default()));
+        let cq = Arc::new(Mutex::new(crate::shared::Cq::default()));
         Qp::new(Qpn(0x11), &init, [cq.clone(), cq], None)
     }
 

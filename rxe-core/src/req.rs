@@ -2,10 +2,10 @@
 //! path MTU, AckReq every 64 packets and at the end of a message, the READ/atomic window,
 //! fences, and local operations (fast-reg, invalidate, MW bind) executed in order.
 
-use crate::device::{Resources, Transmit};
 use crate::icrc::{rc_udp_sport, ud_udp_sport};
 use crate::mem::*;
 use crate::qp::*;
+use crate::shared::{Resources, Transmit};
 use crate::types::{Gid, Instant, Psn};
 use crate::verbs::*;
 use crate::wire::{self, BthRepr, ExtRepr, Opcode};
@@ -457,7 +457,7 @@ fn plan(
     // A packet carries one path MTU of payload; a segment to a device reached in memory
     // carries several, and takes the PSNs of the packets it stands for.
     let seg = if q.qp_type == QpType::Rc && remaining > mtu && in_memory(&q.attr.av.dgid) {
-        crate::device::segment_payload(buf_len, mtu)
+        crate::shared::segment_payload(buf_len, mtu)
     } else {
         mtu
     };

@@ -4,9 +4,9 @@
 //! a first answer and a replay alike from the READ's resource (rxe's `read_reply()`).
 
 use super::{push_out, queue_ack, ACK};
-use crate::device::{Drop, Resources};
 use crate::mem::*;
 use crate::qp::*;
+use crate::shared::{Drop, Resources};
 use crate::types::{Gid, Psn};
 use crate::verbs::*;
 use crate::wire::{OpFlags, Opcode, Packet};
@@ -132,7 +132,7 @@ pub(super) fn read_segment(
     let mtu = q.mtu();
     // To a device reached in memory, a segment of several path MTUs.
     let seg = if len - offset > mtu && in_memory(&q.attr.av.dgid) {
-        crate::device::segment_payload(buf_len, mtu)
+        crate::shared::segment_payload(buf_len, mtu)
     } else {
         mtu
     };

@@ -7,9 +7,9 @@ use super::{
     access_error, bump_msn, check_rkey, complete_send, complete_write, invalid_request,
     operational_error, push_out, Exec,
 };
-use crate::device::{lock, Resources};
 use crate::mem::*;
 use crate::qp::*;
+use crate::shared::{lock, Resources};
 use crate::types::Psn;
 use crate::verbs::*;
 use crate::wire::{NakCode, OpFlags, Opcode, Packet};

@@ -15,11 +15,11 @@ mod duplicate;
 mod execute;
 mod ud;
 
-use crate::device::lock;
-use crate::device::{Drop, RecvMeta, Resources, Transmit};
 use crate::icrc::rc_udp_sport;
 use crate::mem::*;
 use crate::qp::*;
+use crate::shared::lock;
+use crate::shared::{Drop, RecvMeta, Resources, Transmit};
 use crate::types::{Gid, Psn};
 use crate::verbs::*;
 use crate::wire::{self, BthRepr, ExtRepr, NakCode, OpFlags, Opcode, Packet, Syndrome, Transport};

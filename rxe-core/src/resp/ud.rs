@@ -2,9 +2,9 @@
 //! WQE, behind the 40-byte network header (the GRH, or 20 zero bytes and the IPv4 header).
 
 use super::{post_recv_cqe, recv_cqe, take_recv};
-use crate::device::{Drop, RecvMeta, Resources};
 use crate::mem::*;
 use crate::qp::*;
+use crate::shared::{Drop, RecvMeta, Resources};
 use crate::types::{Psn, Qpn};
 use crate::verbs::*;
 use crate::wire::Packet;
