@@ -7,6 +7,7 @@
 
 pub mod icrc;
 pub mod mem;
+#[cfg(feature = "testing")]
 pub mod pcap;
 pub mod types;
 pub mod verbs;
@@ -28,4 +29,5 @@ mod timers;
 pub use device::{Device, DeviceConfig, QpInit, RecvMeta, Transmit};
 pub use qp::QpCounters;
 pub use verbs::VerbError;
+#[cfg(feature = "testing")]
 pub mod sim;
