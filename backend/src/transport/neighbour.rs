@@ -22,20 +22,8 @@ pub(super) fn be16(b: &[u8], at: usize) -> u16 {
     u16::from_be_bytes([b[at], b[at + 1]])
 }
 
-/// The 16-bit ones' complement sum of `b` (an odd last byte padded with zero), folded.
-pub(crate) fn sum16(mut acc: u32, b: &[u8]) -> u32 {
-    let mut c = b.chunks_exact(2);
-    for w in &mut c {
-        acc += u16::from_be_bytes([w[0], w[1]]) as u32;
-    }
-    if let [last] = c.remainder() {
-        acc += (*last as u32) << 8;
-    }
-    while acc > 0xffff {
-        acc = (acc & 0xffff) + (acc >> 16);
-    }
-    acc
-}
+/// The 16-bit ones' complement sum (the engine's, `rxe_core::wire::ip::ones_sum`).
+pub(crate) use rxe_core::wire::ip::ones_sum as sum16;
 
 /// The Ethernet group address of multicast IP `ip` (RFC 1112, RFC 2464).
 pub fn multicast_mac(ip: IpAddr) -> [u8; 6] {

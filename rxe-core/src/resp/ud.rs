@@ -25,13 +25,7 @@ fn grh(meta: &RecvMeta, pkt_len: usize) -> ([u8; 40], u8) {
             h[9] = 17;
             h[12..16].copy_from_slice(&s);
             h[16..20].copy_from_slice(&d);
-            let mut sum = 0u32;
-            for c in h.chunks(2) {
-                sum += u16::from_be_bytes([c[0], c[1]]) as u32;
-            }
-            while sum > 0xffff {
-                sum = (sum & 0xffff) + (sum >> 16);
-            }
+            let sum = crate::wire::ip::ones_sum(0, &h[..20]);
             h[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
             (g, 2)
         }

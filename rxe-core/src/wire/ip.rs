@@ -41,8 +41,10 @@ pub mod ethertype {
 }
 
 /// The 16-bit one's-complement sum of `data` (odd length padded with a zero byte), folded, not
-/// inverted, added to `acc`.
-fn ones_sum(mut acc: u32, data: &[u8]) -> u32 {
+/// inverted, added to `acc`: the internet checksum (RFC 1071) is its complement. The one
+/// implementation of it, for the engine's headers and the daemon's frames.
+#[inline]
+pub fn ones_sum(mut acc: u32, data: &[u8]) -> u32 {
     let mut chunks = data.chunks_exact(2);
     for c in &mut chunks {
         acc += u16::from_be_bytes([c[0], c[1]]) as u32;
