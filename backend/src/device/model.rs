@@ -559,11 +559,6 @@ impl Model {
             .set(self.touched.get() | (shards & self.remote));
     }
 
-    /// The number of engine shards.
-    pub fn shard_count(&self) -> usize {
-        self.shards.len()
-    }
-
     /// Hands shards `1..` to threads of their own ([`ShardHandle`]): from now on this
     /// model's pumps and timers run shard 0 only, and [`Self::take_touched`] says which of
     /// the others it worked on.
