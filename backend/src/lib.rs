@@ -170,9 +170,27 @@ struct Stopper {
 #[derive(Clone, Default)]
 struct Listening(Arc<Mutex<Vec<std::os::fd::RawFd>>>);
 
+/// A listening socket's place in [`Listening`], removed when this drops.
+struct Registered {
+    list: Listening,
+    fd: std::os::fd::RawFd,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.list.remove(self.fd);
+    }
+}
+
 impl Listening {
-    fn add(&self, fd: std::os::fd::RawFd) {
+    /// Lists `fd` until the returned guard drops: declare the guard after the listener, so
+    /// that it goes first on every way out, an early `?` too.
+    fn register(&self, fd: std::os::fd::RawFd) -> Registered {
         sync::lock(&self.0).push(fd);
+        Registered {
+            list: self.clone(),
+            fd,
+        }
     }
     fn remove(&self, fd: std::os::fd::RawFd) {
         sync::lock(&self.0).retain(|&f| f != fd);
@@ -531,20 +549,22 @@ fn serve(device: Device, bound: Bound) -> Result<(), Error> {
     let net_thread = match (net, bound.net) {
         (Some((path, port, stats)), Some((listener, lock))) => {
             let listener = Arc::new(listener);
-            listening.add(listener.as_raw_fd());
+            // The thread holds a clone: the fd stays open while it is listed, whichever way
+            // this function ends.
+            let registered = listening.register(listener.as_raw_fd());
             let shared = shared.clone();
             let handle = net_handle.clone();
             let l = listener.clone();
             let t = std::thread::Builder::new()
                 .name("vhost-user-net".into())
                 .spawn(move || serve_net(&path, &l, port, stats, &shared, &handle))?;
-            Some((t, listener, lock))
+            Some((t, listener, lock, registered))
         }
         _ => None,
     };
     let path = config.socket_path.to_string_lossy().to_string();
     let (mut listener, lock) = bound.main;
-    listening.add(listener.as_raw_fd());
+    let registered = listening.register(listener.as_raw_fd());
     let result = loop {
         if shared.shutdown.load(Ordering::SeqCst) {
             break Ok(());
@@ -602,11 +622,11 @@ fn serve(device: Device, bound: Bound) -> Result<(), Error> {
     if let Some(io) = &shared.io {
         io.stop();
     }
-    listening.remove(listener.as_raw_fd());
+    drop(registered);
     drop(listener);
     // The socket and its lock go together, and only ours.
     drop(lock);
-    if let Some((t, listener, lock)) = net_thread {
+    if let Some((t, listener, lock, registered)) = net_thread {
         // Its listener may sit in accept(): wake it.
         listening.wake_all();
         match t.join() {
@@ -614,7 +634,7 @@ fn serve(device: Device, bound: Bound) -> Result<(), Error> {
             Err(_) => log::error!("virtio-net thread panicked"),
             Ok(Ok(())) => {}
         }
-        listening.remove(listener.as_raw_fd());
+        drop(registered);
         drop(listener);
         drop(lock);
     }
