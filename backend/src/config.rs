@@ -652,6 +652,8 @@ impl TryFrom<Args> for Config {
                     .filter(|n| (1..=64).contains(n))
                     .ok_or(ConfigError::Shards(a.engine_shards))?,
                 egress,
+                // Set by the device as it opens its transport.
+                live_qpns: None,
             },
         })
     }

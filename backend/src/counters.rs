@@ -70,6 +70,7 @@ pub fn render_body(t: &TransportStats, model: Option<&Model>) -> String {
             rx_icrc_id_learned,
             rx_icrc_id_opened,
             rx_icrc_solves,
+            rx_icrc_no_qp,
             rx_icrc_bad,
             rx_short,
             rx_errors,

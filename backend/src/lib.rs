@@ -246,6 +246,12 @@ impl Device {
         hub: Option<&Arc<transport::same_host::Hub>>,
     ) -> Result<Device, Error> {
         let mut shard_links = Vec::new();
+        // The QPs the guest has live: the engine hands out numbers below this span. The
+        // model keeps the set, the receive path reads it.
+        let live_qpns = Arc::new(transport::live_qpns::LiveQpns::new(
+            rxe_core::device::FIRST_QPN + config.model.dev.max_qp.saturating_mul(2),
+        ));
+        config.model.live_qpns = Some(live_qpns.clone());
         let mut transport = match &config.raw {
             None => {
                 // `--shard-threads`: a socket per engine shard, the kernel steering each
@@ -270,6 +276,7 @@ impl Device {
                         s.enable_gso().map_err(|e| Error::Udp(config.udp_addr, e))?;
                     }
                     s.set_egress(config.model.egress.clone());
+                    s.set_live_qpns(live_qpns.clone());
                     shard_links.push(Arc::new(worker::shard_worker::ShardLink::new(s)));
                 }
                 if config.udp_gso && !gso {
@@ -316,6 +323,7 @@ impl Device {
             }
         };
         transport.set_egress(config.model.egress.clone());
+        transport.set_live_qpns(live_qpns.clone());
         // `--io-thread`: the socket's work moves to a thread of its own.
         let io = match &mut transport {
             Transport::Udp(t) if config.io_thread => {

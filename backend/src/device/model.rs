@@ -242,6 +242,9 @@ pub struct ModelConfig {
     /// Cap on the heap bytes of the send WQEs the engine holds for the device
     /// (`--max-wqe-bytes`): beyond it, WQEs wait in the guest's rings until others complete.
     pub max_wqe_bytes: u64,
+    /// The QPs live now, kept for the transport's receive checks (shared with it; emptied
+    /// by a new model and by a reset).
+    pub live_qpns: Option<Arc<crate::transport::live_qpns::LiveQpns>>,
 }
 
 impl Default for ModelConfig {
@@ -254,6 +257,7 @@ impl Default for ModelConfig {
             egress: Default::default(),
             shards: 1,
             max_wqe_bytes: DEFAULT_MAX_WQE_BYTES,
+            live_qpns: None,
         }
     }
 }
@@ -524,6 +528,9 @@ fn to_qp_attr(w: &abi::QpAttrs) -> Result<QpAttr, Status> {
 
 impl Model {
     pub fn new(cfg: ModelConfig) -> Self {
+        if let Some(q) = &cfg.live_qpns {
+            q.clear();
+        }
         let devs = Device::new_sharded(cfg.dev.clone(), cfg.shards);
         let n = devs.len();
         Model {
@@ -596,6 +603,9 @@ impl Model {
         // driver re-creates are not named as the ones before the reset were.
         if let Some(s) = self.cfg.dev.seed.as_mut() {
             *s = rxe_core::types::Rng::new(*s).next_u64();
+        }
+        if let Some(q) = &self.cfg.live_qpns {
+            q.clear();
         }
         let devs = Device::new_sharded(self.cfg.dev.clone(), self.cfg.shards);
         for (s, dev) in self.shards.iter().zip(devs) {
@@ -996,6 +1006,9 @@ impl Model {
                 return Err(verr(e));
             }
         };
+        if let Some(q) = &self.cfg.live_qpns {
+            q.insert(qpn.0);
+        }
         let sq_cons = sq
             .as_ref()
             .and_then(|r| r.load_index(mem, hdr::CONSUMER_INDEX).ok())

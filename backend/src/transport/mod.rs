@@ -6,6 +6,7 @@
 pub mod egress;
 pub mod filter;
 pub mod io_thread;
+pub mod live_qpns;
 pub mod neighbour;
 pub mod raw;
 pub mod same_host;
@@ -80,6 +81,14 @@ impl Transport {
 
     pub fn set_egress(&mut self, p: EgressPolicy) {
         each!(self, t => t.set_egress(p))
+    }
+
+    /// The device's live QPs, for the receive path's cheap checks (the udp transport's: the
+    /// raw one sees the IPv4 ID and has no solve to spare).
+    pub fn set_live_qpns(&mut self, q: std::sync::Arc<live_qpns::LiveQpns>) {
+        if let Transport::Udp(t) = self {
+            t.set_live_qpns(q);
+        }
     }
 
     pub fn recv_batch(&mut self) -> usize {

@@ -13,6 +13,7 @@ use rxe_core::Gid;
 
 use crate::sys::{setsockopt, sockaddr_from, sockaddr_to};
 use crate::transport::egress::EgressPolicy;
+use crate::transport::live_qpns::LiveQpns;
 use crate::transport::stats::TransportStats;
 
 /// Packets sent with one `sendmmsg`.
@@ -232,6 +233,7 @@ impl UdpIo {
                 solver: rxe_core::icrc::Ipv4IdSolver::new(),
                 ids,
                 epoch: std::time::Instant::now(),
+                qpns: None,
             }),
             egress: EgressPolicy::default(),
             stats: TransportStats::default(),
@@ -258,6 +260,7 @@ impl UdpIo {
                 solver: rxe_core::icrc::Ipv4IdSolver::new(),
                 ids: std::sync::Arc::clone(&self.icrc.ids),
                 epoch: self.icrc.epoch,
+                qpns: self.icrc.qpns.clone(),
             }),
             egress: self.egress.clone(),
             stats: TransportStats::default(),
@@ -336,6 +339,12 @@ impl UdpIo {
 
     pub fn local_addr(&self) -> SocketAddr {
         self.local
+    }
+
+    /// The device's live QPs: an IPv4 packet whose ICRC needs the ID solve is solved only
+    /// when it is for one of them (or QP1, or multicast).
+    pub fn set_live_qpns(&mut self, q: std::sync::Arc<LiveQpns>) {
+        self.icrc.qpns = Some(q);
     }
 
     pub fn fd(&self) -> RawFd {
@@ -853,13 +862,15 @@ struct RxIcrc {
     ids: std::sync::Arc<std::sync::Mutex<rxe_core::icrc::Ipv4IdWindows>>,
     /// The windows' clock starts here.
     epoch: std::time::Instant,
+    /// The device's live QPs: a packet for none of them is not solved.
+    qpns: Option<std::sync::Arc<LiveQpns>>,
 }
 
 /// Checks a received datagram's ICRC and counts the verdict; false when it must be dropped.
 /// `id`: the IPv4 ID tried first and exactly (its index in a GRO run, 0 for a datagram
 /// alone). Otherwise, unless strict, an IPv4 packet that passes the cheap checks (a source
 /// the egress policy allows, a BTH the engine would look at: [`rxe_core::icrc::worth_solving`])
-/// is solved for its ID, and accepted only if that ID lies in a window of its source's ID
+/// and for a live QP of the device ([`LiveQpns`], when set) is solved for its ID, and accepted only if that ID lies in a window of its source's ID
 /// sequence ([`rxe_core::icrc::Ipv4IdWindows`]); outside, it is dropped and its ID learned.
 fn verify_icrc(
     icrc: &mut RxIcrc,
@@ -888,6 +899,14 @@ fn verify_icrc(
     if !egress.allows(IpAddr::V4(from)) || !rxe_core::icrc::worth_solving(roce) {
         stats.rx_icrc_bad += 1;
         return false;
+    }
+    if let Some(q) = &icrc.qpns {
+        // worth_solving parsed the BTH: at least 12 bytes.
+        let dqpn = u32::from_be_bytes([0, roce[5], roce[6], roce[7]]);
+        if !q.may_receive(dqpn) {
+            stats.rx_icrc_no_qp += 1;
+            return false;
+        }
     }
     stats.rx_icrc_solves += 1;
     let Ok(Some(found)) =
@@ -1023,6 +1042,7 @@ mod tests {
             solver: rxe_core::icrc::Ipv4IdSolver::new(),
             ids: Default::default(),
             epoch: std::time::Instant::now(),
+            qpns: None,
         }
     }
 

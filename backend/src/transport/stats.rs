@@ -36,6 +36,9 @@ pub struct TransportStats {
     /// IPv4 ID solves run (packets whose ICRC failed the exact check but passed the cheap
     /// ones: source allowed, BTH worth a look).
     pub rx_icrc_solves: u64,
+    /// IPv4 packets not solved because they are for no live QP of the device (nor QP1,
+    /// nor multicast): junk, or a QP's stragglers after it was destroyed.
+    pub rx_icrc_no_qp: u64,
     pub rx_icrc_bad: u64,
     pub rx_short: u64,
     /// Receive errors other than "nothing waiting" (ICMP errors reported on the socket, …).
@@ -90,6 +93,7 @@ impl TransportStats {
         self.rx_icrc_id_learned += o.rx_icrc_id_learned;
         self.rx_icrc_id_opened += o.rx_icrc_id_opened;
         self.rx_icrc_solves += o.rx_icrc_solves;
+        self.rx_icrc_no_qp += o.rx_icrc_no_qp;
         self.rx_icrc_bad += o.rx_icrc_bad;
         self.rx_short += o.rx_short;
         self.rx_errors += o.rx_errors;

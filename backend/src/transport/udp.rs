@@ -190,6 +190,11 @@ impl UdpTransport {
         self.io.egress = p;
     }
 
+    /// The device's live QPs ([`UdpIo::set_live_qpns`]); before an I/O thread starts.
+    pub fn set_live_qpns(&mut self, q: std::sync::Arc<crate::transport::live_qpns::LiveQpns>) {
+        self.io.set_live_qpns(q);
+    }
+
     pub fn local_addr(&self) -> SocketAddr {
         self.io.local_addr()
     }

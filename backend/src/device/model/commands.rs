@@ -152,6 +152,9 @@ impl Model {
         let c: abi::Handle = cmd(b)?;
         let mut s = self.shard(c.handle);
         s.dev.destroy_qp(Qpn(c.handle)).map_err(verr)?;
+        if let Some(q) = &self.cfg.live_qpns {
+            q.remove(c.handle);
+        }
         if let Some(q) = s.qps.remove(&c.handle) {
             self.common.lists().release(q.list_bytes + q.reg_mr_held);
             self.common.wqes_release(q.wqe_held);
