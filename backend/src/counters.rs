@@ -30,6 +30,9 @@ pub struct Shared {
     pub io: Option<Arc<crate::transport::io_thread::IoThread>>,
     /// `--shard-threads`: the sockets of engine shards 1 and up, with their counters.
     pub shard_links: Vec<Arc<crate::worker::shard_worker::ShardLink>>,
+    /// The link under the transport, which the port's state follows (none for a wildcard
+    /// `--udp-addr`).
+    pub link: Option<Arc<Mutex<crate::transport::link_watch::LinkWatch>>>,
 }
 
 /// How long a reader waits for the worker thread to render the counters.
@@ -108,7 +111,8 @@ pub fn render_body(t: &TransportStats, model: Option<&Model>) -> String {
                 tx_segments
             ]
         );
-        o.push('}');
+        // 1 while QUERY_PORT reports the port ACTIVE, 0 while DOWN.
+        o.push_str(&format!(",\"active\":{}}}", u8::from(m.port_active())));
         // With --engine-shards: how the QPs and packets spread over the shards.
         let loads = m.shard_loads();
         if loads.len() > 1 {
@@ -293,6 +297,7 @@ mod tests {
             same_host: None,
             io: None,
             shard_links: Vec::new(),
+            link: None,
         };
         let doc = render(&shared);
         assert!(

@@ -61,7 +61,8 @@ use crate::memory::guest_mem::GuestMemoryMmap;
 use crate::transport::udp::UdpTransport;
 use crate::transport::Transport;
 use crate::vhu_rdma::{
-    VhuRdma, COUNTERS_EVENT, IO_EVENT, SAME_HOST_EVENT, TIMER_EVENT, UDP_EVENT, WORK_EVENT,
+    VhuRdma, COUNTERS_EVENT, IO_EVENT, LINK_EVENT, SAME_HOST_EVENT, TIMER_EVENT, UDP_EVENT,
+    WORK_EVENT,
 };
 
 #[derive(Debug, Error)]
@@ -356,6 +357,7 @@ impl Device {
             _ => None,
         };
         let same_host = transport.same_host_inbox();
+        let link = watch_link(&transport);
         let shared = Arc::new(Shared {
             backend: Mutex::new(None),
             transport: Arc::new(Mutex::new(transport)),
@@ -365,6 +367,7 @@ impl Device {
             same_host,
             io,
             shard_links,
+            link,
         });
         Ok(Device {
             config,
@@ -652,6 +655,24 @@ fn serve(device: Device, bound: Bound) -> Result<(), Error> {
     result
 }
 
+/// The link the port stands on: the raw interface, or the one holding `--udp-addr`.
+fn watch_link(t: &Transport) -> Option<Arc<Mutex<transport::link_watch::LinkWatch>>> {
+    let i = t.port_ifindex()?;
+    match transport::link_watch::LinkWatch::open(i) {
+        Ok(w) => {
+            log::info!(
+                "port state follows interface index {i} (link {})",
+                if w.up() { "up" } else { "down" }
+            );
+            Some(Arc::new(Mutex::new(w)))
+        }
+        Err(e) => {
+            log::warn!("port state: not following interface index {i}: {e}");
+            None
+        }
+    }
+}
+
 /// The device's side of one frontend connection: a fresh model, its backend and, with
 /// `--shard-threads`, the threads of shards 1 and up.
 fn connection_backend(
@@ -683,6 +704,7 @@ fn connection_backend(
         config.poll_us,
     )?);
     backend.set_shard_links(shared.shard_links.clone());
+    backend.set_link_watch(shared.link.clone());
     // `--same-host`: the other devices hand their packets to this one's engine on their
     // own threads while its worker is idle.
     if let Some(inbox) = &shared.same_host {
@@ -739,6 +761,11 @@ fn register_listeners(
     if let Some(fd) = backend.same_host_fd() {
         handlers[0]
             .register_listener(fd, EventSet::IN, SAME_HOST_EVENT as u64)
+            .map_err(Error::Io)?;
+    }
+    if let Some(fd) = backend.link_fd() {
+        handlers[0]
+            .register_listener(fd, EventSet::IN, LINK_EVENT as u64)
             .map_err(Error::Io)?;
     }
     backend.set_epoll_handler(&handlers[0]);

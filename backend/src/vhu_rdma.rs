@@ -23,7 +23,7 @@ use crate::worker::queues::{Listeners, Worker, GM};
 use crate::worker::shard_worker::ShardLink;
 
 pub use crate::worker::queues::{
-    resume_at_used, COUNTERS_EVENT, IO_EVENT, SAME_HOST_EVENT, TIMER_EVENT, UDP_EVENT,
+    resume_at_used, COUNTERS_EVENT, IO_EVENT, LINK_EVENT, SAME_HOST_EVENT, TIMER_EVENT, UDP_EVENT,
     UDP_WRITABLE_EVENT, WORK_EVENT,
 };
 
@@ -115,6 +115,16 @@ impl VhuRdma {
     /// The same-host inbox's eventfd, with `--same-host`.
     pub fn same_host_fd(&self) -> Option<RawFd> {
         self.worker.same_host_fd()
+    }
+
+    /// The link under the transport, which the port's state follows.
+    pub fn set_link_watch(&self, w: Option<Arc<Mutex<crate::transport::link_watch::LinkWatch>>>) {
+        self.worker.set_link_watch(w);
+    }
+
+    /// The link watch's fd, with one.
+    pub fn link_fd(&self) -> Option<RawFd> {
+        self.worker.link_fd()
     }
 
     /// The epoll handler of the worker thread, for the writability wait.

@@ -15,7 +15,10 @@
 # with completions in flight), mr_iova (ibv_reg_mr_iova: an MR whose IOVA is not its address,
 # pyverbs and ctypes), kverbs (kernel fast registration: the vrdma_selftest module),
 # rxe_shared (Linux rxe on the same eth0 as vrdma0, both busy: rxe must never take vrdma0 for
-# one of its devices);
+# one of its devices), port (the port follows the link under the daemon's transport: the host
+# takes the namespace's lo, which holds the daemon's address, down and up on the guest's word;
+# the kernel's ports/1/state and ibv_asyncwatch see DOWN and PORT_ERR, then ACTIVE and
+# PORT_ACTIVE);
 # compare (not in the default set): ib_send_lat and ib_write_bw over vrdma0 and over Linux rxe
 # in the same guest (rxe0 on a second NIC with an address of its own).
 # rdma-core's own test suite, side by side with rxe: tests/vm/pyverbs.test.sh.
@@ -66,7 +69,7 @@ vm_start_daemon "$work" "$addr" "$mac" || exit 1
 dpid=$REPLY
 
 tools=("$@")
-((${#tools[@]})) || tools=(devinfo rc rc_events uc ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw rping resize_cq mr_iova kverbs rxe_shared)
+((${#tools[@]})) || tools=(devinfo rc rc_events uc ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw rping resize_cq mr_iova kverbs rxe_shared port)
 reload=0
 [[ -z ${VUR_SELFTEST_KO:-} ]] || cp "$VUR_SELFTEST_KO" "$work/vrdma_selftest.ko"
 if [[ -n ${VUR_DRIVER_KO:-} ]]; then
@@ -450,6 +453,30 @@ PY
         echo "DV-CMP ib_send_lat -e 64 B t_avg usec: vrdma0 $(lat_ev $dev) rxe0 $(lat_ev rxe0)"
         echo "DV-CMP ib_write_bw 64 KiB BW average MiB/s: vrdma0 $(bw $dev) rxe0 $(bw rxe0)"
         ;;
+    port)
+        st() { cat "/sys/class/infiniband/$dev/ports/1/state"; }
+        stdbuf -oL ibv_asyncwatch -d "$dev" >/tmp/asyncwatch 2>&1 &
+        apid=$!
+        # It listens once it holds the device's uverbs file open.
+        for _ in $(seq 100); do
+            ls -l "/proc/$apid/fd" 2>/dev/null | grep -q uverbs && break
+            sleep 0.05
+        done
+        s0=$(st)
+        touch /vur/port-down
+        for _ in $(seq 300); do [[ $(st) == *DOWN* ]] && break; sleep 0.05; done
+        s1=$(st)
+        touch /vur/port-up
+        for _ in $(seq 300); do [[ $(st) == *ACTIVE* ]] && break; sleep 0.05; done
+        s2=$(st)
+        for _ in $(seq 100); do grep -q PORT_ACTIVE /tmp/asyncwatch && break; sleep 0.05; done
+        kill "$apid" 2>/dev/null; wait "$apid" 2>/dev/null
+        rc=0
+        [[ $s0 == *ACTIVE* && $s1 == *DOWN* && $s2 == *ACTIVE* ]] || rc=1
+        grep -q 'PORT_ERR' /tmp/asyncwatch && grep -q 'PORT_ACTIVE' /tmp/asyncwatch || rc=1
+        ((rc == 0)) || { echo "== ibv_asyncwatch"; cat /tmp/asyncwatch; }
+        report port $rc "state: $s0 -> $s1 -> $s2; events: $(grep -oE 'IBV_EVENT_PORT_[A-Z]+' /tmp/asyncwatch | tr '\n' ' ')"
+        ;;
     *) echo "DV unknown tool $t"; fail=1 ;;
     esac
 done
@@ -479,6 +506,19 @@ vm_rc=0
     touch "$work/counters-read"
 ) &
 watcher=$!
+# The port tool: lo (the daemon's address) down when the guest asks, up when it asks again
+# (or after 30 s, so that the namespace never stays without it).
+(
+    for _ in $(seq 9000); do
+        [[ -f $work/port-down || -f $work/tools-done ]] && break
+        sleep 0.1
+    done
+    [[ -f $work/port-down ]] || exit 0
+    ip link set lo down && log "port: lo down"
+    for _ in $(seq 300); do [[ -f $work/port-up ]] && break; sleep 0.1; done
+    ip link set lo up && log "port: lo up"
+) &
+porter=$!
 "$here/run-vm.sh" --name dv --qemu "$qemu" --images "$images" --rdma-sock "$work/rdma.sock" \
     --nic-no-peer --mac "$mac" --ip "$addr/24" --no-rxe "${nic2[@]}" --shared "$work" --smp "${VUR_DEVICE_SMP:-2}" \
     --scenario "$work/device-guest.sh" --file "$here/guest-wait.sh" --timeout "$vm_timeout" ${VUR_DRIVER_PARAMS:+--env "VUR_DRIVER_PARAMS=$VUR_DRIVER_PARAMS"} || vm_rc=$?
@@ -488,6 +528,9 @@ tr -d '\r' <"$work/dv.console.log" |
 grep -a '^DV-CMP' "$work/dv.console.log" | tr -d '\r' >"$work/compare.txt" || true
 kill "$watcher" 2>/dev/null || true
 wait "$watcher" 2>/dev/null || true
+kill "$porter" 2>/dev/null || true
+wait "$porter" 2>/dev/null || true
+ip link set lo up
 leak=0
 if [[ -s $work/counters.json ]]; then
     msg=$(vm_daemon_leaks device-verbs "$work/counters.json") || leak=1

@@ -300,6 +300,9 @@ pub struct Model {
     /// GID table entries the transport cannot send from (index → GID): listed, so the guest's
     /// table is what its netdev has, but an address vector that names one is refused.
     listed_gids: std::collections::BTreeMap<u32, Gid>,
+    /// The port's state as QUERY_PORT reports it: ACTIVE, or DOWN while the link under the
+    /// transport is down or its socket keeps failing ([`Self::set_port_active`]).
+    port_active: bool,
 }
 
 /// What the shards of a device share: the CQ and SRQ shadows, each behind its own lock (a
@@ -549,6 +552,7 @@ impl Model {
             source_gids: Vec::new(),
             gids_changed: false,
             listed_gids: Default::default(),
+            port_active: true,
             cfg,
         }
     }
@@ -1424,14 +1428,27 @@ impl Model {
         Pump::Idle
     }
 
-    /// Raises a port event (the transport lost or regained its socket).
-    pub fn port_event(&mut self, active: bool) {
-        let e = if active {
-            abi::event::PORT_ACTIVE
-        } else {
-            abi::event::PORT_ERR
-        };
-        self.common.push_event(abi::event::KIND_ASYNC, e, 1);
+    /// The port went ACTIVE or DOWN (the link under the transport, its socket): QUERY_PORT
+    /// says so from now on and, with `tell`, the guest gets PORT_ACTIVE or PORT_ERR (as an
+    /// IB device's port events). Nothing when the state is the one already reported.
+    pub fn set_port_active(&mut self, active: bool, tell: bool) {
+        if active == self.port_active {
+            return;
+        }
+        self.port_active = active;
+        if tell {
+            let e = if active {
+                abi::event::PORT_ACTIVE
+            } else {
+                abi::event::PORT_ERR
+            };
+            self.common.push_event(abi::event::KIND_ASYNC, e, 1);
+        }
+    }
+
+    /// Whether QUERY_PORT reports the port ACTIVE.
+    pub fn port_active(&self) -> bool {
+        self.port_active
     }
 
     /// Per-QP counters as (qpn, counters).

@@ -6,6 +6,7 @@
 pub mod egress;
 pub mod filter;
 pub mod io_thread;
+pub mod link_watch;
 pub mod live_qpns;
 pub mod neighbour;
 pub mod raw;
@@ -26,6 +27,30 @@ use crate::transport::raw::RawTransport;
 use crate::transport::sink::PacketSink;
 use crate::transport::stats::TransportStats;
 use crate::transport::udp::UdpTransport;
+
+/// Logs a packet the kernel refused to send, once per cause in each rate-limit window
+/// ([`crate::ratelog`]; the packets themselves are counted in `tx_dropped`), with what to
+/// check: a wrong `--mtu`, a route, a closed peer port, a firewall.
+pub(crate) fn log_send_error(via: &str, dst: &dyn std::fmt::Display, e: &std::io::Error) {
+    match e.raw_os_error() {
+        Some(libc::EMSGSIZE) => crate::warn_limited!(
+            "{via}: sending to {dst}: {e}: a packet longer than the path takes; is --mtu above the interface's MTU?"
+        ),
+        Some(libc::ECONNREFUSED) => crate::warn_limited!(
+            "{via}: sending to {dst}: {e}: nothing listens on the peer's RoCE port (is its daemon or rdma_rxe up, is --peer-port right?)"
+        ),
+        Some(libc::EHOSTUNREACH | libc::ENETUNREACH | libc::EHOSTDOWN) => crate::warn_limited!(
+            "{via}: sending to {dst}: {e}: no route to the peer; check this host's routes and addresses"
+        ),
+        Some(libc::ENETDOWN) => crate::warn_limited!(
+            "{via}: sending to {dst}: {e}: the interface is down (the guest's port is DOWN until it is up)"
+        ),
+        Some(libc::EPERM | libc::EACCES) => {
+            crate::warn_limited!("{via}: sending to {dst}: {e}: refused by a firewall rule")
+        }
+        _ => crate::warn_limited!("{via}: sending to {dst}: {e}"),
+    }
+}
 
 pub enum Transport {
     Udp(UdpTransport),
@@ -69,6 +94,15 @@ impl Transport {
                 t.set_addrs(&addrs)
             }
             _ => Ok(()),
+        }
+    }
+
+    /// The interface the port stands on: the raw transport's, or the one that holds the
+    /// udp transport's address (none for a wildcard address).
+    pub fn port_ifindex(&self) -> Option<u32> {
+        match self {
+            Transport::Udp(t) => link_watch::LinkWatch::index_of(t.local_addr().ip()),
+            Transport::Raw(t) => u32::try_from(t.info().index).ok(),
         }
     }
 

@@ -1141,6 +1141,9 @@ impl RawTransport {
             // The device refused this frame (queue full with the qdisc bypassed, link down,
             // too large): it is lost and the engine's retransmission covers it.
             self.stats.tx_dropped += 1;
+            if e.raw_os_error() != Some(libc::ENOBUFS) {
+                super::log_send_error("raw transport", &self.iface, &e);
+            }
             done += 1;
         }
         self.stats.tx_dropped += (n - done) as u64;

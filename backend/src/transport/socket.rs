@@ -543,6 +543,7 @@ impl UdpIo {
             // An error of this packet (an ICMP error reported on this call, a route that
             // refuses it) loses it: the engine's retransmission covers it. Try the rest.
             self.stats.tx_dropped += 1;
+            super::log_send_error("udp transport", &self.tx_pending[first].1, &e);
             *done = first + 1;
             sent += 1;
         }

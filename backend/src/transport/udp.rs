@@ -270,7 +270,12 @@ impl UdpTransport {
                 self.io.stats.tx_bytes += roce.len() as u64;
             }
             // A full socket buffer is loss: the engine's retransmission covers it.
-            Err(_) => self.io.stats.tx_dropped += 1,
+            Err(e) => {
+                self.io.stats.tx_dropped += 1;
+                if e.kind() != std::io::ErrorKind::WouldBlock {
+                    super::log_send_error("udp transport", &dst, &e);
+                }
+            }
         }
     }
 

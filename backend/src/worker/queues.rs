@@ -19,6 +19,7 @@ use crate::clock::{now, RxBackoff, Timer};
 use crate::device::model::{Model, Pump, TX_BUDGET};
 use crate::memory::guest_mem::GuestMemoryMmap;
 use crate::sync::lock;
+use crate::transport::link_watch::LinkWatch;
 use crate::transport::sink::PacketSink;
 use crate::transport::udp::TransportStats;
 use crate::transport::Transport;
@@ -49,6 +50,8 @@ pub const SAME_HOST_EVENT: u16 = NUM_QUEUES as u16 + 6;
 /// Packets the I/O thread received wait in its inbox, or its send channel has room again
 /// (`--io-thread`, [`crate::transport::io_thread`]).
 pub const IO_EVENT: u16 = NUM_QUEUES as u16 + 7;
+/// The link under the transport changed ([`crate::transport::link_watch`]).
+pub const LINK_EVENT: u16 = NUM_QUEUES as u16 + 8;
 
 /// Largest device-readable part of a control request or doorbell chain.
 const MAX_REQUEST: usize = 64 << 10;
@@ -194,6 +197,10 @@ pub struct Worker {
     /// What the I/O thread received (`--io-thread`); its eventfd also says the send channel
     /// has room again.
     io_inbox: Option<Arc<crate::transport::same_host::Inbox>>,
+    /// The link the device's port stands on, shared by the device's connections.
+    link: Mutex<Option<Arc<Mutex<LinkWatch>>>>,
+    /// The UDP socket is left alone for failing ([`Self::rx_health`]): the port is DOWN.
+    socket_failing: AtomicBool,
 }
 
 impl Worker {
@@ -244,6 +251,8 @@ impl Worker {
             notify_on_empty: AtomicBool::new(false),
             inbox,
             io_inbox,
+            link: Mutex::default(),
+            socket_failing: AtomicBool::new(false),
         })
     }
 
@@ -319,6 +328,47 @@ impl Worker {
         self.inbox.as_ref().map(|i| i.fd())
     }
 
+    /// The link under the transport: the port's state follows it from now on (this
+    /// connection's model takes its state now, without an event).
+    pub fn set_link_watch(&self, w: Option<Arc<Mutex<LinkWatch>>>) {
+        if let Some(w) = &w {
+            lock(w).read();
+        }
+        *lock(&self.link) = w;
+        self.sync_port(&mut lock(&self.model), false);
+    }
+
+    /// The link watch's netlink socket, for the worker's epoll ([`LINK_EVENT`]).
+    pub fn link_fd(&self) -> Option<RawFd> {
+        lock(&self.link).as_ref().map(|w| lock(w).fd())
+    }
+
+    /// Reads what the link watch says; the port follows.
+    fn link_changed(&self, model: &mut Model, tell: bool) {
+        if let Some(w) = lock(&self.link).as_ref() {
+            lock(w).read();
+        }
+        self.sync_port(model, tell);
+    }
+
+    /// The port is ACTIVE while its link is up and its socket is not failing.
+    fn sync_port(&self, model: &mut Model, tell: bool) {
+        let link_up = lock(&self.link).as_ref().is_none_or(|w| lock(w).up());
+        let active = link_up && !self.socket_failing.load(Ordering::Relaxed);
+        if active != model.port_active() {
+            log::warn!(
+                "port {}: {}",
+                if active { "ACTIVE" } else { "DOWN" },
+                match (link_up, active) {
+                    (_, true) => "its link is up and its socket works",
+                    (false, _) => "the link under the transport is down",
+                    (true, false) => "the socket keeps failing",
+                }
+            );
+        }
+        model.set_port_active(active, tell);
+    }
+
     /// Renders the counters for the readers waiting (worker thread).
     fn publish_counters(&self, model: &Model) {
         self.counters.take_request();
@@ -370,11 +420,12 @@ impl Worker {
     /// After a receive: a socket that gave up on errors is left out of the epoll for a while
     /// (longer each time it fails again, up to [`RxBackoff::MAX_NS`]) instead of waking the
     /// worker at once, level-triggered, for ever.
-    fn rx_health(&self, t: &Transport) {
+    /// Returns whether the socket's health changed (the port follows it).
+    fn rx_health(&self, t: &Transport) -> bool {
         let mut p = lock(&self.rx_pause);
         if !t.rx_failing() {
             p.ok();
-            return;
+            return self.socket_failing.swap(false, Ordering::Relaxed);
         }
         let until = p.fail(now());
         drop(p);
@@ -385,6 +436,7 @@ impl Worker {
         );
         self.udp_listen(t.fd(), false);
         self.timer.arm(Some(until));
+        !self.socket_failing.swap(true, Ordering::Relaxed)
     }
 
     /// Takes the UDP socket back into the epoll once its back-off is over (the timer is
@@ -671,7 +723,10 @@ impl Worker {
         let total = receive_batch(&mut *t, RX_LIMIT, |at, meta, bytes| {
             model.handle_packet(&g, at, meta, bytes);
         });
-        self.rx_health(&t);
+        if self.rx_health(&t) {
+            drop(t);
+            self.sync_port(model, true);
+        }
         total
     }
 
@@ -1108,8 +1163,12 @@ impl Worker {
                 // the socket is level-triggered and the rest wakes us again.
                 let mut t = lock(&self.transport);
                 t.drop_unattached(RX_LIMIT);
-                self.rx_health(&t);
+                if self.rx_health(&t) {
+                    drop(t);
+                    self.sync_port(&mut lock(&self.model), false);
+                }
             }
+            LINK_EVENT => self.link_changed(&mut lock(&self.model), false),
             SAME_HOST_EVENT => {
                 if let Some(i) = &self.inbox {
                     i.discard(RX_LIMIT);
@@ -1178,6 +1237,10 @@ impl Worker {
             }
             COUNTERS_EVENT => {
                 self.publish_counters(model);
+                false
+            }
+            LINK_EVENT => {
+                self.link_changed(model, true);
                 false
             }
             _ => {

@@ -64,8 +64,10 @@ impl Model {
             return Err(Status::Invalid);
         }
         let m = self.cfg.dev.port_mtu as u32;
+        // As rxe: ACTIVE and LinkUp, or DOWN and Disabled without a link.
+        let (state, phys_state) = if self.port_active() { (4, 5) } else { (1, 3) };
         body(abi::RespQueryPort {
-            state: 4,
+            state,
             max_mtu: m,
             active_mtu: m,
             gid_tbl_len: self.cfg.dev.gid_table_len,
@@ -73,7 +75,7 @@ impl Model {
             max_msg_sz: 1 << 31,
             pkey_tbl_len: 1,
             link_layer: 2,
-            phys_state: 5,
+            phys_state,
             active_width: 1,
             active_speed: 1,
             reserved: 0,
