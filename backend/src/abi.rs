@@ -43,6 +43,9 @@ pub mod caps {
     pub const MR_PAGE_OFFSET: u32 = 1 << 6;
     /// RESIZE_SRQ hands an SRQ a new ring (`ibv_modify_srq(IBV_SRQ_MAX_WR)`).
     pub const SRQ_RESIZE: u32 = 1 << 7;
+    /// QUERY_STATS returns the port's counters, Linux rxe's hw counters by name
+    /// ([`super::stat`]): the guest's `rdma statistic`.
+    pub const HW_STATS: u32 = 1 << 8;
 }
 
 macro_rules! byte_valued {
@@ -159,6 +162,49 @@ pub mod op {
     pub const QUERY_GID_SOURCES: u32 = 30;
     /// Moves an SRQ to a new ring with a new max_wr (caps SRQ_RESIZE).
     pub const RESIZE_SRQ: u32 = 31;
+    /// The port's counters (caps HW_STATS): [`super::RespQueryStats`].
+    pub const QUERY_STATS: u32 = 32;
+}
+
+/// QUERY_STATS' counters, in this order: Linux rxe's hw counters of the same names (what
+/// the guest's `rdma statistic` shows). A later device may add more at the end.
+pub mod stat {
+    /// Packets sent (`sent_pkts`).
+    pub const SENT_PKTS: usize = 0;
+    /// Packets received (`rcvd_pkts`).
+    pub const RCVD_PKTS: usize = 1;
+    /// Requests with a PSN before the expected one (`duplicate_request`).
+    pub const DUP_REQ: usize = 2;
+    /// PSN sequence errors NAKed (`out_of_seq_request`).
+    pub const OUT_OF_SEQ_REQ: usize = 3;
+    /// RNR NAKs received (`rcvd_rnr_err`).
+    pub const RCV_RNR: usize = 4;
+    /// RNR NAKs sent (`send_rnr_err`).
+    pub const SND_RNR: usize = 5;
+    /// PSN sequence error NAKs received (`rcvd_seq_err`).
+    pub const RCV_SEQ_ERR: usize = 6;
+    /// Work requests failed with RETRY_EXC_ERR (`retry_exceeded_err`).
+    pub const RETRY_EXCEEDED: usize = 7;
+    /// Work requests failed with RNR_RETRY_EXC_ERR (`retry_rnr_exceeded_err`).
+    pub const RNR_RETRY_EXCEEDED: usize = 8;
+    /// Retries after a timeout or a sequence NAK (`completer_retry_err`).
+    pub const COMP_RETRY: usize = 9;
+    /// Times the port went DOWN (`link_downed`).
+    pub const LINK_DOWNED: usize = 10;
+    /// How many this device fills.
+    pub const COUNT: usize = 11;
+}
+
+/// Room for counters in QUERY_STATS' response.
+pub const MAX_STATS: usize = 16;
+
+/// QUERY_STATS response: `count` counters of [`stat`], the rest zero.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RespQueryStats {
+    pub count: u32,
+    pub reserved: u32,
+    pub values: [u64; MAX_STATS],
 }
 
 /// Response status codes.
@@ -788,6 +834,7 @@ pub struct UverbsWc {
 pub const CQE_SIZE: usize = 48;
 
 byte_valued! {
+    RespQueryStats = 136,
     RespGidSources = 72,
     ConfigSpace = 128,
     CtrlHdr = 16,

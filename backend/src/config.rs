@@ -142,6 +142,12 @@ pub struct Args {
     /// registration gets PERMISSION; one key would expose every byte of the guest.
     #[arg(long, help_heading = "Security")]
     pub allow_remote_dma_mr: bool,
+    /// What a system call outside the daemon's allow-list does once it serves (installed on
+    /// every thread after the sockets are open, docs/daemon.md "Privileges"): the kernel
+    /// kills the process, or allows and logs the call (an audit line, type=1326, naming it),
+    /// or raises SIGSYS; none installs no filter.
+    #[arg(long, value_enum, default_value_t, help_heading = "Security")]
+    pub seccomp: crate::seccomp::SeccompMode,
     /// Unix socket that prints the counters as JSON to whoever connects.
     #[arg(long, help_heading = "Sockets")]
     pub counters_socket: Vec<PathBuf>,
@@ -332,6 +338,8 @@ pub struct Config {
     pub same_host_segment: usize,
     /// `--io-thread`: the UDP socket's work on a thread of its own.
     pub io_thread: bool,
+    /// `--seccomp`: what a call outside the allow-list does (the whole process's).
+    pub seccomp: crate::seccomp::SeccompMode,
     /// `--shard-threads`: engine shards 1 and up on threads (and sockets) of their own.
     pub shard_threads: bool,
     pub transport: TransportKind,
@@ -621,6 +629,7 @@ impl TryFrom<Args> for Config {
             same_host: a.same_host,
             same_host_segment,
             io_thread: a.io_thread,
+            seccomp: a.seccomp,
             shard_threads: a.shard_threads,
             transport,
             raw,

@@ -36,6 +36,7 @@ pub mod memory;
 pub mod metrics;
 pub mod net;
 pub mod ratelog;
+pub mod seccomp;
 pub mod sync;
 pub mod sys;
 pub mod transport;
@@ -436,6 +437,15 @@ pub fn start_backends(configs: Vec<Config>) -> Result<(), Error> {
     // thread spawned from here on inherits none (the I/O threads, started with their
     // transports, drop theirs themselves).
     sys::drop_privileges().map_err(|e| Error::Privileges(e.to_string()))?;
+    // And the system calls it makes from here are a known list, on every thread.
+    let mode = devices
+        .first()
+        .map(|d| d.config.seccomp)
+        .unwrap_or_default();
+    seccomp::install(mode).map_err(Error::Privileges)?;
+    if mode != seccomp::SeccompMode::None {
+        log::info!("seccomp: {mode:?} on a system call outside the allow-list");
+    }
     let stoppers: Arc<Vec<Stopper>> = Arc::new(devices.iter().map(Device::stopper).collect());
     {
         let stoppers = stoppers.clone();
@@ -608,7 +618,7 @@ fn serve(device: Device, bound: Bound) -> Result<(), Error> {
             Err(vhost_user_backend::Error::HandleRequest(
                 vhost::vhost_user::Error::Disconnected | vhost::vhost_user::Error::PartialMessage,
             )) => log::info!("frontend disconnected"),
-            Err(e) => log::warn!("frontend connection ended: {e}"),
+            Err(e) => log::warn!("frontend connection ended: {e}{}", memory_hint(&e)),
         }
         shutdown_handle
             .lock()
@@ -653,6 +663,25 @@ fn serve(device: Device, bound: Bound) -> Result<(), Error> {
         let _ = c.join();
     }
     result
+}
+
+/// What to check when a frontend's connection ended because its memory table could not be
+/// mapped: the region error vm-memory gives, through the vhost crates.
+fn memory_hint(e: &vhost_user_backend::Error) -> &'static str {
+    let vhost_user_backend::Error::HandleRequest(vhost::vhost_user::Error::ReqHandlerError(io)) = e
+    else {
+        return "";
+    };
+    let unmappable = io
+        .get_ref()
+        .is_some_and(|inner| inner.is::<vm_memory::mmap::MmapRegionError>());
+    if unmappable {
+        " — the guest memory the frontend handed over could not be mapped: it must be shared \
+         memory the daemon can map read-write (QEMU: -object memory-backend-memfd,id=mem,\
+         size=…,share=on -numa node,memdev=mem; cloud-hypervisor: --memory size=…,shared=on)"
+    } else {
+        ""
+    }
 }
 
 /// The link the port stands on: the raw interface, or the one holding `--udp-addr`.

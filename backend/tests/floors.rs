@@ -24,6 +24,7 @@ const FLOORS: &[(&str, u32)] = &[
     ("heap", 1),
     ("ratelog", 1),
     ("sync", 1),
+    ("seccomp", 1),
     ("sys", 1),
     ("unix_socket", 1),
 ];

@@ -406,6 +406,8 @@ fn privileges(pid: u32) -> Vec<String> {
             let held = match l.split_once(':') {
                 Some((k, v)) if k.starts_with("Cap") => u64::from_str_radix(v.trim(), 16) != Ok(0),
                 Some(("NoNewPrivs", v)) => v.trim() != "1",
+                // Every thread under the seccomp filter (mode 2: a filter).
+                Some(("Seccomp", v)) => v.trim() != "2",
                 _ => false,
             };
             if held {
@@ -417,7 +419,8 @@ fn privileges(pid: u32) -> Vec<String> {
 }
 
 /// Once its sockets are open the daemon keeps no privilege, on any thread (the I/O thread,
-/// started before, drops its own; the vhost-user threads of a frontend are born without).
+/// started before, drops its own; the vhost-user threads of a frontend are born without),
+/// and every thread runs under the seccomp allow-list (backend/src/seccomp.rs).
 #[test]
 fn nothing_privileged_is_kept_once_the_sockets_are_open() {
     // SAFETY: geteuid has no preconditions.
@@ -442,6 +445,26 @@ fn nothing_privileged_is_kept_once_the_sockets_are_open() {
         assert!(held.is_empty(), "with {extra:?}, still held: {held:#?}");
         assert!(a.terminate().success(), "{}", a.log.join("\n"));
     }
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+/// `--seccomp none`: no filter (and the check above sees it).
+#[test]
+fn seccomp_none_installs_no_filter() {
+    let d = dir();
+    let sock = d.join("rdma.sock");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vhost-user-rdma"));
+    cmd.arg("--socket-path")
+        .arg(&sock)
+        .args(["--seccomp", "none"]);
+    let mut a = Daemon::spawn_cmd(cmd, None);
+    a.wait_for("waiting for a frontend");
+    let held = privileges(a.child.id());
+    assert!(
+        held.iter().any(|l| l.contains("Seccomp:\t0")),
+        "no thread without the filter: {held:#?}"
+    );
+    assert!(a.terminate().success(), "{}", a.log.join("\n"));
     std::fs::remove_dir_all(&d).unwrap();
 }
 

@@ -344,6 +344,7 @@ fn nak(q: &mut Qp, res: &mut Resources, now: Instant, psn: Psn, code: NakCode) {
     };
     match code {
         NakCode::PsnSeqError => {
+            q.counters.seq_naks_received += 1;
             if q.comp.rnr_psn == Some(psn) {
                 // The responder NAKs the rest of a burst whose head it RNR-NAKed:
                 // the same event, handled by the RNR backoff (before or after its
@@ -357,6 +358,7 @@ fn nak(q: &mut Qp, res: &mut Resources, now: Instant, psn: Psn, code: NakCode) {
                 return;
             }
             use_retry(q, res);
+            q.counters.completer_retries += 1;
             q.retry_from(psn);
             rearm(q, now);
         }
@@ -381,6 +383,7 @@ pub(crate) fn retransmit_timeout(q: &mut Qp, res: &mut Resources, now: Instant) 
         return;
     }
     use_retry(q, res);
+    q.counters.completer_retries += 1;
     let psn = q.comp.psn;
     q.retry_from(psn);
     rearm(q, now);
@@ -392,5 +395,10 @@ fn finish_error(q: &mut Qp, res: &mut Resources, seq: u64, status: WcStatus) {
         w.state = WqeState::Done(status);
     }
     q.counters.errors += 1;
+    match status {
+        WcStatus::RetryExcErr => q.counters.retry_exceeded += 1,
+        WcStatus::RnrRetryExcErr => q.counters.rnr_retry_exceeded += 1,
+        _ => {}
+    }
     crate::complete::set_error(q, res);
 }

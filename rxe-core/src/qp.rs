@@ -189,6 +189,70 @@ pub struct QpCounters {
     pub ghost_responses: u64,
     /// Responses the responder dropped because [`MAX_RESP_OUT`] were already waiting.
     pub responses_dropped: u64,
+    // What Linux rxe counts per device (its hw counters), counted here per QP as rxe does.
+    /// Requests with a PSN before the expected one (rxe `duplicate_request`).
+    pub duplicate_requests: u64,
+    /// PSN sequence errors the responder NAKed, once per gap (rxe `out_of_seq_request`).
+    pub out_of_seq_requests: u64,
+    /// PSN sequence error NAKs received (rxe `rcvd_seq_err`).
+    pub seq_naks_received: u64,
+    /// Retries the requester started after a timeout or a sequence NAK (rxe
+    /// `completer_retry_err`).
+    pub completer_retries: u64,
+    /// WQEs failed with RETRY_EXC_ERR (rxe `retry_exceeded_err`).
+    pub retry_exceeded: u64,
+    /// WQEs failed with RNR_RETRY_EXC_ERR (rxe `retry_rnr_exceeded_err`).
+    pub rnr_retry_exceeded: u64,
+}
+
+impl QpCounters {
+    /// Adds `o` in (the counters of QPs gone, kept for the device's totals).
+    pub fn add(&mut self, o: &QpCounters) {
+        let QpCounters {
+            tx_packets,
+            tx_bytes,
+            rx_packets,
+            rx_bytes,
+            retransmits,
+            timeouts,
+            naks_sent,
+            naks_received,
+            rnr_naks_sent,
+            rnr_naks_received,
+            duplicates,
+            dropped,
+            errors,
+            ghost_responses,
+            responses_dropped,
+            duplicate_requests,
+            out_of_seq_requests,
+            seq_naks_received,
+            completer_retries,
+            retry_exceeded,
+            rnr_retry_exceeded,
+        } = o;
+        self.tx_packets += tx_packets;
+        self.tx_bytes += tx_bytes;
+        self.rx_packets += rx_packets;
+        self.rx_bytes += rx_bytes;
+        self.retransmits += retransmits;
+        self.timeouts += timeouts;
+        self.naks_sent += naks_sent;
+        self.naks_received += naks_received;
+        self.rnr_naks_sent += rnr_naks_sent;
+        self.rnr_naks_received += rnr_naks_received;
+        self.duplicates += duplicates;
+        self.dropped += dropped;
+        self.errors += errors;
+        self.ghost_responses += ghost_responses;
+        self.responses_dropped += responses_dropped;
+        self.duplicate_requests += duplicate_requests;
+        self.out_of_seq_requests += out_of_seq_requests;
+        self.seq_naks_received += seq_naks_received;
+        self.completer_retries += completer_retries;
+        self.retry_exceeded += retry_exceeded;
+        self.rnr_retry_exceeded += rnr_retry_exceeded;
+    }
 }
 
 #[derive(Debug)]

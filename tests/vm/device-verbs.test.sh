@@ -18,7 +18,8 @@
 # one of its devices), port (the port follows the link under the daemon's transport: the host
 # takes the namespace's lo, which holds the daemon's address, down and up on the guest's word;
 # the kernel's ports/1/state and ibv_asyncwatch see DOWN and PORT_ERR, then ACTIVE and
-# PORT_ACTIVE);
+# PORT_ACTIVE), stats (after the tools before it: `rdma statistic` and ports/1/hw_counters/ show
+# the daemon's counters under rxe's names, the packets the tools sent counted);
 # compare (not in the default set): ib_send_lat and ib_write_bw over vrdma0 and over Linux rxe
 # in the same guest (rxe0 on a second NIC with an address of its own).
 # rdma-core's own test suite, side by side with rxe: tests/vm/pyverbs.test.sh.
@@ -69,7 +70,7 @@ vm_start_daemon "$work" "$addr" "$mac" || exit 1
 dpid=$REPLY
 
 tools=("$@")
-((${#tools[@]})) || tools=(devinfo rc rc_events uc ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw rping resize_cq mr_iova kverbs rxe_shared port)
+((${#tools[@]})) || tools=(devinfo rc rc_events uc ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw rping resize_cq mr_iova kverbs rxe_shared port stats)
 reload=0
 [[ -z ${VUR_SELFTEST_KO:-} ]] || cp "$VUR_SELFTEST_KO" "$work/vrdma_selftest.ko"
 if [[ -n ${VUR_DRIVER_KO:-} ]]; then
@@ -476,6 +477,24 @@ PY
         grep -q 'PORT_ERR' /tmp/asyncwatch && grep -q 'PORT_ACTIVE' /tmp/asyncwatch || rc=1
         ((rc == 0)) || { echo "== ibv_asyncwatch"; cat /tmp/asyncwatch; }
         report port $rc "state: $s0 -> $s1 -> $s2; events: $(grep -oE 'IBV_EVENT_PORT_[A-Z]+' /tmp/asyncwatch | tr '\n' ' ')"
+        ;;
+    stats)
+        rdma statistic show link "$dev/1" >/tmp/stats 2>&1
+        rc=$?
+        hw=/sys/class/infiniband/$dev/ports/1/hw_counters
+        sent=$(cat "$hw/sent_pkts" 2>/dev/null || echo none)
+        rcvd=$(cat "$hw/rcvd_pkts" 2>/dev/null || echo none)
+        for n in sent_pkts rcvd_pkts duplicate_request out_of_seq_request rcvd_rnr_err \
+            send_rnr_err rcvd_seq_err retry_exceeded_err retry_rnr_exceeded_err \
+            completer_retry_err link_downed; do
+            grep -qw "$n" /tmp/stats || { echo "DV-FAIL rdma statistic: no $n"; rc=1; }
+        done
+        # Every tool before this one sent packets through the port (a port tool before it
+        # took it down once).
+        [[ $sent =~ ^[0-9]+$ && $rcvd =~ ^[0-9]+$ ]] && ((sent > 0 && rcvd > 0)) || rc=1
+        [[ " ${tools[*]} " != *" port "* ]] || [[ $(cat "$hw/link_downed") == 1 ]] || rc=1
+        ((rc == 0)) || cat /tmp/stats
+        report stats $rc "$(tr -s ' \n\t' ' ' <"/tmp/stats" | head -c 400)"
         ;;
     *) echo "DV unknown tool $t"; fail=1 ;;
     esac

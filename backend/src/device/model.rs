@@ -303,6 +303,10 @@ pub struct Model {
     /// The port's state as QUERY_PORT reports it: ACTIVE, or DOWN while the link under the
     /// transport is down or its socket keeps failing ([`Self::set_port_active`]).
     port_active: bool,
+    /// Times the port went DOWN (QUERY_STATS' `link_downed`).
+    link_downed: u64,
+    /// The counters of the QPs destroyed so far (QUERY_STATS adds the live ones').
+    retired: rxe_core::QpCounters,
 }
 
 /// What the shards of a device share: the CQ and SRQ shadows, each behind its own lock (a
@@ -553,6 +557,8 @@ impl Model {
             gids_changed: false,
             listed_gids: Default::default(),
             port_active: true,
+            link_downed: 0,
+            retired: Default::default(),
             cfg,
         }
     }
@@ -611,6 +617,9 @@ impl Model {
         if let Some(q) = &self.cfg.live_qpns {
             q.clear();
         }
+        // A new device instance counts from zero, as the one the guest probes again.
+        self.retired = Default::default();
+        self.link_downed = 0;
         let devs = Device::new_sharded(self.cfg.dev.clone(), self.cfg.shards);
         for (s, dev) in self.shards.iter().zip(devs) {
             let mut s = lock(s);
@@ -717,6 +726,7 @@ impl Model {
                 | abi::caps::SRQ
                 | abi::caps::MR_PAGE_OFFSET
                 | abi::caps::SRQ_RESIZE
+                | abi::caps::HW_STATS
                 | if self.source_gids.is_empty() {
                     0
                 } else {
@@ -1436,6 +1446,9 @@ impl Model {
             return;
         }
         self.port_active = active;
+        if !active {
+            self.link_downed += 1;
+        }
         if tell {
             let e = if active {
                 abi::event::PORT_ACTIVE

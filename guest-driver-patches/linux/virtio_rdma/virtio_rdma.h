@@ -176,6 +176,7 @@ void vrdma_db_forget(struct vrdma_dev *dev, struct vrdma_qp *qp);
 
 /* virtio_rdma_verbs.c */
 extern const struct ib_device_ops vrdma_dev_ops;
+extern const struct ib_device_ops vrdma_hw_stats_ops;
 void vrdma_kick_cqs(struct vrdma_dev *dev);
 void vrdma_flush_user(struct vrdma_dev *dev);
 void vrdma_init_attrs(struct vrdma_dev *dev);

@@ -34,6 +34,7 @@ enum {
 #define VRDMA_CAP_GID_SOURCES		(1U << 5)
 #define VRDMA_CAP_MR_PAGE_OFFSET	(1U << 6)
 #define VRDMA_CAP_SRQ_RESIZE		(1U << 7)
+#define VRDMA_CAP_HW_STATS		(1U << 8)
 
 struct vrdma_config {
 	__le32 version;
@@ -115,6 +116,7 @@ enum vrdma_opcode {
 	VRDMA_CMD_BIND_MW = 29,
 	VRDMA_CMD_QUERY_GID_SOURCES = 30,
 	VRDMA_CMD_RESIZE_SRQ = 31,
+	VRDMA_CMD_QUERY_STATS = 32,
 };
 
 enum vrdma_status {
@@ -366,6 +368,33 @@ struct vrdma_cmd_add_gid {
 	__le32 index;
 	__le32 gid_type;
 	u8 gid[16];
+};
+
+/*
+ * QUERY_STATS (caps HW_STATS): the port's counters, rxe's hw counters by name in this
+ * order; `count` says how many the device fills (a later device may add at the end).
+ */
+enum vrdma_stat {
+	VRDMA_STAT_SENT_PKTS,
+	VRDMA_STAT_RCVD_PKTS,
+	VRDMA_STAT_DUP_REQ,
+	VRDMA_STAT_OUT_OF_SEQ_REQ,
+	VRDMA_STAT_RCV_RNR,
+	VRDMA_STAT_SND_RNR,
+	VRDMA_STAT_RCV_SEQ_ERR,
+	VRDMA_STAT_RETRY_EXCEEDED,
+	VRDMA_STAT_RNR_RETRY_EXCEEDED,
+	VRDMA_STAT_COMP_RETRY,
+	VRDMA_STAT_LINK_DOWNED,
+	VRDMA_STAT_NUM,
+};
+
+#define VRDMA_MAX_STATS 16
+
+struct vrdma_resp_query_stats {
+	__le32 count;
+	__le32 reserved;
+	__le64 values[VRDMA_MAX_STATS];
 };
 
 #define VRDMA_MAX_GID_SOURCES 4

@@ -639,6 +639,9 @@ static int vrdma_probe(struct virtio_device *vdev)
 	}
 	vrdma_init_attrs(dev);
 	ib_set_device_ops(&dev->ib, &vrdma_dev_ops);
+	/* `rdma statistic` and hw_counters/: the device's counters, named as rxe's */
+	if (le32_to_cpu(dev->cfg.caps) & VRDMA_CAP_HW_STATS)
+		ib_set_device_ops(&dev->ib, &vrdma_hw_stats_ops);
 	dev->ib.node_type = RDMA_NODE_IB_CA;
 	dev->ib.phys_port_cnt = 1;
 	dev->ib.num_comp_vectors = 1;

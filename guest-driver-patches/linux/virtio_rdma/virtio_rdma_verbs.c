@@ -1864,6 +1864,56 @@ static void vrdma_disassociate_ucontext(struct ib_ucontext *ibuc)
 {
 }
 
+static const struct rdma_stat_desc vrdma_stat_descs[] = {
+	[VRDMA_STAT_SENT_PKTS].name = "sent_pkts",
+	[VRDMA_STAT_RCVD_PKTS].name = "rcvd_pkts",
+	[VRDMA_STAT_DUP_REQ].name = "duplicate_request",
+	[VRDMA_STAT_OUT_OF_SEQ_REQ].name = "out_of_seq_request",
+	[VRDMA_STAT_RCV_RNR].name = "rcvd_rnr_err",
+	[VRDMA_STAT_SND_RNR].name = "send_rnr_err",
+	[VRDMA_STAT_RCV_SEQ_ERR].name = "rcvd_seq_err",
+	[VRDMA_STAT_RETRY_EXCEEDED].name = "retry_exceeded_err",
+	[VRDMA_STAT_RNR_RETRY_EXCEEDED].name = "retry_rnr_exceeded_err",
+	[VRDMA_STAT_COMP_RETRY].name = "completer_retry_err",
+	[VRDMA_STAT_LINK_DOWNED].name = "link_downed",
+};
+
+static_assert(ARRAY_SIZE(vrdma_stat_descs) == VRDMA_STAT_NUM);
+static_assert(VRDMA_STAT_NUM <= VRDMA_MAX_STATS);
+
+static struct rdma_hw_stats *vrdma_alloc_hw_port_stats(struct ib_device *ib, u32 port)
+{
+	return rdma_alloc_hw_stats_struct(vrdma_stat_descs, ARRAY_SIZE(vrdma_stat_descs),
+					  RDMA_HW_STATS_DEFAULT_LIFESPAN);
+}
+
+static int vrdma_get_hw_stats(struct ib_device *ib, struct rdma_hw_stats *stats, u32 port,
+			      int index)
+{
+	struct vrdma_resp_query_stats *r;
+	unsigned int i, n;
+	int err;
+
+	r = kzalloc(sizeof(*r), GFP_KERNEL);
+	if (!r)
+		return -ENOMEM;
+	err = vrdma_cmd(to_vdev(ib), VRDMA_CMD_QUERY_STATS, NULL, 0, r, sizeof(*r));
+	if (err)
+		goto out;
+	n = min_t(u32, le32_to_cpu(r->count), stats->num_counters);
+	for (i = 0; i < n; i++)
+		stats->value[i] = le64_to_cpu(r->values[i]);
+	err = stats->num_counters;
+out:
+	kfree(r);
+	return err;
+}
+
+const struct ib_device_ops vrdma_hw_stats_ops = {
+	.alloc_hw_port_stats = vrdma_alloc_hw_port_stats,
+	.get_hw_stats = vrdma_get_hw_stats,
+};
+
 const struct ib_device_ops vrdma_dev_ops = {
 	.owner = THIS_MODULE,
 	.driver_id = RDMA_DRIVER_RXE,

@@ -56,6 +56,7 @@ pub(super) fn add_resource(q: &mut Qp, r: Resource) {
 /// its resource.
 pub(super) fn duplicate(q: &mut Qp, pkt: &Packet<&[u8]>) -> Drop {
     q.counters.duplicates += 1;
+    q.counters.duplicate_requests += 1;
     let psn = Psn::new(pkt.bth().psn());
     let f = pkt.flags();
     if f.contains(OpFlags::SEND) || f.contains(OpFlags::WRITE) {

@@ -236,6 +236,7 @@ fn check_psn(q: &mut Qp, pkt: &Packet<&[u8]>) -> Result<Psn, Drop> {
     if diff > 0 {
         if !q.resp.sent_psn_nak {
             q.resp.sent_psn_nak = true;
+            q.counters.out_of_seq_requests += 1;
             let exp = q.resp.psn;
             queue_ack(q, exp, nak(NakCode::PsnSeqError));
         }

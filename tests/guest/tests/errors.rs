@@ -608,3 +608,65 @@ fn reconnect_drops_state_and_leaks_nothing() {
     drop(g);
     assert_eq!(d.terminate(), Some(0));
 }
+
+/// A memory table the daemon cannot map (here: a region whose fd is a file opened read-only,
+/// as a frontend whose guest memory is not shared might hand over) ends the connection with
+/// a log line that names the likely cause and the fix.
+#[test]
+fn a_memory_table_that_cannot_be_mapped_is_explained() {
+    use std::os::fd::AsRawFd;
+    use vhost::vhost_user::Frontend;
+    use vhost::VhostBackend;
+    use vhost::VhostUserMemoryRegionInfo;
+    let (addr, _) = loopback_pair(4791);
+    let d = Daemon::spawn_logged(bin(), addr, &[]).unwrap();
+    let dir = std::env::temp_dir().join(format!("vur-memtable-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("ram");
+    std::fs::write(&path, vec![0u8; 1 << 20]).unwrap();
+    let ro = std::fs::File::open(&path).unwrap();
+    // The daemon's socket appears once it serves (waited for, bounded to catch a hang).
+    let end = std::time::Instant::now() + Duration::from_secs(30);
+    let fe = loop {
+        match Frontend::connect(&d.socket, abi::NUM_QUEUES as u64) {
+            Ok(fe) => break fe,
+            Err(e) => assert!(std::time::Instant::now() < end, "no socket in 30 s: {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    fe.set_owner().unwrap();
+    let features = fe.get_features().unwrap();
+    fe.set_features(features & (1 << 32)).unwrap();
+    let region = VhostUserMemoryRegionInfo {
+        guest_phys_addr: 0,
+        memory_size: 1 << 20,
+        userspace_addr: 0x7f00_0000_0000,
+        mmap_offset: 0,
+        mmap_handle: ro.as_raw_fd(),
+    };
+    let _ = fe.set_mem_table(&[region]);
+    // The daemon ends the connection: waited for in its log (bounded to catch a hang).
+    let end = std::time::Instant::now() + Duration::from_secs(30);
+    let line = loop {
+        let log = d.log();
+        if let Some(l) = log
+            .lines()
+            .find(|l| l.contains("frontend connection ended"))
+        {
+            break l.to_string();
+        }
+        assert!(
+            std::time::Instant::now() < end,
+            "no end of the connection logged in 30 s:\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(
+        line.contains("guest memory") && line.contains("share=on"),
+        "the line names no cause: {line}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+    // And the daemon serves the next frontend.
+    let mut g = Guest::connect(&d.socket, GuestOpts::default()).unwrap();
+    g.alloc_pd().unwrap();
+}

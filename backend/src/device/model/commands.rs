@@ -9,6 +9,7 @@ impl Model {
         match opcode {
             op::QUERY_DEVICE => body(self.config_space()),
             op::QUERY_GID_SOURCES => self.query_gid_sources(),
+            op::QUERY_STATS => body(self.hw_stats()),
             op::QUERY_PORT => self.query_port(b),
             op::CREATE_PD => self.create_pd(),
             op::DESTROY_PD => self.destroy_pd(b),
@@ -55,6 +56,34 @@ impl Model {
             *d = g.0;
         }
         body(r)
+    }
+
+    /// op::QUERY_STATS: the port's counters by rxe's names ([`abi::stat`]), over every QP the
+    /// device had, those destroyed included.
+    fn hw_stats(&self) -> abi::RespQueryStats {
+        use abi::stat;
+        let mut q = self.retired;
+        for (_, c) in self.qp_counters() {
+            q.add(&c);
+        }
+        let p = self.port_counters();
+        let mut r = abi::RespQueryStats {
+            count: stat::COUNT as u32,
+            ..Default::default()
+        };
+        let v = &mut r.values;
+        v[stat::SENT_PKTS] = p.tx_packets;
+        v[stat::RCVD_PKTS] = p.rx_packets;
+        v[stat::DUP_REQ] = q.duplicate_requests;
+        v[stat::OUT_OF_SEQ_REQ] = q.out_of_seq_requests;
+        v[stat::RCV_RNR] = q.rnr_naks_received;
+        v[stat::SND_RNR] = q.rnr_naks_sent;
+        v[stat::RCV_SEQ_ERR] = q.seq_naks_received;
+        v[stat::RETRY_EXCEEDED] = q.retry_exceeded;
+        v[stat::RNR_RETRY_EXCEEDED] = q.rnr_retry_exceeded;
+        v[stat::COMP_RETRY] = q.completer_retries;
+        v[stat::LINK_DOWNED] = self.link_downed;
+        r
     }
 
     /// op::QUERY_PORT.
@@ -152,18 +181,26 @@ impl Model {
     /// op::DESTROY_QP.
     fn destroy_qp(&mut self, b: &[u8]) -> CmdResult {
         let c: abi::Handle = cmd(b)?;
-        let mut s = self.shard(c.handle);
-        s.dev.destroy_qp(Qpn(c.handle)).map_err(verr)?;
+        let counters = {
+            let mut s = self.shard(c.handle);
+            let counters = s.dev.qp_counters(Qpn(c.handle));
+            s.dev.destroy_qp(Qpn(c.handle)).map_err(verr)?;
+            if let Some(q) = s.qps.remove(&c.handle) {
+                self.common.lists().release(q.list_bytes + q.reg_mr_held);
+                self.common.wqes_release(q.wqe_held);
+            }
+            s.sq_backlog.remove(&c.handle);
+            s.sq_active.remove(&c.handle);
+            s.rq_active.remove(&c.handle);
+            counters
+        };
         if let Some(q) = &self.cfg.live_qpns {
             q.remove(c.handle);
         }
-        if let Some(q) = s.qps.remove(&c.handle) {
-            self.common.lists().release(q.list_bytes + q.reg_mr_held);
-            self.common.wqes_release(q.wqe_held);
+        // Its counts stay in the device's (QUERY_STATS).
+        if let Some(q) = counters {
+            self.retired.add(&q);
         }
-        s.sq_backlog.remove(&c.handle);
-        s.sq_active.remove(&c.handle);
-        s.rq_active.remove(&c.handle);
         Ok(Vec::new())
     }
 
