@@ -157,6 +157,22 @@ mod tests {
         );
     }
 
+    /// docs/daemon.md's options table is the one list of options: a row for each.
+    #[test]
+    fn every_option_has_a_row_in_daemon_md() {
+        let doc = include_str!("../../docs/daemon.md");
+        let missing: Vec<String> = Cli::command()
+            .get_arguments()
+            .filter(|a| !a.is_positional() && !["help", "version"].contains(&a.get_id().as_str()))
+            .filter_map(|a| a.get_long().map(|l| format!("--{l}")))
+            .filter(|l| !doc.contains(&format!("| `{l}")))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "docs/daemon.md has no row for {missing:?}"
+        );
+    }
+
     /// docs/vhost-user-rdma.1 is what `vhost-user-rdma man` prints: regenerate it with
     /// `cargo run -p vhost-user-rdma -- man > docs/vhost-user-rdma.1` after an option changes.
     #[test]

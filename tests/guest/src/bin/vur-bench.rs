@@ -91,8 +91,9 @@ struct Args {
     /// Scale table: messages per measurement.
     #[arg(long, default_value_t = 100_000)]
     scale_messages: u64,
-    /// Scale table: rounds (each: traffic alone, QPs created, traffic again, QPs destroyed);
-    /// medians are reported.
+    /// Interleaved rounds of the tables that take them, medians reported: scale (each round:
+    /// traffic alone, QPs created, traffic again, QPs destroyed), gso, same-host, io-thread,
+    /// shard-threads and raw.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
     /// Raw table: the pair between the two namespaces, a veth pair or a netkit pair in L2
