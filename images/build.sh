@@ -17,11 +17,14 @@
 # the image's kernel), so the compiler never enters the guest's initramfs.
 #
 # Needs root (debootstrap, chroot, mknod) and images/host-setup.sh's packages.
-# The archive is derived from the URIs line of /etc/apt/sources.list.d/debian.sources.
+# The archive is derived from the machine's apt sources, deb822 or a classic sources.list
+# (scripts/lib/apt-sources.sh).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/.." && pwd)
+# shellcheck source=../scripts/lib/apt-sources.sh
+. "$repo/scripts/lib/apt-sources.sh"
 if [[ -z ${VUR_CACHE_ROOT:-} ]]; then
     if [[ $(id -u) -eq 0 ]]; then VUR_CACHE_ROOT=/var/cache/vhost-user-rdma; else
         VUR_CACHE_ROOT=${XDG_CACHE_HOME:-$HOME/.cache}/vhost-user-rdma
@@ -125,8 +128,8 @@ in_chroot() { chroot "$rootfs.tmp" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin
 # --- stage 1: trixie chroot with packages and the extracted kernel -------------------
 do_debootstrap() {
     local uri
-    uri=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources)
-    [[ -n $uri ]] || die "no URIs: line in /etc/apt/sources.list.d/debian.sources"
+    uri=$(apt_archive_uri) ||
+        die "no Debian archive in /etc/apt (sources.list, sources.list.d/*.sources or *.list)"
     rm -rf "$rootfs.tmp"
     debootstrap --variant=minbase "$suite" "$rootfs.tmp" "$uri" >"$cache/debootstrap.log" 2>&1 ||
         { tail -20 "$cache/debootstrap.log"; die "debootstrap failed (log: $cache/debootstrap.log)"; }
@@ -187,8 +190,8 @@ kbuild_in() { chroot "$kbuild.tmp" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin
     DEBIAN_FRONTEND=noninteractive LANG=C.UTF-8 "$@"; }
 do_kbuild_chroot() {
     local uri kbuild_ver
-    uri=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources)
-    [[ -n $uri ]] || die "no URIs: line in /etc/apt/sources.list.d/debian.sources"
+    uri=$(apt_archive_uri) ||
+        die "no Debian archive in /etc/apt (sources.list, sources.list.d/*.sources or *.list)"
     rm -rf "$kbuild.tmp"
     debootstrap --variant=minbase "$suite" "$kbuild.tmp" "$uri" >"$cache/debootstrap-kbuild.log" 2>&1 ||
         { tail -20 "$cache/debootstrap-kbuild.log"; die "debootstrap failed (log: $cache/debootstrap-kbuild.log)"; }

@@ -2,8 +2,9 @@
 # The project's test command (README "Run the tests"; CI calls it through .ci/run).
 #
 #   tests/run.sh            everything: lints, Rust tests, the soak, fuzz smoke runs, the demo,
-#                           then the VM tests
-#   tests/run.sh --no-vm    lints, Rust tests, the soak, fuzz smoke runs and the demo only
+#                           the host package, then the VM tests
+#   tests/run.sh --no-vm    lints, Rust tests, the soak, fuzz smoke runs, the demo and the host
+#                           package only
 #
 # Env:
 #   VUR_SOAK_SECS       the soak's duration (default 120 s)
@@ -186,6 +187,10 @@ done
 
 # The README's main job, as a newcomer runs it.
 check_step "scripts/demo.sh (the README's main job)" 900 scripts/demo.sh
+
+# The host package: built, installed into a clean Debian 12 root, its units verified, the
+# daemon started from the unit's command line and reached by a test guest (root).
+script_step 900 tests/packaging/deb.test.sh
 
 if ((vm)); then
     # The benchmarks among the VM tests keep their checks (filters, counts, completions) with

@@ -21,6 +21,8 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=../../scripts/lib/apt-sources.sh
+. "$here/../../scripts/lib/apt-sources.sh"
 suite=bookworm-backports
 if [[ -n ${VUR_CACHE_ROOT:-} ]]; then
     cache_root=$VUR_CACHE_ROOT
@@ -84,20 +86,12 @@ cache_key() { # VERSION -> key
 }
 
 write_sources() {
-    [[ -r /etc/apt/sources.list.d/debian.sources ]] ||
-        die "no /etc/apt/sources.list.d/debian.sources to derive the archive from"
-    local uri
-    uri=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources)
-    [[ -n $uri ]] || die "could not read a URIs: line from debian.sources"
-    mkdir -p "$aptdir/sources.list.d" "$aptdir/lists/partial" "$aptdir/cache/archives/partial"
-    cp /etc/apt/sources.list.d/debian.sources "$aptdir/sources.list.d/debian.sources"
-    cat >"$aptdir/sources.list.d/$suite.sources" <<EOF
-Types: deb deb-src
-URIs: $uri
-Suites: $suite
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-EOF
+    # The machine's own sources in either format (deb822 or a classic sources.list) and the
+    # suite, from the archive they name: scripts/lib/apt-sources.sh.
+    mkdir -p "$aptdir/lists/partial" "$aptdir/cache/archives/partial"
+    rm -rf "$aptdir/sources.list.d"
+    apt_write_sources "$aptdir/sources.list.d" "$suite" ||
+        die "no Debian archive in /etc/apt (sources.list, sources.list.d/*.sources or *.list) to derive the archive from"
 }
 
 apt_update() { apt-get "${apt_opts[@]}" update -qq >&2; }

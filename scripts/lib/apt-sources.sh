@@ -2,7 +2,7 @@
 # The machine's own apt configuration, read in either format: deb822 (*.sources, Debian 12's
 # cloud images and trixie) or classic one-line (sources.list, *.list: a Debian 12 installed
 # from the netinst image). Sourced by images/host-setup.sh, which derives every archive it uses
-# from it (images/build.sh and guest-driver-patches/qemu/build.sh still read debian.sources).
+# from it, and by images/build.sh and guest-driver-patches/qemu/build.sh.
 # APT_ETC (default /etc/apt) is where the configuration is read from.
 
 # apt_archive_uri: prints the first Debian archive URI the machine uses for packages (a
@@ -55,4 +55,20 @@ apt_copy_sources() {
         n=$((n + 1))
     done
     ((n > 0))
+}
+
+# apt_write_sources DIR SUITE: a sources directory for apt's Dir::Etc::SourceParts with the
+# machine's own sources (either format) and SUITE (deb and deb-src, main) from the machine's
+# Debian archive: what guest-driver-patches/qemu/build.sh builds QEMU's dependencies from.
+apt_write_sources() {
+    local dir=$1 suite=$2 uri
+    uri=$(apt_archive_uri) || return 1
+    apt_copy_sources "$dir" || return 1
+    cat >"$dir/vur-$suite.sources" <<SOURCES
+Types: deb deb-src
+URIs: $uri
+Suites: $suite
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SOURCES
 }

@@ -52,4 +52,25 @@ check "classic copied" "host-sources.list" "$(ls "$t/parts-classic")"
 APT_ETC=$t/deb822 apt_copy_sources "$t/parts-deb822"
 check "deb822 copied" "host-debian.sources" "$(ls "$t/parts-deb822")"
 if APT_ETC=$t/none apt_copy_sources "$t/parts-none"; then check "nothing to copy fails" 1 0; else check "nothing to copy fails" 1 1; fi
+
+# The sources directory qemu/build.sh hands apt (Dir::Etc::SourceParts): the machine's sources
+# and the suite's deb and deb-src from the archive they name, which apt itself parses (what
+# `apt-get update` would fetch, printed without a download) from a classic sources.list as
+# from deb822.
+arch=$(dpkg --print-architecture)
+for fmt in classic deb822; do
+    APT_ETC=$t/$fmt apt_write_sources "$t/write-$fmt" bookworm-backports
+    mkdir -p "$t/lists-$fmt/partial"
+    uris=$(apt-get -o Dir::Etc::SourceList=/dev/null -o "Dir::Etc::SourceParts=$t/write-$fmt" \
+        -o "Dir::State::Lists=$t/lists-$fmt" --print-uris update 2>&1 || true)
+    uri=$(APT_ETC=$t/$fmt apt_archive_uri)
+    for want in "main/source/Sources" "main/binary-$arch/Packages"; do
+        if grep -qF "'$uri/dists/bookworm-backports/$want" <<<"$uris"; then
+            check "$fmt: apt fetches bookworm-backports $want" 1 1
+        else
+            check "$fmt: apt fetches bookworm-backports $want" "$want" "$uris"
+        fi
+    done
+done
+if APT_ETC=$t/none apt_write_sources "$t/write-none" bookworm-backports; then check "nothing to write from fails" 1 0; else check "nothing to write from fails" 1 1; fi
 exit $fail
