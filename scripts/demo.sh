@@ -4,8 +4,10 @@
 # WRITE bandwidth run between them over UDP on loopback; then the engine alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=lib/cargo.sh
+. scripts/lib/cargo.sh
 t0=$SECONDS
-cargo build -q --release -p vur-testguest --bins -p rxe-core
+vur_cargo build --release -p vur-testguest --bins -p rxe-core
 echo "build: $((SECONDS - t0)) s"
 echo
 echo "== two daemons, two test guests"

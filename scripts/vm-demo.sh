@@ -11,9 +11,11 @@
 # Everything runs in a network namespace of its own, removed at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=lib/cargo.sh
+. scripts/lib/cargo.sh
 [[ $(id -u) -eq 0 ]] || { echo "vm-demo: needs root (network namespace, QEMU with shared memory): sudo $0" >&2; exit 2; }
 ((${#})) || set -- devinfo rc write_bw
 t0=$SECONDS
-cargo build -q --release -p vhost-user-rdma
+vur_cargo build --release -p vhost-user-rdma
 echo "build: $((SECONDS - t0)) s"
 exec tests/vm/device-verbs.test.sh "$@"

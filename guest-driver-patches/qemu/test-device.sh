@@ -25,6 +25,8 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
+# shellcheck source=/dev/null
+. "$repo/scripts/lib/cargo.sh"
 name=qemu-device
 boot_timeout=${VUR_BOOT_TIMEOUT:-300}
 
@@ -51,7 +53,7 @@ if [[ -n ${VUR_DAEMON:-} ]]; then
     daemon=$VUR_DAEMON
 else
     command -v cargo >/dev/null || missing "cargo not installed (builds the daemon)"
-    (cd "$repo" && cargo build -q -p vhost-user-rdma) || {
+    (cd "$repo" && vur_cargo build -q -p vhost-user-rdma) || {
         echo "FAIL: $name: cargo build -p vhost-user-rdma"
         exit 1
     }

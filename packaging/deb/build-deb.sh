@@ -14,6 +14,8 @@
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
+# shellcheck source=/dev/null
+. "$repo/scripts/lib/cargo.sh"
 bin=$repo/target/release/vhost-user-rdma
 out=$repo/target/debian
 while (($#)); do
@@ -25,7 +27,7 @@ while (($#)); do
 done
 if [[ ! -x $bin ]]; then
     echo "build-deb: $bin missing; building it" >&2
-    (cd "$repo" && cargo build --release -p vhost-user-rdma) >&2
+    (cd "$repo" && vur_cargo build --release -p vhost-user-rdma) >&2
 fi
 version=$(awk -F'"' '/^version = /{print $2; exit}' "$repo/backend/Cargo.toml")
 arch=$(dpkg --print-architecture)

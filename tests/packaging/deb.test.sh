@@ -10,6 +10,8 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
+# shellcheck source=/dev/null
+. "$repo/scripts/lib/cargo.sh"
 log() { printf '[deb %s] %s\n' "$(date +%T)" "$*"; }
 fail() { printf '[deb %s] FAIL: %s\n' "$(date +%T)" "$*"; exit 1; }
 skip() {
@@ -26,7 +28,7 @@ done
 
 # The package, from the release daemon (built when missing) and a test guest.
 t0=$SECONDS
-(cd "$repo" && cargo build -q --release -p vhost-user-rdma -p vur-testguest \
+(cd "$repo" && vur_cargo build -q --release -p vhost-user-rdma -p vur-testguest \
     --bin vhost-user-rdma --bin vur-probe)
 deb=$("$repo/packaging/deb/build-deb.sh")
 log "built $(basename "$deb") ($(du -k "$deb" | cut -f1) KiB) in $((SECONDS - t0)) s"

@@ -16,6 +16,8 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
+# shellcheck source=/dev/null
+. "$repo/scripts/lib/cargo.sh"
 t_start=$SECONDS
 log() { printf '[differential %s] %s\n' "$(date +%T)" "$*"; }
 # shellcheck source=tests/vm/lib.sh
@@ -30,7 +32,7 @@ vm_require differential python3
 vm_device_prereqs differential
 if ! vm_in_netns; then
     log "building rxe-diff"
-    (cd "$repo" && cargo build -q -p vur-interop --bin rxe-diff)
+    (cd "$repo" && vur_cargo build -q -p vur-interop --bin rxe-diff)
 fi
 vm_netns differential "$@"
 diff_bin=$repo/target/debug/rxe-diff

@@ -30,6 +30,8 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
+# shellcheck source=/dev/null
+. "$repo/scripts/lib/cargo.sh"
 iters=${VUR_INTEROP_ITERS:-100}
 export VUR_BRIDGE=${VUR_BRIDGE:-vurbr0}
 export VUR_MTU=9000
@@ -53,7 +55,7 @@ else
 fi
 if ! vm_in_netns; then
     log "building rxe-perftest"
-    (cd "$repo" && cargo build -q "${profile[@]}" -p vur-interop --bin rxe-perftest)
+    (cd "$repo" && vur_cargo build -q "${profile[@]}" -p vur-interop --bin rxe-perftest)
 fi
 vm_netns perftest "$@"
 [[ -x $peer ]] || { echo "FAIL: $peer not built"; exit 1; }

@@ -33,6 +33,8 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
+# shellcheck source=/dev/null
+. "$repo/scripts/lib/cargo.sh"
 iters=${VUR_INTEROP_ITERS:-100}
 export VUR_BRIDGE=${VUR_BRIDGE:-vurbr0}
 export VUR_MTU=9000
@@ -46,7 +48,7 @@ vm_repeat_arg "$@"
 vm_require interop-pingpong dumpcap tshark
 if ! vm_in_netns; then
     log "building rxe-peer"
-    (cd "$repo" && cargo build -q -p vur-interop --bin rxe-peer)
+    (cd "$repo" && vur_cargo build -q -p vur-interop --bin rxe-peer)
 fi
 vm_netns pingpong "$@"
 peer=$repo/target/debug/rxe-peer

@@ -26,6 +26,8 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
+# shellcheck source=/dev/null
+. "$repo/scripts/lib/cargo.sh"
 log() { printf '[nic-netkit %s] %s\n' "$(date +%T)" "$*"; }
 fail() { printf '[nic-netkit %s] FAIL: %s\n' "$(date +%T)" "$*"; exit 1; }
 # shellcheck source=tests/vm/lib.sh
@@ -34,7 +36,7 @@ vm_require nic-netkit
 if ! vm_in_netns && [[ -z ${VUR_DAEMON:-} ]]; then
     t=$SECONDS
     log "building vhost-user-rdma and vur-nic-guest (release)"
-    (cd "$repo" && cargo build -q --release -p vhost-user-rdma -p vur-testguest --bin vhost-user-rdma \
+    (cd "$repo" && vur_cargo build -q --release -p vhost-user-rdma -p vur-testguest --bin vhost-user-rdma \
         --bin vur-nic-guest --bin vur-pingpong --bin vur-bench)
     log "built in $((SECONDS - t)) s"
 fi

@@ -15,6 +15,8 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
+# shellcheck source=/dev/null
+. "$repo/scripts/lib/cargo.sh"
 t_start=$SECONDS
 log() { printf '[raw-bench %s] %s\n' "$(date +%T)" "$*"; }
 # shellcheck source=tests/vm/lib.sh
@@ -26,7 +28,7 @@ rounds=${VUR_RAW_BENCH_ROUNDS:-3}
 
 t=$SECONDS
 log "building vhost-user-rdma and vur-bench (release)"
-(cd "$repo" && cargo build -q --release -p vhost-user-rdma -p vur-testguest --bin vhost-user-rdma --bin vur-bench)
+(cd "$repo" && vur_cargo build -q --release -p vhost-user-rdma -p vur-testguest --bin vhost-user-rdma --bin vur-bench)
 log "built in $((SECONDS - t)) s"
 out=$(mktemp "${TMPDIR:-/tmp}/vur-raw-bench.XXXXXX")
 trap 'rm -f "$out"' EXIT

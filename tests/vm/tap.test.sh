@@ -38,6 +38,8 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
+# shellcheck source=/dev/null
+. "$repo/scripts/lib/cargo.sh"
 iters=${VUR_TAP_ITERS:-300}
 profile=${VUR_TAP_PROFILE:-release}
 
@@ -55,7 +57,7 @@ if ! vm_in_netns; then
     [[ $profile == debug ]] && flag=
     log "building vhost-user-rdma and rxe-peer ($profile)"
     # shellcheck disable=SC2086 # $flag is empty or one word
-    (cd "$repo" && cargo build -q $flag -p vhost-user-rdma -p vur-interop --bins)
+    (cd "$repo" && vur_cargo build -q $flag -p vhost-user-rdma -p vur-interop --bins)
     log "built in $((SECONDS - t)) s"
 fi
 vm_netns tap "$@"
