@@ -22,6 +22,9 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/.." && pwd)
 state=${VUR_APT_DIR:-$repo/.cache/apt-host}
+# VUR_APT_SIMULATE=1: resolve everything and say what would be installed (apt-get -s), install
+# nothing (tests/packaging/host-setup.test.sh, in a clean Debian 12 root).
+simulate=${VUR_APT_SIMULATE:-}
 
 log() { printf '[host-setup] %s\n' "$*"; }
 die() { printf '[host-setup] error: %s\n' "$*" >&2; exit 1; }
@@ -95,17 +98,21 @@ if ((${#need_base[@]})); then
     t0=$SECONDS
     log "installing from bookworm: ${need_base[*]}"
     # shellcheck disable=SC2068 # empty elements from the scapy removal must vanish
-    apt-get "${apt_opts[@]}" install -y -qq --no-install-recommends ${need_base[@]}
+    apt-get "${apt_opts[@]}" install -y -qq ${simulate:+-s} --no-install-recommends ${need_base[@]}
     log "done in $((SECONDS - t0)) s"
 fi
 if ((${#need_bpo[@]})); then
     t0=$SECONDS
     log "installing from bookworm-backports: ${need_bpo[*]}"
-    apt-get "${apt_opts[@]}" install -y -qq --no-install-recommends \
+    apt-get "${apt_opts[@]}" install -y -qq ${simulate:+-s} --no-install-recommends \
         -t bookworm-backports "${need_bpo[@]}"
     log "done in $((SECONDS - t0)) s"
 fi
 
+if [[ -n $simulate ]]; then
+    log "simulated: nothing installed"
+    exit 0
+fi
 log "installed versions:"
 dpkg-query -W -f='  ${Package} ${Version}\n' "${base_pkgs[@]}" "${bpo_pkgs[@]}" 2>/dev/null || true
 qemu-system-x86_64 --version | head -1

@@ -191,6 +191,8 @@ check_step "scripts/demo.sh (the README's main job)" 900 scripts/demo.sh
 # The host package: built, installed into a clean Debian 12 root, its units verified, the
 # daemon started from the unit's command line and reached by a test guest (root).
 script_step 900 tests/packaging/deb.test.sh
+# The host set-up's package step on a Debian 12 with a classic sources.list (a clean root).
+script_step 600 tests/packaging/host-setup.test.sh
 
 if ((vm)); then
     # The benchmarks among the VM tests keep their checks (filters, counts, completions) with

@@ -41,22 +41,9 @@ done
 
 # A clean Debian 12 root with systemd, cached (the package is installed into a copy).
 suite=bookworm
-cache=${VUR_CACHE_ROOT:-/var/cache/vhost-user-rdma}/roots
-base=$cache/$suite-systemd-$(sed -n '/^# ROOT-RECIPE/,/^# END-ROOT-RECIPE/p' "$0" | sha256sum | cut -c1-12)
-mkdir -p "$cache"
-exec 9>"$cache/.lock"
-flock 9
-if [[ ! -x $base/usr/bin/systemctl ]]; then
-    # ROOT-RECIPE
-    uri=$(apt_archive_uri) || fail "no Debian archive in /etc/apt to debootstrap from"
-    t1=$SECONDS
-    rm -rf "$base.tmp"
-    debootstrap --variant=minbase --include=systemd "$suite" "$base.tmp" "$uri" >"$cache/debootstrap-$suite.log" 2>&1 ||
-        { tail -20 "$cache/debootstrap-$suite.log"; fail "debootstrap failed"; }
-    # END-ROOT-RECIPE
-    rm -rf "$base" && mv "$base.tmp" "$base"
-    log "debootstrap $suite (minbase, systemd) in $((SECONDS - t1)) s"
-fi
+# shellcheck source=tests/packaging/lib.sh
+. "$here/lib.sh"
+base=$(pkg_clean_root "$suite") || fail "no clean $suite root"
 work=$(mktemp -d "${TMPDIR:-/tmp}/vur-deb.XXXXXX")
 root=$work/root
 mounts=() pid=''
