@@ -193,6 +193,8 @@ check_step "scripts/demo.sh (the README's main job)" 900 scripts/demo.sh
 script_step 900 tests/packaging/deb.test.sh
 # The host set-up's package step on a Debian 12 with a classic sources.list (a clean root).
 script_step 600 tests/packaging/host-setup.test.sh
+# The guest driver as a DKMS package, built for two kernels in a clean trixie root.
+script_step 900 tests/packaging/dkms.test.sh
 
 if ((vm)); then
     # The benchmarks among the VM tests keep their checks (filters, counts, completions) with

@@ -1612,8 +1612,20 @@ static u64 umem_next(void *ctx)
 	return page_to_phys(sg_page_iter_page(&it->piter));
 }
 
+#ifdef VRDMA_HAVE_RESIZE_USER_CQ
+/* Kernels whose ops take the new size unsigned (resize_user_cq). */
+static int vrdma_resize_user_cq(struct ib_cq *ibcq, unsigned int cqe, struct ib_udata *udata)
+{
+	return cqe > INT_MAX ? -EINVAL : vrdma_resize_cq(ibcq, cqe, udata);
+}
+#endif
+
 static struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length, u64 iova,
-				       int access, struct ib_udata *udata)
+				       int access,
+#ifdef VRDMA_HAVE_REG_MR_DMAH
+				       struct ib_dmah *dmah,
+#endif
+				       struct ib_udata *udata)
 {
 	struct vrdma_dev *dev = to_vdev(ibpd->device);
 	struct vrdma_cmd_reg_user_mr cmd = {};
@@ -1635,7 +1647,11 @@ static struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length
 	mr = kzalloc(sizeof(*mr), GFP_KERNEL);
 	if (!mr)
 		return ERR_PTR(-ENOMEM);
+#ifdef VRDMA_HAVE_UMEM_GET_VA
+	mr->umem = ib_umem_get_va(ibpd->device, start, length, access);
+#else
 	mr->umem = ib_umem_get(ibpd->device, start, length, access);
+#endif
 	if (IS_ERR(mr->umem)) {
 		err = PTR_ERR(mr->umem);
 		goto err_free;
@@ -1961,7 +1977,11 @@ const struct ib_device_ops vrdma_dev_ops = {
 	.query_srq = vrdma_query_srq,
 	.reg_user_mr = vrdma_reg_user_mr,
 	.req_notify_cq = vrdma_req_notify_cq,
+#ifdef VRDMA_HAVE_RESIZE_USER_CQ
+	.resize_user_cq = vrdma_resize_user_cq,
+#else
 	.resize_cq = vrdma_resize_cq,
+#endif
 
 	INIT_RDMA_OBJ_SIZE(ib_ah, vrdma_ah, ibah),
 	INIT_RDMA_OBJ_SIZE(ib_cq, vrdma_cq, ibcq),
