@@ -4,7 +4,7 @@
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 
 use aya::maps::{Array, MapData, PerCpuArray, RingBuf};
-use aya::programs::tc::{SchedClassifier, TcAttachOptions, TcAttachType};
+use aya::programs::tc::{NlOptions, SchedClassifier, TcAttachOptions, TcAttachType};
 use aya::programs::{LinkOrder, ProgramError};
 use aya::{Ebpf, EbpfLoader};
 use thiserror::Error;
@@ -294,8 +294,65 @@ pub enum BpfError {
     Map(&'static str, aya::maps::MapError),
     #[error("loading program {0} into the kernel: {1}{2}")]
     Program(&'static str, ProgramError, String),
-    #[error("attaching to tcx {1} of {0}: {2}")]
-    Attach(String, &'static str, ProgramError),
+    #[error("attaching ({3}) to {1} of {0}: {2}")]
+    Attach(String, &'static str, ProgramError, &'static str),
+    #[error("adding the clsact qdisc to {0}: {1}")]
+    Clsact(String, aya::programs::tc::TcError),
+}
+
+/// How the programs are attached: tcx links (Linux 6.6 and later: ordered, owned by the
+/// process), or the older tc clsact attachment through netlink (a direct-action filter on the
+/// interface's clsact qdisc, added when it has none), which every kernel since 4.5 has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attach {
+    Tcx,
+    Netlink,
+}
+
+impl Attach {
+    /// tcx where the running kernel has it (6.6 and later), else netlink.
+    pub fn for_this_kernel() -> Attach {
+        if kernel_at_least(6, 6) {
+            Attach::Tcx
+        } else {
+            Attach::Netlink
+        }
+    }
+
+    /// The hook's name in messages and capture files.
+    pub fn hook(self) -> &'static str {
+        match self {
+            Attach::Tcx => "tcx",
+            Attach::Netlink => "tc",
+        }
+    }
+}
+
+/// Whether the running kernel's release (uname) is at least `major.minor`.
+pub fn kernel_at_least(major: u32, minor: u32) -> bool {
+    release_at_least(&kernel_release(), major, minor)
+}
+
+fn kernel_release() -> String {
+    // SAFETY: uname fills the zeroed struct it is given.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::uname(&mut u) } != 0 {
+        return String::new();
+    }
+    // SAFETY: release is a NUL-terminated string within the struct.
+    unsafe { std::ffi::CStr::from_ptr(u.release.as_ptr()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// `6.12.0-1-amd64` ≥ 6.6: the leading numbers of a release string.
+fn release_at_least(release: &str, major: u32, minor: u32) -> bool {
+    let mut it = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    let (a, b) = (it.next().unwrap_or(0), it.next().unwrap_or(0));
+    (a, b) >= (major, minor)
 }
 
 /// The loaded programs, attached until dropped (dropping closes the tcx links).
@@ -312,6 +369,7 @@ impl Tap {
         ifaces: &[String],
         cfg: &KernelConfig,
         ring_bytes: u32,
+        how: Attach,
     ) -> Result<Self, BpfError> {
         let mut ebpf = EbpfLoader::new()
             .map_max_entries("events", ring_bytes)
@@ -352,8 +410,17 @@ impl Tap {
                 } else {
                     "egress"
                 };
-                prog.attach_with_options(iface, at, TcAttachOptions::TcxOrder(LinkOrder::last()))
-                    .map_err(|e| BpfError::Attach(iface.clone(), dir, e))?;
+                let opts = match how {
+                    Attach::Tcx => TcAttachOptions::TcxOrder(LinkOrder::last()),
+                    Attach::Netlink => {
+                        if at == TcAttachType::Ingress {
+                            add_clsact(iface)?;
+                        }
+                        TcAttachOptions::Netlink(NlOptions::default())
+                    }
+                };
+                prog.attach_with_options(iface, at, opts)
+                    .map_err(|e| BpfError::Attach(iface.clone(), dir, e, how.hook()))?;
             }
         }
         Ok(Tap { ebpf, ring })
@@ -469,5 +536,34 @@ mod tests {
         b[22..24].copy_from_slice(&77u16.to_ne_bytes());
         b[24..26].copy_from_slice(&[0x81, 0x00]);
         assert_eq!(Record::parse(&b).unwrap().vlan, Some((0x8100, 77)));
+    }
+}
+
+/// The clsact qdisc on `iface`, unless it has one (tc's own `tc qdisc add dev X clsact`): the
+/// netlink attachment's filters hang from it. It stays when the tap ends (as after tc).
+fn add_clsact(iface: &str) -> Result<(), BpfError> {
+    match aya::programs::tc::qdisc_add_clsact(iface) {
+        Ok(()) => Ok(()),
+        Err(aya::programs::tc::TcError::NetlinkError(e))
+            if e.raw_os_error() == Some(libc::EEXIST) =>
+        {
+            Ok(())
+        }
+        Err(e) => Err(BpfError::Clsact(iface.to_string(), e)),
+    }
+}
+
+#[cfg(test)]
+mod attach_tests {
+    use super::*;
+
+    #[test]
+    fn kernel_releases_compare() {
+        assert!(release_at_least("6.12.117+deb13-amd64", 6, 6));
+        assert!(release_at_least("6.6.0", 6, 6));
+        assert!(release_at_least("7.3.4+deb13-amd64", 6, 6));
+        assert!(!release_at_least("6.1.0-28-amd64", 6, 6));
+        assert!(!release_at_least("5.15.0", 6, 6));
+        assert!(!release_at_least("", 6, 6));
     }
 }

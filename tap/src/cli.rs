@@ -75,6 +75,29 @@ pub struct TapArgs {
     /// No per-second summary lines (the final one is still printed).
     #[arg(long)]
     pub quiet: bool,
+    /// How the programs attach: tcx (Linux 6.6 and later), netlink (a filter on the
+    /// interface's tc clsact qdisc, added if missing: every kernel since 4.5), or auto (tcx
+    /// where the kernel has it, else netlink).
+    #[arg(long, value_enum, default_value_t = AttachArg::Auto)]
+    pub attach: AttachArg,
+}
+
+/// `--attach`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum AttachArg {
+    Auto,
+    Tcx,
+    Netlink,
+}
+
+impl AttachArg {
+    fn resolve(self) -> crate::bpf::Attach {
+        match self {
+            AttachArg::Auto => crate::bpf::Attach::for_this_kernel(),
+            AttachArg::Tcx => crate::bpf::Attach::Tcx,
+            AttachArg::Netlink => crate::bpf::Attach::Netlink,
+        }
+    }
 }
 
 #[derive(Debug, Error, PartialEq)]
@@ -122,6 +145,7 @@ pub struct TapConfig {
     pub count: Option<u64>,
     pub duration: Option<Duration>,
     pub quiet: bool,
+    pub attach: crate::bpf::Attach,
 }
 
 fn ifindex(name: &str) -> Option<u32> {
@@ -236,6 +260,7 @@ impl TryFrom<TapArgs> for TapConfig {
             count: a.count,
             duration,
             quiet: a.quiet,
+            attach: a.attach.resolve(),
         })
     }
 }
@@ -383,22 +408,24 @@ fn open_writer(
     Ok(match &cfg.output {
         Output::None => None,
         Output::Stdout(f) => Some(
-            Writer::new(
+            Writer::with_hook(
                 Box::new(BufWriter::with_capacity(1 << 16, io::stdout().lock())) as Box<dyn Write>,
                 *f,
                 names,
                 file_snaplen,
+                cfg.attach.hook(),
             )
             .map_err(|e| RunError::Io("stdout".into(), e))?,
         ),
         Output::File(p, f) => {
             let file = File::create(p).map_err(|e| RunError::Io(p.display().to_string(), e))?;
             Some(
-                Writer::new(
+                Writer::with_hook(
                     Box::new(BufWriter::with_capacity(1 << 20, file)) as Box<dyn Write>,
                     *f,
                     names,
                     file_snaplen,
+                    cfg.attach.hook(),
                 )
                 .map_err(|e| RunError::Io(p.display().to_string(), e))?,
             )
@@ -479,6 +506,22 @@ fn print_done(
     );
 }
 
+/// Loads the programs with the filters and attaches them to every interface.
+fn attach(cfg: &TapConfig, names: &[String]) -> Result<Tap, RunError> {
+    Ok(Tap::attach(
+        names,
+        // Each CPU wakes the reader after adding its share of an eighth of the ring; small
+        // bursts wait at most POLL_INTERVAL.
+        &KernelConfig::new(
+            &cfg.filter,
+            cfg.snap,
+            (cfg.ring_bytes / 8 / aya::util::nr_cpus().unwrap_or(1).max(1) as u32).max(4096),
+        ),
+        cfg.ring_bytes,
+        cfg.attach,
+    )?)
+}
+
 /// Attaches, captures until --count, --duration, SIGINT/SIGTERM or a closed stdout, detaches.
 pub fn run(cfg: &TapConfig) -> Result<(), RunError> {
     let names: Vec<String> = cfg.ifaces.iter().map(|(n, _)| n.clone()).collect();
@@ -496,21 +539,12 @@ pub fn run(cfg: &TapConfig) -> Result<(), RunError> {
     };
 
     install_signal_handlers();
-    let mut tap = Tap::attach(
-        &names,
-        // Each CPU wakes the reader after adding its share of an eighth of the ring; small
-        // bursts wait at most POLL_INTERVAL.
-        &KernelConfig::new(
-            &cfg.filter,
-            cfg.snap,
-            (cfg.ring_bytes / 8 / aya::util::nr_cpus().unwrap_or(1).max(1) as u32).max(4096),
-        ),
-        cfg.ring_bytes,
-    )?;
+    let mut tap = attach(cfg, &names)?;
     let offset = realtime_offset_ns();
     eprintln!(
-        "tap: attached to {} (tcx ingress and egress), writing {out_name}",
-        names.join(", ")
+        "tap: attached to {} ({} ingress and egress), writing {out_name}",
+        names.join(", "),
+        cfg.attach.hook()
     );
 
     let start = Instant::now();

@@ -35,7 +35,19 @@ pub struct Writer<W: Write> {
 impl<W: Write> Writer<W> {
     /// Writes the file header: for pcapng the section header and one interface description
     /// per (interface, direction), numbered `2 * i + (egress as usize)`.
-    pub fn new(mut w: W, format: Format, ifaces: &[String], snaplen: u32) -> io::Result<Self> {
+    pub fn new(w: W, format: Format, ifaces: &[String], snaplen: u32) -> io::Result<Self> {
+        Self::with_hook(w, format, ifaces, snaplen, "tcx")
+    }
+
+    /// As [`Writer::new`], naming the hook the frames were taken at (`tcx`, or `tc` for the
+    /// clsact attachment) in the interface descriptions.
+    pub fn with_hook(
+        mut w: W,
+        format: Format,
+        ifaces: &[String],
+        snaplen: u32,
+        hook: &str,
+    ) -> io::Result<Self> {
         match format {
             Format::Pcap => {
                 let mut h = Vec::with_capacity(24);
@@ -55,7 +67,8 @@ impl<W: Write> Writer<W> {
                 body.extend_from_slice(&0u16.to_le_bytes());
                 body.extend_from_slice(&(-1i64).to_le_bytes());
                 let mut opts = Vec::new();
-                option(&mut opts, 4, b"vhost-user-rdma tap (eBPF tcx)"); // shb_userappl
+                let appl = format!("vhost-user-rdma tap (eBPF {hook})");
+                option(&mut opts, 4, appl.as_bytes()); // shb_userappl
                 end_options(&mut opts);
                 body.extend_from_slice(&opts);
                 block(&mut w, 0x0a0d_0d0a, &body)?;
@@ -67,7 +80,7 @@ impl<W: Write> Writer<W> {
                         body.extend_from_slice(&snaplen.to_le_bytes());
                         let mut opts = Vec::new();
                         option(&mut opts, 2, name.as_bytes()); // if_name
-                        let descr = format!("{name} tcx {}", dir.name());
+                        let descr = format!("{name} {hook} {}", dir.name());
                         option(&mut opts, 3, descr.as_bytes()); // if_description
                         option(&mut opts, 9, &[9]); // if_tsresol: nanoseconds
                         end_options(&mut opts);

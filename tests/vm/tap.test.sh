@@ -5,6 +5,8 @@
 #      local peer sent, ingress frames = what the remote peer sent, the expected opcodes appear,
 #      every ICRC is right (tests/vm/icrc-check.py, full snap length), and both peers exit 0
 #      with every buffer verified (the tap does not disturb traffic).
+#   1b. The same with --attach netlink (a direct-action filter on the clsact qdisc, what
+#      kernels before 6.6 offer): frame counts, RoCE and ICRCs; the filters go with the tap.
 #   2. UD, pcap, plus a live tap (--write - | tshark -r -) with --opcode ud --count; UC with
 #      --opcode uc; RC over IPv6 with --ip; raw frames with one and two VLAN tags, seen on
 #      egress (tags in the frame) and on the far ingress (outer tag offloaded, put back); RC on
@@ -235,6 +237,25 @@ peer_retx=$(cat "$work/rc.client" "$work/rc.server" | sed -n 's/^counters: retra
     awk '{n += $1} END {print n + 0}')
 log "  retransmits: the tap saw $tap_retx PSN repeats, the peers counted $peer_retx"
 ((peer_retx > 0 || tap_retx == 0)) || fail "RC: the tap reports retransmits the peers did not make"
+
+# --- 1b. the netlink (tc clsact) attachment ------------------------------------------------
+log "1b. RC with --attach netlink (the tc clsact filter kernels before 6.6 have): 100 messages"
+start_tap nl --attach netlink --write "$work/nl.pcapng"
+nl_tap=$tap_pid
+grep -q '(tc ingress and egress)' "$work/nl.err" || fail "netlink: the tap did not say it attached with tc"
+tc filter show dev vtapA ingress | grep -q 'bpf.*direct-action' ||
+    fail "netlink: no bpf filter on vtapA's clsact ingress: $(tc filter show dev vtapA ingress)"
+run_pair nl rc -n 100 -s 4096 -m 1024
+wait_tap "$nl_tap" nl $((sent_a + sent_b))
+stop_tap "$nl_tap" nl
+egress=$(count "$work/nl.pcapng" -Y 'frame.interface_id == 1')
+ingress=$(count "$work/nl.pcapng" -Y 'frame.interface_id == 0')
+log "  egress frames $egress (client sent $sent_a), ingress frames $ingress (server sent $sent_b)"
+((egress == sent_a && ingress == sent_b)) || fail "netlink: frame counts differ from rxe-peer's"
+check_roce "$work/nl.pcapng"
+[[ -z $(tc filter show dev vtapA ingress) && -z $(tc filter show dev vtapA egress) ]] ||
+    fail "netlink: the tap's filters stayed after it ended"
+log "  the filters went with the tap (the clsact qdisc stays, as after tc)"
 
 # --- 2. UD, pcap, plus a live tap ----------------------------------------------------------
 log "2. UD: 200 messages of 1024 B, tap unfiltered -> pcap, live tap --opcode ud --count 50 | tshark -r -"
