@@ -295,9 +295,9 @@ pub enum BpfError {
     #[error("loading program {0} into the kernel: {1}{2}")]
     Program(&'static str, ProgramError, String),
     #[error("attaching ({3}) to {1} of {0}: {2}")]
-    Attach(String, &'static str, ProgramError, &'static str),
+    Attach(String, &'static str, Box<ProgramError>, &'static str),
     #[error("adding the clsact qdisc to {0}: {1}")]
-    Clsact(String, aya::programs::tc::TcError),
+    Clsact(String, Box<aya::programs::tc::TcError>),
 }
 
 /// How the programs are attached: tcx links (Linux 6.6 and later: ordered, owned by the
@@ -420,7 +420,7 @@ impl Tap {
                     }
                 };
                 prog.attach_with_options(iface, at, opts)
-                    .map_err(|e| BpfError::Attach(iface.clone(), dir, e, how.hook()))?;
+                    .map_err(|e| BpfError::Attach(iface.clone(), dir, Box::new(e), how.hook()))?;
             }
         }
         Ok(Tap { ebpf, ring })
@@ -549,7 +549,7 @@ fn add_clsact(iface: &str) -> Result<(), BpfError> {
         {
             Ok(())
         }
-        Err(e) => Err(BpfError::Clsact(iface.to_string(), e)),
+        Err(e) => Err(BpfError::Clsact(iface.to_string(), Box::new(e))),
     }
 }
 
