@@ -48,6 +48,12 @@ enum Sub {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<OsString>,
     },
+    /// Prints this help, or a command's (`help tap`).
+    #[command(disable_help_flag = true, disable_version_flag = true)]
+    Help {
+        /// The command whose help to print.
+        command: Option<String>,
+    },
 }
 
 /// What a binary of the daemon offers beside serving.
@@ -73,6 +79,36 @@ pub fn man_page(out: &mut dyn std::io::Write) -> std::io::Result<()> {
     use clap::CommandFactory;
     let cmd = Cli::command().name("vhost-user-rdma");
     clap_mangen::Man::new(cmd).render(out)
+}
+
+/// `help [COMMAND]`: the options, or a command's own help (the commands with parsers of
+/// their own are asked for it with `--help`).
+fn help<I: Iterator<Item = OsString>>(
+    bin: Binary,
+    command: Option<&str>,
+    sub_args: &dyn Fn(&str, Vec<OsString>) -> I,
+) -> ExitCode {
+    use clap::CommandFactory;
+    let flag = || vec![OsString::from("--help")];
+    match command {
+        None => {
+            let _ = Cli::command().print_long_help();
+            ExitCode::SUCCESS
+        }
+        Some("link") => crate::net::netlink::main_with_args(sub_args("link", flag())),
+        Some("counters") => crate::metrics::main_with_args(sub_args("counters", flag())),
+        Some("tap") if bin.tap => vur_tap::cli::main_with_args(sub_args("tap", flag())),
+        Some(name) => match Cli::command().find_subcommand_mut(name) {
+            Some(c) => {
+                let _ = c.print_long_help();
+                ExitCode::SUCCESS
+            }
+            None => {
+                eprintln!("{}: no command {name} (link, counters, man, tap)", bin.name);
+                ExitCode::from(2)
+            }
+        },
+    }
 }
 
 /// The daemon's `main`, after the binary installed its allocator: logging, the command
@@ -102,6 +138,7 @@ pub fn main_with_args(bin: Binary, argv: impl IntoIterator<Item = OsString>) -> 
         Some(Sub::Counters { args }) => {
             return crate::metrics::main_with_args(sub_args("counters", args))
         }
+        Some(Sub::Help { command }) => return help(bin, command.as_deref(), &sub_args),
         Some(Sub::Man) => {
             return match man_page(&mut std::io::stdout().lock()) {
                 Ok(()) => ExitCode::SUCCESS,

@@ -509,3 +509,37 @@ fn counters_read_as_json_and_as_openmetrics() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("is it a daemon's --counters-socket?"));
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// `help` lists the commands and options; `help COMMAND` prints that command's own help.
+#[test]
+fn help_names_every_command() {
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_vhost-user-rdma"))
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let (rc, top) = run(&["help"]);
+    assert_eq!(rc, Some(0), "{top}");
+    for c in ["link", "counters", "man", "tap", "help"] {
+        assert!(
+            top.contains(&format!("\n  {c} ")),
+            "help lists no {c}: {top}"
+        );
+    }
+    for (c, text) in [
+        ("tap", "Capture RoCEv2 frames"),
+        ("link", "host side of a guest's NIC"),
+        ("counters", "counters"),
+        ("man", "man page"),
+    ] {
+        let (rc, out) = run(&["help", c]);
+        assert_eq!(rc, Some(0), "help {c}: {out}");
+        assert!(out.contains(text), "help {c}: {out}");
+    }
+    assert_eq!(run(&["help", "nope"]).0, Some(2));
+}

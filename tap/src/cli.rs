@@ -24,7 +24,7 @@ pub enum FormatArg {
     Pcapng,
 }
 
-/// Capture RoCEv2 frames with an eBPF program on tcx ingress and egress of network interfaces.
+/// Capture RoCEv2 frames with an eBPF program on tc ingress and egress (tcx, or clsact before Linux 6.6) of network interfaces.
 ///
 /// Writes pcap or pcapng (--write FILE, or - for stdout: `| tshark -r -`) and prints a one-line
 /// summary per second on stderr. Needs root (CAP_BPF and CAP_NET_ADMIN).
