@@ -10,10 +10,11 @@
 # and VUR_CACHE_ROOT to /var/cache/vhost-user-rdma (root) or
 # ${XDG_CACHE_HOME:-~/.cache}/vhost-user-rdma (other users), so every clone shares it:
 #   vmlinuz, initrd.img (zstd cpio), virtio_rdma.ko, manifest.txt (kernel + package versions)
-# The key is a hash of this script, packages.txt, init, vur-gid and the driver sources. The
+# The key is a hash of this script, packages.txt, init, vur-gid, the driver sources and its DKMS
+# packaging (packaging/dkms: the driver is built by dkms from its package). The
 # trixie chroot (debootstrap + packages + kernel, before pruning) is cached separately in
 # rootfs-<key1>/, keyed by this script and packages.txt only, so editing init is cheap.
-# The driver is compiled in a second chroot, kbuild-<kernel>/ (gcc, make and the headers of
+# The driver is built in a second chroot, kbuild-<kernel>/ (gcc, make, dkms and the headers of
 # the image's kernel), so the compiler never enters the guest's initramfs.
 #
 # Needs root (debootstrap, chroot, mknod) and images/host-setup.sh's packages.
@@ -36,7 +37,7 @@ cache=${VUR_CACHE_DIR:-$VUR_CACHE_ROOT/images}
 driver_src=$repo/guest-driver-patches/linux/virtio_rdma
 selftest_src=$repo/guest-driver-patches/linux/selftest
 # Packages of the module build chroot (the kernel headers are added by version).
-kbuild_pkgs=(gcc-14 make libc6-dev)
+kbuild_pkgs=(gcc-14 make libc6-dev dkms xz-utils)
 suite=trixie
 # Kernel package: the newest linux-image-6.12.*-amd64-unsigned in the suite.
 kernel_re='^linux-image-6\.12\.[0-9a-z.+~]*-amd64-unsigned$'
@@ -79,7 +80,8 @@ driver_hash() { # contents and names of the driver (and self test) sources
         ! -name '*.mod*' ! -name 'Module.symvers' ! -name 'modules.order' -print0 |
         LC_ALL=C sort -z | xargs -0 sha256sum) | sha256sum | cut -c1-16
 }
-key=$( { echo "$key1"; cat "$here/init" "$here/vur-gid"; driver_hash; } | sha256sum | cut -c1-16)
+key=$( { echo "$key1"; cat "$here/init" "$here/vur-gid" "$repo/packaging/dkms/dkms.conf" \
+    "$repo/packaging/dkms/build-dkms-deb.sh"; driver_hash; } | sha256sum | cut -c1-16)
 rootfs=$cache/rootfs-$key1
 out=$cache/$key
 
@@ -229,15 +231,31 @@ if [[ -d $driver_src ]]; then
     fi
 fi
 
-# Compiles guest-driver-patches/linux/virtio_rdma in the build chroot into $kbuild/out.ko.
+# Builds the driver as a guest installs it: the DKMS package (packaging/dkms) installed in the
+# build chroot, dkms building it for the image's kernel; the module it made goes to
+# $kbuild/src/virtio_rdma/virtio_rdma.ko. The self test module is built with make.
 do_driver() {
-    rm -rf "$kbuild/src"
-    mkdir -p "$kbuild/src"
-    cp -r "$driver_src" "$kbuild/src/virtio_rdma"
-    chroot "$kbuild" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 \
-        make -C "/usr/src/linux-headers-$kver" M=/src/virtio_rdma CONFIG_INFINIBAND_VIRTIO_RDMA=m modules >"$cache/driver-build.log" 2>&1 ||
-        { tail -40 "$cache/driver-build.log"; die "virtio_rdma build failed (log: $cache/driver-build.log)"; }
-    grep -E 'warning|error' "$cache/driver-build.log" || true
+    local deb ko run=(chroot "$kbuild" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8)
+    rm -rf "$kbuild/src" "$kbuild/tmp/vur-dkms"
+    mkdir -p "$kbuild/src/virtio_rdma" "$kbuild/lib/modules/$kver"
+    deb=$("$repo/packaging/dkms/build-dkms-deb.sh" --out "$kbuild/tmp/vur-dkms")
+    ln -sfn "/usr/src/linux-headers-$kver" "$kbuild/lib/modules/$kver/build"
+    chroot_mounts "$kbuild"
+    "${run[@]}" dpkg --purge virtio-rdma-dkms >/dev/null 2>&1 || true
+    "${run[@]}" dpkg -i "/tmp/vur-dkms/${deb##*/}" >"$cache/driver-build.log" 2>&1 ||
+        { tail -40 "$cache/driver-build.log"; die "dpkg -i ${deb##*/} failed (log: $cache/driver-build.log)"; }
+    cat "$kbuild"/var/lib/dkms/virtio-rdma/*/build/make.log >>"$cache/driver-build.log" 2>/dev/null || true
+    ko=$(find "$kbuild/lib/modules/$kver/updates/dkms" -name 'virtio_rdma.ko*' 2>/dev/null | head -1)
+    [[ -n $ko ]] || { tail -40 "$cache/driver-build.log"; die "dkms built no virtio_rdma.ko for $kver (log: $cache/driver-build.log)"; }
+    case $ko in
+    *.xz) xz -dc "$ko" >"$kbuild/src/virtio_rdma/virtio_rdma.ko" ;;
+    *.zst) zstd -dc "$ko" >"$kbuild/src/virtio_rdma/virtio_rdma.ko" ;;
+    *) cp "$ko" "$kbuild/src/virtio_rdma/virtio_rdma.ko" ;;
+    esac
+    log "dkms: $("${run[@]}" dkms status -m virtio-rdma | tr '\n' ' ')"
+    "${run[@]}" dpkg --purge virtio-rdma-dkms >>"$cache/driver-build.log" 2>&1 || true
+    chroot_umounts
+    grep -E 'warning|error' "$cache/driver-build.log" | grep -v 'openssl\|sign' || true
     if [[ -d $selftest_src ]]; then
         cp -r "$selftest_src" "$kbuild/src/selftest"
         chroot "$kbuild" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 \

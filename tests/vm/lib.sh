@@ -179,8 +179,9 @@ PY
 # vm_daemon_io NAME COUNTERS.json: one line with a device's I/O-thread counters; fail (return
 # 1) when no send batch went through the I/O thread, a datagram the socket received did not
 # go through its inbox, or one was dropped there. (The I/O thread checks each ICRC: a packet
-# whose IPv4 ID opened a new sequence is learned and dropped there, `rx_icrc_id_learned`,
-# and never reaches the inbox.)
+# whose IPv4 ID opened a new sequence is learned and dropped there, `rx_icrc_id_learned`, and
+# one that needs the ID solve but is for no live QP, a straggler of a QP destroyed, is dropped
+# before it, `rx_icrc_no_qp`: neither reaches the inbox.)
 vm_daemon_io() {
     python3 - "$1" "$2" <<'PY'
 import json, sys
@@ -190,10 +191,11 @@ keys = ("tx_batches", "tx_inline", "tx_channel_full", "io_wakeups", "rx_packets"
 print(sys.argv[1] + ": io_thread " + " ".join(f"{k}={io.get(k, '?')}" for k in keys)
       + f"; transport tx_packets={t.get('tx_packets', '?')} rx_packets={t.get('rx_packets', '?')}")
 bad = [] if io.get("tx_batches") else ["no send batch through the I/O thread"]
-learned = t.get("rx_icrc_id_learned", 0)
-if not t.get("rx_packets") or io.get("rx_packets") != t.get("rx_packets") - learned:
+learned, no_qp = t.get("rx_icrc_id_learned", 0), t.get("rx_icrc_no_qp", 0)
+if not t.get("rx_packets") or io.get("rx_packets") != t.get("rx_packets") - learned - no_qp:
     bad.append("received datagrams not all through the I/O thread's inbox "
-               f"({io.get('rx_packets')} of {t.get('rx_packets')}, {learned} dropped as learned IDs)")
+               f"({io.get('rx_packets')} of {t.get('rx_packets')}, {learned} dropped as learned IDs, "
+               f"{no_qp} for no live QP)")
 bad += ["io_thread rx_dropped"] if io.get("rx_dropped") else []
 if bad:
     print(sys.argv[1] + ": FAIL: " + ", ".join(bad))
@@ -245,8 +247,9 @@ if shards:
 # --shard-threads: each shard's own socket received exactly its engine shard's packets (the
 # kernel steers by QPN) and sent from it (a control command that finds doorbells waiting
 # may send a shard's first packets from the worker's socket: at most the engine's). A socket
-# drops the packets whose IPv4 ID opened a new sequence (learned, `rx_icrc_id_learned`, counted
-# over all the device's sockets): together they account for what a socket got beyond its shard.
+# drops the packets whose IPv4 ID opened a new sequence (learned, `rx_icrc_id_learned`) and
+# those for no live QP (`rx_icrc_no_qp`), both counted over all the device's sockets: together
+# they account for what a socket got beyond its shard.
 extra = 0
 for k, s in sorted(j.get("shard_sockets", {}).items()):
     e = j.get(k, {})
@@ -257,9 +260,11 @@ for k, s in sorted(j.get("shard_sockets", {}).items()):
         bad.append(f"{k} socket received {s.get('rx_packets')}, the shard {e.get('rx_packets')}")
     if not (0 < (s.get("tx_packets") or 0) <= (e.get("tx_packets") or 0)):
         bad.append(f"{k} socket sent {s.get('tx_packets')}, the shard {e.get('tx_packets')}")
-if extra > t.get("rx_icrc_id_learned", 0):
+dropped = t.get("rx_icrc_id_learned", 0) + t.get("rx_icrc_no_qp", 0)
+if extra > dropped:
     bad.append(f"the shard sockets received {extra} packets beyond their shards', "
-               f"{t.get('rx_icrc_id_learned', 0)} dropped as learned IDs")
+               f"{t.get('rx_icrc_id_learned', 0)} dropped as learned IDs, "
+               f"{t.get('rx_icrc_no_qp', 0)} for no live QP")
 if bad:
     print(sys.argv[1] + ": FAIL: " + ", ".join(bad))
     sys.exit(1)
