@@ -205,3 +205,61 @@ pub(crate) fn ifreq(name: &str) -> Option<libc::ifreq> {
     }
     Some(r)
 }
+
+/// A route netlink socket (NETLINK_ROUTE), bound to the multicast `groups` (none: 0), whose
+/// receives give up after `rcv_timeout_s` seconds: for a request the kernel answers at once
+/// (`net::netlink`) and for following a link (`transport::link_watch`).
+pub(crate) fn route_netlink(groups: u32, rcv_timeout_s: i64) -> io::Result<OwnedFd> {
+    // SAFETY: plain socket(2); the fd is owned below.
+    let fd = unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh fd nobody else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    if groups != 0 {
+        // SAFETY: a zeroed sockaddr_nl with the family and groups set is valid.
+        let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+        sa.nl_family = libc::AF_NETLINK as u16;
+        sa.nl_groups = groups;
+        // SAFETY: `sa` is a sockaddr_nl of the size given.
+        let r = unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                (&sa as *const libc::sockaddr_nl).cast(),
+                std::mem::size_of::<libc::sockaddr_nl>() as u32,
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    let tv = libc::timeval {
+        tv_sec: rcv_timeout_s,
+        tv_usec: 0,
+    };
+    setsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVTIMEO, &tv)?;
+    Ok(fd)
+}
+
+/// Sends the netlink message `msg` to the kernel on `fd`.
+pub(crate) fn netlink_send(fd: RawFd, msg: &[u8]) -> io::Result<()> {
+    // SAFETY: sockaddr_nl is plain data; zero is the kernel's address.
+    let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+    sa.nl_family = libc::AF_NETLINK as u16;
+    // SAFETY: `msg` is live for `msg.len()` bytes; `sa` is a valid sockaddr_nl.
+    let r = unsafe {
+        libc::sendto(
+            fd,
+            msg.as_ptr().cast(),
+            msg.len(),
+            0,
+            (&sa as *const libc::sockaddr_nl).cast(),
+            std::mem::size_of::<libc::sockaddr_nl>() as u32,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}

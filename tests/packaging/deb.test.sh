@@ -12,19 +12,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 # shellcheck source=/dev/null
 . "$repo/scripts/lib/cargo.sh"
-log() { printf '[deb %s] %s\n' "$(date +%T)" "$*"; }
-fail() { printf '[deb %s] FAIL: %s\n' "$(date +%T)" "$*"; exit 1; }
-skip() {
-    echo "SKIP: deb: $*"
-    [[ ${CI:-} != true ]] || fail "skipped under CI=true: $*"
-    exit 77
-}
-[[ $(id -u) -eq 0 ]] || skip "needs root (debootstrap, chroot)"
-for t in debootstrap dpkg-deb systemd-analyze systemd-socket-activate; do
-    command -v "$t" >/dev/null || skip "$t missing (images/host-setup.sh installs it)"
-done
-# shellcheck source=../../scripts/lib/apt-sources.sh
-. "$repo/scripts/lib/apt-sources.sh"
+# shellcheck source=tests/packaging/lib.sh
+. "$here/lib.sh"
+pkg_test deb debootstrap dpkg-deb systemd-analyze systemd-socket-activate
 
 # The package, from the release daemon (built when missing) and a test guest.
 t0=$SECONDS
@@ -41,8 +31,6 @@ done
 
 # A clean Debian 12 root with systemd, cached (the package is installed into a copy).
 suite=bookworm
-# shellcheck source=tests/packaging/lib.sh
-. "$here/lib.sh"
 base=$(pkg_clean_root "$suite") || fail "no clean $suite root"
 work=$(mktemp -d "${TMPDIR:-/tmp}/vur-deb.XXXXXX")
 root=$work/root

@@ -8,19 +8,9 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
-log() { printf '[dkms %s] %s\n' "$(date +%T)" "$*"; }
-fail() { printf '[dkms %s] FAIL: %s\n' "$(date +%T)" "$*"; exit 1; }
-skip() {
-    echo "SKIP: dkms: $*"
-    [[ ${CI:-} != true ]] || fail "skipped under CI=true: $*"
-    exit 77
-}
-[[ $(id -u) -eq 0 ]] || skip "needs root (debootstrap, chroot)"
-command -v debootstrap >/dev/null || skip "debootstrap missing (images/host-setup.sh installs it)"
-# shellcheck source=../../scripts/lib/apt-sources.sh
-. "$repo/scripts/lib/apt-sources.sh"
 # shellcheck source=tests/packaging/lib.sh
 . "$here/lib.sh"
+pkg_test dkms debootstrap dpkg-deb
 t0=$SECONDS
 deb=$("$repo/packaging/dkms/build-dkms-deb.sh")
 log "built $(basename "$deb")"

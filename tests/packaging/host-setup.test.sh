@@ -10,19 +10,9 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
-log() { printf '[host-setup-test %s] %s\n' "$(date +%T)" "$*"; }
-fail() { printf '[host-setup-test %s] FAIL: %s\n' "$(date +%T)" "$*"; exit 1; }
-skip() {
-    echo "SKIP: host-setup: $*"
-    [[ ${CI:-} != true ]] || fail "skipped under CI=true: $*"
-    exit 77
-}
-[[ $(id -u) -eq 0 ]] || skip "needs root (debootstrap, chroot)"
-command -v debootstrap >/dev/null || skip "debootstrap missing (images/host-setup.sh installs it)"
-# shellcheck source=../../scripts/lib/apt-sources.sh
-. "$repo/scripts/lib/apt-sources.sh"
 # shellcheck source=tests/packaging/lib.sh
 . "$here/lib.sh"
+pkg_test host-setup debootstrap
 t0=$SECONDS
 base=$(pkg_clean_root bookworm) || fail "no clean bookworm root"
 uri=$(apt_archive_uri) || fail "no Debian archive in this machine's /etc/apt"

@@ -1,6 +1,28 @@
 # shellcheck shell=bash
-# Shared by the packaging tests (source it after scripts/lib/apt-sources.sh): a clean Debian
-# root to install into, made once with debootstrap and cached by this recipe.
+# Shared by the packaging tests (source it): their log, fail and skip, their prerequisites,
+# and a clean Debian root to install into, made once with debootstrap and cached by its recipe.
+
+# shellcheck source=../../scripts/lib/apt-sources.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib/apt-sources.sh"
+
+# pkg_test NAME TOOL...: names the test for log, fail and skip, and skips it (one line, exit
+# 77; a failure under CI=true) without root or one of the TOOLs.
+pkg_test() {
+    pkg_name=$1
+    shift
+    [[ $(id -u) -eq 0 ]] || skip "needs root (debootstrap, chroot)"
+    local t
+    for t in "$@"; do
+        command -v "$t" >/dev/null || skip "$t missing (images/host-setup.sh installs it)"
+    done
+}
+log() { printf '[%s %s] %s\n' "$pkg_name" "$(date +%T)" "$*"; }
+fail() { printf '[%s %s] FAIL: %s\n' "$pkg_name" "$(date +%T)" "$*"; exit 1; }
+skip() {
+    echo "SKIP: $pkg_name: $*"
+    [[ ${CI:-} != true ]] || fail "skipped under CI=true: $*"
+    exit 77
+}
 
 # pkg_clean_root SUITE: prints the path of a cached minbase root of SUITE with systemd (made
 # with debootstrap from the machine's archive the first time, under

@@ -10,14 +10,13 @@
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use thiserror::Error;
 
-const NETLINK_ROUTE: i32 = 0;
 const RTM_NEWLINK: u16 = 16;
 const RTM_DELLINK: u16 = 17;
 const NLM_F_REQUEST: u16 = 1;
@@ -226,45 +225,12 @@ fn new_pair_request(
 /// Sends one request and reads its acknowledgement: the kernel's errno as an error, with the
 /// kernel's own words (its extended acknowledgement) when it gave some.
 fn request(msg: &[u8]) -> io::Result<()> {
-    // SAFETY: plain syscall; the result is checked and owned below.
-    let fd = unsafe {
-        libc::socket(
-            libc::AF_NETLINK,
-            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-            NETLINK_ROUTE,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` was just created and is owned by nobody else.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let tv = libc::timeval {
-        tv_sec: 5,
-        tv_usec: 0,
-    };
-    let _ = crate::sys::setsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVTIMEO, &tv);
+    let fd = crate::sys::route_netlink(0, 5)?;
     // Old kernels refuse: no text then.
     for opt in [NETLINK_EXT_ACK, NETLINK_CAP_ACK] {
         let _ = crate::sys::setsockopt(fd.as_raw_fd(), SOL_NETLINK, opt, &1i32);
     }
-    // SAFETY: sockaddr_nl is plain data; zero is the kernel's address.
-    let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-    sa.nl_family = libc::AF_NETLINK as u16;
-    // SAFETY: `msg` is live for `msg.len()` bytes; `sa` is a valid sockaddr_nl.
-    let r = unsafe {
-        libc::sendto(
-            fd.as_raw_fd(),
-            msg.as_ptr().cast(),
-            msg.len(),
-            0,
-            (&sa as *const libc::sockaddr_nl).cast(),
-            std::mem::size_of::<libc::sockaddr_nl>() as u32,
-        )
-    };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    crate::sys::netlink_send(fd.as_raw_fd(), msg)?;
     let mut buf = [0u8; 8192];
     loop {
         // SAFETY: the kernel writes at most `buf.len()` bytes into the live buffer.

@@ -6,9 +6,8 @@
 
 use std::io;
 use std::net::IpAddr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
-const NETLINK_ROUTE: i32 = 0;
 const RTMGRP_LINK: u32 = 1;
 const RTM_NEWLINK: u16 = 16;
 const RTM_DELLINK: u16 = 17;
@@ -32,40 +31,8 @@ pub struct LinkWatch {
 impl LinkWatch {
     /// Follows interface `index`, whose state now is asked for first.
     pub fn open(index: u32) -> io::Result<LinkWatch> {
-        // SAFETY: plain socket(2); the fd is owned below.
-        let fd = unsafe {
-            libc::socket(
-                libc::AF_NETLINK,
-                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                NETLINK_ROUTE,
-            )
-        };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: a fresh fd nobody else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: a zeroed sockaddr_nl with the family and groups set is valid.
-        let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-        sa.nl_family = libc::AF_NETLINK as u16;
-        sa.nl_groups = RTMGRP_LINK;
-        // SAFETY: `sa` is a sockaddr_nl of the size given.
-        let r = unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                (&sa as *const libc::sockaddr_nl).cast(),
-                std::mem::size_of::<libc::sockaddr_nl>() as u32,
-            )
-        };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
         // The first answer is waited for (bounded): the kernel answers at once.
-        let tv = libc::timeval {
-            tv_sec: 2,
-            tv_usec: 0,
-        };
-        crate::sys::setsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVTIMEO, &tv)?;
+        let fd = crate::sys::route_netlink(RTMGRP_LINK, 2)?;
         let mut w = LinkWatch {
             fd,
             index,
@@ -190,24 +157,7 @@ impl LinkWatch {
         m[8..12].copy_from_slice(&self.seq.to_ne_bytes());
         m[HDR] = libc::AF_UNSPEC as u8;
         m[HDR + 4..HDR + 8].copy_from_slice(&(self.index as i32).to_ne_bytes());
-        // SAFETY: sends `m`, which lives across the call, to the kernel (pid 0).
-        let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-        sa.nl_family = libc::AF_NETLINK as u16;
-        // SAFETY: `m` and `sa` are valid for the lengths given.
-        let r = unsafe {
-            libc::sendto(
-                self.fd.as_raw_fd(),
-                m.as_ptr().cast(),
-                m.len(),
-                0,
-                (&sa as *const libc::sockaddr_nl).cast(),
-                std::mem::size_of::<libc::sockaddr_nl>() as u32,
-            )
-        };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        crate::sys::netlink_send(self.fd.as_raw_fd(), &m)
     }
 
     fn recv(&self, buf: &mut [u8], flags: i32) -> io::Result<usize> {

@@ -356,15 +356,11 @@ impl Worker {
         let link_up = lock(&self.link).as_ref().is_none_or(|w| lock(w).up());
         let active = link_up && !self.socket_failing.load(Ordering::Relaxed);
         if active != model.port_active() {
-            log::warn!(
-                "port {}: {}",
-                if active { "ACTIVE" } else { "DOWN" },
-                match (link_up, active) {
-                    (_, true) => "its link is up and its socket works",
-                    (false, _) => "the link under the transport is down",
-                    (true, false) => "the socket keeps failing",
-                }
-            );
+            match (link_up, active) {
+                (_, true) => log::info!("port ACTIVE: its link is up and its socket works"),
+                (false, _) => log::warn!("port DOWN: the link under the transport is down"),
+                (true, false) => log::warn!("port DOWN: the socket keeps failing"),
+            }
         }
         model.set_port_active(active, tell);
     }
