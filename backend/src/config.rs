@@ -89,6 +89,13 @@ pub struct Args {
     /// each segment's ICRC is for the IP ID the kernel gives it (its index in the run).
     #[arg(long, help_heading = "Transport")]
     pub udp_gso: bool,
+    /// With a udp transport: each QP's packets leave from the UDP source port Linux rxe would
+    /// give them (so that ECMP routers and the receivers' RSS spread QPs), through a
+    /// send-only socket per port in use, bound to the --udp-addr address: at most N open
+    /// (the least recently used closed first; one idle 10 s is closed). 0: every packet from
+    /// the --udp-addr port.
+    #[arg(long, value_name = "N", default_value_t = crate::transport::sport::DEFAULT_CAP, help_heading = "Transport")]
+    pub udp_sport_sockets: usize,
     /// Port MAC address (default 02:00:00:00:00:01; with --iface the interface's MAC).
     /// With several --socket-path: one --mac for all, or one per --socket-path.
     #[arg(long, help_heading = "Transport")]
@@ -348,6 +355,8 @@ pub struct Config {
     pub strict_icrc: bool,
     /// UDP GSO for runs of packets (udp transport).
     pub udp_gso: bool,
+    /// `--udp-sport-sockets`: the sockets that send from the QPs' own source ports.
+    pub udp_sport_sockets: usize,
     /// The raw transport's setup (`--iface`), when it is the transport.
     pub raw: Option<crate::transport::raw::RawConfig>,
     pub counters_socket: Option<PathBuf>,
@@ -637,6 +646,7 @@ impl TryFrom<Args> for Config {
             peer_port: a.peer_port,
             strict_icrc: a.strict_icrc,
             udp_gso: a.udp_gso,
+            udp_sport_sockets: a.udp_sport_sockets,
             counters_socket,
             poll_us: a.poll_us,
             net_socket: a.net_socket,

@@ -64,6 +64,8 @@ pub fn render_body(t: &TransportStats, model: Option<&Model>) -> String {
             tx_gso_sends,
             tx_gso_segments,
             tx_gso_refused,
+            tx_sport_fallback,
+            tx_sport_sockets,
             rx_gro_runs,
             rx_gro_segments,
             rx_packets,

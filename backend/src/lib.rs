@@ -270,6 +270,9 @@ impl Device {
                         .map(|t| vec![t])
                 }
                 .map_err(|e| Error::Udp(config.udp_addr, e))?;
+                for s in &mut socks {
+                    s.set_source_ports(config.udp_sport_sockets);
+                }
                 let mut t = socks.remove(0);
                 let gso =
                     config.udp_gso && t.enable_gso().map_err(|e| Error::Udp(config.udp_addr, e))?;
@@ -290,9 +293,13 @@ impl Device {
                     t.set_same_host(link, config.same_host_segment);
                 }
                 log::info!(
-                    "udp transport on {} (peers on port {}; UDP GSO {}{})",
+                    "udp transport on {} (peers on port {}; {}; UDP GSO {}{})",
                     t.local_addr(),
                     config.peer_port,
+                    match config.udp_sport_sockets {
+                        0 => "every packet from the bound port".to_string(),
+                        n => format!("each QP from its own source port, up to {n} sockets"),
+                    },
                     if gso { "on" } else { "off" },
                     match (hub.is_some(), config.same_host_segment) {
                         (false, _) => String::new(),
@@ -420,6 +427,14 @@ impl Device {
 /// its own) until SIGINT or SIGTERM, or until one of them fails (which stops the others).
 pub fn start_backends(configs: Vec<Config>) -> Result<(), Error> {
     let sigset = block_signals();
+    // The udp transports open a socket per source port in use (--udp-sport-sockets): room
+    // for them under the hard limit, as a server raises its soft one.
+    let want = configs
+        .iter()
+        .map(|c| c.udp_sport_sockets as u64)
+        .sum::<u64>()
+        + 1024;
+    sys::raise_nofile(want);
     let hub = configs
         .iter()
         .any(|c| c.same_host)

@@ -32,6 +32,31 @@ pub(crate) fn close_exit_fds(fds: &Mutex<Vec<RawFd>>) {
     }
 }
 
+/// Raises the soft limit of open files to `want` (at most the hard limit); says so when the
+/// hard limit is lower.
+pub fn raise_nofile(want: u64) {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit fills the struct it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } < 0 || r.rlim_cur >= want {
+        return;
+    }
+    let to = want.min(r.rlim_max);
+    if to < want {
+        log::warn!(
+            "the open-file limit is {} (hard): below the {want} the source-port sockets may need; their packets then leave from the bound port",
+            r.rlim_max
+        );
+    }
+    if to > r.rlim_cur {
+        r.rlim_cur = to;
+        // SAFETY: setrlimit reads the struct it is given.
+        unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &r) };
+    }
+}
+
 /// Drops every privilege of the calling thread for good, as the daemon does once its sockets
 /// are open: no capability in any set (effective, permitted, inheritable, ambient, and the
 /// bounding set where the thread may still change it) and no new privileges through exec.

@@ -13,6 +13,7 @@ pub mod raw;
 pub mod same_host;
 pub mod sink;
 pub mod socket;
+pub mod sport;
 pub mod stats;
 pub mod steer;
 pub mod udp;
@@ -31,10 +32,23 @@ use crate::transport::udp::UdpTransport;
 /// Logs a packet the kernel refused to send, once per cause in each rate-limit window
 /// ([`crate::ratelog`]; the packets themselves are counted in `tx_dropped`), with what to
 /// check: a wrong `--mtu`, a route, a closed peer port, a firewall.
-pub(crate) fn log_send_error(via: &str, dst: &dyn std::fmt::Display, e: &std::io::Error) {
+/// `to`: the destination's address (the udp transport), for the path MTU in an EMSGSIZE line.
+pub(crate) fn log_send_error(
+    via: &str,
+    dst: &dyn std::fmt::Display,
+    to: Option<std::net::IpAddr>,
+    e: &std::io::Error,
+) {
     match e.raw_os_error() {
         Some(libc::EMSGSIZE) => crate::warn_limited!(
-            "{via}: sending to {dst}: {e}: a packet longer than the path takes; is --mtu above the interface's MTU?"
+            "{via}: sending to {dst}: {e}: a packet longer than the path takes; {}",
+            match to.and_then(path_mtu) {
+                Some(m) => format!(
+                    "the path MTU to {} is {m} (the route's, or an ICMP message on the way said so): give the port --mtu {m} or less, or raise the MTU on the way",
+                    to.expect("some")
+                ),
+                None => "is --mtu above the interface's MTU?".to_string(),
+            }
         ),
         Some(libc::ECONNREFUSED) => crate::warn_limited!(
             "{via}: sending to {dst}: {e}: nothing listens on the peer's RoCE port (is its daemon or rdma_rxe up, is --peer-port right?)"
@@ -50,6 +64,36 @@ pub(crate) fn log_send_error(via: &str, dst: &dyn std::fmt::Display, e: &std::io
         }
         _ => crate::warn_limited!("{via}: sending to {dst}: {e}"),
     }
+}
+
+/// The path MTU the kernel knows to `dst`: its route's, or a smaller one an ICMP
+/// "fragmentation needed" or "packet too big" taught it (a connected socket's `IP_MTU`).
+pub(crate) fn path_mtu(dst: std::net::IpAddr) -> Option<u32> {
+    let any: std::net::SocketAddr = if dst.is_ipv4() {
+        (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
+    } else {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    let s = std::net::UdpSocket::bind(any).ok()?;
+    s.connect((dst, 4791)).ok()?;
+    let (level, name) = if dst.is_ipv4() {
+        (libc::IPPROTO_IP, libc::IP_MTU)
+    } else {
+        (libc::IPPROTO_IPV6, libc::IPV6_MTU)
+    };
+    let mut v: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `v`.
+    let r = unsafe {
+        libc::getsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&s),
+            level,
+            name,
+            (&mut v as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    (r == 0 && v > 0).then_some(v as u32)
 }
 
 pub enum Transport {

@@ -1142,7 +1142,7 @@ impl RawTransport {
             // too large): it is lost and the engine's retransmission covers it.
             self.stats.tx_dropped += 1;
             if e.raw_os_error() != Some(libc::ENOBUFS) {
-                super::log_send_error("raw transport", &self.iface, &e);
+                super::log_send_error("raw transport", &self.iface, None, &e);
             }
             done += 1;
         }

@@ -14,6 +14,7 @@ use rxe_core::Gid;
 use crate::sys::{setsockopt, sockaddr_from, sockaddr_to};
 use crate::transport::egress::EgressPolicy;
 use crate::transport::live_qpns::LiveQpns;
+use crate::transport::sport::SourcePorts;
 use crate::transport::stats::TransportStats;
 
 /// Packets sent with one `sendmmsg`.
@@ -64,11 +65,11 @@ pub(super) const UDP_NO_CHECK6_TX: i32 = 101;
 const UDP_NO_CHECK6_RX: i32 = 102;
 
 /// A batch of packets for the socket: slot `i` of `buf` starts at `base + i * TX_STRIDE`
-/// ([`UdpIo::slot`]), `pending[i]` is its length and destination.
+/// ([`UdpIo::slot`]), `pending[i]` is its length, destination and UDP source port.
 pub struct TxBatch {
     pub(crate) buf: Vec<u8>,
     pub(crate) base: usize,
-    pub(crate) pending: Vec<(usize, SocketAddr)>,
+    pub(crate) pending: Vec<(usize, SocketAddr, u16)>,
 }
 
 impl TxBatch {
@@ -98,7 +99,9 @@ pub struct UdpIo {
     /// `tx_base + i * TX_STRIDE` ([`UdpIo::slot`]).
     pub(super) tx_buf: Vec<u8>,
     tx_base: usize,
-    pub(super) tx_pending: Vec<(usize, SocketAddr)>,
+    pub(super) tx_pending: Vec<(usize, SocketAddr, u16)>,
+    /// The sockets that send from the packets' own source ports ([`SourcePorts`]).
+    pub(super) ports: Box<SourcePorts>,
     /// The last `sendmmsg` found the socket buffer full; `tx_pending` holds what it did not
     /// take, sent first once the socket is writable again.
     pub(super) tx_blocked: bool,
@@ -240,6 +243,10 @@ impl UdpIo {
             tx_buf: b.buf,
             tx_base: b.base,
             tx_pending: b.pending,
+            ports: Box::new(SourcePorts::new(
+                local,
+                crate::transport::sport::DEFAULT_CAP,
+            )),
             tx_blocked: false,
             gso: false,
             gso_refusals: 0,
@@ -267,6 +274,7 @@ impl UdpIo {
             tx_buf: b.buf,
             tx_base: b.base,
             tx_pending: b.pending,
+            ports: Box::new(self.ports.sibling()),
             tx_blocked: false,
             gso: self.gso,
             gso_refusals: 0,
@@ -325,6 +333,7 @@ impl UdpIo {
             setsockopt_int(self.fd(), libc::IPPROTO_UDP, UDP_NO_CHECK6_TX, 0)?;
         }
         self.gso = true;
+        self.ports.set_checksum(true);
         if setsockopt_int(self.fd(), libc::IPPROTO_UDP, UDP_GRO, 1).is_ok() {
             self.rx = RxBatch::new(true);
         }
@@ -384,7 +393,7 @@ impl UdpIo {
         // The packets each message carries: (first, count).
         let mut runs = [(0usize, 0usize); TX_BATCH];
         let mut name_lens: [libc::socklen_t; TX_BATCH] = [0; TX_BATCH];
-        for (i, &(_, dst)) in self.tx_pending.iter().enumerate() {
+        for (i, &(_, dst, _)) in self.tx_pending.iter().enumerate() {
             name_lens[i] = sockaddr_from(dst, &mut names[i]);
         }
         // IPv4: the IP ID each packet's ICRC was computed for (0 outside this function).
@@ -483,20 +492,37 @@ impl UdpIo {
         let m = msgs.len();
         let mut sent = 0usize;
         while sent < m {
-            // SAFETY: `msgs[sent..m]` are initialised headers whose name, iovec, control
+            // The messages from `sent` on that leave from one source port: one call.
+            let sport = self.tx_pending[runs[sent].0].2;
+            let end = sent
+                + runs[sent..]
+                    .iter()
+                    .take_while(|&&(i, _)| self.tx_pending[i].2 == sport)
+                    .count();
+            let Some(fd) = self.sender(sport) else {
+                // This half could not bind the port its packets' ICRCs were computed for:
+                // they are lost (the engine's retransmission covers them).
+                for &(first, count) in &runs[sent..end] {
+                    self.stats.tx_dropped += count as u64;
+                    *done = first + count;
+                }
+                sent = end;
+                continue;
+            };
+            // SAFETY: `msgs[sent..end]` are initialised headers whose name, iovec, control
             // and data pointers point into the caller's arrays and `self.tx_buf`, all
             // alive and unmoved for the duration of the call.
             let r = unsafe {
                 libc::sendmmsg(
-                    self.sock.as_raw_fd(),
-                    msgs[sent..m].as_mut_ptr(),
-                    (m - sent) as libc::c_uint,
+                    fd,
+                    msgs[sent..end].as_mut_ptr(),
+                    (end - sent) as libc::c_uint,
                     0,
                 )
             };
             if r > 0 {
                 for &(first, count) in &runs[sent..sent + r as usize] {
-                    for &(len, _) in &self.tx_pending[first..first + count] {
+                    for &(len, _, _) in &self.tx_pending[first..first + count] {
                         self.stats.tx_packets += 1;
                         self.stats.tx_bytes += len as u64;
                     }
@@ -543,11 +569,43 @@ impl UdpIo {
             // An error of this packet (an ICMP error reported on this call, a route that
             // refuses it) loses it: the engine's retransmission covers it. Try the rest.
             self.stats.tx_dropped += 1;
-            super::log_send_error("udp transport", &self.tx_pending[first].1, &e);
+            let to = self.tx_pending[first].1;
+            super::log_send_error("udp transport", &to, Some(to.ip()), &e);
             *done = first + 1;
             sent += 1;
         }
         Pass::Sent
+    }
+
+    /// At most `cap` sockets for the packets' own source ports ([`SourcePorts`]).
+    pub(super) fn set_source_ports(&mut self, cap: usize) {
+        let mut p = SourcePorts::new(self.local, cap);
+        p.set_checksum(self.gso);
+        *self.ports = p;
+    }
+
+    /// The UDP source port a packet the engine gave port `want` leaves from: its own, or,
+    /// when no socket can send from it, the bound socket's (counted).
+    pub(super) fn source_port(&mut self, want: u16) -> u16 {
+        if self.ports.fd(want).is_some() {
+            self.stats.tx_sport_sockets = self.ports.opened;
+            return want;
+        }
+        if self.ports.wants(want) {
+            self.stats.tx_sport_fallback += 1;
+        }
+        self.local.port()
+    }
+
+    /// The socket that sends from `sport`: the bound one for its own port; `None` when this
+    /// half cannot bind `sport`.
+    fn sender(&mut self, sport: u16) -> Option<RawFd> {
+        if sport == self.local.port() {
+            return Some(self.sock.as_raw_fd());
+        }
+        let fd = self.ports.fd(sport);
+        self.stats.tx_sport_sockets = self.ports.opened;
+        fd
     }
 
     /// Makes the ICRC of pending packet `i` (computed for the IPv4 ID `ids[i]`) one for ID
@@ -571,15 +629,20 @@ impl UdpIo {
         ids[i] = id;
     }
 
-    /// How many packets from `first` on can leave as one GSO send: the same destination,
-    /// the same length as the first (the last of the run may be shorter), within
+    /// How many packets from `first` on can leave as one GSO send: the same destination and
+    /// source port, the same length as the first (the last of the run may be shorter), within
     /// [`GSO_MAX_BYTES`] and [`GSO_MAX_SEGS`].
     fn gso_run(&self, first: usize) -> usize {
-        let (len, dst) = self.tx_pending[first];
+        let (len, dst, sport) = self.tx_pending[first];
         let mut bytes = len;
         let mut count = 1;
-        for &(l, d) in &self.tx_pending[first + 1..] {
-            if d != dst || l > len || bytes + l > GSO_MAX_BYTES || count == GSO_MAX_SEGS {
+        for &(l, d, s) in &self.tx_pending[first + 1..] {
+            if d != dst
+                || s != sport
+                || l > len
+                || bytes + l > GSO_MAX_BYTES
+                || count == GSO_MAX_SEGS
+            {
                 break;
             }
             bytes += l;
@@ -594,7 +657,7 @@ impl UdpIo {
     /// Moves the packets from `done` on to the front of the batch.
     pub(super) fn keep_unsent(&mut self, done: usize) {
         for i in done..self.tx_pending.len() {
-            let (len, _) = self.tx_pending[i];
+            let (len, _, _) = self.tx_pending[i];
             let from = self.slot(i).start;
             let to = self.slot(i - done).start;
             self.tx_buf.copy_within(from..from + len, to);

@@ -18,6 +18,11 @@ pub struct TransportStats {
     /// GSO sends the kernel refused as GSO (EINVAL, EIO, EOPNOTSUPP): their packets went out
     /// one by one; after `GSO_REFUSALS_OFF` (the udp transport) in a row GSO stays off.
     pub tx_gso_refused: u64,
+    /// Packets that left from the bound socket's port because no socket could be bound to
+    /// their own source port (another program holds it; `crate::transport::sport`).
+    pub tx_sport_fallback: u64,
+    /// Sockets opened to send from the QPs' own source ports.
+    pub tx_sport_sockets: u64,
     /// Received messages that were coalesced runs (UDP GRO), and the datagrams in them.
     pub rx_gro_runs: u64,
     pub rx_gro_segments: u64,
@@ -84,6 +89,8 @@ impl TransportStats {
         self.tx_gso_sends += o.tx_gso_sends;
         self.tx_gso_segments += o.tx_gso_segments;
         self.tx_gso_refused += o.tx_gso_refused;
+        self.tx_sport_fallback += o.tx_sport_fallback;
+        self.tx_sport_sockets += o.tx_sport_sockets;
         self.rx_gro_runs += o.rx_gro_runs;
         self.rx_gro_segments += o.rx_gro_segments;
         self.rx_packets += o.rx_packets;

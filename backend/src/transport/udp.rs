@@ -203,6 +203,12 @@ impl UdpTransport {
         self.io.fd()
     }
 
+    /// At most `cap` sockets send from the QPs' own source ports (0: every packet from the
+    /// bound port; [`crate::transport::sport`]). Before the I/O thread starts.
+    pub fn set_source_ports(&mut self, cap: usize) {
+        self.io.set_source_ports(cap);
+    }
+
     /// The GID of the bound address.
     pub fn gid(&self) -> Gid {
         self.io.gid()
@@ -273,7 +279,7 @@ impl UdpTransport {
             Err(e) => {
                 self.io.stats.tx_dropped += 1;
                 if e.kind() != std::io::ErrorKind::WouldBlock {
-                    super::log_send_error("udp transport", &dst, &e);
+                    super::log_send_error("udp transport", &dst, Some(dst.ip()), &e);
                 }
             }
         }
@@ -347,11 +353,13 @@ impl PacketSink for UdpTransport {
                 return;
             }
         }
-        if icrc_for_udp_socket(self.io.local, dst, &mut self.io.tx_buf[at..at + len]).is_err() {
+        let sport = self.io.source_port(t.sport);
+        let src = SocketAddr::new(self.io.local.ip(), sport);
+        if icrc_for_udp_socket(src, dst, &mut self.io.tx_buf[at..at + len]).is_err() {
             self.io.stats.tx_dropped += 1;
             return;
         }
-        self.io.tx_pending.push((len, dst));
+        self.io.tx_pending.push((len, dst, sport));
         if self.io.tx_pending.len() == TX_BATCH {
             self.send_pending();
         }
@@ -482,7 +490,7 @@ mod tests {
         for i in 0..4u8 {
             let buf = ta.next_buf();
             buf[..3].copy_from_slice(&[i, i, i]);
-            ta.io.tx_pending.push((3, dst));
+            ta.io.tx_pending.push((3, dst, ta.io.local.port()));
         }
         // As after a sendmmsg that took the first packet and then met EAGAIN.
         ta.io.tx_blocked = true;
@@ -501,6 +509,11 @@ mod tests {
 
     /// Builds packet `i` of a run in the next slot: a SEND of `payload` bytes with PSN `i`.
     fn push_send(t: &mut UdpTransport, dst: Gid, i: u32, payload: usize) {
+        push_send_from(t, dst, i, payload, 0);
+    }
+
+    /// [`push_send`] for a packet the engine gave UDP source port `sport`.
+    fn push_send_from(t: &mut UdpTransport, dst: Gid, i: u32, payload: usize, sport: u16) {
         let buf = t.next_buf();
         let bth = BthRepr::new(Opcode::RC_SEND_ONLY, 0x12, i, true);
         let (n, pr) = emit(buf, &bth, &ExtRepr::default(), payload).unwrap();
@@ -509,7 +522,7 @@ mod tests {
             len: n,
             src: t.gid(),
             dst,
-            sport: 0,
+            sport,
             traffic_class: 0,
             hop_limit: 64,
             flow_label: 0,
@@ -541,6 +554,88 @@ mod tests {
             }
         }
         got
+    }
+
+    /// Each packet leaves from the UDP source port the engine gave it (its QP's, as rxe
+    /// computes it), interleaved in one batch, with and without GSO, over IPv4 and IPv6; the
+    /// receiver (strict ICRC) sees each port and finds each ICRC right, as it covers the
+    /// port. A port another program holds falls back to the bound socket's, counted, its
+    /// ICRC computed for that port.
+    #[test]
+    fn packets_leave_from_their_qps_source_ports() {
+        for ip in ["127.0.0.1", "::1"] {
+            for gso in [false, true] {
+                packets_leave_from_their_source_ports(ip, gso);
+            }
+        }
+    }
+
+    fn packets_leave_from_their_source_ports(ip: &str, gso: bool) {
+        let at: SocketAddr = SocketAddr::new(ip.parse().unwrap(), 0);
+        let (mut ta, mut tb) = match (
+            UdpTransport::bind(at, 0, true),
+            UdpTransport::bind(at, 0, true),
+        ) {
+            (Ok(a), Ok(b)) => (a, b),
+            (Err(e), _) | (_, Err(e)) => {
+                vur_testkit::skip(
+                    "packets_leave_from_their_qps_source_ports",
+                    &format!("{ip} cannot be bound ({e})"),
+                );
+                return;
+            }
+        };
+        if gso {
+            // The receiver with GRO too: it sees each segment's ID, its index in its run.
+            assert!(ta.enable_gso().unwrap() && tb.enable_gso().unwrap());
+        }
+        ta.peer_port = tb.local_addr().port();
+        let free: Vec<u16> = (0xc000..=0xffffu16)
+            .filter(|&p| std::net::UdpSocket::bind((at.ip(), p)).is_ok())
+            .take(3)
+            .collect();
+        // A port another program holds (bound without SO_REUSEADDR).
+        let foreign = std::net::UdpSocket::bind(at).unwrap();
+        let held = foreign.local_addr().unwrap().port();
+        let ports = [free[0], free[1], free[0], free[2], held, free[1]];
+        let dst = tb.gid();
+        let mut want = Vec::new();
+        for (k, &p) in ports.iter().enumerate() {
+            // Two packets a port (a GSO run each, with GSO on).
+            for j in 0..2 {
+                let i = (2 * k + j) as u32;
+                push_send_from(&mut ta, dst, i, 1024, p);
+                let leaves = if p == held { ta.local_addr().port() } else { p };
+                want.push((i, leaves));
+            }
+        }
+        ta.flush();
+        let mut got = Vec::new();
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while got.len() < want.len() && std::time::Instant::now() < end {
+            let k = tb.recv_batch();
+            if k == 0 {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            for i in 0..k {
+                if let Some((m, rb)) = tb.packet(i) {
+                    got.push((u32::from_be_bytes([0, rb[9], rb[10], rb[11]]), m.sport));
+                }
+            }
+        }
+        assert_eq!(
+            got, want,
+            "{ip} gso={gso}: each packet from its port, in order"
+        );
+        assert_eq!(
+            tb.io.stats.rx_icrc_ok,
+            want.len() as u64,
+            "{:?}",
+            tb.io.stats
+        );
+        assert_eq!(ta.io.stats.tx_sport_fallback, 2, "{:?}", ta.io.stats);
+        assert_eq!(ta.io.stats.tx_sport_sockets, 3);
+        assert_eq!(ta.io.stats.tx_packets, want.len() as u64);
     }
 
     /// With GSO, over IPv6 and over IPv4: a batch of equal packets to one peer (the last

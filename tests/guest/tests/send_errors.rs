@@ -2,7 +2,8 @@
 //! what to check, besides being counted (`transport.tx_dropped`). Inside a network namespace
 //! the test creates, whose loopback has an MTU of 1500: two daemons on it, the first started with
 //! `--mtu 9000` (wrong for its interface); its QP's path MTU of 4096 makes packets the kernel
-//! refuses with EMSGSIZE, retried until the QP gives up.
+//! refuses with EMSGSIZE, retried until the QP gives up. The log names the path MTU and the
+//! `--mtu` that fits it.
 //!
 //! Skipped (one line saying why) when not root or without iproute2.
 
@@ -15,7 +16,7 @@ use vur_testguest::*;
 
 mod common;
 
-const HINT: &str = "is --mtu above the interface's MTU?";
+const HINT: &str = "give the port --mtu 1500 or less";
 
 fn node(daemon: Daemon) -> Node {
     let mut guest = Guest::connect(&daemon.socket, GuestOpts::default()).expect("guest");
