@@ -4,7 +4,9 @@
 #   devices  two guests with the virtio-rdma device, each served by its own vhost-user-rdma
 #            daemon on the udp transport: the server always on guest "a", the client on "b"
 #   rxe      a guest with the virtio-rdma device against a guest running Linux rdma_rxe on its
-#            virtio-net: every tool in both directions
+#            virtio-net: every tool in both directions; a capture on the bridge must show each
+#            connection on one UDP source port both ways, the one rxe picks for it
+#            (tests/vm/sport-check.py)
 #   rxe6     the same pair with IPv6 GIDs: the daemon's udp transport on fd77::2 (--udp-gso)
 #            sends runs of packets as UDP GSO and takes them as UDP GRO; the verbs tools and
 #            perftest in both directions, and the daemon must have sent GSO runs with every
@@ -24,6 +26,15 @@
 #            devices' UDP sockets send and receive nothing); RC payloads cross with one copy,
 #            guest memory to guest memory (same_host tx_ref_bytes)
 #
+#   routed   the devices pair on two hosts with a router between them: each guest and its
+#            daemon in a network namespace of their own (host A 10.91.1.2, host B 10.91.2.2),
+#            the test's namespace routing between them (not one bridge), the router-B link
+#            at MTU 1280 below the guests' and hosts' 1500: every tool across (RDMA at path
+#            MTU 1024 fits; TCP finds the path MTU from the router's ICMP); a capture on the
+#            router must show each QP's packets from the UDP source port rxe gives that QP
+#            (RC/UC: both ways, the ACKs included; UD: a hash of the sender's QPN;
+#            tests/vm/sport-check.py), no fragment, no packet above 1280, no ICMP error for RoCE
+#
 #   nic      two guests whose daemons are their RoCE NICs (--net-socket): each daemon serves its
 #            guest's virtio-net eth0 and virtio-rdma device on one veth into the bridge, so both
 #            guests sit on one L2 with their own MACs and addresses, ARP their own; IP (ping,
@@ -39,8 +50,8 @@
 #            succeed, the daemons' memory (RssAnon) and fd count stay flat after the warm-up,
 #            and at the end they hold exactly what the guests' kernels hold. tests/vm/soak.test.sh
 #
-#   sudo tests/vm/guest-pair.test.sh [--repeat N] [devices|rxe|rxe-shards|rxe-gso|rxe-io|rxe6|same-host|nic|nic-rxe|all|soak] [TOOL...]
-#   default: all (devices, rxe, rxe-shards, rxe-gso, rxe-io, rxe6, same-host, nic, nic-rxe), every tool. --repeat N runs each
+#   sudo tests/vm/guest-pair.test.sh [--repeat N] [devices|rxe|rxe-shards|rxe-gso|rxe-io|rxe6|same-host|routed|nic|nic-rxe|all|soak] [TOOL...]
+#   default: all (devices, rxe, rxe-shards, rxe-gso, rxe-io, rxe6, same-host, routed, nic, nic-rxe), every tool. --repeat N runs each
 #   mode N times (logs per run: $work/MODE.R) and prints a pass count per mode (rxe6: the tools with a GID index: rc uc
 #   ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw datacheck); soak: datacheck rc uc ud
 #   srq send_bw write_bw read_bw atomic_bw rping udaddy nvme
@@ -67,7 +78,8 @@
 #   10.78.0.0/24  out of band (the tools' TCP exchange): every guest's NIC on the bridge.
 # In devices mode an eBPF tap (vhost-user-rdma tap) on the namespace's loopback captures the
 # daemons' traffic; the capture must hold every packet they sent (VUR_PAIR_TAP=0: no tap).
-# Env: VUR_PAIR_ITERS (default 200), VUR_PAIR_KEEP=1 (keep the logs), VUR_DAEMON, VUR_IMAGES, VUR_QEMU.
+# Env: VUR_PAIR_ITERS (default 200), VUR_PAIR_KEEP=1 (keep the logs), VUR_PAIR_CAPTURE=1 (keep a
+# capture of RoCE and ICMP on the bridge, in every mode), VUR_DAEMON, VUR_IMAGES, VUR_QEMU.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -84,15 +96,15 @@ repeat=1
 if [[ ${1:-} == --repeat ]]; then
     repeat=${2:-}
     [[ $repeat =~ ^[1-9][0-9]*$ ]] ||
-        { echo "usage: $0 [--repeat N] [devices|rxe|rxe-shards|rxe-gso|rxe-io|rxe6|same-host|nic|nic-rxe|all|soak] [TOOL...]" >&2; exit 2; }
+        { echo "usage: $0 [--repeat N] [devices|rxe|rxe-shards|rxe-gso|rxe-io|rxe6|same-host|routed|nic|nic-rxe|all|soak] [TOOL...]" >&2; exit 2; }
     shift 2
 fi
 
-modes=(devices rxe rxe-shards rxe-gso rxe-io rxe6 same-host nic nic-rxe)
+modes=(devices rxe rxe-shards rxe-gso rxe-io rxe6 same-host routed nic nic-rxe)
 case ${1:-all} in
-devices | rxe | rxe-shards | rxe-gso | rxe-io | rxe6 | same-host | soak | nic | nic-rxe) modes=("$1"); shift ;;
+devices | rxe | rxe-shards | rxe-gso | rxe-io | rxe6 | same-host | routed | soak | nic | nic-rxe) modes=("$1"); shift ;;
 all) shift || true ;;
--*) echo "usage: $0 [--repeat N] [devices|rxe|rxe-shards|rxe-gso|rxe-io|rxe6|same-host|nic|nic-rxe|all|soak] [TOOL...]" >&2; exit 2 ;;
+-*) echo "usage: $0 [--repeat N] [devices|rxe|rxe-shards|rxe-gso|rxe-io|rxe6|same-host|routed|nic|nic-rxe|all|soak] [TOOL...]" >&2; exit 2 ;;
 esac
 # the tools that take a GID index (rxe6; the rdma_cm tools and tcp stay on IPv4)
 gid_tools=(datacheck rc uc ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw)
@@ -118,6 +130,8 @@ done
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/vur-guest-pair.XXXXXX")
 pids=()
+# routed: the hosts' network namespaces (routed_net), deleted with what runs in them
+host_ns=()
 # shellcheck disable=SC2317 # invoked from the EXIT trap
 cleanup() {
     local rc=$? p
@@ -125,6 +139,7 @@ cleanup() {
         kill "$p" 2>/dev/null || true
         wait "$p" 2>/dev/null || true
     done
+    routed_net_down
     if ((rc == 0)) && [[ -z ${VUR_PAIR_KEEP:-} ]]; then rm -rf "$work"; else log "artifacts kept in $work"; fi
 }
 trap cleanup EXIT
@@ -159,12 +174,60 @@ nic_daemon() {
     pids+=("$REPLY")
 }
 
-# guest NAME RUN-VM-ARGS... : boot one guest of the pair (background); its exit code lands
-# in $dir/NAME.rc
+# routed_net: hosts A and B as network namespaces of their own, each joined to this one (the
+# router) by a veth pair: A 10.91.1.2/24 (link MTU 1500), B 10.91.2.2/24 (link MTU 1280, both
+# ends), default routes through the router (10.91.1.1, 10.91.2.1). Each host has the tap of
+# its guest's out-of-band NIC (vurtapA, vurtapB: 10.78.1.1/24, 10.78.2.1/24) and forwards
+# for it; the router routes 10.78.N.0/24 to host N. Sets $ns_a and $ns_b.
+routed_net() {
+    local x n i mtu
+    ns_a=vur-hostA-$$ ns_b=vur-hostB-$$
+    for n in "$ns_a" "$ns_b"; do
+        ip netns add "$n" || return 1
+        host_ns+=("$n")
+    done
+    for x in A B; do
+        if [[ $x == A ]]; then n=$ns_a i=1 mtu=1500; else n=$ns_b i=2 mtu=1280; fi
+        ip link add "r$x" type veth peer name "h$x" netns "$n" &&
+            ip addr add "10.91.$i.1/24" dev "r$x" && ip link set "r$x" mtu "$mtu" up &&
+            ip route add "10.78.$i.0/24" via "10.91.$i.2" &&
+            ip -n "$n" link set lo up &&
+            ip -n "$n" addr add "10.91.$i.2/24" dev "h$x" &&
+            ip -n "$n" link set "h$x" mtu "$mtu" up &&
+            ip -n "$n" route add default via "10.91.$i.1" &&
+            ip -n "$n" tuntap add dev "vurtap$x" mode tap &&
+            ip -n "$n" addr add "10.78.$i.1/24" dev "vurtap$x" &&
+            ip -n "$n" link set "vurtap$x" up &&
+            ip netns exec "$n" sysctl -q -w net.ipv4.ip_forward=1 || return 1
+    done
+    sysctl -q -w net.ipv4.ip_forward=1
+    log "routed: host A ($ns_a) 10.91.1.2 <-> router <-> host B ($ns_b) 10.91.2.2, router-B MTU 1280"
+}
+
+# routed_net_down: stop what still runs in the hosts' namespaces and delete them.
+routed_net_down() {
+    local n p
+    for n in "${host_ns[@]}"; do
+        for p in $(ip netns pids "$n" 2>/dev/null); do kill "$p" 2>/dev/null || true; done
+        for _ in $(seq 50); do
+            [[ -z $(ip netns pids "$n" 2>/dev/null) ]] && break
+            sleep 0.1
+        done
+        for p in $(ip netns pids "$n" 2>/dev/null); do kill -9 "$p" 2>/dev/null || true; done
+        ip netns del "$n" 2>/dev/null || true
+    done
+    host_ns=()
+    ip link del rA 2>/dev/null || true
+    ip link del rB 2>/dev/null || true
+}
+
+# guest NAME RUN-VM-ARGS... : boot one guest of the pair (background), in network namespace
+# $guest_ns when set; its exit code lands in $dir/NAME.rc
 guest() {
-    local name=$1
+    local name=$1 in=()
     shift
-    { "$here/run-vm.sh" --name "$name" --qemu "$qemu" --images "$images" --shared "$dir/share" \
+    [[ -n ${guest_ns:-} ]] && in=(ip netns exec "$guest_ns")
+    { "${in[@]}" "$here/run-vm.sh" --name "$name" --qemu "$qemu" --images "$images" --shared "$dir/share" \
         --scenario "$here/pair-guest.sh" --file "$here/vur-datacheck.py" --timeout "$guest_timeout" --env "PAIR_ITERS=$iters" \
         --env "PAIR_STEPS=$steps" "$@" >"$dir/$name.run.log" 2>&1; echo $? >"$dir/$name.rc"; } &
     vm_pids+=($!)
@@ -229,6 +292,24 @@ run_mode() {
             --env PAIR_DEV=vrdma0 --env PAIR_OOB=10.78.0.3/24 --env PAIR_OOB_MAC=52:54:00:78:00:03 \
             --env PAIR_PEER_OOB=10.78.0.2 --env PAIR_PEER_ROCE=10.77.0.2 \
             --env PAIR_PEER_MAC=52:54:00:77:00:02 "${soak_env[@]}"
+        ;;
+    routed)
+        for t in "${tools[@]}"; do steps+="${steps:+,}$t@a"; done
+        routed_net || { log "$mode: FAIL: the hosts' network could not be built"; return 1; }
+        VM_DAEMON_NS=$ns_a daemon a 10.91.1.2 52:54:00:77:00:02 || return 1
+        VM_DAEMON_NS=$ns_b daemon b 10.91.2.2 52:54:00:77:00:03 || return 1
+        # Each guest's eth0 (attached to nothing) holds its daemon's address; the peer is off
+        # its subnet, through a gateway whose MAC the udp transport never uses.
+        guest_ns=$ns_a guest a --rdma-sock "$dir/daemon-a/rdma.sock" --nic-no-peer --mac 52:54:00:77:00:02 \
+            --ip 10.91.1.2/24 --no-rxe --tap2 vurtapA --mac2 52:54:00:78:00:02 \
+            --env PAIR_DEV=vrdma0 --env PAIR_OOB=10.78.1.2/24 --env PAIR_OOB_MAC=52:54:00:78:00:02 \
+            --env PAIR_OOB_GW=10.78.1.1 --env PAIR_PEER_OOB=10.78.2.2 --env PAIR_PEER_ROCE=10.91.2.2 \
+            --env PAIR_GW=10.91.1.1 --env PAIR_PEER_MAC=52:54:00:91:01:01
+        guest_ns=$ns_b guest b --rdma-sock "$dir/daemon-b/rdma.sock" --nic-no-peer --mac 52:54:00:77:00:03 \
+            --ip 10.91.2.2/24 --no-rxe --tap2 vurtapB --mac2 52:54:00:78:00:03 \
+            --env PAIR_DEV=vrdma0 --env PAIR_OOB=10.78.2.2/24 --env PAIR_OOB_MAC=52:54:00:78:00:03 \
+            --env PAIR_OOB_GW=10.78.2.1 --env PAIR_PEER_OOB=10.78.1.2 --env PAIR_PEER_ROCE=10.91.1.2 \
+            --env PAIR_GW=10.91.2.1 --env PAIR_PEER_MAC=52:54:00:91:02:01
         ;;
     nic)
         local nt=("${tools[@]}")
@@ -315,10 +396,16 @@ run_mode() {
         grep -qs '^tap: attached' "$dir/tap.err" ||
             { cat "$dir/tap.err"; log "$mode: FAIL: the tap on lo did not attach within 20 s"; return 1; }
     fi
-    # nic: every RoCE frame and ICMP message on the bridge, for nic_check afterwards
+    # nic: every RoCE frame and ICMP message on the bridge, for nic_check afterwards; rxe: the
+    # same, for sport_check; routed: on the router's link to host A, for sport_check
     cap_pid=''
-    if [[ $mode == nic* ]]; then
-        tshark -i "${VUR_BRIDGE:-vurbr0}" -s 128 -f 'udp port 4791 or icmp' -w "$dir/bridge.pcapng" \
+    if [[ $mode == nic* || $mode == routed || $mode == rxe || -n ${VUR_PAIR_CAPTURE:-} ]]; then
+        local cap_if=${VUR_BRIDGE:-vurbr0}
+        [[ $mode == routed ]] && cap_if=rA
+        # routed: whole CM MADs (their REQ's flow label sets the connection's port)
+        local snap=128
+        [[ $mode == routed || $mode == rxe ]] && snap=400
+        tshark -i "$cap_if" -s "$snap" -f 'udp port 4791 or icmp' -w "$dir/bridge.pcapng" \
             >"$dir/tshark.log" 2>&1 &
         cap_pid=$!
         pids+=("$cap_pid")
@@ -328,7 +415,7 @@ run_mode() {
             sleep 0.1
         done
         grep -qs '^Capturing on' "$dir/tshark.log" ||
-            { cat "$dir/tshark.log"; log "$mode: FAIL: tshark on the bridge did not start within 20 s"; return 1; }
+            { cat "$dir/tshark.log"; log "$mode: FAIL: tshark on $cap_if did not start within 20 s"; return 1; }
     fi
     log "$mode: two guests booting; steps: $steps"
     # The daemons' counters once both guests have run every tool (they are still connected).
@@ -364,8 +451,15 @@ run_mode() {
     if [[ -n $tap_pid ]]; then
         tap_check "$mode" "$tap_pid" || fail=1
     fi
-    if [[ -n $cap_pid ]]; then
+    if [[ -n $cap_pid && $mode == routed ]]; then
+        sport_check "$mode" "$cap_pid" --max-len 1280 || fail=1
+    elif [[ -n $cap_pid && $mode == rxe ]]; then
+        sport_check "$mode" "$cap_pid" || fail=1
+    elif [[ -n $cap_pid && $mode == nic* ]]; then
         nic_check "$cap_pid" || fail=1
+    elif [[ -n $cap_pid ]]; then
+        stop_capture "$cap_pid"
+        log "$mode: capture on $cap_if kept in $dir/bridge.pcapng (VUR_PAIR_CAPTURE)"
     fi
     for n in "$dir"/*.rc; do
         local g rc
@@ -433,6 +527,7 @@ run_mode() {
         ip link del vhA 2>/dev/null || true
         ip link del vhB 2>/dev/null || true
     fi
+    [[ $mode == routed ]] && routed_net_down
     return "$fail"
 }
 
@@ -510,10 +605,7 @@ PY
 # unreachable may answer UDP 4791 (RoCE reaching a guest's IP stack would).
 nic_check() {
     local pid=$1 out roce bad unreach
-    kill -INT "$pid"
-    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -0 "$pid" 2>/dev/null && kill -9 "$pid"
-    wait "$pid" 2>/dev/null || true
+    stop_capture "$pid"
     local prog
     prog=$(
         cat <<'PY'
@@ -548,6 +640,38 @@ PY
         [[ $m == 1500 ]] || { log "nic: FAIL: daemon ${d%%:*}: net.mtu is $m, not the guest's host_mtu 1500"; return 1; }
     done
     log "nic: every daemon got the guest's MTU from QEMU (NET_SET_MTU 1500)"
+}
+
+# stop_capture PID: stop tshark and wait for it to close its file.
+stop_capture() {
+    kill -INT "$1"
+    for _ in $(seq 100); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$1" 2>/dev/null && kill -9 "$1"
+    wait "$1" 2>/dev/null || true
+}
+
+# sport_check MODE PID [--max-len N]: stop the capture, then every RoCE packet in it must have
+# come from the UDP source port Linux rxe gives its QP (tests/vm/sport-check.py: UD from the
+# hash of its source QPN; RC/UC the same port both ways, that of their two QPNs unless rdma_cm
+# gave the connection a flow label, which against rxe shows that rxe picked the same port), and
+# none from 4791, fragmented, longer than N, or quoted by an ICMP error. The daemons never
+# fell back to their bound port (tx_sport_fallback).
+sport_check() {
+    local mode=$1 out d fb
+    stop_capture "$2"
+    shift 2
+    out=$(python3 "$here/sport-check.py" "$dir/bridge.pcapng" "$@")
+    local rc=$?
+    echo "$out" | sed '$d'
+    local roce flows by_qpns by_cm nports nbad long frags icmp_roce icmp_other
+    read -r roce flows by_qpns by_cm nports nbad long frags icmp_roce icmp_other <<<"$(echo "$out" | tail -1)"
+    log "$mode: capture: $roce RoCE packets; $flows RC/UC flows from $nports source ports: $by_qpns on their QPNs' port, $by_cm on their rdma_cm flow label's (both ways); $nbad wrong; ${long:-?} too long, ${frags:-?} fragments, ${icmp_roce:-?} ICMP errors for RoCE, ${icmp_other:-?} ICMP messages about other traffic"
+    ((rc == 0)) || { log "$mode: FAIL: the source ports in the capture (tests/vm/sport-check.py)"; return 1; }
+    for d in "${daemons[@]}"; do
+        fb=$(vm_daemon_counters "$dir/daemon-${d%%:*}/counters.sock" |
+            python3 -c 'import json,sys; print(json.load(sys.stdin)["transport"]["tx_sport_fallback"])' 2>/dev/null) || fb='?'
+        [[ $fb == 0 ]] || { log "$mode: FAIL: daemon ${d%%:*}: tx_sport_fallback is $fb"; return 1; }
+    done
 }
 
 # tap_check MODE PID: stop the tap on lo; every packet the daemons sent must be in the capture

@@ -107,8 +107,12 @@ vm_start_daemon() {
     local dir=$1 addr=$2 mac=$3 pid
     shift 3
     mkdir -p "$dir"
-    local udp=$addr:4791
-    if [[ $addr == *:* ]]; then
+    local udp=$addr:4791 in=()
+    if [[ -n ${VM_DAEMON_NS:-} ]]; then
+        # In the network namespace of a host of the test's own (tests/vm/guest-pair.test.sh
+        # routed), whose link holds the address.
+        in=(ip netns exec "$VM_DAEMON_NS")
+    elif [[ $addr == *:* ]]; then
         # IPv6: on the bridge, where the peers' neighbour solicitations arrive (the kernel
         # answers them only for addresses of the interface they reach)
         ip -6 addr replace "$addr/128" dev "${VUR_BRIDGE:-vurbr0}" nodad
@@ -118,7 +122,7 @@ vm_start_daemon() {
     fi
     # $VUR_DAEMON_ARGS: arguments for every daemon of a run (e.g. --engine-shards 3).
     # shellcheck disable=SC2086
-    "$daemon" --socket-path "$dir/rdma.sock" --udp-addr "$udp" --mac "$mac" \
+    "${in[@]}" "$daemon" --socket-path "$dir/rdma.sock" --udp-addr "$udp" --mac "$mac" \
         --counters-socket "$dir/counters.sock" "$@" ${VUR_DAEMON_ARGS:-} >"$dir/daemon.log" 2>&1 &
     pid=$!
     for _ in $(seq 100); do

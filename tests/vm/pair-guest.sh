@@ -13,6 +13,11 @@
 #   PAIR_PEER_MAC   when set, a permanent neighbour entry PAIR_PEER_ROCE → this MAC on eth0:
 #                   a virtio-rdma guest's eth0 is attached to nothing, and rdma_cm resolves
 #                   the peer's address through it (the udp transport ignores the MAC)
+#   PAIR_GW         when set, the other guest's RoCE address is reached through this gateway
+#                   on eth0 (hosts with a router between them): a route to PAIR_PEER_ROCE via
+#                   it, and the permanent neighbour entry (PAIR_PEER_MAC) is the gateway's
+#   PAIR_OOB_GW     when set, the other guest's out-of-band address is reached through this
+#                   gateway on the out-of-band NIC
 #   PAIR_STEPS      comma-separated TOOL@GUEST (GUEST: the VUR_NAME running the server)
 #   PAIR_ITERS      iterations per tool (default 200)
 #   PAIR_DC_MSGS    datacheck: messages per operation and direction (default 48)
@@ -51,8 +56,14 @@ sysctl -q -w "net.ipv4.conf.$oob_if.arp_ignore=1"
 # Multicast leaves through eth0 (the guests have no default route; rxe looks one up for every
 # datagram to a group)
 ip route replace 224.0.0.0/4 dev eth0 2>/dev/null || true
-if [[ -n ${PAIR_PEER_MAC:-} ]]; then
+if [[ -n ${PAIR_GW:-} ]]; then
+    ip route replace "$PAIR_PEER_ROCE" via "$PAIR_GW" dev eth0
+    ip neigh replace "$PAIR_GW" lladdr "${PAIR_PEER_MAC:?PAIR_GW needs PAIR_PEER_MAC}" dev eth0 nud permanent
+elif [[ -n ${PAIR_PEER_MAC:-} ]]; then
     ip neigh replace "$PAIR_PEER_ROCE" lladdr "$PAIR_PEER_MAC" dev eth0 nud permanent
+fi
+if [[ -n ${PAIR_OOB_GW:-} ]]; then
+    ip route replace "$PAIR_PEER_OOB" via "$PAIR_OOB_GW" dev "$oob_if"
 fi
 
 # The GID index of this guest's RoCE address (eth0's; not the out-of-band one, which rxe0
