@@ -404,7 +404,7 @@ run_mode() {
         [[ $mode == routed ]] && cap_if=rA
         # routed: whole CM MADs (their REQ's flow label sets the connection's port)
         local snap=128
-        [[ $mode == routed || $mode == rxe ]] && snap=400
+        [[ $mode == routed || $mode == rxe || $mode == nic* ]] && snap=400
         tshark -i "$cap_if" -s "$snap" -f 'udp port 4791 or icmp' -w "$dir/bridge.pcapng" \
             >"$dir/tshark.log" 2>&1 &
         cap_pid=$!
@@ -457,6 +457,7 @@ run_mode() {
         sport_check "$mode" "$cap_pid" || fail=1
     elif [[ -n $cap_pid && $mode == nic* ]]; then
         nic_check "$cap_pid" || fail=1
+        sport_check "$mode" "$cap_pid" --max-len 1500 || fail=1
     elif [[ -n $cap_pid ]]; then
         stop_capture "$cap_pid"
         log "$mode: capture on $cap_if kept in $dir/bridge.pcapng (VUR_PAIR_CAPTURE)"
@@ -644,13 +645,13 @@ PY
 
 # stop_capture PID: stop tshark and wait for it to close its file.
 stop_capture() {
-    kill -INT "$1"
+    kill -INT "$1" 2>/dev/null || return 0
     for _ in $(seq 100); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
     kill -0 "$1" 2>/dev/null && kill -9 "$1"
     wait "$1" 2>/dev/null || true
 }
 
-# sport_check MODE PID [--max-len N]: stop the capture, then every RoCE packet in it must have
+# sport_check MODE PID [--max-len N]: stop the capture (if still running), then every RoCE packet in it must have
 # come from the UDP source port Linux rxe gives its QP (tests/vm/sport-check.py: UD from the
 # hash of its source QPN; RC/UC the same port both ways, that of their two QPNs unless rdma_cm
 # gave the connection a flow label, which against rxe shows that rxe picked the same port), and
