@@ -13,6 +13,15 @@ fi
 t0=$SECONDS
 # VM test bed: QEMU (bookworm-backports), debootstrap, tshark, scapy, ...
 images/host-setup.sh
+# The oldest Rust the workspace claims (rust-version) and the one before it, for
+# tests/toolchain/msrv.test.sh; only with rustup (a distribution's Rust has one version).
+if command -v rustup >/dev/null; then
+    msrv=$(awk -F'"' '/^rust-version *=/ {print $2; exit}' Cargo.toml)
+    t1=$SECONDS
+    rustup toolchain install "$msrv" "1.$((${msrv#1.} - 1))" --profile minimal >/dev/null ||
+        echo "setup-host: rustup could not install Rust $msrv (tests/toolchain/msrv.test.sh will say so)"
+    echo "setup-host: Rust $msrv and the one before it (rustup) in $((SECONDS - t1)) s"
+fi
 echo "setup-host: packages in $((SECONDS - t0)) s"
 # QEMU with the vhost-user-rdma-pci device (built once per patch + script + source version,
 # cached outside the work tree).

@@ -185,6 +185,9 @@ for t in tests/scripts/*.test.sh; do
     script_step 120 "$t"
 done
 
+# The oldest Rust the workspace claims builds it and runs its unit tests; the one before does not.
+script_step 900 tests/toolchain/msrv.test.sh
+
 # The README's main job, as a newcomer runs it.
 check_step "scripts/demo.sh (the README's main job)" 900 scripts/demo.sh
 
