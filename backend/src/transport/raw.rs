@@ -12,7 +12,9 @@
 //! batches and gives each block back once it has walked it. A classic BPF filter in the kernel
 //! keeps only UDP to port 4791 of our addresses (unfragmented). Every frame is checked again
 //! here — Ethernet type and destination, IP version, header length, checksum and total
-//! length, UDP length and port, destination address, and the full ICRC (the IPv4 ID is in the
+//! length, UDP length and port, a non-zero UDP checksum (unless the ring says the kernel
+//! verified it, or left it partial for an offload that never ran: a sender in this host on a
+//! veth or netkit pair), destination address, and the full ICRC (the IPv4 ID is in the
 //! frame: no solving) — and each reason for a drop is counted ([`TransportStats`]). Nothing in
 //! a frame is trusted: offsets the ring's headers give are checked against the block before a
 //! byte is read.
@@ -80,6 +82,11 @@ const TPACKET_V3: i32 = 2;
 const TP_STATUS_KERNEL: u32 = 0;
 const TP_STATUS_USER: u32 = 1;
 const TP_STATUS_VLAN_VALID: u32 = 1 << 4;
+/// The frame's checksum is partial: its sender is local and the kernel left it to an offload
+/// that never ran (a veth or netkit peer's socket).
+const TP_STATUS_CSUMNOTREADY: u32 = 1 << 3;
+/// The kernel (or the NIC) verified the frame's checksum.
+const TP_STATUS_CSUM_VALID: u32 = 1 << 7;
 const PACKET_OUTGOING: u8 = 4;
 
 /// Why the raw transport could not be set up.
@@ -257,9 +264,22 @@ pub struct RxFrame {
     pub roce: (usize, usize),
 }
 
+/// Whether [`check_frame_with`] verifies a non-zero UDP checksum.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UdpChecksum {
+    Check,
+    /// The ring says the checksum is partial (a local sender's offload) or already verified.
+    Skip,
+}
+
 /// Checks one received Ethernet frame completely (see the module documentation). Never
 /// panics: every index is checked against the frame first.
 pub fn check_frame(local: &Local, f: &[u8]) -> Result<RxFrame, RxDrop> {
+    check_frame_with(local, f, UdpChecksum::Check)
+}
+
+/// [`check_frame`], with the UDP checksum checked or not as the ring's status says.
+pub fn check_frame_with(local: &Local, f: &[u8], csum: UdpChecksum) -> Result<RxFrame, RxDrop> {
     if f.len() < ETH_LEN {
         return Err(RxDrop::Short);
     }
@@ -319,7 +339,7 @@ pub fn check_frame(local: &Local, f: &[u8]) -> Result<RxFrame, RxDrop> {
     if be16(udp, 4) as usize != udp.len() || be16(udp, 2) != ROCE_PORT {
         return Err(RxDrop::Udp);
     }
-    if !udp_checksum_ok(src, dst, udp) {
+    if csum == UdpChecksum::Check && !udp_checksum_ok(src, dst, udp) {
         return Err(RxDrop::Udp);
     }
     let roce = &udp[8..];
@@ -631,8 +651,8 @@ pub struct RawTransport {
     egress: EgressPolicy,
     pub stats: TransportStats,
     ring: Ring,
-    /// The last batch: (block, frame offset in it, length).
-    batch: Vec<(usize, usize, usize)>,
+    /// The last batch: (block, frame offset in it, length, its `tp_status`).
+    batch: Vec<(usize, usize, usize, u32)>,
     tx_buf: Vec<u8>,
     /// Frames waiting for `sendmmsg`: (start in the slot, length, IPv4, destination MAC).
     tx_pending: Vec<(usize, usize, bool, [u8; 6])>,
@@ -927,7 +947,7 @@ impl RawTransport {
             }
             return;
         }
-        self.batch.push((b, f.at, f.snap));
+        self.batch.push((b, f.at, f.snap, f.status));
     }
 
     /// [`Self::recv_batch`] on a TPACKET_V2 ring: one frame per slot.
@@ -976,9 +996,16 @@ impl RawTransport {
     /// Frame `i` of the last [`Self::recv_batch`], checked; `None` if it was dropped
     /// (counted).
     pub fn packet(&mut self, i: usize) -> Option<(RecvMeta, &[u8])> {
-        let &(b, at, len) = self.batch.get(i)?;
+        let &(b, at, len, status) = self.batch.get(i)?;
         let frame = &self.ring.block(b)[at..at + len];
-        match check_frame(&self.local, frame) {
+        // A frame a local socket sent with checksum offload (a veth or netkit peer in this
+        // host) carries a partial UDP checksum the kernel has not finished: not checkable.
+        let csum = if status & (TP_STATUS_CSUMNOTREADY | TP_STATUS_CSUM_VALID) != 0 {
+            UdpChecksum::Skip
+        } else {
+            UdpChecksum::Check
+        };
+        match check_frame_with(&self.local, frame, csum) {
             Ok(f) => {
                 self.stats.rx_icrc_ok += 1;
                 Some((f.meta, &frame[f.roce.0..f.roce.1]))

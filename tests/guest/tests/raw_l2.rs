@@ -140,6 +140,63 @@ fn a_raw_daemon_and_a_udp_daemon_talk() {
     });
 }
 
+/// A sender in this host whose UDP socket computes checksums (any kernel UDP sender but rxe and
+/// the udp transport, which send 0): on a veth its checksum is left partial for an offload
+/// that never runs, and the ring says so; the raw daemon takes its packets (their ICRC is
+/// checked) instead of dropping them as bad UDP. A Linux host's tools reaching a guest whose
+/// daemon is its NIC (libvirt.test.sh's rxe-peer) depend on it.
+#[test]
+fn a_raw_daemon_takes_packets_with_a_partial_udp_checksum() {
+    run(
+        "a_raw_daemon_takes_packets_with_a_partial_udp_checksum",
+        || {
+            use rxe_core::wire::{emit, BthRepr, ExtRepr, Opcode};
+            netns::veth_pair("vua", MAC_A, "vub", MAC_B).expect("veth pair");
+            netns::ip(&["addr", "add", "10.79.1.2/24", "dev", "vub"]).unwrap();
+            let a = raw_node("vua", MAC_A, "10.79.1.1", "v3");
+            let sock = std::net::UdpSocket::bind("10.79.1.2:0").unwrap();
+            // DF and IPv4 ID 0 (an unconnected socket), the UDP checksum computed (the default).
+            let v: libc::c_int = libc::IP_PMTUDISC_DO;
+            // SAFETY: setsockopt reads an int from a live local.
+            let r = unsafe {
+                libc::setsockopt(
+                    std::os::fd::AsRawFd::as_raw_fd(&sock),
+                    libc::IPPROTO_IP,
+                    libc::IP_MTU_DISCOVER,
+                    (&v as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            };
+            assert_eq!(r, 0);
+            let src = sock.local_addr().unwrap();
+            let dst: SocketAddr = "10.79.1.1:4791".parse().unwrap();
+            const N: u64 = 8;
+            for i in 0..N as u32 {
+                let mut buf = [0u8; 512];
+                let bth = BthRepr::new(Opcode::RC_SEND_ONLY, 0x7777, i, true);
+                let (n, pr) = emit(&mut buf, &bth, &ExtRepr::default(), 256).unwrap();
+                buf[pr.start..pr.end].fill(i as u8);
+                rxe_core::wire::frame::icrc_for_udp_socket(src, dst, &mut buf[..n]).unwrap();
+                sock.send_to(&buf[..n], dst).unwrap();
+            }
+            let end = std::time::Instant::now() + Duration::from_secs(10);
+            while counter(&a, "rx_icrc_ok") + counter(&a, "rx_bad_udp") < N {
+                assert!(
+                    std::time::Instant::now() < end,
+                    "the raw daemon saw {} of {N} packets within 10 s",
+                    counter(&a, "rx_icrc_ok") + counter(&a, "rx_bad_udp")
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            assert_eq!(
+                (counter(&a, "rx_icrc_ok"), counter(&a, "rx_bad_udp")),
+                (N, 0),
+                "every packet checked by its ICRC, none dropped for its partial UDP checksum"
+            );
+        },
+    );
+}
+
 /// The same over IPv6: the kernel finds the raw daemon's MAC by neighbour discovery, which
 /// the raw daemon answers (a solicitation to its solicited-node group).
 #[test]
