@@ -47,7 +47,10 @@ install -m 0644 "$repo/packaging/systemd/vhost-user-rdma@.service" \
     "$repo/packaging/systemd/vhost-user-rdma@.socket" "$root/usr/lib/systemd/system/"
 install -m 0644 "$repo/packaging/qemu/50-vhost-user-rdma.json" "$root/usr/share/qemu/vhost-user/"
 install -m 0644 "$repo/packaging/systemd/example.conf" "$repo/README.md" "$repo/docs/daemon.md" \
-    "$repo/docs/virtio-rdma.md" "$doc/"
+    "$repo/docs/virtio-rdma.md" "$repo/docs/kvm-host.md" "$doc/"
+# The libvirt domains (docs/kvm-host.md), as examples.
+install -d "$doc/examples"
+install -m 0644 "$repo"/packaging/libvirt/*.xml "$doc/examples/"
 # Debian's copyright file: the licences of the daemon (Apache-2.0 or BSD-2-Clause, as the
 # workspace says).
 {

@@ -25,7 +25,8 @@ log "built $(basename "$deb") ($(du -k "$deb" | cut -f1) KiB) in $((SECONDS - t0
 contents=$(dpkg-deb -c "$deb" | awk '{print $6}')
 for f in ./usr/libexec/vhost-user-rdma ./usr/bin/vhost-user-rdma ./usr/share/man/man1/vhost-user-rdma.1.gz \
     ./usr/lib/systemd/system/vhost-user-rdma@.service ./usr/lib/systemd/system/vhost-user-rdma@.socket \
-    ./usr/share/qemu/vhost-user/50-vhost-user-rdma.json ./usr/share/doc/vhost-user-rdma/copyright; do
+    ./usr/share/qemu/vhost-user/50-vhost-user-rdma.json ./usr/share/doc/vhost-user-rdma/copyright \
+    ./usr/share/doc/vhost-user-rdma/examples/vhost-user-rdma-nic-domain.xml; do
     grep -qxF "$f" <<<"$contents" || fail "$f not in the package"
 done
 
