@@ -23,7 +23,7 @@
 //! (docs/benchmarks.md, "I/O thread").
 
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TryRecvError, TrySendError};
 use std::sync::{Arc, Mutex};
@@ -234,6 +234,7 @@ impl IoThread {
             interest: EventSet::empty(),
             rx_pause: crate::clock::RxBackoff::default(),
             rx_full: false,
+            port_wait: None,
         };
         let thread = std::thread::Builder::new()
             .name("vur-io".into())
@@ -331,6 +332,8 @@ impl TxOffload {
 const TOKEN_SOCKET: u64 = 0;
 const TOKEN_WAKE: u64 = 1;
 const TOKEN_ROOM: u64 = 2;
+/// A source-port socket that is full ([`UdpIo::blocked_port_fd`]), for its writability.
+const TOKEN_PORT: u64 = 3;
 
 /// The I/O thread's state.
 struct Run {
@@ -344,6 +347,8 @@ struct Run {
     rx_pause: crate::clock::RxBackoff,
     /// The inbox was full: the socket is not read until the worker has made room.
     rx_full: bool,
+    /// A duplicate of the source-port socket that is full, in the epoll for EPOLLOUT.
+    port_wait: Option<OwnedFd>,
 }
 
 impl Run {
@@ -383,8 +388,15 @@ impl Run {
             if receiving {
                 self.receive();
             }
+            // Full: the bound socket (its OUT interest), or a source-port socket (its own).
+            let port = if blocked {
+                lock(&self.io).blocked_port_fd()
+            } else {
+                None
+            };
+            self.wait_port(port)?;
             let mut want = EventSet::empty();
-            if blocked {
+            if blocked && port.is_none() {
                 want |= EventSet::OUT;
             }
             if self.rx_pause.until.is_none() && !self.rx_full {
@@ -445,6 +457,35 @@ impl Run {
             }
         }
         t.tx_blocked_now()
+    }
+
+    /// Waits for the writability of source-port socket `port` (a duplicate of it, in the
+    /// epoll until the next round), or of none.
+    fn wait_port(&mut self, port: Option<RawFd>) -> io::Result<()> {
+        if let Some(d) = self.port_wait.take() {
+            self.epoll.ctl(
+                ControlOperation::Delete,
+                d.as_raw_fd(),
+                EpollEvent::default(),
+            )?;
+        }
+        let Some(p) = port else {
+            return Ok(());
+        };
+        // SAFETY: `p` is the transport's open socket; F_DUPFD_CLOEXEC makes a new fd.
+        let d = unsafe { libc::fcntl(p, libc::F_DUPFD_CLOEXEC, 0) };
+        if d < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `d` was just created and is owned by nobody else.
+        let d = unsafe { OwnedFd::from_raw_fd(d) };
+        self.epoll.ctl(
+            ControlOperation::Add,
+            d.as_raw_fd(),
+            EpollEvent::new(EventSet::OUT, TOKEN_PORT),
+        )?;
+        self.port_wait = Some(d);
+        Ok(())
     }
 
     /// Receives up to [`RX_ROUND`] datagrams into the inbox and wakes the worker.

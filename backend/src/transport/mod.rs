@@ -116,6 +116,15 @@ impl Transport {
         each!(self, t => t.fd())
     }
 
+    /// While blocked: the udp transport's source-port socket that is full, to wait on for
+    /// writability instead of [`Self::fd`].
+    pub fn blocked_port_fd(&self) -> Option<RawFd> {
+        match self {
+            Transport::Udp(t) => t.blocked_port_fd(),
+            Transport::Raw(_) => None,
+        }
+    }
+
     /// The GIDs the device sources from: the UDP socket's address, or the raw addresses.
     pub fn gids(&self) -> Vec<Gid> {
         match self {

@@ -105,6 +105,9 @@ pub struct UdpIo {
     /// The last `sendmmsg` found the socket buffer full; `tx_pending` holds what it did not
     /// take, sent first once the socket is writable again.
     pub(super) tx_blocked: bool,
+    /// With `tx_blocked`: the source-port socket that was full ([`Self::blocked_port_fd`]),
+    /// none when it was the bound one.
+    blocked_port: Option<RawFd>,
     /// Runs of equal-length packets to one destination leave as one UDP GSO send.
     gso: bool,
     /// GSO sends refused in a row ([`GSO_REFUSALS_OFF`]).
@@ -248,6 +251,7 @@ impl UdpIo {
                 crate::transport::sport::DEFAULT_CAP,
             )),
             tx_blocked: false,
+            blocked_port: None,
             gso: false,
             gso_refusals: 0,
             rx_failing: false,
@@ -276,6 +280,7 @@ impl UdpIo {
             tx_pending: b.pending,
             ports: Box::new(self.ports.sibling()),
             tx_blocked: false,
+            blocked_port: None,
             gso: self.gso,
             gso_refusals: 0,
             rx_failing: false,
@@ -299,6 +304,13 @@ impl UdpIo {
     /// Whether packets the socket did not take wait (the I/O thread's half).
     pub(crate) fn tx_blocked_now(&self) -> bool {
         self.tx_blocked
+    }
+
+    /// While blocked: the source-port socket whose buffer is full, to wait for its
+    /// writability ([`crate::transport::sport`]; it stays open at least until the next send);
+    /// `None` when the bound socket is the full one, or nothing is blocked.
+    pub(crate) fn blocked_port_fd(&self) -> Option<RawFd> {
+        self.blocked_port.filter(|_| self.tx_blocked)
     }
 
     /// Sends what the socket did not take before (the I/O thread's half).
@@ -545,6 +557,7 @@ impl UdpIo {
                 // (with an I/O thread: for it to send when the socket has room).
                 self.stats.tx_blocked += 1;
                 self.tx_blocked = true;
+                self.blocked_port = (fd != self.sock.as_raw_fd()).then_some(fd);
                 return Pass::Blocked;
             }
             let (first, count) = runs[sent];

@@ -203,6 +203,12 @@ impl UdpTransport {
         self.io.fd()
     }
 
+    /// While blocked: the source-port socket to wait for instead of the bound one
+    /// ([`UdpIo::blocked_port_fd`]).
+    pub fn blocked_port_fd(&self) -> Option<RawFd> {
+        self.io.blocked_port_fd()
+    }
+
     /// At most `cap` sockets send from the QPs' own source ports (0: every packet from the
     /// bound port; [`crate::transport::sport`]). Before the I/O thread starts.
     pub fn set_source_ports(&mut self, cap: usize) {

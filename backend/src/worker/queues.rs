@@ -166,7 +166,10 @@ pub struct Worker {
     /// for room ([`UDP_WRITABLE_EVENT`]); a separate fd because the socket itself is there
     /// for EPOLLIN.
     tx_wait: OwnedFd,
-    /// Whether `tx_wait` is in the epoll.
+    /// Instead of `tx_wait`: a duplicate of the source-port socket that is full
+    /// ([`Transport::blocked_port_fd`]).
+    tx_wait_port: Mutex<Option<OwnedFd>>,
+    /// Whether `tx_wait` (or `tx_wait_port`) is in the epoll.
     tx_waiting: AtomicBool,
     /// Where counters readers wait for the worker's rendering.
     counters: Arc<CountersDesk>,
@@ -228,6 +231,7 @@ impl Worker {
             shard_links: Mutex::default(),
             vrings: Mutex::default(),
             tx_wait,
+            tx_wait_port: Mutex::default(),
             tx_waiting: AtomicBool::new(false),
             rx_pause: Mutex::new(RxBackoff::default()),
             counters: Arc::new(CountersDesk::new()?),
@@ -460,7 +464,8 @@ impl Worker {
         }
     }
 
-    /// Adds (or removes) the UDP socket's EPOLLOUT interest.
+    /// Adds (or removes) the EPOLLOUT interest in the UDP socket that is full: the bound one,
+    /// or the source-port socket the transport names.
     fn wait_writable(&self, on: bool) {
         if self.tx_waiting.load(Ordering::Relaxed) == on {
             return;
@@ -468,10 +473,24 @@ impl Worker {
         let Some(h) = self.epoll_handler() else {
             return;
         };
-        let fd = self.tx_wait.as_raw_fd();
+        let mut port = lock(&self.tx_wait_port);
+        if on {
+            let full = lock(&self.transport).blocked_port_fd();
+            *port = full.and_then(|p| {
+                // SAFETY: `p` is the transport's open socket; F_DUPFD_CLOEXEC makes a new fd,
+                // which keeps the socket in the epoll however long it waits.
+                let d = unsafe { libc::fcntl(p, libc::F_DUPFD_CLOEXEC, 0) };
+                // SAFETY: `d` was just created and is owned by nobody else.
+                (d >= 0).then(|| unsafe { OwnedFd::from_raw_fd(d) })
+            });
+        }
+        let fd = port.as_ref().unwrap_or(&self.tx_wait).as_raw_fd();
         match h.listen(fd, EventSet::OUT, UDP_WRITABLE_EVENT as u64, on) {
             Ok(()) => self.tx_waiting.store(on, Ordering::Relaxed),
             Err(e) => log::warn!("udp writability wait: {e}"),
+        }
+        if !on {
+            port.take();
         }
     }
 
