@@ -673,6 +673,7 @@ impl TryFrom<Args> for Config {
                 egress,
                 // Set by the device as it opens its transport.
                 live_qpns: None,
+                mcast: None,
             },
         })
     }

@@ -254,6 +254,12 @@ impl Device {
             rxe_core::device::FIRST_QPN + config.model.dev.max_qp.saturating_mul(2),
         ));
         config.model.live_qpns = Some(live_qpns.clone());
+        // The multicast groups the guest's QPs are attached to: the udp transport joins
+        // them (read by the worker: not with an I/O thread or shard threads).
+        let mcast = Arc::new(transport::mcast::Groups::default());
+        if config.raw.is_none() && !config.io_thread && !config.shard_threads {
+            config.model.mcast = Some(mcast.clone());
+        }
         let mut transport = match &config.raw {
             None => {
                 // `--shard-threads`: a socket per engine shard, the kernel steering each
@@ -274,6 +280,7 @@ impl Device {
                     s.set_source_ports(config.udp_sport_sockets);
                 }
                 let mut t = socks.remove(0);
+                t.set_groups(mcast.clone());
                 let gso =
                     config.udp_gso && t.enable_gso().map_err(|e| Error::Udp(config.udp_addr, e))?;
                 for mut s in socks {

@@ -182,6 +182,11 @@ impl Device {
         self.res.objs().gids.get(index as usize).copied().flatten()
     }
 
+    /// The multicast groups with at least one QP attached (of every shard).
+    pub fn mcast_groups(&self) -> Vec<Gid> {
+        self.res.objs().mcast.keys().copied().collect()
+    }
+
     /// The QPs attached to multicast group `gid` (of every shard).
     pub fn mcast_members(&self, gid: &Gid, out: &mut Vec<Qpn>) {
         if let Some(v) = self.res.objs().mcast.get(gid) {

@@ -245,6 +245,8 @@ pub struct ModelConfig {
     /// The QPs live now, kept for the transport's receive checks (shared with it; emptied
     /// by a new model and by a reset).
     pub live_qpns: Option<Arc<crate::transport::live_qpns::LiveQpns>>,
+    /// The multicast groups the QPs are attached to, for the udp transport to join.
+    pub mcast: Option<Arc<crate::transport::mcast::Groups>>,
 }
 
 impl Default for ModelConfig {
@@ -258,6 +260,7 @@ impl Default for ModelConfig {
             shards: 1,
             max_wqe_bytes: DEFAULT_MAX_WQE_BYTES,
             live_qpns: None,
+            mcast: None,
         }
     }
 }
@@ -535,9 +538,8 @@ fn to_qp_attr(w: &abi::QpAttrs) -> Result<QpAttr, Status> {
 
 impl Model {
     pub fn new(cfg: ModelConfig) -> Self {
-        if let Some(q) = &cfg.live_qpns {
-            q.clear();
-        }
+        cfg.live_qpns.iter().for_each(|q| q.clear());
+        cfg.mcast.iter().for_each(|g| g.publish(Vec::new()));
         let devs = Device::new_sharded(cfg.dev.clone(), cfg.shards);
         let n = devs.len();
         Model {

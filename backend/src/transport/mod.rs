@@ -8,6 +8,7 @@ pub mod filter;
 pub mod io_thread;
 pub mod link_watch;
 pub mod live_qpns;
+pub mod mcast;
 pub mod neighbour;
 pub mod raw;
 pub mod same_host;
@@ -114,6 +115,22 @@ impl Transport {
     /// The fd the worker waits on for input (and, duplicated, for writability).
     pub fn fd(&self) -> RawFd {
         each!(self, t => t.fd())
+    }
+
+    /// The multicast groups the udp transport joins, as the model publishes them.
+    pub fn groups(&self) -> Option<std::sync::Arc<crate::transport::mcast::Groups>> {
+        match self {
+            Transport::Udp(t) => t.groups(),
+            Transport::Raw(_) => None,
+        }
+    }
+
+    /// The udp transport's multicast sockets opened and to close ([`UdpTransport::sync_groups`]).
+    pub fn sync_groups(&mut self) -> (Vec<RawFd>, Vec<std::os::fd::OwnedFd>) {
+        match self {
+            Transport::Udp(t) => t.sync_groups(),
+            Transport::Raw(_) => Default::default(),
+        }
     }
 
     /// While blocked: the udp transport's source-port socket that is full, to wait on for

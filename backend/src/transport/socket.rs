@@ -14,6 +14,7 @@ use rxe_core::Gid;
 use crate::sys::{setsockopt, sockaddr_from, sockaddr_to};
 use crate::transport::egress::EgressPolicy;
 use crate::transport::live_qpns::LiveQpns;
+use crate::transport::mcast::GroupSockets;
 use crate::transport::sport::SourcePorts;
 use crate::transport::stats::TransportStats;
 
@@ -102,6 +103,8 @@ pub struct UdpIo {
     pub(super) tx_pending: Vec<(usize, SocketAddr, u16)>,
     /// The sockets that send from the packets' own source ports ([`SourcePorts`]).
     pub(super) ports: Box<SourcePorts>,
+    /// The multicast groups joined (the worker's half; [`crate::transport::mcast`]).
+    pub(super) groups: Option<Box<GroupSockets>>,
     /// The last `sendmmsg` found the socket buffer full; `tx_pending` holds what it did not
     /// take, sent first once the socket is writable again.
     pub(super) tx_blocked: bool,
@@ -188,6 +191,9 @@ struct RxSeg {
     /// Its place in a coalesced run (0 for a datagram alone): the IPv4 ID a GSO sender that
     /// follows this transport's rule gave it.
     index: u16,
+    /// The multicast group it was sent to (a group socket's, [`crate::transport::mcast`]);
+    /// `None`: the bound socket's address.
+    group: Option<SocketAddr>,
 }
 
 pub(super) fn setsockopt_int(fd: RawFd, level: i32, name: i32, v: i32) -> io::Result<()> {
@@ -252,6 +258,7 @@ impl UdpIo {
             )),
             tx_blocked: false,
             blocked_port: None,
+            groups: None,
             gso: false,
             gso_refusals: 0,
             rx_failing: false,
@@ -281,6 +288,7 @@ impl UdpIo {
             ports: Box::new(self.ports.sibling()),
             tx_blocked: false,
             blocked_port: None,
+            groups: None,
             gso: self.gso,
             gso_refusals: 0,
             rx_failing: false,
@@ -686,6 +694,58 @@ impl UdpIo {
             // The worker's half with an I/O thread: the socket's datagrams are the thread's.
             return 0;
         }
+        self.recv_bound();
+        if self.groups.is_some() {
+            self.recv_groups();
+        }
+        self.rx.segs.len()
+    }
+
+    /// Datagrams of the joined multicast groups, into the slots the bound socket's left
+    /// free (group traffic is light: one `recvfrom` each).
+    fn recv_groups(&mut self) {
+        let Some(groups) = &self.groups else {
+            return;
+        };
+        let rx = &mut self.rx;
+        let slots = rx.buf.len() / rx.slot;
+        let mut slot = rx.segs.last().map_or(0, |s| s.slot as usize + 1);
+        for (group, fd) in groups.sockets() {
+            while slot < slots {
+                let buf = &mut rx.buf[slot * rx.slot..(slot + 1) * rx.slot];
+                let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+                // SAFETY: `buf` and `rx.names[slot]` are live and writable for the lengths
+                // given; MSG_TRUNC only makes the result the datagram's whole length.
+                let r = unsafe {
+                    libc::recvfrom(
+                        fd,
+                        buf.as_mut_ptr().cast(),
+                        buf.len(),
+                        libc::MSG_DONTWAIT | libc::MSG_TRUNC,
+                        (&mut rx.names[slot] as *mut libc::sockaddr_storage).cast(),
+                        &mut len,
+                    )
+                };
+                if r < 0 {
+                    // Nothing more waits there (or an error the next wake-up meets again).
+                    break;
+                }
+                rx.name_lens[slot] = len;
+                rx.segs.push(RxSeg {
+                    slot: slot as u16,
+                    off: 0,
+                    len: (r as usize).min(rx.slot) as u32,
+                    truncated: r as usize > rx.slot,
+                    index: 0,
+                    group: Some(group),
+                });
+                slot += 1;
+            }
+        }
+    }
+
+    /// [`Self::recv_batch`] on the bound socket.
+    fn recv_bound(&mut self) -> usize {
         let mut iov: [libc::iovec; RX_BATCH] =
             // SAFETY: iovec is a pointer and a length; all-zero is a valid (empty) value.
             unsafe { std::mem::zeroed() };
@@ -761,6 +821,7 @@ impl UdpIo {
                     len: len as u32,
                     truncated,
                     index: 0,
+                    group: None,
                 });
                 continue;
             }
@@ -773,6 +834,7 @@ impl UdpIo {
                     len: seg.min(len - off) as u32,
                     truncated: false,
                     index: (off / seg) as u16,
+                    group: None,
                 });
             }
         }
@@ -814,18 +876,21 @@ impl UdpIo {
         }
         let at = slot * self.rx.slot + seg.off as usize;
         let bytes = &self.rx.buf[at..at + n];
+        // A group's datagram went to the group: its ICRC covers that address.
+        let to = seg.group.unwrap_or(self.local);
         if !verify_icrc(
             &mut self.icrc,
             &self.egress,
             &mut self.stats,
-            self.local,
+            to,
             src,
             bytes,
             seg.index,
         ) {
             return None;
         }
-        let meta = self.meta(src);
+        let mut meta = self.meta(src);
+        meta.dst = Gid::from_ip(to.ip());
         Some((meta, &self.rx.buf[at..at + n]))
     }
 

@@ -64,6 +64,8 @@ pub struct UdpTransport {
     /// `--io-thread`: full batches go to the I/O thread instead of the socket
     /// ([`crate::transport::io_thread`]).
     offload: Option<TxOffload>,
+    /// The groups the device's QPs are attached to ([`crate::transport::mcast`]).
+    mcast: Option<std::sync::Arc<crate::transport::mcast::Groups>>,
 }
 
 impl UdpTransport {
@@ -113,6 +115,7 @@ impl UdpTransport {
             io: UdpIo::open(sock, strict_icrc, ids)?,
             peer_port,
             same_host: None,
+            mcast: None,
             payload_src: None,
             segment: 0,
             offload: None,
@@ -213,6 +216,30 @@ impl UdpTransport {
     /// bound port; [`crate::transport::sport`]). Before the I/O thread starts.
     pub fn set_source_ports(&mut self, cap: usize) {
         self.io.set_source_ports(cap);
+    }
+
+    /// Joins the multicast groups the model publishes in `g` (on [`Self::sync_groups`]).
+    pub fn set_groups(&mut self, g: std::sync::Arc<crate::transport::mcast::Groups>) {
+        self.mcast = Some(g);
+    }
+
+    /// The groups of [`Self::set_groups`].
+    pub fn groups(&self) -> Option<std::sync::Arc<crate::transport::mcast::Groups>> {
+        self.mcast.clone()
+    }
+
+    /// Joins and leaves groups as the model last published them, if that changed: the
+    /// sockets opened (for the worker to wait on with the bound one) and those to close
+    /// (once it no longer waits on them).
+    pub fn sync_groups(&mut self) -> (Vec<RawFd>, Vec<std::os::fd::OwnedFd>) {
+        let Some(wanted) = self.mcast.as_ref().and_then(|g| g.take_changed()) else {
+            return Default::default();
+        };
+        let (ip, port) = (self.io.local.ip(), self.peer_port);
+        self.io
+            .groups
+            .get_or_insert_with(|| Box::new(crate::transport::mcast::GroupSockets::new(ip, port)))
+            .sync(&wanted)
     }
 
     /// The GID of the bound address.

@@ -169,6 +169,8 @@ pub struct Worker {
     /// Instead of `tx_wait`: a duplicate of the source-port socket that is full
     /// ([`Transport::blocked_port_fd`]).
     tx_wait_port: Mutex<Option<OwnedFd>>,
+    /// The multicast groups the model publishes, when the transport joins them.
+    mcast: Option<Arc<crate::transport::mcast::Groups>>,
     /// Whether `tx_wait` (or `tx_wait_port`) is in the epoll.
     tx_waiting: AtomicBool,
     /// Where counters readers wait for the worker's rendering.
@@ -214,9 +216,9 @@ impl Worker {
         poll_us: u32,
         render: RenderBody,
     ) -> io::Result<Self> {
-        let (udp_fd, inbox, io_inbox) = {
+        let (udp_fd, inbox, io_inbox, mcast) = {
             let t = lock(&transport);
-            (t.fd(), t.same_host_inbox(), t.io_inbox())
+            (t.fd(), t.same_host_inbox(), t.io_inbox(), t.groups())
         };
         // SAFETY: `udp_fd` is the transport's open socket; F_DUPFD_CLOEXEC makes a new fd.
         let dup = unsafe { libc::fcntl(udp_fd, libc::F_DUPFD_CLOEXEC, 0) };
@@ -232,6 +234,7 @@ impl Worker {
             vrings: Mutex::default(),
             tx_wait,
             tx_wait_port: Mutex::default(),
+            mcast,
             tx_waiting: AtomicBool::new(false),
             rx_pause: Mutex::new(RxBackoff::default()),
             counters: Arc::new(CountersDesk::new()?),
@@ -461,6 +464,26 @@ impl Worker {
         };
         if let Err(e) = h.listen(fd, EventSet::IN, UDP_EVENT as u64, on) {
             log::warn!("udp socket epoll: {e}");
+        }
+    }
+
+    /// After control commands: the multicast sockets the transport opened wait with the
+    /// bound socket (its receive event), those it left stop waiting, then close.
+    fn sync_groups(&self) {
+        let (added, gone) = lock(&self.transport).sync_groups();
+        if added.is_empty() && gone.is_empty() {
+            return;
+        }
+        let Some(h) = self.epoll_handler() else {
+            return;
+        };
+        for fd in added {
+            if let Err(e) = h.listen(fd, EventSet::IN, UDP_EVENT as u64, true) {
+                log::warn!("multicast socket: {e}");
+            }
+        }
+        for fd in gone {
+            let _ = h.listen(fd.as_raw_fd(), EventSet::IN, UDP_EVENT as u64, false);
         }
     }
 
@@ -1145,6 +1168,9 @@ impl Worker {
         self.pump_and_deliver(vrings, &mem, &mut model, true)?;
         self.kick_touched(&model);
         self.follow_gids(&mut model);
+        if self.mcast.as_ref().is_some_and(|g| g.pending()) {
+            self.sync_groups();
+        }
         if worked && lock(&self.window).enabled() {
             let window = {
                 let mut w = lock(&self.window);

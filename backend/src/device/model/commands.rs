@@ -6,6 +6,23 @@ use super::*;
 
 impl Model {
     pub(super) fn exec(&mut self, mem: &GuestMemoryMmap, opcode: u32, b: &[u8]) -> CmdResult {
+        let r = self.dispatch(mem, opcode, b);
+        // The groups the engine has members in, for the udp transport to join or leave.
+        if r.is_ok()
+            && matches!(
+                opcode,
+                op::ATTACH_MCAST | op::DETACH_MCAST | op::DESTROY_QP | op::RESET
+            )
+        {
+            if let Some(g) = &self.cfg.mcast {
+                g.publish(self.any().dev.mcast_groups());
+            }
+        }
+        r
+    }
+
+    /// One command, by its opcode.
+    fn dispatch(&mut self, mem: &GuestMemoryMmap, opcode: u32, b: &[u8]) -> CmdResult {
         match opcode {
             op::QUERY_DEVICE => body(self.config_space()),
             op::QUERY_GID_SOURCES => self.query_gid_sources(),
