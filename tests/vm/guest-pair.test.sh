@@ -58,7 +58,7 @@
 #
 # Tools: tcp (ping and 16 MiB over TCP between the out-of-band addresses: QEMU's own virtio-net
 # on a tap in devices and rxe, the daemon's in the nic modes), mckey (UD multicast through
-# rdma_cm: nic), datacheck (tests/vm/vur-datacheck.py: every byte of SEND, WRITE and READ on RC,
+# rdma_cm: devices and nic), datacheck (tests/vm/vur-datacheck.py: every byte of SEND, WRITE and READ on RC,
 # SEND and WRITE on UC, SEND on UD and through an SRQ, both ways, checked: the data check of
 # every mode; once per mode, as it moves every payload both ways itself: in the rxe and nic-rxe
 # modes the device guest serves), rc uc ud srq (the libibverbs examples with -c: a smoke; their server looks at
@@ -109,9 +109,12 @@ esac
 # the tools that take a GID index (rxe6; the rdma_cm tools and tcp stay on IPv4)
 gid_tools=(datacheck rc uc ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw)
 rdma_tools=(datacheck rc uc ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw rping ucmatose udaddy rdma_server send_lat_cm nvme)
-# mckey (UD multicast through rdma_cm) needs the daemon to be the NIC: in the nic mode's
-# defaults; against rxe only when named (rxe 6.12 puts one of mckey's 20 datagrams on the wire:
-# sent_pkts=1)
+# mckey (UD multicast through rdma_cm): in the defaults of the devices mode (the udp
+# transports join the group on the namespace's loopback, where their addresses are) and of the
+# nic mode (the daemons are the NICs); not in routed (multicast is not routed) or same-host
+# (it crosses the kernel); against rxe only when named (the daemon's address is on loopback,
+# where the rxe guest's multicast does not reach; rxe 6.12 puts one of mckey's 20 datagrams on
+# the wire: sent_pkts=1)
 all_tools=(tcp "${rdma_tools[@]}" mckey)
 tools=("$@")
 nic_defaults=$((${#tools[@]} == 0))
@@ -255,7 +258,9 @@ run_mode() {
     devices | soak | same-host)
         local soak_env=()
         if [[ $mode != soak ]]; then
-            for t in "${tools[@]}"; do steps+="${steps:+,}$t@a"; done
+            local dt=("${tools[@]}")
+            [[ $mode == devices ]] && ((nic_defaults)) && dt+=(mckey)
+            for t in "${dt[@]}"; do steps+="${steps:+,}$t@a"; done
         else
             # servers alternate between the guests, so that both directions carry each kind
             n=0
