@@ -259,6 +259,8 @@ impl Device {
         let mcast = Arc::new(transport::mcast::Groups::default());
         if config.raw.is_none() && !config.io_thread && !config.shard_threads {
             config.model.mcast = Some(mcast.clone());
+        } else if config.raw.is_none() {
+            log::info!("udp transport: UD multicast groups are not joined with --io-thread or --shard-threads (the worker reads the group sockets)");
         }
         let mut transport = match &config.raw {
             None => {
