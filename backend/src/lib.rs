@@ -254,14 +254,7 @@ impl Device {
             rxe_core::device::FIRST_QPN + config.model.dev.max_qp.saturating_mul(2),
         ));
         config.model.live_qpns = Some(live_qpns.clone());
-        // The multicast groups the guest's QPs are attached to: the udp transport joins
-        // them (read by the worker: not with an I/O thread or shard threads).
-        let mcast = Arc::new(transport::mcast::Groups::default());
-        if config.raw.is_none() && !config.io_thread && !config.shard_threads {
-            config.model.mcast = Some(mcast.clone());
-        } else if config.raw.is_none() {
-            log::info!("udp transport: UD multicast groups are not joined with --io-thread or --shard-threads (the worker reads the group sockets)");
-        }
+        let mcast = mcast_groups(&mut config);
         let mut transport = match &config.raw {
             None => {
                 // `--shard-threads`: a socket per engine shard, the kernel steering each
@@ -430,6 +423,18 @@ impl Device {
             listening: self.listening.clone(),
         }
     }
+}
+
+/// The multicast groups the guest's QPs are attached to, which the model publishes and the
+/// udp transport joins (read by the worker: not with an I/O thread or shard threads).
+fn mcast_groups(config: &mut Config) -> Arc<transport::mcast::Groups> {
+    let mcast = Arc::new(transport::mcast::Groups::default());
+    if config.raw.is_none() && !config.io_thread && !config.shard_threads {
+        config.model.mcast = Some(mcast.clone());
+    } else if config.raw.is_none() {
+        log::info!("udp transport: UD multicast groups are not joined with --io-thread or --shard-threads (the worker reads the group sockets)");
+    }
+    mcast
 }
 
 /// Serves one device per configuration (one frontend socket each, every one on threads of
