@@ -32,6 +32,18 @@ pub(crate) fn close_exit_fds(fds: &Mutex<Vec<RawFd>>) {
     }
 }
 
+/// A new descriptor (close-on-exec) of the open file `fd`: to put a socket in an epoll a
+/// second time (for writability) or keep it there after its owner closed its own.
+pub(crate) fn dup_cloexec(fd: RawFd) -> io::Result<std::os::fd::OwnedFd> {
+    // SAFETY: F_DUPFD_CLOEXEC makes a new fd of an fd the caller holds open.
+    let d = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    if d < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `d` was just created and is owned by nobody else.
+    Ok(unsafe { std::os::fd::FromRawFd::from_raw_fd(d) })
+}
+
 /// Raises the soft limit of open files to `want` (at most the hard limit); says so when the
 /// hard limit is lower.
 pub fn raise_nofile(want: u64) {

@@ -23,7 +23,7 @@
 //! (docs/benchmarks.md, "I/O thread").
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TryRecvError, TrySendError};
 use std::sync::{Arc, Mutex};
@@ -472,13 +472,7 @@ impl Run {
         let Some(p) = port else {
             return Ok(());
         };
-        // SAFETY: `p` is the transport's open socket; F_DUPFD_CLOEXEC makes a new fd.
-        let d = unsafe { libc::fcntl(p, libc::F_DUPFD_CLOEXEC, 0) };
-        if d < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `d` was just created and is owned by nobody else.
-        let d = unsafe { OwnedFd::from_raw_fd(d) };
+        let d = crate::sys::dup_cloexec(p)?;
         self.epoll.ctl(
             ControlOperation::Add,
             d.as_raw_fd(),

@@ -4,7 +4,7 @@
 //! and the transport's handles, the guest's memory, the timer and the poll state.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{fence, AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
@@ -220,13 +220,7 @@ impl Worker {
             let t = lock(&transport);
             (t.fd(), t.same_host_inbox(), t.io_inbox(), t.groups())
         };
-        // SAFETY: `udp_fd` is the transport's open socket; F_DUPFD_CLOEXEC makes a new fd.
-        let dup = unsafe { libc::fcntl(udp_fd, libc::F_DUPFD_CLOEXEC, 0) };
-        if dup < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `dup` was just created and is owned by nobody else.
-        let tx_wait = unsafe { OwnedFd::from_raw_fd(dup) };
+        let tx_wait = crate::sys::dup_cloexec(udp_fd)?;
         Ok(Worker {
             work: Arc::new(EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC)?),
             shard_kicks: Mutex::default(),
@@ -499,13 +493,8 @@ impl Worker {
         let mut port = lock(&self.tx_wait_port);
         if on {
             let full = lock(&self.transport).blocked_port_fd();
-            *port = full.and_then(|p| {
-                // SAFETY: `p` is the transport's open socket; F_DUPFD_CLOEXEC makes a new fd,
-                // which keeps the socket in the epoll however long it waits.
-                let d = unsafe { libc::fcntl(p, libc::F_DUPFD_CLOEXEC, 0) };
-                // SAFETY: `d` was just created and is owned by nobody else.
-                (d >= 0).then(|| unsafe { OwnedFd::from_raw_fd(d) })
-            });
+            // A descriptor of our own keeps the socket in the epoll however long it waits.
+            *port = full.and_then(|p| crate::sys::dup_cloexec(p).ok());
         }
         let fd = port.as_ref().unwrap_or(&self.tx_wait).as_raw_fd();
         match h.listen(fd, EventSet::OUT, UDP_WRITABLE_EVENT as u64, on) {

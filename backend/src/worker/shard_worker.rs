@@ -45,6 +45,8 @@ const SOCKET: u64 = 0;
 const TIMER: u64 = 1;
 const KICK: u64 = 2;
 const STOP: u64 = 3;
+/// A full source-port socket ([`UdpTransport::blocked_port_fd`]), for its writability.
+const PORT: u64 = 4;
 
 /// A shard's socket, kept by the device across frontends, and what it counted.
 pub struct ShardLink {
@@ -177,6 +179,8 @@ impl Worker {
         let mut more = false;
         // Waiting for the socket to take what it refused (EPOLLOUT registered).
         let mut writable_wait = false;
+        // Or for a source-port socket that is full (a descriptor of ours, in the epoll).
+        let mut port_wait: Option<std::os::fd::OwnedFd> = None;
         let mut rx = RxBackoff::default();
         loop {
             let n = match ep.wait(if more { 0 } else { -1 }, &mut events) {
@@ -233,7 +237,25 @@ impl Worker {
             }
             let p = self.shard.pump(&g, now(), t, TX_BUDGET);
             more = p == Pump::Budget;
-            let blocked = p == Pump::Blocked;
+            // Full: the bound socket (its OUT interest), or a source-port socket (its own).
+            let port = if p == Pump::Blocked {
+                t.blocked_port_fd()
+            } else {
+                None
+            };
+            if let Some(d) = port_wait.take() {
+                ep.ctl(
+                    ControlOperation::Delete,
+                    d.as_raw_fd(),
+                    EpollEvent::default(),
+                )?;
+            }
+            if let Some(fd) = port {
+                let d = crate::sys::dup_cloexec(fd)?;
+                add(d.as_raw_fd(), EventSet::OUT, PORT)?;
+                port_wait = Some(d);
+            }
+            let blocked = p == Pump::Blocked && port.is_none();
             if blocked != writable_wait && rx.until.is_none() {
                 let ev = if blocked {
                     EventSet::IN | EventSet::OUT
