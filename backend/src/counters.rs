@@ -66,6 +66,7 @@ pub fn render_body(t: &TransportStats, model: Option<&Model>) -> String {
             tx_gso_refused,
             tx_sport_fallback,
             tx_sport_sockets,
+            tx_sport_open,
             rx_gro_runs,
             rx_gro_segments,
             rx_packets,

@@ -743,6 +743,16 @@ print(h.get("live_bytes", -1), h.get("live_blocks", -1))' 2>/dev/null || echo "-
 # Creates the guests' stop file after $soak_secs and five quiet points (rounds 0–4: on a slow
 # machine a round takes minutes, and the check wants three points after its warm-up); ends
 # when both guests are done.
+# soak_fds NAME PID: the daemon's open fds, less the sockets of its QPs' source ports (they
+# open and close with the QPs: transport.tx_sport_open).
+soak_fds() {
+    local n open
+    n=$(find "/proc/$2/fd" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l)
+    open=$(vm_daemon_counters "$dir/daemon-$1/counters.sock" 2>/dev/null |
+        python3 -c 'import json,sys; print(json.load(sys.stdin)["transport"]["tx_sport_open"])' 2>/dev/null) || open=0
+    echo $((n - open))
+}
+
 soak_sample() {
     # Stop once the time is up and five quiet points are in.
     soak_stop_if_due() {
@@ -773,7 +783,7 @@ soak_sample() {
             next=$((t + 2))
             for d in "${daemons[@]}"; do
                 name=${d%%:*} pid=${d#*:}
-                echo "$t $(awk '/^RssAnon:/{print $2}' "/proc/$pid/status" 2>/dev/null) $(find "/proc/$pid/fd" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l)" >>"$dir/$name.samples"
+                echo "$t $(awk '/^RssAnon:/{print $2}' "/proc/$pid/status" 2>/dev/null) $(soak_fds "$name" "$pid")" >>"$dir/$name.samples"
             done
         fi
         soak_stop_if_due
@@ -786,7 +796,8 @@ soak_sample() {
 # points (least-squares fits over them):
 # - the daemons' live heap (what they hold: a leak) grows by at most 1 KiB a minute (at least
 #   4 KiB over the run) unless all but 1 KiB of that is one step (one buffer reaching a new
-#   high-water mark), their fd count by at most 0.5 a minute;
+#   high-water mark), their fd count (less the source-port sockets open, soak_fds) by at most
+#   0.5 a minute;
 # - their VmData (what the allocator has mapped: its high-water mark, as glibc never unmaps a
 #   thread arena's pages) by at most 4 KiB a minute, and at least 128 KiB: with real guests
 #   the allocator's free chunks fragment while the tools' objects come and go, and the

@@ -608,8 +608,10 @@ impl UdpIo {
     /// The UDP source port a packet the engine gave port `want` leaves from: its own, or,
     /// when no socket can send from it, the bound socket's (counted).
     pub(super) fn source_port(&mut self, want: u16) -> u16 {
-        if self.ports.fd(want).is_some() {
-            self.stats.tx_sport_sockets = self.ports.opened;
+        let fd = self.ports.fd(want);
+        self.stats.tx_sport_sockets = self.ports.opened;
+        self.stats.tx_sport_open = self.ports.open_now() as u64;
+        if fd.is_some() {
             return want;
         }
         if self.ports.wants(want) {
@@ -626,6 +628,7 @@ impl UdpIo {
         }
         let fd = self.ports.fd(sport);
         self.stats.tx_sport_sockets = self.ports.opened;
+        self.stats.tx_sport_open = self.ports.open_now() as u64;
         fd
     }
 

@@ -23,6 +23,9 @@ pub struct TransportStats {
     pub tx_sport_fallback: u64,
     /// Sockets opened to send from the QPs' own source ports.
     pub tx_sport_sockets: u64,
+    /// Of those, open now (a gauge: they close after an idle time; the soaks take them off
+    /// the daemon's fd count).
+    pub tx_sport_open: u64,
     /// Received messages that were coalesced runs (UDP GRO), and the datagrams in them.
     pub rx_gro_runs: u64,
     pub rx_gro_segments: u64,
@@ -91,6 +94,7 @@ impl TransportStats {
         self.tx_gso_refused += o.tx_gso_refused;
         self.tx_sport_fallback += o.tx_sport_fallback;
         self.tx_sport_sockets += o.tx_sport_sockets;
+        self.tx_sport_open += o.tx_sport_open;
         self.rx_gro_runs += o.rx_gro_runs;
         self.rx_gro_segments += o.rx_gro_segments;
         self.rx_packets += o.rx_packets;
