@@ -744,13 +744,22 @@ print(h.get("live_bytes", -1), h.get("live_blocks", -1))' 2>/dev/null || echo "-
 # machine a round takes minutes, and the check wants three points after its warm-up); ends
 # when both guests are done.
 # soak_fds NAME PID: the daemon's open fds, less the sockets of its QPs' source ports (they
-# open and close with the QPs: transport.tx_sport_open).
+# open and close with the QPs: transport.tx_sport_open), read between two readings of that
+# count that agree (a socket opened or closed meanwhile would make the sample off by one;
+# each reading's connection is closed before the fds are counted).
 soak_fds() {
-    local n open
-    n=$(find "/proc/$2/fd" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l)
-    open=$(vm_daemon_counters "$dir/daemon-$1/counters.sock" 2>/dev/null |
-        python3 -c 'import json,sys; print(json.load(sys.stdin)["transport"]["tx_sport_open"])' 2>/dev/null) || open=0
-    echo $((n - open))
+    local n a b i
+    sport_open() {
+        vm_daemon_counters "$dir/daemon-$1/counters.sock" 2>/dev/null |
+            python3 -c 'import json,sys; print(json.load(sys.stdin)["transport"]["tx_sport_open"])' 2>/dev/null || echo 0
+    }
+    for i in 1 2 3 4 5; do
+        a=$(sport_open "$1")
+        n=$(find "/proc/$2/fd" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l)
+        b=$(sport_open "$1")
+        [[ $a == "$b" ]] && break
+    done
+    echo $((n - b))
 }
 
 soak_sample() {
