@@ -32,6 +32,43 @@ pub(crate) fn close_exit_fds(fds: &Mutex<Vec<RawFd>>) {
     }
 }
 
+/// A non-blocking, close-on-exec UDP socket of `addr`'s family, set up by `setup` (socket
+/// options that must come first) and then bound to `addr`: what the transports' extra
+/// sockets share (a steered group's, a source port's, a multicast group's).
+pub(crate) fn bound_udp_socket(
+    addr: SocketAddr,
+    setup: impl FnOnce(RawFd) -> io::Result<()>,
+) -> io::Result<OwnedFd> {
+    let family = if addr.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
+    let flags = libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC;
+    // SAFETY: plain socket(2); the fd is checked and owned right away.
+    let fd = unsafe { libc::socket(family, flags, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a new socket nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    setup(fd.as_raw_fd())?;
+    let mut ss = zeroed_sockaddr();
+    let len = sockaddr_from(addr, &mut ss);
+    // SAFETY: `ss` holds a socket address of `len` bytes.
+    let r = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            (&ss as *const libc::sockaddr_storage).cast(),
+            len,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
 /// A new descriptor (close-on-exec) of the open file `fd`: to put a socket in an epoll a
 /// second time (for writability) or keep it there after its owner closed its own.
 pub(crate) fn dup_cloexec(fd: RawFd) -> io::Result<std::os::fd::OwnedFd> {

@@ -18,14 +18,14 @@
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use rxe_core::Gid;
 
 use crate::sync::lock;
-use crate::sys::{setsockopt, sockaddr_from, zeroed_sockaddr};
+use crate::sys::setsockopt;
 
 /// `IPV6_MULTICAST_ALL` (linux/in6.h).
 const IPV6_MULTICAST_ALL: i32 = 29;
@@ -133,60 +133,36 @@ impl GroupSockets {
 
 /// A non-blocking socket bound to `group` that joined it on the interface of `local`.
 fn join(group: SocketAddr, local: IpAddr) -> io::Result<OwnedFd> {
-    let family = if group.is_ipv4() {
-        libc::AF_INET
-    } else {
-        libc::AF_INET6
-    };
-    // SAFETY: plain socket(2); the fd is checked and owned right away.
-    let fd = unsafe {
-        libc::socket(
-            family,
-            libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-            0,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a new socket nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let raw = fd.as_raw_fd();
-    setsockopt(raw, libc::SOL_SOCKET, libc::SO_REUSEADDR, &1i32)?;
-    let _ = setsockopt(raw, libc::SOL_SOCKET, libc::SO_RCVBUF, &(1i32 << 20));
-    match (group.ip(), local) {
-        (IpAddr::V4(g), IpAddr::V4(l)) => {
-            setsockopt(raw, libc::IPPROTO_IP, libc::IP_MULTICAST_ALL, &0i32)?;
-            let m = libc::ip_mreq {
-                imr_multiaddr: libc::in_addr {
-                    s_addr: u32::from_ne_bytes(g.octets()),
-                },
-                imr_interface: libc::in_addr {
-                    s_addr: u32::from_ne_bytes(l.octets()),
-                },
-            };
-            setsockopt(raw, libc::IPPROTO_IP, libc::IP_ADD_MEMBERSHIP, &m)?;
+    crate::sys::bound_udp_socket(group, |raw| {
+        setsockopt(raw, libc::SOL_SOCKET, libc::SO_REUSEADDR, &1i32)?;
+        let _ = setsockopt(raw, libc::SOL_SOCKET, libc::SO_RCVBUF, &(1i32 << 20));
+        match (group.ip(), local) {
+            (IpAddr::V4(g), IpAddr::V4(l)) => {
+                setsockopt(raw, libc::IPPROTO_IP, libc::IP_MULTICAST_ALL, &0i32)?;
+                let m = libc::ip_mreq {
+                    imr_multiaddr: libc::in_addr {
+                        s_addr: u32::from_ne_bytes(g.octets()),
+                    },
+                    imr_interface: libc::in_addr {
+                        s_addr: u32::from_ne_bytes(l.octets()),
+                    },
+                };
+                setsockopt(raw, libc::IPPROTO_IP, libc::IP_ADD_MEMBERSHIP, &m)
+            }
+            (IpAddr::V6(g), l) => {
+                setsockopt(raw, libc::IPPROTO_IPV6, IPV6_MULTICAST_ALL, &0i32)?;
+                let ifindex = crate::transport::link_watch::LinkWatch::index_of(l).unwrap_or(0);
+                let m = libc::ipv6_mreq {
+                    ipv6mr_multiaddr: libc::in6_addr {
+                        s6_addr: g.octets(),
+                    },
+                    ipv6mr_interface: ifindex,
+                };
+                setsockopt(raw, libc::IPPROTO_IPV6, libc::IPV6_ADD_MEMBERSHIP, &m)
+            }
+            _ => Err(io::Error::from(io::ErrorKind::InvalidInput)),
         }
-        (IpAddr::V6(g), l) => {
-            setsockopt(raw, libc::IPPROTO_IPV6, IPV6_MULTICAST_ALL, &0i32)?;
-            let ifindex = crate::transport::link_watch::LinkWatch::index_of(l).unwrap_or(0);
-            let m = libc::ipv6_mreq {
-                ipv6mr_multiaddr: libc::in6_addr {
-                    s6_addr: g.octets(),
-                },
-                ipv6mr_interface: ifindex,
-            };
-            setsockopt(raw, libc::IPPROTO_IPV6, libc::IPV6_ADD_MEMBERSHIP, &m)?;
-        }
-        _ => return Err(io::Error::from(io::ErrorKind::InvalidInput)),
-    }
-    let mut ss = zeroed_sockaddr();
-    let len = sockaddr_from(group, &mut ss);
-    // SAFETY: `ss` holds a socket address of `len` bytes.
-    if unsafe { libc::bind(raw, (&ss as *const libc::sockaddr_storage).cast(), len) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(fd)
+    })
 }
 
 #[cfg(test)]

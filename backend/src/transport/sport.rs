@@ -22,10 +22,10 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
-use crate::sys::{setsockopt, sockaddr_from, zeroed_sockaddr};
+use crate::sys::setsockopt;
 
 /// A socket unused for this long is closed (checked at most once a second, on a send).
 pub const IDLE_SECS: u64 = 10;
@@ -223,59 +223,35 @@ impl SourcePorts {
 
 /// A non-blocking, send-only UDP socket bound to `addr` with `SO_REUSEADDR`.
 fn open(addr: SocketAddr, checksum: bool) -> io::Result<OwnedFd> {
-    let family = if addr.is_ipv4() {
-        libc::AF_INET
-    } else {
-        libc::AF_INET6
-    };
-    // SAFETY: plain socket(2); the fd is checked and owned right away.
-    let fd = unsafe {
-        libc::socket(
-            family,
-            libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-            0,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a new socket nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let raw = fd.as_raw_fd();
-    let int = |level, name, v: i32| setsockopt(raw, level, name, &v);
-    int(libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
-    // Nothing comes in: every datagram is dropped before it is queued.
-    let mut drop_all = [libc::sock_filter {
-        code: (libc::BPF_RET | libc::BPF_K) as u16,
-        jt: 0,
-        jf: 0,
-        k: 0,
-    }];
-    crate::transport::filter::attach_filter(raw, &mut drop_all)?;
-    let _ = int(libc::SOL_SOCKET, libc::SO_RCVBUF, 0);
-    let _ = int(libc::SOL_SOCKET, libc::SO_SNDBUF, 4 << 20);
-    if addr.is_ipv4() {
-        int(
-            libc::IPPROTO_IP,
-            libc::IP_MTU_DISCOVER,
-            libc::IP_PMTUDISC_DO,
-        )?;
-        int(libc::SOL_SOCKET, libc::SO_NO_CHECK, i32::from(!checksum))?;
-    } else {
-        int(
-            libc::IPPROTO_IPV6,
-            libc::IPV6_MTU_DISCOVER,
-            libc::IPV6_PMTUDISC_DO,
-        )?;
-        int(libc::IPPROTO_UDP, UDP_NO_CHECK6_TX, i32::from(!checksum))?;
-    }
-    let mut ss = zeroed_sockaddr();
-    let len = sockaddr_from(addr, &mut ss);
-    // SAFETY: `ss` holds a socket address of `len` bytes.
-    if unsafe { libc::bind(raw, (&ss as *const libc::sockaddr_storage).cast(), len) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(fd)
+    crate::sys::bound_udp_socket(addr, |raw| {
+        let int = |level, name, v: i32| setsockopt(raw, level, name, &v);
+        int(libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
+        // Nothing comes in: every datagram is dropped before it is queued.
+        let mut drop_all = [libc::sock_filter {
+            code: (libc::BPF_RET | libc::BPF_K) as u16,
+            jt: 0,
+            jf: 0,
+            k: 0,
+        }];
+        crate::transport::filter::attach_filter(raw, &mut drop_all)?;
+        let _ = int(libc::SOL_SOCKET, libc::SO_RCVBUF, 0);
+        let _ = int(libc::SOL_SOCKET, libc::SO_SNDBUF, 4 << 20);
+        if addr.is_ipv4() {
+            int(
+                libc::IPPROTO_IP,
+                libc::IP_MTU_DISCOVER,
+                libc::IP_PMTUDISC_DO,
+            )?;
+            int(libc::SOL_SOCKET, libc::SO_NO_CHECK, i32::from(!checksum))
+        } else {
+            int(
+                libc::IPPROTO_IPV6,
+                libc::IPV6_MTU_DISCOVER,
+                libc::IPV6_PMTUDISC_DO,
+            )?;
+            int(libc::IPPROTO_UDP, UDP_NO_CHECK6_TX, i32::from(!checksum))
+        }
+    })
 }
 
 #[cfg(test)]
@@ -302,8 +278,7 @@ mod tests {
         let p = free_port();
         let fd = ports.fd(p).expect("a socket for the port");
         let dst = rx.local_addr().unwrap();
-        // SAFETY: dup gives a new fd that nothing else owns.
-        let sent = UdpSocket::from(unsafe { OwnedFd::from_raw_fd(libc::dup(fd)) });
+        let sent = UdpSocket::from(crate::sys::dup_cloexec(fd).unwrap());
         sent.send_to(b"roce", dst).unwrap();
         let mut buf = [0u8; 16];
         let (n, from) = rx.recv_from(&mut buf).unwrap();

@@ -13,9 +13,8 @@
 
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
-use std::os::fd::{FromRawFd, OwnedFd};
 
-use crate::sys::{setsockopt, sockaddr_from, zeroed_sockaddr};
+use crate::sys::setsockopt;
 
 /// `SO_ATTACH_REUSEPORT_CBPF` (asm-generic/socket.h).
 const SO_ATTACH_REUSEPORT_CBPF: libc::c_int = 51;
@@ -43,44 +42,16 @@ fn qpn_program(n: u32) -> [libc::sock_filter; 4] {
     ]
 }
 
-fn check(r: libc::c_int) -> io::Result<()> {
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
-
 /// One non-blocking UDP socket with `SO_REUSEPORT`, bound to `addr`.
 fn reuseport_socket(addr: SocketAddr) -> io::Result<UdpSocket> {
-    let family = match addr {
-        SocketAddr::V4(_) => libc::AF_INET,
-        SocketAddr::V6(_) => libc::AF_INET6,
-    };
-    // SAFETY: plain socket(2); the fd is checked and owned right away.
-    let fd = unsafe {
-        libc::socket(
-            family,
-            libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-            0,
+    let fd = crate::sys::bound_udp_socket(addr, |fd| {
+        setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_REUSEPORT,
+            &(1 as libc::c_int),
         )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a new socket nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
-    setsockopt(
-        raw,
-        libc::SOL_SOCKET,
-        libc::SO_REUSEPORT,
-        &(1 as libc::c_int),
-    )?;
-    let mut ss = zeroed_sockaddr();
-    let len = sockaddr_from(addr, &mut ss);
-    // SAFETY: `ss` holds a socket address of `len` bytes.
-    check(unsafe { libc::bind(raw, (&ss as *const libc::sockaddr_storage).cast(), len) })?;
+    })?;
     Ok(UdpSocket::from(fd))
 }
 
