@@ -620,6 +620,9 @@ own = dict(p.split("=") for p in sys.argv[1].split(","))
 roce = bad = unreach = 0
 for line in sys.stdin:
     src, ip, dport, itype, icode, ports = (line.rstrip("\n").split("\t") + [""] * 6)[:6]
+    # the outermost headers: tshark may decode a payload as more (its EoIB heuristic found an
+    # Ethernet header in one RDMA payload: "52:54:00:77:00:02,f5:2f:fb:c6:01:06")
+    src, ip, dport = src.split(",")[0], ip.split(",")[0], dport.split(",")[0]
     if dport == "4791":
         roce += 1
         if own.get(src) != ip:

@@ -60,6 +60,8 @@ def main():
     for line in out.splitlines():
         f = (line.split("\t") + [""] * len(FIELDS))[: len(FIELDS)]
         src, dst, sport, dport, op, dqp, sqp, iplen, mf, foff, icmp, req_q, rep_q = f
+        # the outermost headers (a payload tshark decodes as more headers repeats the fields)
+        src, dst, dport = src.split(",")[0], dst.split(",")[0], dport.split(",")[0]
         if icmp:
             if icmp.split(",")[0] == "3" and "4791" in dport:
                 icmp_roce += 1
