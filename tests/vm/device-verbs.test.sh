@@ -28,7 +28,8 @@
 # Everything runs in a network namespace of its own (tests/vm/net.sh exec): the daemon's
 # UDP socket is bound to an address on that namespace's loopback, which is also the guest's
 # eth0 address (a NIC attached to nothing), so the guest's RoCEv2 GID is the daemon's.
-# Env: VUR_DEVICE_ITERS (default 200), VUR_COMPARE_ITERS (default 1000), VUR_DAEMON (daemon
+# Env: VUR_DEVICE_ITERS (default 200), VUR_COMPARE_ITERS (default 1000), VUR_DEVICE_KEEP=1 (keep
+# the artifacts), VUR_DAEMON (daemon
 # binary), VUR_IMAGES, VUR_QEMU,
 # VUR_DRIVER_KO (a virtio_rdma.ko to load instead of the image's: driver development
 # without repacking the image), VUR_SELFTEST_KO (likewise for vrdma_selftest.ko).
@@ -58,7 +59,7 @@ cleanup() {
         kill "$dpid" 2>/dev/null || true
         wait "$dpid" 2>/dev/null || true
     fi
-    if ((rc == 0)); then rm -rf "$work"; else log "artifacts kept in $work"; fi
+    if ((rc == 0)) && [[ -z ${VUR_DEVICE_KEEP:-} ]]; then rm -rf "$work"; else log "artifacts kept in $work"; fi
 }
 trap cleanup EXIT
 trap 'exit 130' INT
@@ -81,7 +82,8 @@ cat >"$work/device-guest.sh" <<EOF
 #!/bin/bash
 # Runs inside the guest (tests/vm/device-verbs.test.sh).
 iters=$iters
-cmp_iters=${VUR_COMPARE_ITERS:-1000}
+cmp_iters=${VUR_COMPARE_ITERS:-$( ((${VUR_COMPARE_TRACE:-0})) && echo 30000 || echo 1000)}
+trace=${VUR_COMPARE_TRACE:-0}
 tools=(${tools[*]})
 reload=$reload
 EOF
@@ -442,8 +444,18 @@ PY
         for _ in $(seq 100); do rgid=$(vur-gid v4 rxe0) && break; sleep 0.1; done
         [[ -n $rgid ]] || { echo "DV-FAIL compare: no rxe0 IPv4 GID"; fail=1; continue; }
         cmp_rc=0
+        # trace_on NAME: with VUR_COMPARE_TRACE=1 the host traces the next run of vrdma0
+        # (tests/vm/latency-trace.py); it says when it is ready.
+        trace_on() {
+            ((trace)) && [[ $1 == *"$dev" ]] || return 0
+            touch "/vur/trace.$1.want"
+            for _ in $(seq 150); do [[ -f /vur/trace.$1.on ]] && return 0; sleep 0.1; done
+            echo "DV-FAIL compare: the host's tracer did not start for $1 within 15 s"; fail=1
+        }
         for d in "$dev:$gid" "rxe0:$rgid"; do
+            trace_on "send_lat_${d%%:*}"
             pair "send_lat_${d%%:*}" 180 ib_send_lat -d "${d%%:*}" -x "${d#*:}" -F -n "$cmp_iters" -s 64 -- || true
+            trace_on "send_lat_ev_${d%%:*}"
             pair "send_lat_ev_${d%%:*}" 180 ib_send_lat -d "${d%%:*}" -x "${d#*:}" -F -n "$cmp_iters" -s 64 -e -- || true
             pair "write_bw_${d%%:*}" 180 ib_write_bw -d "${d%%:*}" -x "${d#*:}" -F -n "$cmp_iters" -s 65536 -- || true
         done
@@ -538,6 +550,32 @@ watcher=$!
     ip link set lo up && log "port: lo up"
 ) &
 porter=$!
+# VUR_COMPARE_TRACE=1: when the guest asks (trace.NAME.want), trace QEMU and the daemon for
+# 2 s from 2 s after the run starts (past perftest's connection set-up): trace.NAME.txt.
+tracer=''
+if ((${VUR_COMPARE_TRACE:-0})); then
+    (
+        while [[ ! -f $work/tools-done ]]; do
+            for w in "$work"/trace.*.want; do
+                [[ -f $w ]] || continue
+                n=${w%.want}
+                rm -f "$w"
+                qpid=$(pgrep -f -n "qemu-system.*$work/rdma.sock") || qpid=''
+                touch "$n.on"
+                sleep 2
+                if [[ -n $qpid ]]; then
+                    python3 "$here/latency-trace.py" --qemu "$qpid" --daemon "$dpid" --seconds 2 --keep "$n.perf" >"$n.txt" 2>&1
+                else
+                    echo "latency-trace: no QEMU process found" >"$n.txt"
+                fi
+                log "trace ${n##*/trace.}:"
+                sed 's/^/  /' "$n.txt"
+            done
+            sleep 0.1
+        done
+    ) &
+    tracer=$!
+fi
 "$here/run-vm.sh" --name dv --qemu "$qemu" --images "$images" --rdma-sock "$work/rdma.sock" \
     --nic-no-peer --mac "$mac" --ip "$addr/24" --no-rxe "${nic2[@]}" --shared "$work" --smp "${VUR_DEVICE_SMP:-2}" \
     --scenario "$work/device-guest.sh" --file "$here/guest-wait.sh" --timeout "$vm_timeout" ${VUR_DRIVER_PARAMS:+--env "VUR_DRIVER_PARAMS=$VUR_DRIVER_PARAMS"} || vm_rc=$?
@@ -549,6 +587,7 @@ kill "$watcher" 2>/dev/null || true
 wait "$watcher" 2>/dev/null || true
 kill "$porter" 2>/dev/null || true
 wait "$porter" 2>/dev/null || true
+if [[ -n $tracer ]]; then kill "$tracer" 2>/dev/null || true; wait "$tracer" 2>/dev/null || true; fi
 ip link set lo up
 leak=0
 if [[ -s $work/counters.json ]]; then
