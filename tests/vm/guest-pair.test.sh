@@ -111,10 +111,11 @@ gid_tools=(datacheck rc uc ud srq send_lat send_bw write_lat write_bw read_bw at
 rdma_tools=(datacheck rc uc ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw rping ucmatose udaddy rdma_server send_lat_cm nvme)
 # mckey (UD multicast through rdma_cm): in the defaults of the devices mode (the udp
 # transports join the group on the namespace's loopback, where their addresses are) and of the
-# nic mode (the daemons are the NICs); not in routed (multicast is not routed) or same-host
-# (it crosses the kernel); against rxe only when named (the daemon's address is on loopback,
-# where the rxe guest's multicast does not reach; rxe 6.12 puts one of mckey's 20 datagrams on
-# the wire: sent_pkts=1)
+# nic modes (the daemons are the NICs; against rxe the device sends and rxe receives: rxe 6.12
+# as a sender puts one of mckey's 20 datagrams on the wire, sent_pkts=1, and stalls); not in
+# routed (multicast is not routed) or same-host (it crosses the kernel); in the other rxe
+# modes only when named (the daemon's address is on loopback, where the rxe guest's multicast
+# does not reach)
 all_tools=(tcp "${rdma_tools[@]}" mckey)
 tools=("$@")
 nic_defaults=$((${#tools[@]} == 0))
@@ -243,7 +244,16 @@ pair_steps() {
     shift 2
     (($#)) || set -- "${tools[@]}"
     for t in "$@"; do
-        if [[ $t == datacheck ]]; then steps+="${steps:+,}$t@$a"; else steps+="${steps:+,}$t@$a,$t@$b"; fi
+        if [[ $t == datacheck ]]; then
+            steps+="${steps:+,}$t@$a"
+        elif [[ $t == mckey ]]; then
+            # the device sends, the rxe guest ($b) receives: rxe 6.12 as a multicast sender
+            # puts the first of mckey's datagrams on the wire and no more (sent_pkts=1, its
+            # mckey waits for the send completions until it is stopped)
+            steps+="${steps:+,}$t@$b"
+        else
+            steps+="${steps:+,}$t@$a,$t@$b"
+        fi
     done
 }
 
@@ -334,6 +344,7 @@ run_mode() {
         ;;
     nic-rxe)
         pair_steps dev rxe
+        ((nic_defaults)) && pair_steps dev rxe mckey
         nic_own="52:54:00:77:00:02=10.77.0.2,52:54:00:77:00:04=10.77.0.4"
         nic_daemon dev 10.77.0.2 52:54:00:77:00:02 vhA || return 1
         guest dev --rdma-sock "$dir/daemon-dev/rdma.sock" --net-sock "$dir/daemon-dev/net.sock" --host-mtu 1500 \
