@@ -28,9 +28,10 @@
 # Everything runs in a network namespace of its own (tests/vm/net.sh exec): the daemon's
 # UDP socket is bound to an address on that namespace's loopback, which is also the guest's
 # eth0 address (a NIC attached to nothing), so the guest's RoCEv2 GID is the daemon's.
-# Env: VUR_DEVICE_ITERS (default 200), VUR_COMPARE_ITERS (default 1000), VUR_DEVICE_KEEP=1 (keep
-# the artifacts), VUR_DAEMON (daemon
-# binary), VUR_IMAGES, VUR_QEMU,
+# Env: VUR_DEVICE_ITERS (default 200), VUR_COMPARE_ITERS (default 1000; 30 000 with
+# VUR_COMPARE_TRACE), VUR_COMPARE_TRACE=1 (compare: the host traces vrdma0's two latency runs
+# with tests/vm/latency-trace.py, the stages printed and kept in trace.NAME.txt),
+# VUR_DEVICE_KEEP=1 (keep the artifacts), VUR_DAEMON (daemon binary), VUR_IMAGES, VUR_QEMU,
 # VUR_DRIVER_KO (a virtio_rdma.ko to load instead of the image's: driver development
 # without repacking the image), VUR_SELFTEST_KO (likewise for vrdma_selftest.ko).
 set -euo pipefail
