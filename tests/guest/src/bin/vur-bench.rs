@@ -731,6 +731,9 @@ fn print_pair_table(
 #[derive(Default, Clone, Copy)]
 struct Row {
     half_rtt_us: f64,
+    /// The same ping-pong between two devices of one daemon with `--same-host` (None: a
+    /// daemon that does not take the flag).
+    half_rtt_same_us: Option<f64>,
     write_gbit: f64,
     /// The same WRITEs between two daemons on 127.0.0.1 with `--udp-gso` (None: a daemon
     /// that does not take the flag, or one that takes it on IPv6 only).
@@ -762,6 +765,7 @@ fn run_daemon(bin: &std::path::Path, a: &Args, wait: WaitMode, poll_us: Option<u
     if want("pingpong") {
         let d = perf::rc_pingpong_wait(&mut x, &mut y, 64, a.iters, wait).expect("ping-pong");
         r.half_rtt_us = d.as_secs_f64() * 1e6;
+        r.half_rtt_same_us = pingpong_same_host(bin, a, &extra, cpus, wait);
     }
     if want("write") {
         let bw = perf::rc_write_bw(&mut x, &mut y, 64 << 10, a.write_bytes, 16).expect("write");
@@ -785,6 +789,33 @@ fn run_daemon(bin: &std::path::Path, a: &Args, wait: WaitMode, poll_us: Option<u
         r.ctrl_us = [us(&idle, 0.5), us(&loaded, 0.5), us(&loaded, 0.99)];
     }
     r
+}
+
+/// The ping-pong again between two devices of one daemon process with `--same-host`. None
+/// when the daemon does not start that way (an older `--compare` build).
+fn pingpong_same_host(
+    bin: &std::path::Path,
+    a: &Args,
+    extra: &[&str],
+    cpus: Option<&[usize]>,
+    wait: WaitMode,
+) -> Option<f64> {
+    let (aa, ba) = loopback_pair(4791);
+    let mut extra = extra.to_vec();
+    extra.push("--same-host");
+    let (mut x, mut y) = Node::start_two(bin, aa, ba, &extra, cpus).ok()?;
+    let d = perf::rc_pingpong_wait(&mut x, &mut y, 64, a.iters, wait).ok()?;
+    // Every SEND crossed between the devices in memory, none through a socket.
+    let c = x.daemon.counters().unwrap_or_default();
+    let crossed = vur_testguest::json_u64(&c, "same_host", "tx_packets").unwrap_or(0);
+    if crossed < a.iters as u64 {
+        println!(
+            "  --same-host ping-pong: {crossed} packets crossed in memory, fewer than {} SENDs",
+            a.iters
+        );
+        return None;
+    }
+    Some(d.as_secs_f64() * 1e6)
 }
 
 /// The WRITE row again between two devices of one daemon process with `--same-host`: the
@@ -1314,6 +1345,20 @@ fn print_table(
             "us",
             1,
         );
+        match ours.half_rtt_same_us {
+            Some(v) => line(
+                "  --same-host (UDP pp)",
+                v,
+                k.half_rtt_us,
+                other.as_ref().and_then(|o| o.half_rtt_same_us),
+                polled.as_ref().and_then(|o| o.half_rtt_same_us),
+                "us",
+                1,
+            ),
+            None => println!(
+                "  one daemon, --same-host: not measured (the daemon did not start two devices, or their packets did not cross in memory)"
+            ),
+        }
     }
     if want("write") {
         line(
