@@ -29,7 +29,8 @@ and prints each stage's median, 90th percentile and count, in microseconds:
                       doorbell: the guest polling the CQE the daemon wrote, then posting
     kick -> kick      one period of the guest's doorbells
 
-Exits 2 when perf is missing or the processes share no eventfd.
+System call numbers are x86-64's. Exits 2 when perf is missing or fails, or the processes
+share no eventfd.
 """
 import argparse
 import os
@@ -143,7 +144,11 @@ def main():
         sys.exit(2)
     q_fds = {fd for fd, i in q_ev.items() if i in shared}
     d_fds = {fd for fd, i in d_ev.items() if i in shared}
-    data = a.keep or tempfile.mktemp(prefix="latency-trace.", suffix=".perf")
+    if a.keep:
+        data = a.keep
+    else:
+        with tempfile.NamedTemporaryFile(prefix="latency-trace.", suffix=".perf", delete=False) as f:
+            data = f.name
     rec = ["perf", "record", "-q", "-o", data, "-e", "raw_syscalls:sys_enter",
            "-e", "sched:sched_switch", "-p", f"{a.qemu},{a.daemon}", "--", "sleep", str(a.seconds)]
     try:
