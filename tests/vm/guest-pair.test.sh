@@ -238,7 +238,8 @@ guest() {
 }
 
 # pair_steps A B [TOOL...]: every tool (default: $tools) once with its server on guest A and
-# once on B; datacheck once, on A (it moves every payload both ways itself).
+# once on B; datacheck once, on A (it moves every payload both ways itself); mckey once, its
+# receiver on B (the rxe guest: A, the device, sends).
 pair_steps() {
     local a=$1 b=$2 t
     shift 2
