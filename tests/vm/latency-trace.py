@@ -95,6 +95,11 @@ def parse(script, qemu, daemon, q_fds, d_fds):
     return ev
 
 
+# The stages that end at an event of the kind on the left and start at the latest event of
+# the kind on the right, counted when that one came after the previous event of the left kind.
+SPANS = {"wake": "kick", "call": "wake", "inject": "call", "idle": "wake"}
+
+
 def stages(ev):
     """Each stage's samples in microseconds."""
     out = {k: [] for k in ("kick -> wake", "wake -> call", "wake -> idle", "call -> inject",
@@ -109,18 +114,10 @@ def stages(ev):
             elif "idle" in last and last["idle"] > last.get("kick", -1) and \
                     last.get("call", -1) < last.get("kick", -1):
                 out["idle -> kick"].append(t - last["idle"])
-        elif kind == "wake":
-            if "kick" in last and last["kick"] > last.get("wake", -1):
-                out["kick -> wake"].append(t - last["kick"])
-        elif kind == "call":
-            if "wake" in last and last["wake"] > last.get("call", -1):
-                out["wake -> call"].append(t - last["wake"])
-        elif kind == "inject":
-            if "call" in last and last["call"] > last.get("inject", -1):
-                out["call -> inject"].append(t - last["call"])
-        elif kind == "idle":
-            if "wake" in last and last["wake"] > last.get("idle", -1):
-                out["wake -> idle"].append(t - last["wake"])
+        else:
+            start = SPANS[kind]
+            if start in last and last[start] > last.get(kind, -1):
+                out[f"{start} -> {kind}"].append(t - last[start])
         last[kind] = t
     return out
 
