@@ -46,6 +46,10 @@ pub mod caps {
     /// QUERY_STATS returns the port's counters, Linux rxe's hw counters by name
     /// ([`super::stat`]): the guest's `rdma statistic`.
     pub const HW_STATS: u32 = 1 << 8;
+    /// On-demand paging: REG_USER_MR with `IBV_ACCESS_ON_DEMAND` makes an MR with no page
+    /// mapped, UPDATE_ODP maps and unmaps its pages, PAGE_FAULT events ask for them
+    /// (docs/virtio-rdma.md §5.10).
+    pub const ODP: u32 = 1 << 9;
 }
 
 macro_rules! byte_valued {
@@ -164,6 +168,8 @@ pub mod op {
     pub const RESIZE_SRQ: u32 = 31;
     /// The port's counters (caps HW_STATS): [`super::RespQueryStats`].
     pub const QUERY_STATS: u32 = 32;
+    /// Maps, unmaps or fails pages of an on-demand-paging MR (caps ODP): [`super::CmdUpdateOdp`].
+    pub const UPDATE_ODP: u32 = 33;
 }
 
 /// QUERY_STATS' counters, in this order: Linux rxe's hw counters of the same names (what
@@ -509,6 +515,34 @@ pub struct CmdRegUserMr {
     pub reserved: u32,
 }
 
+/// `IBV_ACCESS_ON_DEMAND`: REG_USER_MR makes an on-demand-paging MR (caps ODP).
+pub const ACCESS_ON_DEMAND: u32 = 1 << 6;
+
+/// UPDATE_ODP: pages `first_page … first_page+count` of the on-demand-paging MR `lkey` (its
+/// table has an entry per 4 KiB from the page its first byte lies in) are mapped to the
+/// 4 KiB pages of `pages` (read-only, or writable with flags WRITABLE), or with flags UNMAP
+/// not mapped, or with flags FAILED failed (the driver could not map them: accesses fail).
+/// `pages` is empty (num_pages 0) unless mapping.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CmdUpdateOdp {
+    pub lkey: u32,
+    pub flags: u32,
+    pub first_page: u64,
+    pub count: u64,
+    pub pages: PageListDesc,
+}
+
+/// [`CmdUpdateOdp`]'s flags.
+pub mod odp {
+    pub const UNMAP: u32 = 1 << 0;
+    pub const FAILED: u32 = 1 << 1;
+    /// The pages mapped may be written.
+    pub const WRITABLE: u32 = 1 << 2;
+    /// PAGE_FAULT events' `event`: the access writes (map the page writable).
+    pub const FAULT_WRITE: u32 = 1 << 0;
+}
+
 /// Size of RegUserMr before `page_offset` (drivers written before it send this many bytes).
 pub const REG_USER_MR_SHORT: usize = 40;
 
@@ -667,6 +701,9 @@ pub mod event {
     /// Events were dropped (the device's pending queue was full): the driver treats every
     /// armed CQ as fired and every QP, CQ and SRQ as possibly in error (re-query).
     pub const KIND_EVENTS_LOST: u32 = 3;
+    /// A page of an on-demand-paging MR is needed (caps ODP): `event` bit 0 a write,
+    /// `object` the MR's lkey, `reserved` the page's index in its table.
+    pub const KIND_PAGE_FAULT: u32 = 4;
     // `ibv_event_type` values.
     pub const CQ_ERR: u32 = 0;
     pub const QP_FATAL: u32 = 1;
@@ -857,6 +894,7 @@ byte_valued! {
     CmdModifySrq = 16,
     RespQuerySrq = 16,
     CmdRegUserMr = 48,
+    CmdUpdateOdp = 40,
     RespMr = 8,
     CmdRegDmaMr = 8,
     CmdAllocMr = 8,

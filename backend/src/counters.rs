@@ -111,7 +111,8 @@ pub fn render_body(t: &TransportStats, model: Option<&Model>) -> String {
                 rx_unknown_qp,
                 rx_bad_gid,
                 rx_malformed,
-                tx_segments
+                tx_segments,
+                odp_faults
             ]
         );
         // 1 while QUERY_PORT reports the port ACTIVE, 0 while DOWN.
@@ -145,7 +146,8 @@ pub fn render_body(t: &TransportStats, model: Option<&Model>) -> String {
                 cqes,
                 reg_mr_waits,
                 tx_lost_segments,
-                wqe_budget_waits
+                wqe_budget_waits,
+                odp_updates
             ]
         );
         let l = m.page_lists();

@@ -213,18 +213,16 @@ fn read_data(
         finish_error(q, res, seq, WcStatus::BadRespErr);
         return Err(Drop::Unexpected);
     }
-    if copy_to_sges(
+    let placed = copy_to_sges(
         &res.objs().keys,
         mem,
         q.pd,
         &w.wr.sg_list,
         done as u64,
         payload,
-    )
-    .is_err()
-    {
-        finish_error(q, res, seq, WcStatus::LocProtErr);
-        return Err(Drop::Unexpected);
+    );
+    if let Err(e) = placed {
+        return Err(place_failed(q, res, seq, e));
     }
     let w = q.wqe_mut(seq).expect("pending wqe");
     w.read_done += payload.len() as u32;
@@ -234,6 +232,20 @@ fn read_data(
     }
     q.comp.psn = psn.add((plen.div_ceil(mtu as u64).max(1)) as u32);
     Ok(())
+}
+
+/// A READ response or atomic ACK for WQE `seq` that could not be placed: a bad SGE fails the
+/// WQE (LOC_PROT_ERR); a page of an on-demand-paging MR not mapped drops the response and
+/// stops the requester, which asks again once the page is mapped ([`crate::Device::odp_wake`]).
+fn place_failed(q: &mut Qp, res: &mut Resources, seq: u64, e: MemError) -> Drop {
+    if let MemError::NotPresent(f) = e {
+        res.page_fault(q.qpn, f);
+        q.req.odp_wait = true;
+        q.req.odp_retry = true;
+        return Drop::PageFault;
+    }
+    finish_error(q, res, seq, WcStatus::LocProtErr);
+    Drop::Unexpected
 }
 
 /// An atomic ACK for WQE `seq`: the original value goes where the atomic's SGE says.
@@ -253,9 +265,9 @@ fn do_atomic(
         return Err(Drop::Unexpected);
     }
     let v = orig.to_le_bytes();
-    if copy_to_sges(&res.objs().keys, mem, q.pd, &w.wr.sg_list, 0, &v).is_err() {
-        finish_error(q, res, seq, WcStatus::LocProtErr);
-        return Err(Drop::Unexpected);
+    let placed = copy_to_sges(&res.objs().keys, mem, q.pd, &w.wr.sg_list, 0, &v);
+    if let Err(e) = placed {
+        return Err(place_failed(q, res, seq, e));
     }
     q.wqe_mut(seq).expect("pending wqe").state = WqeState::Done(WcStatus::Success);
     q.req.rd_atomic = q.req.rd_atomic.saturating_sub(1);

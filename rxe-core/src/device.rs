@@ -115,6 +115,8 @@ impl Device {
                     gid_set: Vec::new(),
                     gid_gen: 0,
                     events: VecDeque::new(),
+                    faults: VecDeque::new(),
+                    fault_waiters: Vec::new(),
                     port: PortCounters::default(),
                     ready_cqs: Vec::new(),
                     rx_in_memory: false,
@@ -283,6 +285,23 @@ impl Device {
             check_page_list(*page_offset, length, *page_shift, pages)
                 .map_err(|_| VerbError::Invalid)?;
         }
+        if let Backing::Odp {
+            page_offset,
+            entries,
+            ..
+        } = &backing
+        {
+            // An on-demand-paging MR starts with no page mapped; the driver maps them.
+            let need = page_offset
+                .checked_add(length)
+                .map(|e| e.div_ceil(1 << ODP_PAGE_SHIFT).max(1));
+            if *page_offset >> ODP_PAGE_SHIFT != 0
+                || need != Some(entries.len() as u64)
+                || entries.iter().any(|&e| e != 0)
+            {
+                return Err(VerbError::Invalid);
+            }
+        }
         let total = o
             .registered_bytes
             .checked_add(length)
@@ -302,9 +321,66 @@ impl Device {
             .keys
             .insert(KeyObj::Mr(mr))
             .ok_or(VerbError::NoResources)?;
+        if let Some(KeyObj::Mr(Mr {
+            backing: Backing::Odp { key, .. },
+            ..
+        })) = o.keys.get_mut(k)
+        {
+            *key = k;
+        }
         o.registered_bytes = total;
         o.pd_ref(pd, 1)?;
         Ok(k)
+    }
+
+    /// Maps or unmaps pages `first …` of the on-demand-paging MR `key`: each entry an address
+    /// with [`ODP_PRESENT`] (and [`ODP_WRITABLE`]), or 0. Once it returns, no access goes
+    /// through the old entries. QPs waiting for a page are woken by [`Self::odp_wake`]
+    /// (of every shard).
+    pub fn odp_update(&mut self, key: u32, first: u64, entries: &[u64]) -> Result<(), VerbError> {
+        self.res
+            .objs_mut()
+            .keys
+            .odp_update(key, first, entries)
+            .map_err(|e| match e {
+                MemError::BadKey => VerbError::NotFound,
+                _ => VerbError::Invalid,
+            })
+    }
+
+    /// Wakes the QPs that stopped at a page not mapped: each tries again (and, if its page is
+    /// still not mapped, asks for it again). A requester that dropped a READ response or
+    /// atomic ACK asks again from its oldest PSN not acknowledged, spending no retry.
+    pub fn odp_wake(&mut self) {
+        let waiters = core::mem::take(&mut self.res.fault_waiters);
+        for qpn in waiters {
+            let Some(q) = self
+                .qps
+                .get_mut(qpn.0 as usize)
+                .and_then(|q| q.as_deref_mut())
+            else {
+                continue;
+            };
+            q.req.odp_wait = false;
+            q.resp.odp_wait = false;
+            if core::mem::take(&mut q.req.odp_retry)
+                && matches!(q.state(), QpState::Rts | QpState::Sqd)
+            {
+                let psn = q.comp.psn;
+                q.retry_from(psn);
+            }
+            self.schedule(qpn);
+        }
+    }
+
+    /// Whether [`Self::poll_page_fault`] has a fault to give.
+    pub fn page_faults_pending(&self) -> bool {
+        !self.res.faults.is_empty()
+    }
+
+    /// The next page an access found not mapped (each page once while it is asked for).
+    pub fn poll_page_fault(&mut self) -> Option<PageFault> {
+        self.res.faults.pop_front()
     }
 
     /// A DMA MR covering all of memory (`ib_get_dma_mr`): addresses are memory addresses.

@@ -24,13 +24,43 @@ pub enum MemError {
     Length,
     /// Misaligned atomic.
     Alignment,
+    /// A page of an on-demand-paging MR is not mapped (or mapped read-only for a write):
+    /// not an error of the request, the access waits for the driver to map the page.
+    NotPresent(PageFault),
 }
+
+/// A page an on-demand-paging MR needs mapped: the MR's key, the page's index in its page
+/// table, and whether the access writes (a page mapped read-only must be mapped again
+/// writable: the guest may have mapped a shared zero or copy-on-write page for a read).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+pub struct PageFault {
+    pub key: u32,
+    pub page: u64,
+    pub write: bool,
+}
+
+/// An on-demand-paging MR's page-table entry: the page's address with these bits; 0 is a
+/// page not mapped.
+pub const ODP_PRESENT: u64 = 1;
+/// See [`ODP_PRESENT`]: the page may be written.
+pub const ODP_WRITABLE: u64 = 2;
+/// An entry the driver could not map (the address is not mapped in its process, say): an
+/// access fails as one outside the MR's memory would, instead of waiting.
+pub const ODP_FAILED: u64 = 4;
+/// The page size of on-demand-paging MRs (their page tables have an entry per 4 KiB).
+pub const ODP_PAGE_SHIFT: u8 = 12;
 
 /// Byte access to the memory behind registrations: guest-physical memory in the daemon,
 /// a vector in tests. Implementations must bound-check every access.
 pub trait Memory {
     fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), MemError>;
     fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), MemError>;
+    /// A read that happens now, never later: for pages the driver can take back at any time
+    /// (on-demand-paging MRs), whose bytes may not be copied after the engine lets go of
+    /// the page table. An implementation that defers reads must not defer these.
+    fn read_now(&self, addr: u64, buf: &mut [u8]) -> Result<(), MemError> {
+        self.read(addr, buf)
+    }
 }
 
 /// A flat memory starting at `base`, for tests and simulations.
@@ -129,6 +159,15 @@ pub enum Backing {
     },
     /// A fast-reg MR not yet registered.
     Empty,
+    /// An on-demand-paging MR: 4 KiB pages mapped and unmapped by the driver at any time.
+    /// Byte `x` lives in entry `(page_offset + x) >> 12`, an address with [`ODP_PRESENT`]
+    /// (and [`ODP_WRITABLE`]) or 0 for a page not mapped; an access to one fails with
+    /// [`MemError::NotPresent`] naming `key`, the MR's own key.
+    Odp {
+        key: u32,
+        page_offset: u64,
+        entries: Vec<u64>,
+    },
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -481,10 +520,16 @@ impl Region<'_> {
         &self,
         addr: u64,
         len: usize,
+        write: bool,
         mut f: impl FnMut(u64, core::ops::Range<usize>) -> Result<(), MemError>,
     ) -> Result<(), MemError> {
         let x = addr.wrapping_sub(self.mr_iova);
         match self.backing {
+            Backing::Odp {
+                key,
+                page_offset,
+                entries,
+            } => odp_extents(*key, *page_offset, entries, x, len, write, f),
             Backing::Contiguous { base } => {
                 f(base.checked_add(x).ok_or(MemError::OutOfRange)?, 0..len)
             }
@@ -531,11 +576,115 @@ impl Region<'_> {
     }
 
     pub fn read(&self, mem: &dyn Memory, addr: u64, buf: &mut [u8]) -> Result<(), MemError> {
-        self.for_each_extent(addr, buf.len(), |pa, r| mem.read(pa, &mut buf[r]))
+        if matches!(self.backing, Backing::Odp { .. }) {
+            return self.for_each_extent(addr, buf.len(), false, |pa, r| {
+                mem.read_now(pa, &mut buf[r])
+            });
+        }
+        self.for_each_extent(addr, buf.len(), false, |pa, r| mem.read(pa, &mut buf[r]))
     }
 
     pub fn write(&self, mem: &mut dyn Memory, addr: u64, data: &[u8]) -> Result<(), MemError> {
-        self.for_each_extent(addr, data.len(), |pa, r| mem.write(pa, &data[r]))
+        self.for_each_extent(addr, data.len(), true, |pa, r| mem.write(pa, &data[r]))
+    }
+
+    /// The first page of `[addr, addr+len)` an access would fault on, if any: checked
+    /// before an operation that must not stop half-way (an atomic reads, then writes).
+    pub fn fault_in(&self, addr: u64, len: usize, write: bool) -> Result<(), MemError> {
+        self.for_each_extent(addr, len, write, |_, _| Ok(()))
+    }
+}
+
+/// [`Region::for_each_extent`] for an on-demand-paging MR: entry by entry, a run of
+/// adjacent present pages being one extent. A page not present (or not writable for a
+/// write) anywhere in the range stops the walk with [`MemError::NotPresent`] before any
+/// byte of the range moves.
+fn odp_extents(
+    key: u32,
+    page_offset: u64,
+    entries: &[u64],
+    x: u64,
+    len: usize,
+    write: bool,
+    mut f: impl FnMut(u64, core::ops::Range<usize>) -> Result<(), MemError>,
+) -> Result<(), MemError> {
+    let shift = ODP_PAGE_SHIFT as u32;
+    let mask = (1u64 << shift) - 1;
+    let start = page_offset.checked_add(x).ok_or(MemError::OutOfRange)?;
+    let end = start.checked_add(len as u64).ok_or(MemError::OutOfRange)?;
+    let entry = |page: u64| {
+        usize::try_from(page)
+            .ok()
+            .and_then(|i| entries.get(i).copied())
+            .ok_or(MemError::OutOfRange)
+    };
+    if len > 0 {
+        for page in start >> shift..=(end - 1) >> shift {
+            let e = entry(page)?;
+            if e == ODP_FAILED {
+                return Err(MemError::OutOfRange);
+            }
+            if e & ODP_PRESENT == 0 || (write && e & ODP_WRITABLE == 0) {
+                return Err(MemError::NotPresent(PageFault { key, page, write }));
+            }
+        }
+    }
+    let mut pos = start;
+    let mut done = 0usize;
+    let mut run: Option<(u64, usize)> = None;
+    while done < len {
+        let e = entry(pos >> shift)?;
+        let in_page = pos & mask;
+        let n = ((mask + 1 - in_page) as usize).min(len - done);
+        let at = (e & !mask) + in_page;
+        run = match run {
+            Some((start, from)) if start.checked_add((done - from) as u64) == Some(at) => {
+                Some((start, from))
+            }
+            Some((start, from)) => {
+                f(start, from..done)?;
+                Some((at, done))
+            }
+            None => Some((at, done)),
+        };
+        done += n;
+        pos += n as u64;
+    }
+    if let Some((start, from)) = run {
+        f(start, from..done)?;
+    }
+    Ok(())
+}
+
+impl KeyTable {
+    /// Maps (`entries[i]` an address with [`ODP_PRESENT`], maybe [`ODP_WRITABLE`]), unmaps
+    /// (0) or marks as failed ([`ODP_FAILED`]) pages `first …` of the on-demand-paging MR `key`. An unknown key, an MR that is
+    /// not on demand, a range past its table or an entry with other low bits: `Err`, and
+    /// nothing changes.
+    pub fn odp_update(&mut self, key: u32, first: u64, new: &[u64]) -> Result<(), MemError> {
+        let Some(KeyObj::Mr(Mr {
+            backing: Backing::Odp { entries, .. },
+            ..
+        })) = self.get_mut(key)
+        else {
+            return Err(MemError::BadKey);
+        };
+        let first = usize::try_from(first).map_err(|_| MemError::Length)?;
+        let end = first.checked_add(new.len()).ok_or(MemError::Length)?;
+        let dst = entries.get_mut(first..end).ok_or(MemError::Length)?;
+        let mask = (1u64 << ODP_PAGE_SHIFT) - 1;
+        let ok = |e: u64| {
+            e == 0
+                || e == ODP_FAILED
+                || (e & ODP_PRESENT != 0
+                    && e & mask & !(ODP_PRESENT | ODP_WRITABLE) == 0
+                    && (e & !mask).checked_add(mask + 1).is_some())
+        };
+        if !new.iter().all(|&e| ok(e)) {
+            return Err(MemError::Alignment);
+        }
+        dst.copy_from_slice(new);
+        Ok(())
     }
 }
 

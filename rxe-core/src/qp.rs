@@ -117,6 +117,12 @@ pub(crate) struct ReqState {
     pub rd_atomic: u32,
     /// Waiting for the RNR timer.
     pub rnr_until: Option<Instant>,
+    /// Stopped at a page of an on-demand-paging MR not mapped: sends nothing until
+    /// [`crate::Device::odp_wake`].
+    pub odp_wait: bool,
+    /// What stopped it was a READ response or atomic ACK that could not be placed: on
+    /// waking, the requester asks again from the oldest PSN not acknowledged.
+    pub odp_retry: bool,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -166,6 +172,9 @@ pub(crate) struct RespState {
     pub comm_est: bool,
     /// A NAK that moves the QP to ERR once sent is queued.
     pub goto_error: bool,
+    /// The READ response at the head of `out` needs a page of an on-demand-paging MR not
+    /// mapped: nothing goes out until [`crate::Device::odp_wake`].
+    pub odp_wait: bool,
 }
 
 /// Per-QP counters.

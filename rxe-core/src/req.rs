@@ -307,7 +307,9 @@ pub(crate) fn next_request(
     loop {
         let st = q.state();
         let mid_message = q.req.offset != 0;
-        if !(st == QpState::Rts || (st == QpState::Sqd && mid_message)) || q.req.rnr_until.is_some()
+        if !(st == QpState::Rts || (st == QpState::Sqd && mid_message))
+            || q.req.rnr_until.is_some()
+            || q.req.odp_wait
         {
             return None;
         }
@@ -396,14 +398,17 @@ fn build(
     let (dest_qp, sport, av) = destination(q, wqe, &mut ext);
     let wr_flags = wqe.wr.flags;
     let end = p.last || p.npsn > 1 || p.op.flags().contains(crate::wire::OpFlags::LAST);
+    let noack_pkts = q.req.noack_pkts;
     let ack_req = ack_req(q, p.payload, p.mtu, end);
     let bth = BthRepr {
         solicited: end && wr_flags & SEND_SOLICITED != 0,
         ..BthRepr::new(p.op, dest_qp, p.psn.get(), ack_req)
     };
     let (total, range) = wire::emit(buf, &bth, &ext, p.payload as usize).ok()?;
-    if p.payload > 0 {
-        copy_payload(q, res, mem, &p, &mut buf[range])?;
+    if p.payload > 0 && copy_payload(q, res, mem, &p, &mut buf[range]).is_none() {
+        // Nothing was sent: the packet is built again the same way later.
+        q.req.noack_pkts = noack_pkts;
+        return None;
     }
     let src = res.gid(av.sgid_index)?;
     advance(q, res, now, &p);
@@ -662,7 +667,8 @@ fn ack_req(q: &mut Qp, payload: u32, mtu: u32, end: bool) -> bool {
 }
 
 /// Copies the packet's payload from the WQE's inline data or its SGEs into `dst`; a bad SGE
-/// fails the WQE with LOC_PROT_ERR and moves the QP to ERR.
+/// fails the WQE with LOC_PROT_ERR and moves the QP to ERR. A page of an on-demand-paging
+/// MR not mapped stops the requester until it is (nothing is sent, nothing fails).
 #[inline]
 fn copy_payload(
     q: &mut Qp,
@@ -688,6 +694,11 @@ fn copy_payload(
             dst,
         )
     };
+    if let Err(MemError::NotPresent(f)) = copy {
+        res.page_fault(q.qpn, f);
+        q.req.odp_wait = true;
+        return None;
+    }
     if copy.is_err() {
         let w = q.wqe_mut(p.seq).expect("wqe present");
         w.state = WqeState::Done(WcStatus::LocProtErr);

@@ -120,6 +120,8 @@ pub struct PortCounters {
     /// Packets sent as segments of more than one path MTU, to devices reached in memory
     /// ([`Device::poll_transmit_segments`]).
     pub tx_segments: u64,
+    /// Accesses that stopped at a page of an on-demand-paging MR not mapped.
+    pub odp_faults: u64,
 }
 
 impl PortCounters {
@@ -135,6 +137,7 @@ impl PortCounters {
         self.rx_malformed += o.rx_malformed;
         self.rx_cnp += o.rx_cnp;
         self.tx_segments += o.tx_segments;
+        self.odp_faults += o.odp_faults;
     }
 }
 
@@ -196,6 +199,10 @@ pub enum Drop {
     Unexpected,
     /// A response whose PSN the requester never sent (IBTA's "ghost" response).
     Ghost,
+    /// The packet's data needs a page of an on-demand-paging MR that is not mapped: the
+    /// page is asked for ([`crate::Device::poll_page_fault`]) and the packet comes again
+    /// (an RNR NAK for a SEND or WRITE, a retransmission for the rest).
+    PageFault,
 }
 
 /// The objects every shard of a device sees (PDs, keys, AHs, GIDs, multicast groups): read
@@ -262,6 +269,10 @@ pub(crate) fn lock<T>(l: &Mutex<T>) -> MutexGuard<'_, T> {
     l.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Page faults held for the caller at most; more are dropped from the queue (a QP waiting
+/// on one faults again when woken, so the page is asked for again).
+pub const MAX_PENDING_FAULTS: usize = 1024;
+
 /// One shard's view of the device: the shared objects and what the shard keeps for itself.
 pub(crate) struct Resources {
     pub cfg: DeviceConfig,
@@ -275,6 +286,10 @@ pub(crate) struct Resources {
     pub gid_set: Vec<Gid>,
     pub gid_gen: u64,
     pub events: VecDeque<AsyncEvent>,
+    /// Pages of on-demand-paging MRs an access found not mapped, for
+    /// [`crate::Device::poll_page_fault`], and the QPs waiting on one of them.
+    pub faults: VecDeque<crate::mem::PageFault>,
+    pub fault_waiters: Vec<crate::types::Qpn>,
     pub port: PortCounters,
     /// CQs that received completions from this shard since [`Device::take_ready_cqs`] last
     /// looked, each once: the caller drains those, not every CQ.
@@ -292,6 +307,18 @@ impl Resources {
     }
     pub fn objs_mut(&self) -> BrWrite<'_, Objects> {
         self.shared.objs.write()
+    }
+
+    /// Notes that an access of QP `qpn` stopped at `f` (the caller keeps the QP from
+    /// retrying until [`crate::Device::odp_update`] maps pages, which wakes it).
+    pub fn page_fault(&mut self, qpn: crate::types::Qpn, f: crate::mem::PageFault) {
+        self.port.odp_faults += 1;
+        if self.faults.len() < MAX_PENDING_FAULTS && !self.faults.contains(&f) {
+            self.faults.push_back(f);
+        }
+        if !self.fault_waiters.contains(&qpn) {
+            self.fault_waiters.push(qpn);
+        }
     }
 
     /// Runs `f` on CQ `cqn` under its lock.

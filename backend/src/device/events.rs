@@ -12,10 +12,12 @@ pub const MAX_PENDING_EVENTS: usize = 4096;
 /// Of which completion events at most: the rest is kept for asynchronous events.
 pub const MAX_PENDING_COMPLETIONS: usize = MAX_PENDING_EVENTS / 2;
 
-type Key = (u32, u32, u32);
+type Key = (u32, u32, u32, u32);
 
+/// What makes two events the same: kind, event and object (and for a PAGE_FAULT the page,
+/// which the `reserved` word carries; other kinds have it 0).
 fn key(e: &abi::Event) -> Key {
-    (e.kind, e.event, e.object)
+    (e.kind, e.event, e.object, e.reserved)
 }
 
 /// What [`EventQueue::push`] did with an event.

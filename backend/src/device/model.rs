@@ -24,6 +24,7 @@ use crate::memory::guest_mem::{resolve_page_list, GuestMemoryMmap};
 use crate::transport::sink::PacketSink;
 
 mod commands;
+mod mr;
 mod shard;
 use shard::route;
 pub use shard::ShardHandle;
@@ -121,6 +122,7 @@ fn mr_list_bytes(mr: &rxe_core::mem::Mr) -> u64 {
     match (&mr.kind, &mr.backing) {
         (MrKind::FastReg { max_pages }, _) => list_bytes(*max_pages as usize),
         (MrKind::User, Backing::Pages { pages, .. }) => list_bytes(pages.len()),
+        (MrKind::User, Backing::Odp { entries, .. }) => list_bytes(entries.len()),
         _ => 0,
     }
 }
@@ -147,6 +149,8 @@ pub struct ModelStats {
     pub tx_lost_segments: u64,
     /// Times a ring's send WQEs waited because the device's WQE budget was spent.
     pub wqe_budget_waits: u64,
+    /// UPDATE_ODP commands that mapped or failed pages (each wakes the QPs waiting).
+    pub odp_updates: u64,
 }
 
 impl ModelStats {
@@ -167,6 +171,7 @@ impl ModelStats {
         self.reg_mr_waits += o.reg_mr_waits;
         self.tx_lost_segments += o.tx_lost_segments;
         self.wqe_budget_waits += o.wqe_budget_waits;
+        self.odp_updates += o.odp_updates;
     }
 }
 
@@ -403,12 +408,16 @@ impl Common {
     }
 
     fn push_event(&self, kind: u32, event: u32, object: u32) {
-        let e = abi::Event {
+        let reserved = 0;
+        self.push(abi::Event {
             kind,
             event,
             object,
-            reserved: 0,
-        };
+            reserved,
+        })
+    }
+
+    fn push(&self, e: abi::Event) {
         let mut ev = lock(&self.events);
         match ev.q.push(e) {
             Pushed::Queued => ev.raised += 1,
@@ -729,6 +738,7 @@ impl Model {
                 | abi::caps::MR_PAGE_OFFSET
                 | abi::caps::SRQ_RESIZE
                 | abi::caps::HW_STATS
+                | abi::caps::ODP
                 | if self.source_gids.is_empty() {
                     0
                 } else {
@@ -1207,71 +1217,6 @@ impl Model {
             srq_limit: limit,
             reserved: 0,
         })
-    }
-
-    /// REG_USER_MR. `page_offset`: where the first byte lies in the first page (the 48-byte
-    /// command); `None` (the 40-byte command): `iova mod page`, the rule before the field.
-    fn reg_user_mr(
-        &mut self,
-        mem: &GuestMemoryMmap,
-        mut c: abi::CmdRegUserMr,
-        page_offset: Option<u32>,
-    ) -> CmdResult {
-        c.access &= !abi::ACCESS_IGNORED;
-        if c.access & !Access::ALL.0 != 0
-            || c.length > self.cfg.dev.max_mr_size
-            || c.length > self.cfg.dev.max_registered_bytes
-            || c.iova.checked_add(c.length).is_none()
-            || !(12..=30).contains(&c.pages.page_shift)
-        {
-            return Err(Status::Invalid);
-        }
-        let shift = c.pages.page_shift as u32;
-        let mask = (1u64 << shift) - 1;
-        let offset = page_offset.map_or(c.iova & mask, u64::from);
-        if offset > mask {
-            return Err(Status::Invalid);
-        }
-        let need = offset
-            .checked_add(c.length)
-            .ok_or(Status::Invalid)?
-            .div_ceil(1 << shift)
-            .max(1);
-        if need > crate::memory::guest_mem::MAX_PAGES as u64 || c.pages.num_pages as u64 != need {
-            return Err(Status::Invalid);
-        }
-        // Both budgets before the list is read: a registration that cannot fit costs nothing.
-        let fits = self
-            .any()
-            .dev
-            .registered_bytes()
-            .checked_add(c.length)
-            .is_some_and(|t| t <= self.cfg.dev.max_registered_bytes);
-        if !fits {
-            return Err(Status::NoMemory);
-        }
-        // The list's copy is what the page-list cap bounds.
-        let lb = list_bytes(need as usize);
-        self.common.lists().charge(lb)?;
-        let r = resolve_page_list(mem, &c.pages, need as u32).and_then(|pages| {
-            self.any()
-                .dev
-                .reg_mr(
-                    c.pdn,
-                    c.iova,
-                    c.length,
-                    Access(c.access),
-                    ring::pages_backing(c.pages.page_shift, offset, pages),
-                )
-                .map_err(verr)
-        });
-        match r {
-            Ok(k) => body(abi::RespMr { lkey: k, rkey: k }),
-            Err(e) => {
-                self.common.lists().release(lb);
-                Err(e)
-            }
-        }
     }
 
     // ------------------------------------------------------------------ doorbells and rings

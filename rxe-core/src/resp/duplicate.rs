@@ -179,6 +179,14 @@ pub(super) fn read_data(
             .keys
             .lookup_remote(q.pd, q.qpn.0, rkey, addr, plen as u64, Access::REMOTE_READ)
             .and_then(|r| r.read(mem, addr, dst));
+        if let Err(MemError::NotPresent(f)) = ok {
+            // A page of an on-demand-paging MR: the response waits, first in line, until
+            // the page is mapped ([`crate::Device::odp_wake`]).
+            res.page_fault(q.qpn, f);
+            q.resp.out.push_front((out, msn));
+            q.resp.odp_wait = true;
+            return None;
+        }
         if ok.is_err() {
             // The MR went away under an in-progress READ: stop answering it; the requester
             // times out.

@@ -4,8 +4,8 @@
 
 use super::duplicate::add_resource;
 use super::{
-    access_error, bump_msn, check_rkey, complete_send, complete_write, invalid_request,
-    operational_error, push_out, Exec,
+    access_error, bump_msn, check_rkey, complete_send, complete_write, invalid_request, mem_exec,
+    push_out, put_back_recv, Exec,
 };
 use crate::mem::*;
 use crate::qp::*;
@@ -17,7 +17,7 @@ use crate::wire::{NakCode, OpFlags, Opcode, Packet};
 /// Places `data` at `va` through a region whose key checked out.
 #[inline]
 fn place(region: &Region<'_>, mem: &mut dyn Memory, va: u64, data: &[u8]) -> Result<(), Exec> {
-    region.write(mem, va, data).map_err(|_| operational_error())
+    region.write(mem, va, data).map_err(mem_exec)
 }
 
 /// Keeps `r` for replays, counts the message, and queues its answer.
@@ -50,11 +50,25 @@ pub(super) fn send(
             status: WcStatus::LocLenErr,
         });
     }
-    if plen > 0 && copy_to_sges(&res.objs().keys, mem, pd, &wqe.sges, *offset, payload).is_err() {
-        return Err(Exec::Err {
-            nak: NakCode::RemoteOperationalError,
-            status: WcStatus::LocProtErr,
-        });
+    if plen > 0 {
+        match copy_to_sges(&res.objs().keys, mem, pd, &wqe.sges, *offset, payload) {
+            Ok(()) => {}
+            Err(MemError::NotPresent(f)) => {
+                // The first packet gives its receive WQE back: the SEND starts again.
+                if *offset == 0 {
+                    if let Some(InMsg::Send { wqe, .. }) = q.resp.in_msg.take() {
+                        put_back_recv(q, wqe);
+                    }
+                }
+                return Err(Exec::Fault(f));
+            }
+            Err(_) => {
+                return Err(Exec::Err {
+                    nak: NakCode::RemoteOperationalError,
+                    status: WcStatus::LocProtErr,
+                })
+            }
+        }
     }
     *offset += plen as u64;
     q.resp.last_op = (!last).then_some(pkt.opcode());
@@ -118,7 +132,13 @@ pub(super) fn write(
     if plen > 0 {
         let o = res.objs();
         let region = check_rkey(&o.keys, q, crkey, cva, plen, Access::REMOTE_WRITE)?;
-        place(&region, mem, cva, payload)?;
+        if let Err(e) = place(&region, mem, cva, payload) {
+            // A first packet that could not be placed starts the WRITE again.
+            if f.contains(OpFlags::FIRST) {
+                q.resp.in_msg = None;
+            }
+            return Err(e);
+        }
     }
     if let Some(InMsg::Write { va, resid, .. }) = q.resp.in_msg.as_mut() {
         *va += plen;
@@ -196,10 +216,10 @@ pub(super) fn atomic(
     // One atomic at a time in the whole device: QPs of other shards may target the
     // same address.
     let _one = lock(&res.shared.atomics);
+    // Both the read and the write must find their page, or neither happens.
+    region.fault_in(va, 8, true).map_err(mem_exec)?;
     let mut cur = [0u8; 8];
-    region
-        .read(mem, va, &mut cur)
-        .map_err(|_| operational_error())?;
+    region.read(mem, va, &mut cur).map_err(mem_exec)?;
     let orig = u64::from_le_bytes(cur);
     let new = if pkt.opcode() == Opcode::RC_COMPARE_SWAP {
         if orig == a.compare() {

@@ -167,6 +167,18 @@ enum Exec {
     Rnr,
     /// Fatal for the message: NAK (RC) / drop (UC), and for RC the QP goes to error.
     Err { nak: NakCode, status: WcStatus },
+    /// A page of an on-demand-paging MR is not mapped: the packet is not consumed (nothing
+    /// of it counts), the page is asked for, and the requester sends it again.
+    Fault(PageFault),
+}
+
+/// A memory access under a key that checked out failed: a page to fault in, or an
+/// operational error.
+fn mem_exec(e: MemError) -> Exec {
+    match e {
+        MemError::NotPresent(f) => Exec::Fault(f),
+        _ => operational_error(),
+    }
 }
 
 /// The responder's "invalid request" outcome: NAK 0x61, the claimed receive WQE (if any)
@@ -212,6 +224,19 @@ fn rc_recv(
             let syn = Syndrome::RnrNak(q.attr.min_rnr_timer).to_byte();
             push_out(q, RespOut::Ack { psn, syndrome: syn });
             Err(Drop::NoReceiveWqe)
+        }
+        Err(Exec::Fault(f)) => {
+            res.page_fault(q.qpn, f);
+            // A SEND or WRITE is refused for now with an RNR NAK, as a receiver short of a
+            // buffer does; IBTA has no NAK for a READ or an atomic, which are dropped and
+            // come again when the requester's timer fires.
+            let fl = pkt.flags();
+            if fl.contains(OpFlags::SEND) || fl.contains(OpFlags::WRITE) {
+                q.counters.rnr_naks_sent += 1;
+                let syn = Syndrome::RnrNak(q.attr.min_rnr_timer).to_byte();
+                push_out(q, RespOut::Ack { psn, syndrome: syn });
+            }
+            Err(Drop::PageFault)
         }
         Err(Exec::Err { nak: code, status }) => {
             q.counters.errors += 1;
@@ -266,6 +291,13 @@ fn uc_recv(
             abort_uc(q);
             q.resp.drop_msg = !pkt.flags().contains(OpFlags::LAST);
             Err(Drop::Unexpected)
+        }
+        Err(Exec::Fault(f)) => {
+            // UC cannot ask for the packet again: the message is lost, the page asked for.
+            res.page_fault(q.qpn, f);
+            abort_uc(q);
+            q.resp.drop_msg = !pkt.flags().contains(OpFlags::LAST);
+            Err(Drop::PageFault)
         }
     }
 }
@@ -613,6 +645,9 @@ pub(crate) fn next_response(
     buf: &mut [u8],
     in_memory: &dyn Fn(&Gid) -> bool,
 ) -> Option<Transmit> {
+    if q.resp.odp_wait {
+        return None;
+    }
     let (out, msn) = q.resp.out.pop_front()?;
     let mut ext = ExtRepr {
         aeth: (ACK, msn),

@@ -1,7 +1,7 @@
 //! UD and GSI receives: no PSN sequence and no acknowledgement; each packet fills one receive
 //! WQE, behind the 40-byte network header (the GRH, or 20 zero bytes and the IPv4 header).
 
-use super::{post_recv_cqe, recv_cqe, take_recv};
+use super::{post_recv_cqe, put_back_recv, recv_cqe, take_recv};
 use crate::mem::*;
 use crate::qp::*;
 use crate::shared::{Drop, RecvMeta, Resources};
@@ -72,6 +72,13 @@ pub(super) fn recv(
         copy_to_sges(keys, mem, q.pd, &w.sges, 0, &g)
             .and_then(|_| copy_to_sges(keys, mem, q.pd, &w.sges, 40, payload))
     };
+    if let Err(MemError::NotPresent(f)) = r {
+        // UD does not come again: the datagram is lost, its receive WQE kept, the page
+        // asked for.
+        res.page_fault(q.qpn, f);
+        put_back_recv(q, w);
+        return Err(Drop::PageFault);
+    }
     if r.is_err() {
         cqe.status = WcStatus::LocProtErr;
         post_recv_cqe(q, res, cqe, false);

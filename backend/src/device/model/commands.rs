@@ -56,6 +56,7 @@ impl Model {
             op::ATTACH_MCAST => self.attach_mcast(b),
             op::DETACH_MCAST => self.detach_mcast(b),
             op::RESET => self.reset_cmd(),
+            op::UPDATE_ODP => self.update_odp(mem, b),
             _ => Err(Status::Unsupported),
         }
     }
@@ -268,6 +269,9 @@ impl Model {
     /// op::REG_USER_MR.
     fn reg_user_mr_cmd(&mut self, mem: &GuestMemoryMmap, b: &[u8]) -> CmdResult {
         let (c, page_offset) = abi::CmdRegUserMr::read(b).ok_or(Status::BadRequest)?;
+        if c.access & abi::ACCESS_ON_DEMAND != 0 {
+            return self.reg_odp_mr(c, page_offset);
+        }
         self.reg_user_mr(mem, c, page_offset)
     }
 

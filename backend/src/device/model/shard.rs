@@ -185,6 +185,9 @@ impl Shard {
             while let Some(e) = self.dev.poll_event() {
                 Self::engine_event(c, e);
             }
+            while let Some(f) = self.dev.poll_page_fault() {
+                c.push_page_fault(f);
+            }
             match stop {
                 _ if tx.blocked() => return Pump::Blocked,
                 // The flush above found room again: go on.
