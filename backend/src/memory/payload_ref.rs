@@ -76,6 +76,11 @@ impl Memory for DeferringRam<'_> {
         }
         self.ram.read(addr, buf)
     }
+    /// Never deferred: the page may be the driver's again once the engine lets go of the
+    /// MR's table (an on-demand-paging MR, docs/virtio-rdma.md §5.10).
+    fn read_now(&self, addr: u64, buf: &mut [u8]) -> Result<(), MemError> {
+        self.ram.read(addr, buf)
+    }
     fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), MemError> {
         self.ram.write(addr, data)
     }
@@ -353,6 +358,26 @@ mod tests {
         let mut g = [0u8; 3];
         b.read_slice(&mut g, GuestAddress(0x21000)).unwrap();
         assert_eq!(g, [1, 2, 3]);
+    }
+
+    /// A read of an on-demand page (`read_now`) is made at once however large: its page may
+    /// be the driver's again once the engine lets go of the MR's table.
+    #[test]
+    fn reads_of_on_demand_pages_are_never_deferred() {
+        let a = ram(0x10000, 0x4000, |i| (i * 7 % 251) as u8);
+        let refs = RefCell::new(Vec::new());
+        let mut pkt = vec![0u8; 1200];
+        {
+            let d = DeferringRam::new(&a, &pkt, &refs);
+            d.read_now(0x10400, &mut pkt[100..1100]).unwrap();
+        }
+        assert!(refs.borrow().is_empty(), "{:?}", refs.borrow());
+        assert_eq!(
+            pkt[100..1100],
+            (0x400..0x7e8)
+                .map(|i| (i * 7 % 251) as u8)
+                .collect::<Vec<_>>()[..]
+        );
     }
 
     /// A copy across the sender's and the receiver's region boundaries goes region by region;
