@@ -65,6 +65,9 @@ struct vrdma_dev {
 	struct xarray cqs;
 	struct xarray qps;
 	struct xarray srqs;
+	/* on-demand-paging MRs by key index (lkey >> 8), and the queue their faults run on */
+	struct xarray odp_mrs;
+	struct workqueue_struct *odp_wq;
 
 	/* netdev pairing by MAC: ib_core reads it through the get_netdev op */
 	struct notifier_block nb;
@@ -159,6 +162,15 @@ struct vrdma_mr {
 	/* where the first mapped byte lies in pages[0], kept apart from ibmr.iova (a ULP may
 	 * change the IOVA after ib_map_mr_sg, e.g. ib_map_mr_sg_zbva sets it to 0) */
 	u32 page_offset;
+	/* an on-demand-paging MR (caps ODP): umem is an ib_umem_odp, pages mapped on faults */
+	bool odp;
+};
+
+/* a page list for a command: the list pages it holds (freed after the command) */
+struct vrdma_pl {
+	struct vrdma_page_list desc;
+	void **pages;
+	unsigned int npages;
 };
 
 struct vrdma_mw {
@@ -180,5 +192,17 @@ extern const struct ib_device_ops vrdma_hw_stats_ops;
 void vrdma_kick_cqs(struct vrdma_dev *dev);
 void vrdma_flush_user(struct vrdma_dev *dev);
 void vrdma_init_attrs(struct vrdma_dev *dev);
+void vrdma_pl_free(struct vrdma_pl *pl);
+int vrdma_pl_build(struct vrdma_dev *dev, struct vrdma_pl *pl, u32 n,
+		   u64 (*next)(void *ctx), void *ctx);
+
+/* virtio_rdma_odp.c */
+void vrdma_odp_attrs(struct vrdma_dev *dev, struct ib_device_attr *a);
+struct ib_mr *vrdma_reg_odp_mr(struct ib_pd *ibpd, u32 pdn, u64 start, u64 length, u64 iova,
+			       int access);
+void vrdma_odp_forget(struct vrdma_dev *dev, struct vrdma_mr *mr);
+void vrdma_odp_fault(struct vrdma_dev *dev, u32 lkey, u32 page, bool write);
+int vrdma_odp_init(struct vrdma_dev *dev);
+void vrdma_odp_fini(struct vrdma_dev *dev);
 
 #endif

@@ -35,6 +35,7 @@ enum {
 #define VRDMA_CAP_MR_PAGE_OFFSET	(1U << 6)
 #define VRDMA_CAP_SRQ_RESIZE		(1U << 7)
 #define VRDMA_CAP_HW_STATS		(1U << 8)
+#define VRDMA_CAP_ODP			(1U << 9)
 
 struct vrdma_config {
 	__le32 version;
@@ -117,6 +118,7 @@ enum vrdma_opcode {
 	VRDMA_CMD_QUERY_GID_SOURCES = 30,
 	VRDMA_CMD_RESIZE_SRQ = 31,
 	VRDMA_CMD_QUERY_STATS = 32,
+	VRDMA_CMD_UPDATE_ODP = 33,
 };
 
 enum vrdma_status {
@@ -319,6 +321,23 @@ struct vrdma_cmd_reg_user_mr {
 };
 
 /*
+ * UPDATE_ODP (caps ODP, docs/virtio-rdma.md §5.10): entries first_page .. +count of an
+ * on-demand MR's table mapped to the pages of `pages` (read-only, or WRITABLE), or not mapped
+ * (UNMAP, no list), or failed (FAILED, no list).
+ */
+struct vrdma_cmd_update_odp {
+	__le32 lkey;
+	__le32 flags;
+	__le64 first_page;
+	__le64 count;
+	struct vrdma_page_list pages;
+};
+
+#define VRDMA_ODP_UNMAP			(1U << 0)
+#define VRDMA_ODP_FAILED		(1U << 1)
+#define VRDMA_ODP_WRITABLE		(1U << 2)
+
+/*
  * The REG_MR work request (kernel-only fast registration) inside the rxe_send_wr union:
  * byte offsets in the rxe_send_wqe (docs/virtio-rdma.md §6.2).
  */
@@ -429,7 +448,10 @@ enum {
 	VRDMA_EV_COMPLETION = 1,
 	VRDMA_EV_ASYNC = 2,
 	VRDMA_EV_EVENTS_LOST = 3,	/* the device dropped events: every armed CQ fired */
+	VRDMA_EV_PAGE_FAULT = 4,	/* event bit 0 a write, object the lkey, reserved the page */
 };
+
+#define VRDMA_PAGE_FAULT_WRITE		(1U << 0)
 
 /* ASYNC event codes are ibv_event_type values */
 enum {
@@ -484,6 +506,7 @@ static inline void vrdma_abi_check(void)
 	BUILD_BUG_ON(sizeof(struct vrdma_cmd_add_gid) != 24);
 	BUILD_BUG_ON(sizeof(struct vrdma_doorbell) != 16);
 	BUILD_BUG_ON(sizeof(struct vrdma_event) != 16);
+	BUILD_BUG_ON(sizeof(struct vrdma_cmd_update_odp) != 40);
 	BUILD_BUG_ON(sizeof(struct vrdma_resp_gid_sources) != 72);
 }
 

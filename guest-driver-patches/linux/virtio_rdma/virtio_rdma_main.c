@@ -8,6 +8,7 @@
 #include <linux/etherdevice.h>
 #include <linux/module.h>
 #include <linux/scatterlist.h>
+#include <linux/sched/mm.h>
 #include <linux/slab.h>
 #include <linux/virtio_config.h>
 #include <linux/virtio_ids.h>
@@ -62,7 +63,7 @@ int vrdma_cmd(struct vrdma_dev *dev, u32 opcode, const void *cmd, size_t cmd_len
 	struct vrdma_ctrl_hdr *hdr = dev->ctrl_req;
 	struct vrdma_resp_hdr *rh = dev->ctrl_resp;
 	struct scatterlist out, in, *sgs[2] = { &out, &in };
-	unsigned int len;
+	unsigned int len, noreclaim;
 	void *tok;
 	int err;
 
@@ -71,6 +72,12 @@ int vrdma_cmd(struct vrdma_dev *dev, u32 opcode, const void *cmd, size_t cmd_len
 	might_sleep();
 
 	mutex_lock(&dev->ctrl_lock);
+	/*
+	 * No reclaim while the control queue is held: reclaim may invalidate an on-demand MR,
+	 * whose invalidation sends a command (and waits for a fault handler that may be
+	 * waiting for this lock).
+	 */
+	noreclaim = memalloc_noreclaim_save();
 	if (dev->broken) {
 		err = -EIO;
 		goto out;
@@ -125,6 +132,7 @@ int vrdma_cmd(struct vrdma_dev *dev, u32 opcode, const void *cmd, size_t cmd_len
 		dev_dbg(&dev->vdev->dev, "command %u: status %u\n", opcode,
 			le32_to_cpu(rh->status));
 out:
+	memalloc_noreclaim_restore(noreclaim);
 	mutex_unlock(&dev->ctrl_lock);
 	return err;
 }
@@ -309,6 +317,10 @@ static void vrdma_handle_event(struct vrdma_dev *dev, const struct vrdma_event *
 				cq->ibcq.comp_handler(&cq->ibcq, cq->ibcq.cq_context);
 			}
 		}
+		return;
+	}
+	if (kind == VRDMA_EV_PAGE_FAULT) {
+		vrdma_odp_fault(dev, obj, le32_to_cpu(e->reserved), type & VRDMA_PAGE_FAULT_WRITE);
 		return;
 	}
 	if (kind != VRDMA_EV_ASYNC)
@@ -591,6 +603,7 @@ static int vrdma_probe(struct virtio_device *vdev)
 	xa_init_flags(&dev->cqs, XA_FLAGS_ALLOC1);
 	xa_init_flags(&dev->qps, 0);
 	xa_init_flags(&dev->srqs, 0);
+	xa_init(&dev->odp_mrs);
 
 	err = vrdma_init_vqs(dev);
 	if (err)
@@ -638,6 +651,9 @@ static int vrdma_probe(struct virtio_device *vdev)
 				 dev->sources.gids[i]);
 	}
 	vrdma_init_attrs(dev);
+	err = vrdma_odp_init(dev);
+	if (err)
+		goto err_reset;
 	ib_set_device_ops(&dev->ib, &vrdma_dev_ops);
 	/* `rdma statistic` and hw_counters/: the device's counters, named as rxe's */
 	if (le32_to_cpu(dev->cfg.caps) & VRDMA_CAP_HW_STATS)
@@ -676,6 +692,7 @@ static int vrdma_probe(struct virtio_device *vdev)
 err_nb:
 	unregister_netdevice_notifier(&dev->nb);
 err_reset:
+	vrdma_odp_fini(dev);
 	virtio_reset_device(vdev);
 	vdev->config->del_vqs(vdev);
 err_vqs:
@@ -693,6 +710,8 @@ static void vrdma_remove(struct virtio_device *vdev)
 	/* destroys every object through the verbs, which still need the control queue */
 	ib_unregister_device(&dev->ib);
 	cancel_work_sync(&dev->port_work);
+	/* after every MR is gone: no fault is queued any more */
+	vrdma_odp_fini(dev);
 	virtio_reset_device(vdev);
 	vdev->config->del_vqs(vdev);
 	vrdma_free_bufs(dev);

@@ -29,13 +29,7 @@ MODULE_PARM_DESC(trace_verbs, "log QP creation and doorbells (driver debugging)"
 
 #define PL_PER_PAGE (PAGE_SIZE / sizeof(__le64))
 
-struct vrdma_pl {
-	struct vrdma_page_list desc;
-	void **pages;
-	unsigned int npages;
-};
-
-static void pl_free(struct vrdma_pl *pl)
+void vrdma_pl_free(struct vrdma_pl *pl)
 {
 	unsigned int i;
 
@@ -51,7 +45,7 @@ static void pl_free(struct vrdma_pl *pl)
  * few levels of 4 KiB list pages as needed (docs/virtio-rdma.md §5.1). The device copies
  * the list at command time, so it is freed right after the command.
  */
-static int pl_build(struct vrdma_dev *dev, struct vrdma_pl *pl, u32 n,
+int vrdma_pl_build(struct vrdma_dev *dev, struct vrdma_pl *pl, u32 n,
 		    u64 (*next)(void *ctx), void *ctx)
 {
 	u32 l1 = DIV_ROUND_UP(n, PL_PER_PAGE), l2 = DIV_ROUND_UP(l1, PL_PER_PAGE);
@@ -71,7 +65,7 @@ static int pl_build(struct vrdma_dev *dev, struct vrdma_pl *pl, u32 n,
 	for (i = 0; i < total; i++) {
 		pl->pages[i] = (void *)get_zeroed_page(GFP_KERNEL);
 		if (!pl->pages[i]) {
-			pl_free(pl);
+			vrdma_pl_free(pl);
 			return -ENOMEM;
 		}
 		pl->npages++;
@@ -144,7 +138,7 @@ static int queue_desc(struct vrdma_dev *dev, struct vrdma_queue *q, struct vrdma
 	struct vmalloc_it it = { .buf = q->buf };
 	int err;
 
-	err = pl_build(dev, pl, q->size >> PAGE_SHIFT, vmalloc_next, &it);
+	err = vrdma_pl_build(dev, pl, q->size >> PAGE_SHIFT, vmalloc_next, &it);
 	if (err)
 		return err;
 	d->pages = pl->desc;
@@ -261,6 +255,7 @@ void vrdma_init_attrs(struct vrdma_dev *dev)
 	a->max_pkeys = 1;
 	a->local_ca_ack_delay = 15;
 	a->max_fast_reg_page_list_len = 512;
+	vrdma_odp_attrs(dev, a);
 }
 
 static int vrdma_query_device(struct ib_device *ib, struct ib_device_attr *attr,
@@ -457,7 +452,7 @@ static int vrdma_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *att
 		goto err_q;
 	cmd.cqe = cpu_to_le32(attr->cqe);
 	err = vrdma_cmd(dev, VRDMA_CMD_CREATE_CQ, &cmd, sizeof(cmd), &r, sizeof(r));
-	pl_free(&pl);
+	vrdma_pl_free(&pl);
 	if (err)
 		goto err_q;
 	cq->cqn = le32_to_cpu(r.cqn);
@@ -516,7 +511,7 @@ static int vrdma_resize_cq(struct ib_cq *ibcq, int cqe, struct ib_udata *udata)
 		/* the mapping first: a failure after the device switched rings is unrecoverable */
 		err = queue_mmap(udata, &q, &uresp.mi);
 		if (err) {
-			pl_free(&pl);
+			vrdma_pl_free(&pl);
 			goto err_q;
 		}
 	}
@@ -525,7 +520,7 @@ static int vrdma_resize_cq(struct ib_cq *ibcq, int cqe, struct ib_udata *udata)
 	cq->resizing = true;
 	spin_unlock_irqrestore(&cq->lock, flags);
 	err = vrdma_cmd(dev, VRDMA_CMD_RESIZE_CQ, &cmd, sizeof(cmd), &r, sizeof(r));
-	pl_free(&pl);
+	vrdma_pl_free(&pl);
 	spin_lock_irqsave(&cq->lock, flags);
 	cq->resizing = false;
 	if (!err) {
@@ -906,8 +901,8 @@ static int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 	cmd.recv_cqn = cpu_to_le32(container_of(init->recv_cq, struct vrdma_cq, ibcq)->cqn);
 
 	err = vrdma_cmd(dev, VRDMA_CMD_CREATE_QP, &cmd, sizeof(cmd), &r, sizeof(r));
-	pl_free(&sq_pl);
-	pl_free(&rq_pl);
+	vrdma_pl_free(&sq_pl);
+	vrdma_pl_free(&rq_pl);
 	if (err)
 		goto err_q;
 	qp->qpn = le32_to_cpu(r.qpn);
@@ -948,8 +943,8 @@ static int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 err_destroy:
 	vrdma_cmd_handle(dev, VRDMA_CMD_DESTROY_QP, qp->qpn);
 err_q:
-	pl_free(&sq_pl);
-	pl_free(&rq_pl);
+	vrdma_pl_free(&sq_pl);
+	vrdma_pl_free(&rq_pl);
 	if (qp->sq.buf)
 		queue_free(&qp->sq);
 	if (qp->rq.buf)
@@ -1382,7 +1377,7 @@ static int vrdma_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *init,
 	cmd.max_sge = cpu_to_le32(init->attr.max_sge);
 	cmd.srq_limit = cpu_to_le32(init->attr.srq_limit);
 	err = vrdma_cmd(dev, VRDMA_CMD_CREATE_SRQ, &cmd, sizeof(cmd), &r, sizeof(r));
-	pl_free(&pl);
+	vrdma_pl_free(&pl);
 	if (err)
 		goto err_q;
 	srq->srqn = le32_to_cpu(r.srqn);
@@ -1454,7 +1449,7 @@ static int resize_srq(struct vrdma_srq *srq, u32 max_wr, struct ib_udata *udata)
 		/* the mapping first: a failure after the device switched rings is unrecoverable */
 		err = queue_mmap(udata, &q, &mi);
 		if (err) {
-			pl_free(&pl);
+			vrdma_pl_free(&pl);
 			goto err_q;
 		}
 	}
@@ -1466,7 +1461,7 @@ static int resize_srq(struct vrdma_srq *srq, u32 max_wr, struct ib_udata *udata)
 	srq->resizing = true;
 	spin_unlock_irqrestore(&srq->lock, flags);
 	err = vrdma_cmd(dev, VRDMA_CMD_RESIZE_SRQ, &cmd, sizeof(cmd), &r, sizeof(r));
-	pl_free(&pl);
+	vrdma_pl_free(&pl);
 	spin_lock_irqsave(&srq->lock, flags);
 	old = srq->q;
 	if (!err) {
@@ -1644,6 +1639,8 @@ static struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length
 	if (!(le32_to_cpu(dev->cfg.caps) & VRDMA_CAP_MR_PAGE_OFFSET) &&
 	    ((start ^ iova) & ~PAGE_MASK))
 		return ERR_PTR(-EINVAL);
+	if (access & IB_ACCESS_ON_DEMAND)
+		return vrdma_reg_odp_mr(ibpd, pdn_of(ibpd), start, length, iova, access);
 	mr = kzalloc(sizeof(*mr), GFP_KERNEL);
 	if (!mr)
 		return ERR_PTR(-ENOMEM);
@@ -1663,7 +1660,7 @@ static struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length
 	}
 	__sg_page_iter_start(&it.piter, mr->umem->sgt_append.sgt.sgl,
 			     mr->umem->sgt_append.sgt.orig_nents, 0);
-	err = pl_build(dev, &pl, npages, umem_next, &it);
+	err = vrdma_pl_build(dev, &pl, npages, umem_next, &it);
 	if (err)
 		goto err_umem;
 	cmd.pdn = cpu_to_le32(pdn_of(ibpd));
@@ -1673,7 +1670,7 @@ static struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length
 	cmd.pages = pl.desc;
 	cmd.page_offset = cpu_to_le32(ib_umem_offset(mr->umem));
 	err = vrdma_cmd(dev, VRDMA_CMD_REG_USER_MR, &cmd, sizeof(cmd), &r, sizeof(r));
-	pl_free(&pl);
+	vrdma_pl_free(&pl);
 	if (err)
 		goto err_umem;
 	mr->ibmr.lkey = le32_to_cpu(r.lkey);
@@ -1790,6 +1787,8 @@ static int vrdma_dereg_mr(struct ib_mr *ibmr, struct ib_udata *udata)
 	if (err && err != -ENOENT && err != -EIO && err != -ETIMEDOUT)
 		return err;
 	/* after DEREG_MR the device no longer touches the pages: unpin */
+	if (mr->odp)
+		vrdma_odp_forget(to_vdev(ibmr->device), mr);
 	if (mr->umem)
 		ib_umem_release(mr->umem);
 	if (mr->pages)

@@ -1,0 +1,283 @@
+// SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause
+/*
+ * virtio_rdma: on-demand-paging MRs (caps ODP, docs/virtio-rdma.md §5.10).
+ *
+ * An ODP MR is registered with no page list: the device asks for each page it needs with a
+ * PAGE_FAULT event, and the driver faults the page in (hmm, through ib_umem_odp) and hands
+ * the device its GPA with UPDATE_ODP. When the process's page tables change, the MMU
+ * notifier's invalidation unmaps the range on the device (UPDATE_ODP with UNMAP, answered
+ * before the invalidation returns, so the pages may be freed at once). Nothing is pinned.
+ */
+
+#include <linux/hmm.h>
+#include <linux/sched/mm.h>
+#include <linux/slab.h>
+#include <rdma/ib_umem_odp.h>
+
+#include "virtio_rdma.h"
+
+/* Pages mapped per fault at most, from the faulting one on (fault-around). */
+#define VRDMA_ODP_FAULT_AROUND	16
+
+struct vrdma_odp_work {
+	struct work_struct work;
+	struct vrdma_dev *dev;
+	u32 lkey;
+	u32 page;
+	bool write;
+};
+
+void vrdma_odp_attrs(struct vrdma_dev *dev, struct ib_device_attr *a)
+{
+	if (!(le32_to_cpu(dev->cfg.caps) & VRDMA_CAP_ODP) ||
+	    !IS_ENABLED(CONFIG_INFINIBAND_ON_DEMAND_PAGING))
+		return;
+	a->kernel_cap_flags |= IBK_ON_DEMAND_PAGING;
+	a->odp_caps.general_caps = IB_ODP_SUPPORT;
+	a->odp_caps.per_transport_caps.rc_odp_caps =
+		IB_ODP_SUPPORT_SEND | IB_ODP_SUPPORT_RECV | IB_ODP_SUPPORT_WRITE |
+		IB_ODP_SUPPORT_READ | IB_ODP_SUPPORT_ATOMIC | IB_ODP_SUPPORT_SRQ_RECV;
+	a->odp_caps.per_transport_caps.ud_odp_caps =
+		IB_ODP_SUPPORT_SEND | IB_ODP_SUPPORT_RECV | IB_ODP_SUPPORT_SRQ_RECV;
+}
+
+static int update_odp(struct vrdma_dev *dev, u32 lkey, u32 flags, u64 first, u64 count,
+		      struct vrdma_pl *pl)
+{
+	struct vrdma_cmd_update_odp cmd = {
+		.lkey = cpu_to_le32(lkey),
+		.flags = cpu_to_le32(flags),
+		.first_page = cpu_to_le64(first),
+		.count = cpu_to_le64(count),
+	};
+
+	if (pl)
+		cmd.pages = pl->desc;
+	return vrdma_cmd(dev, VRDMA_CMD_UPDATE_ODP, &cmd, sizeof(cmd), NULL, 0);
+}
+
+#ifdef ODP_READ_ALLOWED_BIT
+/* kernels before hmm_dma_map (6.12): the hmm pfns in pfn_list, access by ODP_*_ALLOWED */
+#define odp_pfns(odp)		((odp)->pfn_list)
+#define odp_access(write)	(ODP_READ_ALLOWED_BIT | ((write) ? ODP_WRITE_ALLOWED_BIT : 0))
+#else
+#define odp_pfns(odp)		((odp)->map.pfn_list)
+#define odp_access(write)	((write) ? HMM_PFN_WRITE : 0)
+#endif
+
+/*
+ * MMU-notifier invalidation: the device stops using the range before the pages go. Runs
+ * under umem_mutex, as faults map under it, so a fault that raced with it maps again.
+ */
+static bool vrdma_odp_invalidate(struct mmu_interval_notifier *mni,
+				 const struct mmu_notifier_range *range, unsigned long cur_seq)
+{
+	struct ib_umem_odp *odp = container_of(mni, struct ib_umem_odp, notifier);
+	struct vrdma_mr *mr = odp->private;
+	unsigned long start, end;
+
+	if (!mmu_notifier_range_blockable(range))
+		return false;
+	mutex_lock(&odp->umem_mutex);
+	mmu_interval_set_seq(mni, cur_seq);
+	start = max_t(u64, ib_umem_start(odp), range->start);
+	end = min_t(u64, ib_umem_end(odp), range->end);
+	if (start < end) {
+		unsigned int noreclaim = memalloc_noreclaim_save();
+
+		/* lkey 0: the MR is being registered, the device has no page of it yet */
+		if (mr && mr->ibmr.lkey)
+			update_odp(to_vdev(mr->ibmr.device), mr->ibmr.lkey, VRDMA_ODP_UNMAP,
+				   (start - ib_umem_start(odp)) >> PAGE_SHIFT,
+				   (end - start) >> PAGE_SHIFT, NULL);
+		ib_umem_odp_unmap_dma_pages(odp, start, end);
+		memalloc_noreclaim_restore(noreclaim);
+	}
+	mutex_unlock(&odp->umem_mutex);
+	return true;
+}
+
+static const struct mmu_interval_notifier_ops vrdma_odp_ops = {
+	.invalidate = vrdma_odp_invalidate,
+};
+
+struct ib_mr *vrdma_reg_odp_mr(struct ib_pd *ibpd, u32 pdn, u64 start, u64 length, u64 iova,
+			       int access)
+{
+	struct vrdma_dev *dev = to_vdev(ibpd->device);
+	struct vrdma_cmd_reg_user_mr cmd = {};
+	struct vrdma_resp_mr r;
+	struct ib_umem_odp *odp;
+	struct vrdma_mr *mr;
+	int err;
+
+	if (!(dev->attrs.kernel_cap_flags & IBK_ON_DEMAND_PAGING))
+		return ERR_PTR(-EOPNOTSUPP);
+	/* implicit ODP (the whole address space) is not offered (no IB_ODP_SUPPORT_IMPLICIT) */
+	if (!start && length == U64_MAX)
+		return ERR_PTR(-EOPNOTSUPP);
+	if ((start ^ iova) & ~PAGE_MASK)
+		return ERR_PTR(-EINVAL);
+	mr = kzalloc(sizeof(*mr), GFP_KERNEL);
+	if (!mr)
+		return ERR_PTR(-ENOMEM);
+	/*
+	 * 4 KiB entries whatever backs the range: without IB_ACCESS_HUGETLB the umem keeps
+	 * PAGE_SHIFT, and a huge page is mapped as its 4 KiB parts.
+	 */
+	odp = ib_umem_odp_get(ibpd->device, start, length, access & ~IB_ACCESS_HUGETLB,
+			      &vrdma_odp_ops);
+	if (IS_ERR(odp)) {
+		err = PTR_ERR(odp);
+		goto err_free;
+	}
+	mr->umem = &odp->umem;
+	mr->odp = true;
+	mr->ibmr.device = ibpd->device;
+	odp->private = mr;
+	cmd.pdn = cpu_to_le32(pdn);
+	cmd.access = cpu_to_le32(access & ~(IB_ACCESS_HUGETLB | IB_ACCESS_OPTIONAL));
+	cmd.iova = cpu_to_le64(iova);
+	cmd.length = cpu_to_le64(length);
+	cmd.page_offset = cpu_to_le32(start & ~PAGE_MASK);
+	err = vrdma_cmd(dev, VRDMA_CMD_REG_USER_MR, &cmd, sizeof(cmd), &r, sizeof(r));
+	if (err)
+		goto err_umem;
+	mr->ibmr.rkey = le32_to_cpu(r.rkey);
+	mr->dev_key = le32_to_cpu(r.lkey);
+	mr->ibmr.iova = iova;
+	mr->ibmr.length = length;
+	err = xa_err(xa_store(&dev->odp_mrs, mr->dev_key >> 8, mr, GFP_KERNEL));
+	if (err) {
+		vrdma_cmd_handle(dev, VRDMA_CMD_DEREG_MR, mr->dev_key);
+		goto err_umem;
+	}
+	/* from now on invalidations reach the device (and faults find the MR) */
+	mutex_lock(&odp->umem_mutex);
+	mr->ibmr.lkey = mr->dev_key;
+	mutex_unlock(&odp->umem_mutex);
+	return &mr->ibmr;
+
+err_umem:
+	ib_umem_release(mr->umem);
+err_free:
+	kfree(mr);
+	return ERR_PTR(err);
+}
+
+/* After DEREG_MR: no fault handler runs for the MR once this returns. */
+void vrdma_odp_forget(struct vrdma_dev *dev, struct vrdma_mr *mr)
+{
+	xa_erase(&dev->odp_mrs, mr->dev_key >> 8);
+	flush_workqueue(dev->odp_wq);
+}
+
+static u64 pfn_next(void *ctx)
+{
+	unsigned long **p = ctx;
+
+	return page_to_phys(hmm_pfn_to_page(*(*p)++));
+}
+
+/*
+ * A PAGE_FAULT: fault in up to VRDMA_ODP_FAULT_AROUND pages from the one the device asked
+ * for, and map them on the device (writable only if every one is). A page the process
+ * cannot fault in (not mapped, no write right) is marked FAILED: the access fails.
+ */
+static void vrdma_odp_fault_work(struct work_struct *w)
+{
+	struct vrdma_odp_work *f = container_of(w, struct vrdma_odp_work, work);
+	struct vrdma_dev *dev = f->dev;
+	unsigned long *pfns, *p;
+	struct ib_umem_odp *odp;
+	struct vrdma_mr *mr;
+	struct vrdma_pl pl;
+	u64 va, n, i;
+	bool writable = true;
+	unsigned int noreclaim;
+	int got, err;
+
+	mr = xa_load(&dev->odp_mrs, f->lkey >> 8);
+	if (!mr || mr->dev_key != f->lkey)
+		goto out;
+	odp = to_ib_umem_odp(mr->umem);
+	n = ib_umem_odp_num_pages(odp);
+	if (f->page >= n)
+		goto out;
+	n = min_t(u64, VRDMA_ODP_FAULT_AROUND, n - f->page);
+	va = ib_umem_start(odp) + ((u64)f->page << PAGE_SHIFT);
+	if (f->write && !mr->umem->writable)
+		goto failed;
+	got = ib_umem_odp_map_dma_and_lock(odp, va, n << PAGE_SHIFT, odp_access(f->write), true);
+	if (got < 0)
+		goto failed;
+	/*
+	 * umem_mutex held: no invalidation until the device has the pages. Nothing below may
+	 * enter reclaim, which could invalidate this MR and wait for the mutex.
+	 */
+	noreclaim = memalloc_noreclaim_save();
+	pfns = &odp_pfns(odp)[f->page];
+	for (i = 0; i < got; i++) {
+		if (!(pfns[i] & HMM_PFN_VALID))
+			break;
+		if (!(pfns[i] & HMM_PFN_WRITE))
+			writable = false;
+	}
+	err = -EFAULT;
+	if (i) {
+		p = pfns;
+		err = vrdma_pl_build(dev, &pl, i, pfn_next, &p);
+	}
+	if (!err) {
+		err = update_odp(dev, f->lkey, writable ? VRDMA_ODP_WRITABLE : 0, f->page, i, &pl);
+		vrdma_pl_free(&pl);
+	}
+	memalloc_noreclaim_restore(noreclaim);
+	mutex_unlock(&odp->umem_mutex);
+	if (err)
+		dev_dbg_ratelimited(&dev->vdev->dev, "ODP map of page %u of %#x: %d\n",
+				    f->page, f->lkey, err);
+	goto out;
+failed:
+	update_odp(dev, f->lkey, VRDMA_ODP_FAILED, f->page, 1, NULL);
+out:
+	kfree(f);
+}
+
+/* From the event queue (interrupt context, ev_lock held). */
+void vrdma_odp_fault(struct vrdma_dev *dev, u32 lkey, u32 page, bool write)
+{
+	struct vrdma_odp_work *f;
+
+	if (!dev->odp_wq)
+		return;
+	f = kmalloc(sizeof(*f), GFP_ATOMIC);
+	if (!f) {
+		/* the access asks again when its packet comes again (an RNR NAK's retry) */
+		dev_warn_ratelimited(&dev->vdev->dev, "ODP fault dropped (no memory)\n");
+		return;
+	}
+	INIT_WORK(&f->work, vrdma_odp_fault_work);
+	f->dev = dev;
+	f->lkey = lkey;
+	f->page = page;
+	f->write = write;
+	queue_work(dev->odp_wq, &f->work);
+}
+
+int vrdma_odp_init(struct vrdma_dev *dev)
+{
+	if (!(dev->attrs.kernel_cap_flags & IBK_ON_DEMAND_PAGING))
+		return 0;
+	/* faults of one device in order; reclaim may wait on them (MMU notifiers) */
+	dev->odp_wq = alloc_ordered_workqueue("vrdma_odp", WQ_MEM_RECLAIM);
+	return dev->odp_wq ? 0 : -ENOMEM;
+}
+
+void vrdma_odp_fini(struct vrdma_dev *dev)
+{
+	if (dev->odp_wq)
+		destroy_workqueue(dev->odp_wq);
+	dev->odp_wq = NULL;
+	xa_destroy(&dev->odp_mrs);
+}
