@@ -10,11 +10,12 @@
 //! - every CQE's wr_id was posted on that QP (or on the SRQ the QP uses), as a send or a
 //!   receive as the CQE's opcode says, on that node, and completes at most once;
 //! - after `handle_timeout(now)`, `poll_timeout()` is `None` or later than `now`;
-//! - every packet the engine emits parses with `wire::Packet::new_checked` and fits the buffer.
+//! - every packet the engine emits parses with `wire::Packet::new_checked` and fits the buffer;
+//! - every page fault names the node's on-demand-paging MR and a page of its table.
 //!
 //! # Input format
 //!
-//! A sequence of operations, each an opcode byte (taken modulo 10) and its operands; a missing
+//! A sequence of operations, each an opcode byte (taken modulo 11) and its operands; a missing
 //! operand ends the input. Multi-byte numbers are little-endian.
 //!
 //! | op | operands | operation |
@@ -28,12 +29,14 @@
 //! | 6  | `node qp state` | Modify QP `qp%5` to `state%6` (RESET INIT RTR RTS SQD ERR) with the attributes `Sim::connect` uses; `state >= 128`: the state bit only. |
 //! | 7  | `rounds` | Run the network for `rounds%32+1` rounds: deliver everything in flight, or when nothing is, jump to the next timer. |
 //! | 8  | `node solicited` | Arm the node's CQ. |
+//! | 10 | `node page action` | On node `node&1`'s on-demand-paging MR (16 KiB over a buffer of its own, every right, no page mapped at first): `action%3` 0 maps page `page%5` writable, 1 read-only, 2 unmaps it; then wakes the QPs waiting for a page. Faults are not answered otherwise. |
 //! | 9  | | Toggle memory mode: the nodes reach each other in memory, as two devices of one process do: RC packets leave in segments of up to 16 KiB (`poll_transmit_segments`) and everything delivered from then on, injected bytes too, arrives through `handle_packet_in_memory`. Packets in flight stay what they were built as. |
 //!
 //! Send menu (`menu%14`): SEND, SEND+imm, SEND+invalidate, WRITE, WRITE+imm, READ, CMP_SWP,
 //! FETCH_ADD, ATOMIC_WRITE, FLUSH, LOCAL_INV, BIND_MW (type 2), REG_MR (fast reg), inline SEND.
-//! `size%8` picks 0, 1, 8, 64, 256, 257, 700 or 4096 bytes; `key%6` the peer's MR key, its type 1
-//! MW, its type 2 MW, its fast-reg MR, our own MR key or a bogus key; `off*64` is the offset into
+//! `size%8` picks 0, 1, 8, 64, 256, 257, 700 or 4096 bytes; `key%7` the peer's MR key, its type 1
+//! MW, its type 2 MW, its fast-reg MR, our own MR key, a bogus key or the peer's on-demand MR
+//! (the local SGE is then on our own on-demand MR); `off*64` is the offset into
 //! the peer's 16 KiB buffer (+1 if `flags & 16`, misaligning it). `flags`: bit 0 signaled, 1
 //! solicited, 2 fence; for UD bits 5..6 pick the destination (peer UD QP, GSI, multicast, a
 //! bogus QPN) and bit 7 a wrong Q_Key; for FLUSH bit 5 is the selectivity and bit 6 the
@@ -49,7 +52,7 @@ use std::collections::VecDeque;
 
 use libfuzzer_sys::fuzz_target;
 use rxe_core::device::{Device, DeviceConfig, RecvMeta};
-use rxe_core::mem::{Backing, MwType, VecMemory};
+use rxe_core::mem::{Backing, MwType, VecMemory, ODP_PRESENT, ODP_WRITABLE};
 use rxe_core::qp::GSI_QKEY;
 use rxe_core::sim::MEM_BASE;
 use rxe_core::verbs::*;
@@ -57,7 +60,9 @@ use rxe_core::wire::Packet;
 use rxe_core::{Gid, Instant, QpInit, Qpn};
 
 /// Memory of each node (the setup allocates about 40 KiB of it).
-const MEM_LEN: usize = 64 << 10;
+const MEM_LEN: usize = 96 << 10;
+/// Pages in the table of each node's on-demand-paging MR (16 KiB at offset 0x10 of its buffer).
+const ODP_PAGES: u64 = 5;
 const BUF_LEN: u64 = 16 << 10;
 const RECV_LEN: u32 = 1024;
 const SQ_PSN: [u32; 2] = [0x100, 0x200];
@@ -97,6 +102,9 @@ struct Res {
     page: u64,
     /// Receive buffers.
     rbuf: u64,
+    /// The on-demand-paging MR: its buffer (page aligned; the MR starts 0x10 in) and key.
+    obuf: u64,
+    okey: u32,
 }
 
 /// Who a wr_id was posted to.
@@ -332,10 +340,18 @@ impl World {
             let buf = nd.alloc(BUF_LEN as usize);
             let page = (nd.alloc(8192) + 4095) & !4095;
             let rbuf = nd.alloc(8 * RECV_LEN as usize);
+            let obuf = (nd.alloc(BUF_LEN as usize + 8192) + 4095) & !4095;
             let rc = w.res[n].qp[RC];
             let d = &mut nd.dev;
             let back = Backing::Contiguous { base: buf };
             let key = d.reg_mr(pd, buf, BUF_LEN, all, back).unwrap();
+            let odp = Backing::Odp {
+                key: 0,
+                page_offset: 0x10,
+                entries: vec![0; ODP_PAGES as usize],
+            };
+            w.res[n].okey = d.reg_mr(pd, obuf + 0x10, BUF_LEN, all, odp).unwrap();
+            w.res[n].obuf = obuf;
             let mw1 = d.alloc_mw(pd, MwType::Type1).unwrap();
             let mw1 = d
                 .bind_mw_type1(rc, mw1, key, buf, 4096, Access::REMOTE)
@@ -491,6 +507,10 @@ impl World {
                 }
             }
             while self.nodes[n].dev.poll_event().is_some() {}
+            while let Some(f) = self.nodes[n].dev.poll_page_fault() {
+                assert_eq!(f.key, self.res[n].okey, "node {n}: {f:?}");
+                assert!(f.page < ODP_PAGES, "node {n}: {f:?}");
+            }
         }
     }
 
@@ -579,7 +599,7 @@ impl World {
         let menu = inp.u8()? % 14;
         let size = [0u32, 1, 8, 64, 256, 257, 700, 4096][(inp.u8()? % 8) as usize];
         let flags = inp.u8()?;
-        let key_sel = inp.u8()? % 6;
+        let key_sel = inp.u8()? % 7;
         let off = inp.u8()? as u64 * 64 % BUF_LEN + (flags as u64 >> 4 & 1);
         let me = self.res[node];
         let peer = self.res[1 - node];
@@ -590,16 +610,25 @@ impl World {
             peer.frmr_key,
             me.key,
             0x00de_ad42,
+            peer.okey,
         ][key_sel as usize];
-        let remote_addr = if key_sel == 3 {
-            0x5000_0000 + off % 4096
-        } else {
-            peer.buf + off
+        let remote_addr = match key_sel {
+            3 => 0x5000_0000 + off % 4096,
+            6 => peer.obuf + 0x10 + off,
+            _ => peer.buf + off,
         };
-        let local = vec![Sge {
-            addr: me.buf + 8192,
-            length: size,
-            lkey: me.key,
+        let local = vec![if key_sel == 6 {
+            Sge {
+                addr: me.obuf + 0x10 + 8192,
+                length: size,
+                lkey: me.okey,
+            }
+        } else {
+            Sge {
+                addr: me.buf + 8192,
+                length: size,
+                lkey: me.key,
+            }
         }];
         let op = match menu {
             0 | 13 => SendOp::Send,
@@ -737,7 +766,7 @@ impl World {
     }
 
     fn step(&mut self, inp: &mut Input) -> Option<()> {
-        match inp.u8()? % 10 {
+        match inp.u8()? % 11 {
             0 => self.inject(inp)?,
             1 => {
                 let how = inp.u8()?;
@@ -816,6 +845,18 @@ impl World {
                 }
             }
             9 => self.in_memory = !self.in_memory,
+            10 => {
+                let n = (inp.u8()? & 1) as usize;
+                let page = inp.u8()? as u64 % ODP_PAGES;
+                let e = match inp.u8()? % 3 {
+                    0 => self.res[n].obuf + (page << 12) | ODP_PRESENT | ODP_WRITABLE,
+                    1 => self.res[n].obuf + (page << 12) | ODP_PRESENT,
+                    _ => 0,
+                };
+                let d = &mut self.nodes[n].dev;
+                d.odp_update(self.res[n].okey, page, &[e]).unwrap();
+                d.odp_wake();
+            }
             _ => {
                 let n = (inp.u8()? & 1) as usize;
                 let sol = inp.u8()? & 1 == 1;
