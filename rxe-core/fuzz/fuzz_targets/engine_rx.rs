@@ -848,9 +848,10 @@ impl World {
             10 => {
                 let n = (inp.u8()? & 1) as usize;
                 let page = inp.u8()? as u64 % ODP_PAGES;
+                let at = self.res[n].obuf + (page << 12);
                 let e = match inp.u8()? % 3 {
-                    0 => self.res[n].obuf + (page << 12) | ODP_PRESENT | ODP_WRITABLE,
-                    1 => self.res[n].obuf + (page << 12) | ODP_PRESENT,
+                    0 => at | ODP_PRESENT | ODP_WRITABLE,
+                    1 => at | ODP_PRESENT,
                     _ => 0,
                 };
                 let d = &mut self.nodes[n].dev;
