@@ -723,6 +723,11 @@ impl Worker {
                         return 0;
                     }
                     let (h, body) = model.handle_ctrl(g, req, cap);
+                    // A group is joined (or left) before the command that changed it answers:
+                    // once ATTACH_MCAST returns, the group's next datagram reaches the member.
+                    if self.mcast.as_ref().is_some_and(|g| g.pending()) {
+                        self.sync_groups();
+                    }
                     let mut out = vm_memory::ByteValued::as_slice(&h).to_vec();
                     out.extend_from_slice(&body);
                     Self::write_out(g, wr, &out)

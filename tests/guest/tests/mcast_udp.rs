@@ -75,6 +75,23 @@ fn send_to_group(n: &mut Node, e: &UdEnd, msg: &[u8]) {
     assert_eq!(common::one(&mut n.guest, &e.cq).status, 0, "the send");
 }
 
+/// How many sockets of this network namespace are members of the group on `lo`
+/// (/proc/net/igmp's Users, read in the test thread's namespace).
+fn group_users() -> u32 {
+    let igmp = std::fs::read_to_string("/proc/thread-self/net/igmp").unwrap();
+    // The group's address as the kernel prints it: the network-order u32, in hex, as the
+    // host reads it.
+    let ip: std::net::Ipv4Addr = GROUP.parse().unwrap();
+    let hex = format!("{:08X}", u32::from_ne_bytes(ip.octets()));
+    let mut w = igmp.split_whitespace();
+    while let Some(f) = w.next() {
+        if f == hex {
+            return w.next().and_then(|u| u.parse().ok()).unwrap_or(0);
+        }
+    }
+    0
+}
+
 /// The datagram `e` received (after its 40-byte GRH), within `t`; `None` if none came.
 fn received(n: &mut Node, e: &UdEnd, len: usize, t: Duration) -> Option<Vec<u8>> {
     let w = n.guest.wait_cq(&e.cq, 1, t);
@@ -94,8 +111,12 @@ fn ud_multicast_between_daemons_and_back_to_the_sender() {
             let sender = ud_end(&mut a);
             let mate = ud_end(&mut a);
             let far = ud_end(&mut b);
+            // Each daemon has joined the group by the time its ATTACH_MCAST answers.
+            assert_eq!(group_users(), 0);
             mcast(&mut a, &mate, abi::op::ATTACH_MCAST);
+            assert_eq!(group_users(), 1, "a joined before ATTACH_MCAST answered");
             mcast(&mut b, &far, abi::op::ATTACH_MCAST);
+            assert_eq!(group_users(), 2, "b joined before ATTACH_MCAST answered");
             post_recv(&mut a, &mate, 7);
             post_recv(&mut b, &far, 8);
             // The groups are joined once the commands are served: the next send reaches them.
@@ -116,6 +137,7 @@ fn ud_multicast_between_daemons_and_back_to_the_sender() {
             }
             // b's last member leaves: b leaves the group, a's member still gets the next one.
             mcast(&mut b, &far, abi::op::DETACH_MCAST);
+            assert_eq!(group_users(), 1, "b left before DETACH_MCAST answered");
             post_recv(&mut a, &mate, 9);
             post_recv(&mut b, &far, 10);
             send_to_group(&mut a, &sender, b"only a's mate");
