@@ -10,7 +10,9 @@
 # Tools: devinfo rc rc_events uc ud srq (libibverbs examples with --chk: their server looks at
 # byte 0 of each page, and a step whose output says "invalid data" fails; rc_events sleeps on
 # completion events; every byte is checked between guests by tests/vm/guest-pair.test.sh's
-# datacheck), send_lat send_bw write_lat write_bw read_bw atomic_bw (perftest),
+# datacheck), send_lat send_bw write_lat write_bw read_bw atomic_bw (perftest), odp
+# (ibv_rc_pingpong --odp --chk: both buffers on-demand-paging MRs, docs/virtio-rdma.md §5.10),
+# write_bw_odp (ib_write_bw --odp),
 # rping (rdma_cm: the CM runs over the driver's kernel QP1), resize_cq (pyverbs: ibv_resize_cq
 # with completions in flight), mr_iova (ibv_reg_mr_iova: an MR whose IOVA is not its address,
 # pyverbs and ctypes), kverbs (kernel fast registration: the vrdma_selftest module),
@@ -72,7 +74,7 @@ vm_start_daemon "$work" "$addr" "$mac" || exit 1
 dpid=$REPLY
 
 tools=("$@")
-((${#tools[@]})) || tools=(devinfo rc rc_events uc ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw rping resize_cq mr_iova kverbs rxe_shared port stats)
+((${#tools[@]})) || tools=(devinfo rc rc_events uc ud srq send_lat send_bw write_lat write_bw read_bw atomic_bw odp write_bw_odp rping resize_cq mr_iova kverbs rxe_shared port stats)
 reload=0
 [[ -z ${VUR_SELFTEST_KO:-} ]] || cp "$VUR_SELFTEST_KO" "$work/vrdma_selftest.ko"
 if [[ -n ${VUR_DRIVER_KO:-} ]]; then
@@ -161,6 +163,8 @@ for t in "${tools[@]}"; do
     write_lat) pair write_lat 180 ib_write_lat -d "$dev" -x "$gid" -F -n "$iters" -s 64 -- ;;
     read_bw) pair read_bw 180 ib_read_bw -d "$dev" -x "$gid" -F -n "$iters" -s 4096 -- ;;
     atomic_bw) pair atomic_bw 180 ib_atomic_bw -d "$dev" -x "$gid" -F -n "$iters" -- ;;
+    odp) pair odp 60 ibv_rc_pingpong -d "$dev" -g "$gid" -n "$iters" -o -c -- ;;
+    write_bw_odp) pair write_bw_odp 180 ib_write_bw -d "$dev" -x "$gid" -F -n "$iters" -s 4096 --odp -- ;;
     rping)
         # rdma_cm: addresses resolved through eth0, the CM's MADs on the kernel's QP1
         timeout 60 rping -s -a "$VUR_ADDR" -p 7174 -C 20 -v >/tmp/rping.server 2>&1 &
@@ -595,6 +599,13 @@ if [[ -s $work/counters.json ]]; then
     msg=$(vm_daemon_leaks device-verbs "$work/counters.json") || leak=1
     log "$msg"
     log "device counters: $(python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1])).get("device",{})))' "$work/counters.json" 2>&1)"
+    # The ODP tools' MRs were on demand: their pages came through PAGE_FAULT and UPDATE_ODP.
+    if [[ " ${tools[*]} " =~ \ (odp|write_bw_odp)\  ]]; then
+        odp=$(python3 -c 'import json,sys; c=json.load(open(sys.argv[1]))
+print(c["port"]["odp_faults"], c["device"]["odp_updates"])' "$work/counters.json")
+        log "ODP: page faults and UPDATE_ODP maps: $odp"
+        [[ $odp =~ ^[1-9][0-9]*\ [1-9][0-9]*$ ]] || { log "FAIL: the ODP tools mapped no page on demand"; leak=1; }
+    fi
 else
     log "note: no counters read (the guest did not reach the end of its tools)"
 fi
