@@ -538,38 +538,13 @@ impl Region<'_> {
                 page_offset,
                 pages,
             } => {
-                let shift = *page_shift as u32;
-                let mask = (1u64 << shift) - 1;
-                let mut pos = page_offset.checked_add(x).ok_or(MemError::OutOfRange)?;
-                let mut done = 0usize;
-                // Pages that follow each other in memory make one extent: one call for a
-                // buffer the guest's pages happen to back contiguously.
-                let mut run: Option<(u64, usize)> = None;
-                while done < len {
-                    let page = usize::try_from(pos >> shift).map_err(|_| MemError::OutOfRange)?;
-                    let pa = *pages.get(page).ok_or(MemError::OutOfRange)?;
-                    let in_page = pos & mask;
-                    let n = ((mask + 1 - in_page) as usize).min(len - done);
-                    let at = pa.checked_add(in_page).ok_or(MemError::OutOfRange)?;
-                    run = match run {
-                        Some((start, from))
-                            if start.checked_add((done - from) as u64) == Some(at) =>
-                        {
-                            Some((start, from))
-                        }
-                        Some((start, from)) => {
-                            f(start, from..done)?;
-                            Some((at, done))
-                        }
-                        None => Some((at, done)),
-                    };
-                    done += n;
-                    pos += n as u64;
-                }
-                if let Some((start, from)) = run {
-                    f(start, from..done)?;
-                }
-                Ok(())
+                let start = page_offset.checked_add(x).ok_or(MemError::OutOfRange)?;
+                page_runs(start, len, *page_shift as u32, f, |page| {
+                    usize::try_from(page)
+                        .ok()
+                        .and_then(|i| pages.get(i).copied())
+                        .ok_or(MemError::OutOfRange)
+                })
             }
             Backing::Empty => Err(MemError::State),
         }
@@ -606,7 +581,7 @@ fn odp_extents(
     x: u64,
     len: usize,
     write: bool,
-    mut f: impl FnMut(u64, core::ops::Range<usize>) -> Result<(), MemError>,
+    f: impl FnMut(u64, core::ops::Range<usize>) -> Result<(), MemError>,
 ) -> Result<(), MemError> {
     let shift = ODP_PAGE_SHIFT as u32;
     let mask = (1u64 << shift) - 1;
@@ -629,14 +604,29 @@ fn odp_extents(
             }
         }
     }
+    page_runs(start, len, shift, f, |page| Ok(entry(page)? & !mask))
+}
+
+/// Visits the memory extents of `len` bytes from byte `start` of a page list (`shift` its
+/// page size), `page(i)` giving page `i`'s address: pages that follow each other in memory
+/// make one extent, so a buffer the guest's pages happen to back contiguously is one call.
+#[inline]
+fn page_runs(
+    start: u64,
+    len: usize,
+    shift: u32,
+    mut f: impl FnMut(u64, core::ops::Range<usize>) -> Result<(), MemError>,
+    page: impl Fn(u64) -> Result<u64, MemError>,
+) -> Result<(), MemError> {
+    let mask = (1u64 << shift) - 1;
     let mut pos = start;
     let mut done = 0usize;
     let mut run: Option<(u64, usize)> = None;
     while done < len {
-        let e = entry(pos >> shift)?;
+        let pa = page(pos >> shift)?;
         let in_page = pos & mask;
         let n = ((mask + 1 - in_page) as usize).min(len - done);
-        let at = (e & !mask) + in_page;
+        let at = pa.checked_add(in_page).ok_or(MemError::OutOfRange)?;
         run = match run {
             Some((start, from)) if start.checked_add((done - from) as u64) == Some(at) => {
                 Some((start, from))
