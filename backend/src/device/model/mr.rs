@@ -49,21 +49,25 @@ impl Model {
             return Err(Status::NoMemory);
         }
         // The list's copy is what the page-list cap bounds.
-        let lb = list_bytes(need as usize);
-        self.common.lists().charge(lb)?;
-        let r = resolve_page_list(mem, &c.pages, need as u32).and_then(|pages| {
-            self.any()
+        self.reg_charged(list_bytes(need as usize), |m| {
+            let pages = resolve_page_list(mem, &c.pages, need as u32)?;
+            let back = ring::pages_backing(c.pages.page_shift, offset, pages);
+            m.any()
                 .dev
-                .reg_mr(
-                    c.pdn,
-                    c.iova,
-                    c.length,
-                    Access(c.access),
-                    ring::pages_backing(c.pages.page_shift, offset, pages),
-                )
+                .reg_mr(c.pdn, c.iova, c.length, Access(c.access), back)
                 .map_err(verr)
-        });
-        match r {
+        })
+    }
+
+    /// A registration whose page list (or on-demand table) holds `lb` bytes of the page-list
+    /// budget: charged before `reg` runs, given back if it fails.
+    fn reg_charged(
+        &mut self,
+        lb: u64,
+        reg: impl FnOnce(&mut Self) -> Result<u32, Status>,
+    ) -> CmdResult {
+        self.common.lists().charge(lb)?;
+        match reg(self) {
             Ok(k) => body(abi::RespMr { lkey: k, rkey: k }),
             Err(e) => {
                 self.common.lists().release(lb);
@@ -95,30 +99,17 @@ impl Model {
         if need > crate::memory::guest_mem::MAX_PAGES as u64 {
             return Err(Status::Invalid);
         }
-        let lb = list_bytes(need as usize);
-        self.common.lists().charge(lb)?;
-        let r = self
-            .any()
-            .dev
-            .reg_mr(
-                c.pdn,
-                c.iova,
-                c.length,
-                Access(c.access),
-                Backing::Odp {
-                    key: 0,
-                    page_offset: offset,
-                    entries: vec![0; need as usize],
-                },
-            )
-            .map_err(verr);
-        match r {
-            Ok(k) => body(abi::RespMr { lkey: k, rkey: k }),
-            Err(e) => {
-                self.common.lists().release(lb);
-                Err(e)
-            }
-        }
+        let back = Backing::Odp {
+            key: 0,
+            page_offset: offset,
+            entries: vec![0; need as usize],
+        };
+        self.reg_charged(list_bytes(need as usize), |m| {
+            m.any()
+                .dev
+                .reg_mr(c.pdn, c.iova, c.length, Access(c.access), back)
+                .map_err(verr)
+        })
     }
 
     /// op::UPDATE_ODP. Once it answers, no access goes through the pages' old entries (the
