@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{bin, pair, rnr_retries_run_out, write_with_a_bad_rkey, T};
+use common::{bin, pair, rnr_retries_run_out, status, write_with_a_bad_rkey, T};
 use rxe_core::verbs::*;
 use vm_memory::ByteValued;
 use vur_testguest::abi::{op, Status};
@@ -156,14 +156,6 @@ fn cq_notification_through_the_notify_word() {
             e.kind == abi::event::KIND_COMPLETION
         });
         assert_eq!(e.is_some(), i == 3, "solicited-only arm, message {i}");
-    }
-}
-
-fn status(g: &mut Guest, opcode: u32, body: &[u8]) -> Status {
-    match g.cmd(opcode, body) {
-        Ok(_) => Status::Ok,
-        Err(Error::Status(s)) => s,
-        Err(e) => panic!("transport error {e:?}"),
     }
 }
 

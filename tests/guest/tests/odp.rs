@@ -7,7 +7,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::pair;
+use common::{pair, status};
 use rxe_core::verbs::*;
 use vm_memory::ByteValued;
 use vur_testguest::abi::{op, Status};
@@ -18,14 +18,6 @@ const ALL: Access = Access::LOCAL_WRITE.union(Access::REMOTE);
 /// Where the MR starts in its buffer, and its length: four pages of table.
 const OFF: usize = 0x234;
 const LEN: usize = 0x3000;
-
-fn status(g: &mut Guest, opcode: u32, body: &[u8]) -> Status {
-    match g.cmd(opcode, body) {
-        Ok(_) => Status::Ok,
-        Err(Error::Status(s)) => s,
-        Err(e) => panic!("transport error {e:?}"),
-    }
-}
 
 /// An ODP MR over `buf[OFF .. OFF+LEN]`: its key; the command carries no page list.
 fn reg_odp(g: &mut Guest, pd: u32, buf: &ram::VaMap) -> std::result::Result<u32, Status> {

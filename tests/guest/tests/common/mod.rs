@@ -167,3 +167,12 @@ pub fn run(test: &str, f: impl FnOnce() + Send + 'static) {
         vur_testkit::skip(test, &format!("cannot create a network namespace: {why}"));
     }
 }
+
+/// A control command's status: Ok, or the device's refusal (a transport error panics).
+pub fn status(g: &mut Guest, opcode: u32, body: &[u8]) -> abi::Status {
+    match g.cmd(opcode, body) {
+        Ok(_) => abi::Status::Ok,
+        Err(vur_testguest::error::Error::Status(s)) => s,
+        Err(e) => panic!("transport error {e:?}"),
+    }
+}
