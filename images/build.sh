@@ -37,7 +37,12 @@ cache=${VUR_CACHE_DIR:-$VUR_CACHE_ROOT/images}
 driver_src=$repo/guest-driver-patches/linux/virtio_rdma
 selftest_src=$repo/guest-driver-patches/linux/selftest
 # Packages of the module build chroot (the kernel headers are added by version).
-kbuild_pkgs=(gcc-14 make libc6-dev dkms xz-utils)
+kbuild_pkgs=(gcc-14 make libc6-dev dkms xz-utils
+    cmake ninja-build pkg-config libnl-3-dev libnl-route-3-dev libudev-dev python3 dpkg-dev)
+# The rxe provider (librxe) of the image's rdma-core, rebuilt from Debian's source with
+# guest-driver-patches/rdma-core/*.patch (verbs that stock librxe leaves out, e.g.
+# ibv_reg_dmabuf_mr) in the build chroot, replaces Debian's in the image.
+provider_src=$repo/guest-driver-patches/rdma-core
 suite=trixie
 # Kernel package: the newest linux-image-6.12.*-amd64-unsigned in the suite.
 kernel_re='^linux-image-6\.12\.[0-9a-z.+~]*-amd64-unsigned$'
@@ -80,8 +85,12 @@ driver_hash() { # contents and names of the driver (and self test) sources
         ! -name '*.mod*' ! -name 'Module.symvers' ! -name 'modules.order' -print0 |
         LC_ALL=C sort -z | xargs -0 sha256sum) | sha256sum | cut -c1-16
 }
+provider_hash() { # the provider patches' names and contents
+    compgen -G "$provider_src/*.patch" >/dev/null || { echo none && return; }
+    (cd "$provider_src" && sha256sum -- *.patch) | sha256sum | cut -c1-16
+}
 key=$( { echo "$key1"; cat "$here/init" "$here/vur-gid" "$repo/packaging/dkms/dkms.conf" \
-    "$repo/packaging/dkms/build-dkms-deb.sh"; driver_hash; } | sha256sum | cut -c1-16)
+    "$repo/packaging/dkms/build-dkms-deb.sh"; driver_hash; provider_hash; } | sha256sum | cut -c1-16)
 rootfs=$cache/rootfs-$key1
 out=$cache/$key
 
@@ -267,6 +276,69 @@ if [[ -d $driver_src ]]; then
     step "build virtio_rdma.ko for $kver" do_driver
 fi
 
+# The rxe provider with the patches: the orig tarball of Debian's rdma-core source of the
+# version in the image (checked against the SHA256 of the archive's signed Sources index),
+# the patches, and cmake/ninja in the build chroot, for lib/librxe-rdmav<ABI>.so only. The
+# tarball is kept in the build chroot, the provider in provider-<version>-<patches>/.
+provider_ver='' provider_out=''
+do_provider() {
+    local run=(chroot "$kbuild" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8
+        DEBIAN_FRONTEND=noninteractive) upstream uris orig sum so p
+    upstream=${provider_ver%-*}
+    upstream=${upstream#*:}
+    orig=rdma-core_$upstream.orig.tar.gz
+    mkdir -p "$kbuild/var/cache/vur-src"
+    chroot_mounts "$kbuild"
+    if [[ ! -f $kbuild/var/cache/vur-src/$orig.ok ]]; then
+        # deb-src of the chroot's own archive
+        sed -n 's/^deb /deb-src /p' "$kbuild/etc/apt/sources.list" >"$kbuild/etc/apt/sources.list.d/vur-src.list"
+        "${run[@]}" apt-get update -qq >"$cache/provider-build.log" 2>&1 ||
+            { tail -20 "$cache/provider-build.log"; die "apt-get update (deb-src) failed"; }
+        uris=$("${run[@]}" apt-get source --print-uris "rdma-core=$provider_ver" 2>/dev/null)
+        sum=$(awk -v f="$orig" '$2 == f && $4 ~ /^SHA256:/ {sub(/^SHA256:/, "", $4); print $4}' <<<"$uris")
+        [[ -n $sum ]] || die "the archive's Sources index names no $orig for rdma-core=$provider_ver"
+        # apt-get source gives up as a whole when one file (here the .dsc) is not served: go
+        # on and check the tarball against the index.
+        "${run[@]}" sh -c "cd /var/cache/vur-src && apt-get source --download-only -qq rdma-core=$provider_ver" \
+            >>"$cache/provider-build.log" 2>&1 || true
+        [[ -f $kbuild/var/cache/vur-src/$orig ]] || { tail -20 "$cache/provider-build.log"; die "$orig could not be downloaded"; }
+        echo "$sum  $kbuild/var/cache/vur-src/$orig" | sha256sum -c --quiet - ||
+            die "$orig: SHA256 does not match the Sources index"
+        touch "$kbuild/var/cache/vur-src/$orig.ok"
+    fi
+    rm -rf "$kbuild/src/rdma-core"
+    mkdir -p "$kbuild/src/rdma-core"
+    tar -xzf "$kbuild/var/cache/vur-src/$orig" -C "$kbuild/src/rdma-core" --strip-components=1
+    for p in "$provider_src"/*.patch; do
+        log "  patch -p1 < ${p##*/}"
+        patch -d "$kbuild/src/rdma-core" -p1 --forward --batch --quiet <"$p" ||
+            die "${p##*/} does not apply to rdma-core $upstream"
+    done
+    "${run[@]}" CC=gcc-14 sh -c 'cd /src/rdma-core && mkdir build && cd build &&
+        cmake -GNinja -DCMAKE_BUILD_TYPE=Release -DNO_MAN_PAGES=1 -DNO_PYVERBS=1 .. &&
+        ninja lib/librxe-rdmav34.so' >>"$cache/provider-build.log" 2>&1 ||
+        { tail -30 "$cache/provider-build.log"; die "the rxe provider did not build (log: $cache/provider-build.log)"; }
+    chroot_umounts
+    so=$kbuild/src/rdma-core/build/lib/librxe-rdmav34.so
+    grep ': warning:' "$cache/provider-build.log" | head -5 || true
+    rm -rf "$provider_out.tmp"
+    mkdir -p "$provider_out.tmp"
+    install -m 644 "$so" "$provider_out.tmp/librxe-rdmav34.so"
+    strip --strip-unneeded "$provider_out.tmp/librxe-rdmav34.so"
+    (cd "$provider_src" && sha256sum -- *.patch) >"$provider_out.tmp/patches.sha256"
+    rm -rf "$provider_out" "$kbuild/src/rdma-core"
+    mv "$provider_out.tmp" "$provider_out"
+}
+if [[ $(provider_hash) != none ]]; then
+    provider_ver=$(chroot "$rootfs" dpkg-query -W -f='${source:Version}' libibverbs1)
+    provider_out=$cache/provider-${provider_ver//[:~]/_}-$(provider_hash)
+    if [[ -f $provider_out/librxe-rdmav34.so ]]; then
+        log "reusing the rxe provider $provider_out"
+    else
+        step "rxe provider of rdma-core $provider_ver with guest-driver-patches/rdma-core" do_provider
+    fi
+fi
+
 # --- stage 2: prune a copy into the initramfs tree ------------------------------------
 stage=$cache/stage-$key
 
@@ -327,6 +399,11 @@ do_stage() {
             install -m 644 "$kbuild/src/selftest/vrdma_selftest.ko" "$m/updates/vrdma_selftest.ko"
     fi
     chroot "$stage" depmod -a "$kver"
+    if [[ -n $provider_out ]]; then
+        [[ -f $stage/usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so ]] ||
+            die "the image's rdma-core has no librxe-rdmav34.so to replace"
+        install -m 644 "$provider_out/librxe-rdmav34.so" "$stage/usr/lib/x86_64-linux-gnu/libibverbs/"
+    fi
     kept=$(find "$m/kernel" -name '*.ko*' | wc -l)
     log "modules: kept $kept of $all ($(du -sh "$m" | cut -f1))"
     # The kernel opens /dev/console before /init runs and mounts devtmpfs only later.
@@ -350,6 +427,7 @@ do_manifest() {
         echo "perftest: $(chroot "$stage" dpkg-query -W -f='${Version}' perftest)"
         echo "iproute2: $(chroot "$stage" dpkg-query -W -f='${Version}' iproute2)"
         [[ ! -d $driver_src ]] || echo "virtio_rdma: $(driver_hash) (guest-driver-patches/linux)"
+        [[ -z $provider_out ]] || echo "librxe: rdma-core ${provider_ver%-*} (orig tarball) with $(cd "$provider_src" && echo *.patch) ($(provider_hash), guest-driver-patches/rdma-core)"
         echo "initrd.img: $(du -k "$out.tmp/initrd.img" | cut -f1) KiB, $(find "$stage" | wc -l) files"
         echo
         echo "## kernel config (selected)"

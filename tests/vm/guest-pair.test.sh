@@ -61,7 +61,9 @@
 # rdma_cm: devices and nic), datacheck (tests/vm/vur-datacheck.py: every byte of SEND, WRITE and READ on RC,
 # SEND and WRITE on UC, SEND on UD and through an SRQ, both ways, checked: the data check of
 # every mode; once per mode, as it moves every payload both ways itself: in the rxe and nic-rxe
-# modes the device guest serves), rc uc ud srq (the libibverbs examples with -c: a smoke; their server looks at
+# modes the device guest serves), datacheck_dmabuf (the same with every buffer of a virtio-rdma
+# side a dma-buf MR: a udmabuf, ibv_reg_dmabuf_mr through guest-driver-patches/rdma-core's
+# librxe; in the defaults of devices and rxe, where rxe's side keeps plain MRs), rc uc ud srq (the libibverbs examples with -c: a smoke; their server looks at
 # byte 0 of each page, and a step that prints "invalid data" fails), send_lat send_bw
 # write_lat write_bw read_bw atomic_bw (perftest: completes), rping (rdma_cm, -V: each ping's
 # data verified, the CM over each side's QP1). The host checks every step's command line and
@@ -116,7 +118,7 @@ rdma_tools=(datacheck rc uc ud srq send_lat send_bw write_lat write_bw read_bw a
 # routed (multicast is not routed) or same-host (it crosses the kernel); in the other rxe
 # modes only when named (the daemon's address is on loopback, where the rxe guest's multicast
 # does not reach)
-all_tools=(tcp "${rdma_tools[@]}" mckey)
+all_tools=(tcp "${rdma_tools[@]}" mckey datacheck_dmabuf)
 tools=("$@")
 nic_defaults=$((${#tools[@]} == 0))
 if [[ ${modes[*]} == soak ]]; then
@@ -245,7 +247,7 @@ pair_steps() {
     shift 2
     (($#)) || set -- "${tools[@]}"
     for t in "$@"; do
-        if [[ $t == datacheck ]]; then
+        if [[ $t == datacheck || $t == datacheck_dmabuf ]]; then
             steps+="${steps:+,}$t@$a"
         elif [[ $t == mckey ]]; then
             # the device sends, the rxe guest ($b) receives: rxe 6.12 as a multicast sender
@@ -270,7 +272,7 @@ run_mode() {
         local soak_env=()
         if [[ $mode != soak ]]; then
             local dt=("${tools[@]}")
-            [[ $mode == devices ]] && ((nic_defaults)) && dt+=(mckey)
+            [[ $mode == devices ]] && ((nic_defaults)) && dt+=(mckey datacheck_dmabuf)
             for t in "${dt[@]}"; do steps+="${steps:+,}$t@a"; done
         else
             # servers alternate between the guests, so that both directions carry each kind
@@ -376,6 +378,8 @@ run_mode() {
         ;;
     rxe | rxe-io | rxe-shards | rxe-gso)
         pair_steps dev rxe
+        # the device's buffers as dma-buf MRs against rxe's plain ones: in rxe's defaults
+        [[ $mode == rxe ]] && ((nic_defaults)) && pair_steps dev rxe datacheck_dmabuf
         local io=()
         [[ $mode == rxe-io ]] && io=(--io-thread)
         [[ $mode == rxe-shards ]] && io=(--engine-shards 2 --shard-threads)
@@ -595,14 +599,17 @@ for path in sorted(glob.glob(os.path.join(sys.argv[2], "*.console.log"))):
                 bad.append(f"{me}: step {i} {tool} {role}: the command lacks -c: {b['cmd']}")
             if "invalid data" in out:
                 bad.append(f"{me}: step {i} {tool} {role}: 'invalid data' in its output")
-        if tool == "datacheck":
+        if tool in ("datacheck", "datacheck_dmabuf"):
             if "vur-datacheck.py" not in b["cmd"] or "-d" not in argv or "-g" not in argv:
-                bad.append(f"{me}: step {i} datacheck {role}: not vur-datacheck.py -d DEV -g GID: {b['cmd']}")
+                bad.append(f"{me}: step {i} {tool} {role}: not vur-datacheck.py -d DEV -g GID: {b['cmd']}")
+            # datacheck_dmabuf: a virtio-rdma side's buffers are dma-buf MRs (an rxe side's not)
+            dev = argv[argv.index("-d") + 1] if "-d" in argv[:-1] else ""
+            mem = "dmabuf" if tool == "datacheck_dmabuf" and dev.startswith("vrdma") else "mr"
             for t in ("rc", "uc", "ud", "srq"):
-                if not re.search(rf"^DATACHECK ok transport={t} role={role} ", out, re.M):
-                    bad.append(f"{me}: step {i} datacheck {role}: no 'DATACHECK ok transport={t} role={role}' line")
+                if not re.search(rf"^DATACHECK ok transport={t} role={role} dev=\S+ mem={mem} ", out, re.M):
+                    bad.append(f"{me}: step {i} {tool} {role}: no 'DATACHECK ok transport={t} role={role} dev=... mem={mem}' line")
             if not re.search(rf"^DATACHECK done role={role} ", out, re.M):
-                bad.append(f"{me}: step {i} datacheck {role}: no 'DATACHECK done' line")
+                bad.append(f"{me}: step {i} {tool} {role}: no 'DATACHECK done' line")
 for b in bad:
     print(b)
 print(f"{seen} {len(bad)}")

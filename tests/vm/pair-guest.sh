@@ -130,6 +130,13 @@ tool_cmds() {
     # UC, SEND on UD and through an SRQ, both ways, checked (tests/vm/vur-datacheck.py, shipped
     # beside this script); one "DATACHECK ok transport=T" line per transport
     datacheck) echo "$p|python3 $here/vur-datacheck.py -d $dev -g $gid -m $mtu -u $ack_to -n ${PAIR_DC_MSGS:-48} -p $p|" ;;
+    # the same with every buffer of a virtio-rdma side a dma-buf MR (udmabuf, ibv_reg_dmabuf_mr);
+    # Linux rxe cannot register one, so an rxe side keeps plain MRs
+    datacheck_dmabuf)
+        local dm=''
+        [[ $dev == vrdma* ]] && dm=' --dmabuf'
+        echo "$p|python3 $here/vur-datacheck.py -d $dev -g $gid -m $mtu -u $ack_to -n ${PAIR_DC_MSGS:-48}$dm -p $p|"
+        ;;
     # -u 20 (PAIR_ACK_TIMEOUT's default): a 4 s ACK timeout (perftest's default is 67 ms):
     # under TCG a busy guest misses 67 ms often, and a retransmitting rxe 6.12 requester can
     # hang on its completer bug (docs/interop.md). Two devices retransmit in their daemons,

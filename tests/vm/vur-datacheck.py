@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Every byte the guest's RDMA stack moves, checked: a pyverbs peer pair for the test guests.
 
-    vur-datacheck.py -d DEV -g GID-INDEX [-m MTU] [-u ACK-TIMEOUT] [-n N] [-t rc,uc,ud,srq] -p PORT [SERVER]
+    vur-datacheck.py -d DEV -g GID-INDEX [-m MTU] [-u ACK-TIMEOUT] [-n N] [-t rc,uc,ud,srq] [--dmabuf] -p PORT [SERVER]
 
 Without SERVER it listens on PORT (TCP, any address) and serves one client; with SERVER it
 connects to SERVER:PORT. The two sides set their QPs up over that TCP connection (as the
@@ -27,19 +27,28 @@ byte beyond the message, or in the gap between two SGEs, written).
 Every work request must get exactly one completion, with success, the opcode, byte_len and
 immediate data it must have (UD: the GRH flag and the sender's QPN; SRQ: per QP in order).
 
+With --dmabuf every buffer of this side is a dma-buf MR (ibv_reg_dmabuf_mr): a udmabuf
+exported from a sealed memfd, the MR starting DMABUF_OFFSET bytes into it (inside its second
+page), its bytes written and read through the memfd's own mapping, which holds the very pages
+the device moves. The other side may or may not do the same (Linux rxe cannot).
+
 One line per transport on success, the host's assertion:
-    DATACHECK ok transport=rc role=server dev=vrdma0 ops=send:96,... messages=N bytes=M
+    DATACHECK ok transport=rc role=server dev=vrdma0 mem=mr ops=send:96,... messages=N bytes=M
 (messages and bytes of both directions; each one was checked by the side that received it,
 and its sender heard so). On the first difference both sides print
     DATACHECK FAIL transport=rc op=send dir=client->server message=I len=L offset=O: ...
 and exit 1. Runs in the test guests (tests/vm/pair-guest.sh) with python3-pyverbs.
 """
 import argparse
+import fcntl
 import hashlib
 import json
+import mmap
+import os
 import random
 import select
 import socket
+import struct
 import sys
 import time
 
@@ -60,18 +69,23 @@ NO_FF = bytes(range(255)) + b"\xfe"
 SEND_FILLER = 0xEE  # between the two SGEs of a two-SGE send: must never arrive
 MTUS = [256, 512, 1024, 2048, 4096]
 OPS = {"rc": ["send", "write", "read"], "uc": ["send", "write"], "ud": ["send"], "srq": ["send"]}
+PAGE = 4096
+DMABUF_OFFSET = PAGE + 256  # where a --dmabuf MR starts in its dma-buf
+# <linux/udmabuf.h>: _IOW('u', 0x42, struct udmabuf_create {u32 memfd, flags; u64 offset, size})
+UDMABUF_CREATE = (1 << 30) | (24 << 16) | (ord("u") << 8) | 0x42
+UDMABUF_FLAGS_CLOEXEC = 1
 
 
 def import_pyverbs():
     """pyverbs, imported once the TCP connection is up: its import takes seconds under TCG,
     and so both sides import at once instead of the client after the server."""
     global e, AH, AHAttr, GID, GlobalRoute, CQ, Context, MR, PD, QP, QPAttr, QPCap, QPInitAttr
-    global SRQ, SrqAttr, SrqInitAttr, SGE, RecvWR, SendWR, MTU_ENUM, MTU_BYTES, WC_STATUS
+    global SRQ, SrqAttr, SrqInitAttr, SGE, RecvWR, SendWR, MTU_ENUM, MTU_BYTES, WC_STATUS, DmaBufMR
     import pyverbs.enums as e
     from pyverbs.addr import AH, AHAttr, GID, GlobalRoute
     from pyverbs.cq import CQ
     from pyverbs.device import Context
-    from pyverbs.mr import MR
+    from pyverbs.mr import MR, DmaBufMR
     from pyverbs.pd import PD
     from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
     from pyverbs.srq import SRQ, SrqAttr, SrqInitAttr
@@ -84,6 +98,61 @@ def import_pyverbs():
 
 class Fail(Exception):
     pass
+
+
+class UdmabufMR:
+    """--dmabuf: an MR over a dma-buf, seen by the checks as they see an MR (buf, lkey, rkey,
+    write, read). udmabuf exports the pages of a sealed memfd; pyverbs registers bytes
+    DMABUF_OFFSET .. DMABUF_OFFSET + length of it with that offset as the IOVA; write and read
+    go through the memfd's own mapping."""
+
+    def __init__(self, pd, length, access):
+        size = (DMABUF_OFFSET + length + PAGE - 1) // PAGE * PAGE
+        self.memfd = os.memfd_create("vur-datacheck", os.MFD_ALLOW_SEALING)
+        self.fd = self.map = self.mr = None
+        try:
+            os.ftruncate(self.memfd, size)
+            fcntl.fcntl(self.memfd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+            try:
+                udev = os.open("/dev/udmabuf", os.O_RDWR)
+            except OSError as x:
+                raise Fail(f"--dmabuf: /dev/udmabuf: {x}")
+            try:
+                req = bytearray(struct.pack("=IIQQ", self.memfd, UDMABUF_FLAGS_CLOEXEC, 0, size))
+                self.fd = fcntl.ioctl(udev, UDMABUF_CREATE, req, True)
+            except OSError as x:
+                raise Fail(f"--dmabuf: UDMABUF_CREATE of {size} bytes: {x}")
+            finally:
+                os.close(udev)
+            self.map = mmap.mmap(self.memfd, size)
+            try:
+                self.mr = DmaBufMR(pd, length, access, dmabuf=self.fd, offset=DMABUF_OFFSET)
+            except Exception as x:
+                raise Fail(f"--dmabuf: ibv_reg_dmabuf_mr of {length} bytes at offset {DMABUF_OFFSET}: {x}")
+        except BaseException:
+            self.close()
+            raise
+        self.buf, self.lkey, self.rkey = DMABUF_OFFSET, self.mr.lkey, self.mr.rkey
+
+    def write(self, data, length, offset=0):
+        o = DMABUF_OFFSET + offset
+        self.map[o:o + length] = bytes(data[:length])
+
+    def read(self, length, offset=0):
+        o = DMABUF_OFFSET + offset
+        return self.map[o:o + length]
+
+    def close(self):
+        if self.mr is not None:
+            self.mr.close()
+            self.mr = None
+        if self.map is not None:
+            self.map.close()
+            self.map = None
+        for fd in (self.fd, self.memfd):
+            if fd is not None:
+                os.close(fd)
+        self.fd = self.memfd = None
 
 
 class Ctl:
@@ -164,7 +233,8 @@ class Transport:
         self.tx_base = BATCH * SLOT
         self.imm_base = 2 * BATCH * SLOT
         access = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
-        self.mr = MR(pd, 2 * BATCH * SLOT + BATCH * IMM_SLOT, access)
+        size = 2 * BATCH * SLOT + BATCH * IMM_SLOT
+        self.mr = UdmabufMR(pd, size, access) if run.args.dmabuf else MR(pd, size, access)
         self.srq = None
         qpt = {"rc": e.IBV_QPT_RC, "srq": e.IBV_QPT_RC, "uc": e.IBV_QPT_UC, "ud": e.IBV_QPT_UD}[name]
         sge = min(2, run.max_sge)
@@ -575,7 +645,8 @@ class Run:
             self.ctl.recv("end")
             self.no_more_wcs(tp, f"transport={name} at the end")
             ops = ",".join(f"{o}:{c}" for (t, o), c in self.counts.items() if t == name)
-            print(f"DATACHECK ok transport={name} role={self.role} dev={self.args.dev} mtu={self.mtu} "
+            mem = "dmabuf" if self.args.dmabuf else "mr"
+            print(f"DATACHECK ok transport={name} role={self.role} dev={self.args.dev} mem={mem} mtu={self.mtu} "
                   f"ops={ops} messages={self.moved[0] - before[0]} bytes={self.moved[1] - before[1]}",
                   flush=True)
         finally:
@@ -591,6 +662,8 @@ def main():
     ap.add_argument("-n", type=int, default=48, help="messages per operation and direction")
     ap.add_argument("-t", dest="transports", default="rc,uc,ud,srq", help="transports, in order")
     ap.add_argument("-p", dest="port", type=int, default=18600, help="TCP port")
+    ap.add_argument("--dmabuf", action="store_true",
+                    help="this side's buffers are dma-buf MRs (udmabuf; ibv_reg_dmabuf_mr)")
     ap.add_argument("server", nargs="?", help="the server's address (client side)")
     args = ap.parse_args()
     args.transports = args.transports.split(",")

@@ -14,6 +14,10 @@
 #include <rdma/ib_cache.h>
 #include <rdma/ib_mad.h>
 #include <rdma/uverbs_ioctl.h>
+/* the DMA block iterator has a header of its own in newer kernels, ib_umem.h's before */
+#if __has_include(<rdma/iter.h>)
+#include <rdma/iter.h>
+#endif
 
 #include "virtio_rdma.h"
 
@@ -1615,6 +1619,54 @@ static int vrdma_resize_user_cq(struct ib_cq *ibcq, unsigned int cqe, struct ib_
 }
 #endif
 
+/*
+ * Hands mr->umem's pages (npages of them, from next(ctx)) to the device as a REG_USER_MR of
+ * length bytes at iova, byte 0 at page_offset of the first page (§5.8); fills in the keys.
+ */
+static int vrdma_reg_pages(struct ib_pd *ibpd, struct vrdma_mr *mr, size_t npages,
+			   u32 page_offset, u64 iova, u64 length, int access,
+			   u64 (*next)(void *ctx), void *ctx)
+{
+	struct vrdma_dev *dev = to_vdev(ibpd->device);
+	struct vrdma_cmd_reg_user_mr cmd = {};
+	struct vrdma_resp_mr r;
+	struct vrdma_pl pl;
+	int err;
+
+	if (!npages || npages > U32_MAX)
+		return -EINVAL;
+	err = vrdma_pl_build(dev, &pl, npages, next, ctx);
+	if (err)
+		return err;
+	cmd.pdn = cpu_to_le32(pdn_of(ibpd));
+	cmd.access = cpu_to_le32(access_to_dev(access));
+	cmd.iova = cpu_to_le64(iova);
+	cmd.length = cpu_to_le64(length);
+	cmd.pages = pl.desc;
+	cmd.page_offset = cpu_to_le32(page_offset);
+	err = vrdma_cmd(dev, VRDMA_CMD_REG_USER_MR, &cmd, sizeof(cmd), &r, sizeof(r));
+	vrdma_pl_free(&pl);
+	if (err)
+		return err;
+	mr->ibmr.lkey = le32_to_cpu(r.lkey);
+	mr->ibmr.rkey = le32_to_cpu(r.rkey);
+	mr->dev_key = mr->ibmr.lkey;
+	mr->ibmr.iova = iova;
+	mr->ibmr.length = length;
+	return 0;
+}
+
+/*
+ * Byte x of the MR is at page_offset + x of the page list (§5.8), page_offset being where the
+ * first byte lies in its page: any IOVA works (ibv_reg_mr_iova). A device without
+ * MR_PAGE_OFFSET takes iova mod page instead, so there the IOVA must be congruent.
+ */
+static bool vrdma_iova_ok(struct vrdma_dev *dev, u64 start, u64 iova)
+{
+	return (le32_to_cpu(dev->cfg.caps) & VRDMA_CAP_MR_PAGE_OFFSET) ||
+	       !((start ^ iova) & ~PAGE_MASK);
+}
+
 static struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length, u64 iova,
 				       int access,
 #ifdef VRDMA_HAVE_REG_MR_DMAH
@@ -1623,21 +1675,11 @@ static struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length
 				       struct ib_udata *udata)
 {
 	struct vrdma_dev *dev = to_vdev(ibpd->device);
-	struct vrdma_cmd_reg_user_mr cmd = {};
-	struct vrdma_resp_mr r;
 	struct vrdma_mr *mr;
 	struct umem_it it;
-	struct vrdma_pl pl;
-	size_t npages;
 	int err;
 
-	/*
-	 * Byte x of the MR is at page_offset + x of the page list (§5.8), page_offset being
-	 * where start lies in its page: any IOVA works (ibv_reg_mr_iova). A device without
-	 * MR_PAGE_OFFSET takes iova mod page instead, so there the IOVA must be congruent.
-	 */
-	if (!(le32_to_cpu(dev->cfg.caps) & VRDMA_CAP_MR_PAGE_OFFSET) &&
-	    ((start ^ iova) & ~PAGE_MASK))
+	if (!vrdma_iova_ok(dev, start, iova))
 		return ERR_PTR(-EINVAL);
 	if (access & IB_ACCESS_ON_DEMAND)
 		return vrdma_reg_odp_mr(ibpd, pdn_of(ibpd), start, length, iova, access);
@@ -1653,31 +1695,71 @@ static struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length
 		err = PTR_ERR(mr->umem);
 		goto err_free;
 	}
-	npages = ib_umem_num_pages(mr->umem);
-	if (!npages || npages > U32_MAX) {
-		err = -EINVAL;
-		goto err_umem;
-	}
 	__sg_page_iter_start(&it.piter, mr->umem->sgt_append.sgt.sgl,
 			     mr->umem->sgt_append.sgt.orig_nents, 0);
-	err = vrdma_pl_build(dev, &pl, npages, umem_next, &it);
+	err = vrdma_reg_pages(ibpd, mr, ib_umem_num_pages(mr->umem), ib_umem_offset(mr->umem),
+			      iova, length, access, umem_next, &it);
 	if (err)
 		goto err_umem;
-	cmd.pdn = cpu_to_le32(pdn_of(ibpd));
-	cmd.access = cpu_to_le32(access_to_dev(access));
-	cmd.iova = cpu_to_le64(iova);
-	cmd.length = cpu_to_le64(length);
-	cmd.pages = pl.desc;
-	cmd.page_offset = cpu_to_le32(ib_umem_offset(mr->umem));
-	err = vrdma_cmd(dev, VRDMA_CMD_REG_USER_MR, &cmd, sizeof(cmd), &r, sizeof(r));
-	vrdma_pl_free(&pl);
+	return &mr->ibmr;
+
+err_umem:
+	ib_umem_release(mr->umem);
+err_free:
+	kfree(mr);
+	return ERR_PTR(err);
+}
+
+static u64 dma_block_next(void *ctx)
+{
+	struct ib_block_iter *biter = ctx;
+
+	__rdma_block_iter_next(biter);
+	return rdma_block_iter_dma_address(biter);
+}
+
+/*
+ * A dma-buf MR (ibv_reg_dmabuf_mr): bytes offset .. offset + length of the dma-buf behind fd.
+ * The buffer is attached pinned, so the exporter keeps it where it is while the MR lives; one
+ * that must be able to move (it cannot be pinned) is refused by the attach. It is mapped for
+ * the virtio function's PCI device: the device is given no IOMMU (no VIRTIO_F_ACCESS_PLATFORM),
+ * so those DMA addresses are the guest-physical ones the page list carries (§5.8).
+ */
+static struct ib_mr *vrdma_reg_user_mr_dmabuf(struct ib_pd *ibpd, u64 offset, u64 length,
+					      u64 iova, int fd, int access,
+#ifdef VRDMA_HAVE_REG_MR_DMAH
+					      struct ib_dmah *dmah,
+#endif
+					      struct uverbs_attr_bundle *attrs)
+{
+	struct vrdma_dev *dev = to_vdev(ibpd->device);
+	struct ib_umem_dmabuf *umem_dmabuf;
+	struct ib_block_iter biter;
+	struct vrdma_mr *mr;
+	int err;
+
+	if (access & IB_ACCESS_ON_DEMAND)
+		return ERR_PTR(-EOPNOTSUPP);
+	if (!vrdma_iova_ok(dev, offset, iova))
+		return ERR_PTR(-EINVAL);
+	mr = kzalloc(sizeof(*mr), GFP_KERNEL);
+	if (!mr)
+		return ERR_PTR(-ENOMEM);
+	umem_dmabuf = ib_umem_dmabuf_get_pinned_with_dma_device(ibpd->device,
+								dev->vdev->dev.parent, offset,
+								length, fd, access);
+	if (IS_ERR(umem_dmabuf)) {
+		err = PTR_ERR(umem_dmabuf);
+		goto err_free;
+	}
+	mr->umem = &umem_dmabuf->umem;
+	/* the mapped list starts at the page that holds byte offset of the buffer */
+	__rdma_umem_block_iter_start(&biter, mr->umem, PAGE_SIZE);
+	err = vrdma_reg_pages(ibpd, mr, ib_umem_num_dma_blocks(mr->umem, PAGE_SIZE),
+			      ib_umem_offset(mr->umem), iova, length, access, dma_block_next,
+			      &biter);
 	if (err)
 		goto err_umem;
-	mr->ibmr.lkey = le32_to_cpu(r.lkey);
-	mr->ibmr.rkey = le32_to_cpu(r.rkey);
-	mr->dev_key = mr->ibmr.lkey;
-	mr->ibmr.iova = iova;
-	mr->ibmr.length = length;
 	return &mr->ibmr;
 
 err_umem:
@@ -1975,6 +2057,7 @@ const struct ib_device_ops vrdma_dev_ops = {
 	.query_qp = vrdma_query_qp,
 	.query_srq = vrdma_query_srq,
 	.reg_user_mr = vrdma_reg_user_mr,
+	.reg_user_mr_dmabuf = vrdma_reg_user_mr_dmabuf,
 	.req_notify_cq = vrdma_req_notify_cq,
 #ifdef VRDMA_HAVE_RESIZE_USER_CQ
 	.resize_user_cq = vrdma_resize_user_cq,
