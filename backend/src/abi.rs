@@ -50,6 +50,9 @@ pub mod caps {
     /// mapped, UPDATE_ODP maps and unmaps its pages, PAGE_FAULT events ask for them
     /// (docs/virtio-rdma.md §5.10).
     pub const ODP: u32 = 1 << 9;
+    /// REREG_MR changes a user MR in place, its keys kept (`ibv_rereg_mr`): PD, access,
+    /// translation (docs/virtio-rdma.md §5.8).
+    pub const REREG_MR: u32 = 1 << 10;
 }
 
 macro_rules! byte_valued {
@@ -170,6 +173,8 @@ pub mod op {
     pub const QUERY_STATS: u32 = 32;
     /// Maps, unmaps or fails pages of an on-demand-paging MR (caps ODP): [`super::CmdUpdateOdp`].
     pub const UPDATE_ODP: u32 = 33;
+    /// Changes a user MR in place, its keys kept (caps REREG_MR): [`super::CmdReregMr`].
+    pub const REREG_MR: u32 = 34;
 }
 
 /// QUERY_STATS' counters, in this order: Linux rxe's hw counters of the same names (what
@@ -513,6 +518,30 @@ pub struct CmdRegUserMr {
     /// `iova mod page`.
     pub page_offset: u32,
     pub reserved: u32,
+}
+
+/// REREG_MR: the user MR `lkey` gets, with flags PD, PD `pdn`; with ACCESS, access `access`;
+/// with TRANS, IOVA `iova`, length `length` and the pages `pages` with `page_offset` (as
+/// REG_USER_MR's). What no flag names stays; the keys stay. Answers [`RespMr`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CmdReregMr {
+    pub lkey: u32,
+    pub flags: u32,
+    pub pdn: u32,
+    pub access: u32,
+    pub iova: u64,
+    pub length: u64,
+    pub pages: PageListDesc,
+    pub page_offset: u32,
+    pub reserved: u32,
+}
+
+/// [`CmdReregMr`]'s flags (the kernel's `IB_MR_REREG_*`).
+pub mod rereg {
+    pub const TRANS: u32 = 1 << 0;
+    pub const PD: u32 = 1 << 1;
+    pub const ACCESS: u32 = 1 << 2;
 }
 
 /// `IBV_ACCESS_ON_DEMAND`: REG_USER_MR makes an on-demand-paging MR (caps ODP).
@@ -895,6 +924,7 @@ byte_valued! {
     RespQuerySrq = 16,
     CmdRegUserMr = 48,
     CmdUpdateOdp = 40,
+    CmdReregMr = 56,
     RespMr = 8,
     CmdRegDmaMr = 8,
     CmdAllocMr = 8,

@@ -58,6 +58,16 @@ fn push_recv(
     Ok(())
 }
 
+/// The access a user MR may have: known bits; remote write or atomic only with local write
+/// (IBTA 10.6.3.1); no FLUSH_PERSISTENT (no memory is persistent memory to the engine: a FLUSH
+/// could never make it persistent; rxe refuses the right for every page that is not pmem).
+fn user_mr_access_ok(access: Access) -> bool {
+    access.0 & !Access::ALL.0 == 0
+        && (access.contains(Access::LOCAL_WRITE)
+            || !(access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC)))
+        && !access.contains(Access::FLUSH_PERSISTENT)
+}
+
 impl Device {
     pub fn new(cfg: DeviceConfig) -> Self {
         Self::new_sharded(cfg, 1).remove(0)
@@ -259,32 +269,10 @@ impl Device {
         let max_bytes = self.res.cfg.max_registered_bytes;
         let mut o = self.res.objs_mut();
         o.pd_ref(pd, 0)?;
-        if access.0 & !Access::ALL.0 != 0
-            || length > self.res.cfg.max_mr_size
-            || iova.checked_add(length).is_none()
-        {
+        if !user_mr_access_ok(access) {
             return Err(VerbError::Invalid);
         }
-        // Remote write/atomic require local write (IBTA 10.6.3.1).
-        if (access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC))
-            && !access.contains(Access::LOCAL_WRITE)
-        {
-            return Err(VerbError::Invalid);
-        }
-        // No memory is persistent memory to the engine: a FLUSH could never make it
-        // persistent. rxe refuses this right for every page that is not pmem (EINVAL).
-        if access.contains(Access::FLUSH_PERSISTENT) {
-            return Err(VerbError::Invalid);
-        }
-        if let Backing::Pages {
-            page_shift,
-            page_offset,
-            pages,
-        } = &backing
-        {
-            check_page_list(*page_offset, length, *page_shift, pages)
-                .map_err(|_| VerbError::Invalid)?;
-        }
+        self.check_translation(iova, length, &backing)?;
         if let Backing::Odp {
             page_offset,
             entries,
@@ -450,6 +438,87 @@ impl Device {
             o.registered_bytes -= mr.length;
         }
         o.pd_ref(mr.pd, -1)
+    }
+
+    /// A user MR's IOVA range and page list: inside the limits, the list covering the range.
+    fn check_translation(
+        &self,
+        iova: u64,
+        length: u64,
+        backing: &Backing,
+    ) -> Result<(), VerbError> {
+        if length > self.res.cfg.max_mr_size || iova.checked_add(length).is_none() {
+            return Err(VerbError::Invalid);
+        }
+        if let Backing::Pages {
+            page_shift,
+            page_offset,
+            pages,
+        } = backing
+        {
+            check_page_list(*page_offset, length, *page_shift, pages)
+                .map_err(|_| VerbError::Invalid)?;
+        }
+        Ok(())
+    }
+
+    /// Changes the user MR `key` in place, its key kept (`ibv_rereg_mr`, as rxe's
+    /// `rxe_rereg_user_mr` does for the PD and the access, here also the translation): to PD
+    /// `pd`, access `access`, and `trans` = (IOVA, length, pages of memory). What is `None`
+    /// stays. On-demand-paging MRs, other kinds of MR and MRs with windows bound are refused;
+    /// a refused change changes nothing. Work already under way finishes under the old
+    /// registration; every access after this uses the new one.
+    pub fn rereg_mr(
+        &mut self,
+        key: u32,
+        pd: Option<u32>,
+        access: Option<Access>,
+        trans: Option<(u64, u64, Backing)>,
+    ) -> Result<(), VerbError> {
+        let max_bytes = self.res.cfg.max_registered_bytes;
+        if let Some((iova, length, backing)) = &trans {
+            if matches!(backing, Backing::Odp { .. }) {
+                return Err(VerbError::Invalid);
+            }
+            self.check_translation(*iova, *length, backing)?;
+        }
+        let mut o = self.res.objs_mut();
+        let (old_pd, old_len, old_access) = match o.keys.get(key) {
+            Some(KeyObj::Mr(mr)) if mr.kind != MrKind::User => return Err(VerbError::Invalid),
+            Some(KeyObj::Mr(mr)) if matches!(mr.backing, Backing::Odp { .. }) => {
+                return Err(VerbError::Invalid)
+            }
+            Some(KeyObj::Mr(mr)) if mr.bound_mws > 0 => return Err(VerbError::Busy),
+            Some(KeyObj::Mr(mr)) => (mr.pd, mr.length, mr.access),
+            _ => return Err(VerbError::NotFound),
+        };
+        let new_pd = pd.unwrap_or(old_pd);
+        o.pd_ref(new_pd, 0)?;
+        let new_access = access.unwrap_or(old_access);
+        if !user_mr_access_ok(new_access) {
+            return Err(VerbError::Invalid);
+        }
+        let new_len = trans.as_ref().map_or(old_len, |t| t.1);
+        let total = (o.registered_bytes - old_len)
+            .checked_add(new_len)
+            .filter(|t| *t <= max_bytes)
+            .ok_or(VerbError::NoResources)?;
+        if new_pd != old_pd {
+            o.pd_ref(new_pd, 1)?;
+            o.pd_ref(old_pd, -1)?;
+        }
+        o.registered_bytes = total;
+        let Some(KeyObj::Mr(mr)) = o.keys.get_mut(key) else {
+            return Err(VerbError::NotFound);
+        };
+        mr.pd = new_pd;
+        mr.access = new_access;
+        if let Some((iova, length, backing)) = trans {
+            mr.iova = iova;
+            mr.length = length;
+            mr.backing = backing;
+        }
+        Ok(())
     }
 
     /// Runs `f` on the MR that `key` names, if it names one.

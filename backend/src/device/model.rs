@@ -456,7 +456,7 @@ pub fn resp_size(opcode: u32) -> usize {
         op::QUERY_QP => size_of::<abi::QpAttrs>(),
         op::CREATE_SRQ => size_of::<abi::RespCreateSrq>(),
         op::QUERY_SRQ | op::RESIZE_SRQ => size_of::<abi::RespQuerySrq>(),
-        op::REG_USER_MR | op::REG_DMA_MR | op::ALLOC_MR => size_of::<abi::RespMr>(),
+        op::REG_USER_MR | op::REG_DMA_MR | op::ALLOC_MR | op::REREG_MR => size_of::<abi::RespMr>(),
         op::ALLOC_MW | op::BIND_MW => size_of::<abi::RespMr>(),
         op::CREATE_AH => size_of::<abi::Handle>(),
         op::QUERY_GID_SOURCES => size_of::<abi::RespGidSources>(),
@@ -739,6 +739,7 @@ impl Model {
                 | abi::caps::SRQ_RESIZE
                 | abi::caps::HW_STATS
                 | abi::caps::ODP
+                | abi::caps::REREG_MR
                 | if self.source_gids.is_empty() {
                     0
                 } else {

@@ -164,6 +164,8 @@ struct vrdma_mr {
 	u32 page_offset;
 	/* an on-demand-paging MR (caps ODP): umem is an ib_umem_odp, pages mapped on faults */
 	bool odp;
+	/* user MRs: the access flags they were registered with (ibv_rereg_mr keeps them) */
+	int access;
 };
 
 /* a page list for a command: the list pages it holds (freed after the command) */
@@ -202,6 +204,8 @@ struct ib_mr *vrdma_reg_odp_mr(struct ib_pd *ibpd, u32 pdn, u64 start, u64 lengt
 			       int access);
 void vrdma_odp_forget(struct vrdma_dev *dev, struct vrdma_mr *mr);
 void vrdma_odp_fault(struct vrdma_dev *dev, u32 lkey, u32 page, bool write);
+int vrdma_advise_mr(struct ib_pd *pd, enum ib_uverbs_advise_mr_advice advice, u32 flags,
+		    struct ib_sge *sg_list, u32 num_sge, struct uverbs_attr_bundle *attrs);
 int vrdma_odp_init(struct vrdma_dev *dev);
 void vrdma_odp_fini(struct vrdma_dev *dev);
 

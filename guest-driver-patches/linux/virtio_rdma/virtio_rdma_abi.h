@@ -36,6 +36,8 @@ enum {
 #define VRDMA_CAP_SRQ_RESIZE		(1U << 7)
 #define VRDMA_CAP_HW_STATS		(1U << 8)
 #define VRDMA_CAP_ODP			(1U << 9)
+/* REREG_MR: a user MR changed in place, its keys kept (ibv_rereg_mr), §5.8 */
+#define VRDMA_CAP_REREG_MR		(1U << 10)
 
 struct vrdma_config {
 	__le32 version;
@@ -119,6 +121,7 @@ enum vrdma_opcode {
 	VRDMA_CMD_RESIZE_SRQ = 31,
 	VRDMA_CMD_QUERY_STATS = 32,
 	VRDMA_CMD_UPDATE_ODP = 33,
+	VRDMA_CMD_REREG_MR = 34,
 };
 
 enum vrdma_status {
@@ -321,6 +324,27 @@ struct vrdma_cmd_reg_user_mr {
 };
 
 /*
+ * REREG_MR (caps REREG_MR): with flags PD the MR gets PD pdn, with ACCESS access, with TRANS
+ * iova, length and the pages (as REG_USER_MR's); the rest and the keys stay. The flags are
+ * the kernel's IB_MR_REREG_*. Answered with vrdma_resp_mr.
+ */
+struct vrdma_cmd_rereg_mr {
+	__le32 lkey;
+	__le32 flags;
+	__le32 pdn;
+	__le32 access;
+	__le64 iova;
+	__le64 length;
+	struct vrdma_page_list pages;
+	__le32 page_offset;
+	__le32 reserved;
+};
+
+#define VRDMA_REREG_TRANS	(1U << 0)
+#define VRDMA_REREG_PD		(1U << 1)
+#define VRDMA_REREG_ACCESS	(1U << 2)
+
+/*
  * UPDATE_ODP (caps ODP, docs/virtio-rdma.md §5.10): entries first_page .. +count of an
  * on-demand MR's table mapped to the pages of `pages` (read-only, or WRITABLE), or not mapped
  * (UNMAP, no list), or failed (FAILED, no list).
@@ -507,6 +531,7 @@ static inline void vrdma_abi_check(void)
 	BUILD_BUG_ON(sizeof(struct vrdma_doorbell) != 16);
 	BUILD_BUG_ON(sizeof(struct vrdma_event) != 16);
 	BUILD_BUG_ON(sizeof(struct vrdma_cmd_update_odp) != 40);
+	BUILD_BUG_ON(sizeof(struct vrdma_cmd_rereg_mr) != 56);
 	BUILD_BUG_ON(sizeof(struct vrdma_resp_gid_sources) != 72);
 }
 

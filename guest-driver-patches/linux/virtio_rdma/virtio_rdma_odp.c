@@ -180,68 +180,180 @@ static u64 pfn_next(void *ctx)
 }
 
 /*
- * A PAGE_FAULT: fault in up to VRDMA_ODP_FAULT_AROUND pages from the one the device asked
- * for, and map them on the device (writable only if every one is). A page the process
- * cannot fault in (not mapped, no write right) is marked FAILED: the access fails.
+ * Maps up to count pages of an ODP MR on the device, from page on: hmm faults them in first
+ * when fault is set (for writing when write is), and takes only those already present
+ * otherwise. Stops at the first page it did not get; one UPDATE_ODP for the run, writable
+ * only if every page of it is. Returns the pages mapped, or a negative errno when the
+ * process could not fault the first one in (or the device refused the run).
  */
-static void vrdma_odp_fault_work(struct work_struct *w)
+static int vrdma_odp_map(struct vrdma_dev *dev, struct vrdma_mr *mr, u32 page, u32 count,
+			 bool write, bool fault)
 {
-	struct vrdma_odp_work *f = container_of(w, struct vrdma_odp_work, work);
-	struct vrdma_dev *dev = f->dev;
+	struct ib_umem_odp *odp = to_ib_umem_odp(mr->umem);
 	unsigned long *pfns, *p;
-	struct ib_umem_odp *odp;
-	struct vrdma_mr *mr;
-	struct vrdma_pl pl;
-	u64 va, n, i;
-	bool writable = true;
 	unsigned int noreclaim;
+	bool writable = true;
+	struct vrdma_pl pl;
 	int got, err;
+	u64 va, i;
 
-	mr = xa_load(&dev->odp_mrs, f->lkey >> 8);
-	if (!mr || mr->dev_key != f->lkey)
-		goto out;
-	odp = to_ib_umem_odp(mr->umem);
-	n = ib_umem_odp_num_pages(odp);
-	if (f->page >= n)
-		goto out;
-	n = min_t(u64, VRDMA_ODP_FAULT_AROUND, n - f->page);
-	va = ib_umem_start(odp) + ((u64)f->page << PAGE_SHIFT);
-	if (f->write && !mr->umem->writable)
-		goto failed;
-	got = ib_umem_odp_map_dma_and_lock(odp, va, n << PAGE_SHIFT, odp_access(f->write), true);
+	va = ib_umem_start(odp) + ((u64)page << PAGE_SHIFT);
+	got = ib_umem_odp_map_dma_and_lock(odp, va, (u64)count << PAGE_SHIFT, odp_access(write),
+					   fault);
 	if (got < 0)
-		goto failed;
+		return got;
 	/*
 	 * umem_mutex held: no invalidation until the device has the pages. Nothing below may
 	 * enter reclaim, which could invalidate this MR and wait for the mutex.
 	 */
 	noreclaim = memalloc_noreclaim_save();
-	pfns = &odp_pfns(odp)[f->page];
-	for (i = 0; i < got; i++) {
+	pfns = &odp_pfns(odp)[page];
+	for (i = 0; i < count; i++) {
 		if (!(pfns[i] & HMM_PFN_VALID))
 			break;
 		if (!(pfns[i] & HMM_PFN_WRITE))
 			writable = false;
 	}
-	err = -EFAULT;
+	err = 0;
 	if (i) {
 		p = pfns;
 		err = vrdma_pl_build(dev, &pl, i, pfn_next, &p);
-	}
-	if (!err) {
-		err = update_odp(dev, f->lkey, writable ? VRDMA_ODP_WRITABLE : 0, f->page, i, &pl);
-		vrdma_pl_free(&pl);
+		if (!err) {
+			err = update_odp(dev, mr->dev_key, writable ? VRDMA_ODP_WRITABLE : 0, page, i,
+					 &pl);
+			vrdma_pl_free(&pl);
+		}
+	} else if (fault) {
+		err = -EFAULT;
 	}
 	memalloc_noreclaim_restore(noreclaim);
 	mutex_unlock(&odp->umem_mutex);
-	if (err)
-		dev_dbg_ratelimited(&dev->vdev->dev, "ODP map of page %u of %#x: %d\n",
-				    f->page, f->lkey, err);
-	goto out;
+	return err ? err : i;
+}
+
+/*
+ * A PAGE_FAULT: fault in up to VRDMA_ODP_FAULT_AROUND pages from the one the device asked
+ * for, and map them on the device (writable only if every one is). A page the process
+ * cannot fault in (not mapped, no write right), or one that could not be mapped on the
+ * device, is marked FAILED: the access fails rather than waiting for a fault nobody answers.
+ */
+static void vrdma_odp_fault_work(struct work_struct *w)
+{
+	struct vrdma_odp_work *f = container_of(w, struct vrdma_odp_work, work);
+	struct vrdma_dev *dev = f->dev;
+	struct vrdma_mr *mr;
+	u64 n;
+	int got;
+
+	mr = xa_load(&dev->odp_mrs, f->lkey >> 8);
+	if (!mr || mr->dev_key != f->lkey)
+		goto out;
+	n = ib_umem_odp_num_pages(to_ib_umem_odp(mr->umem));
+	if (f->page >= n)
+		goto out;
+	n = min_t(u64, VRDMA_ODP_FAULT_AROUND, n - f->page);
+	if (f->write && !mr->umem->writable)
+		goto failed;
+	got = vrdma_odp_map(dev, mr, f->page, n, f->write, true);
+	if (got > 0)
+		goto out;
+	dev_dbg_ratelimited(&dev->vdev->dev, "ODP map of page %u of %#x: %d\n", f->page, f->lkey,
+			    got);
 failed:
 	update_odp(dev, f->lkey, VRDMA_ODP_FAILED, f->page, 1, NULL);
 out:
 	kfree(f);
+}
+
+/* Pages one prefetch maps per UPDATE_ODP at most. */
+#define VRDMA_ODP_PREFETCH_RUN	256
+
+struct vrdma_prefetch {
+	struct work_struct work;
+	struct vrdma_dev *dev;
+	struct ib_pd *pd;
+	bool write, fault;
+	int err;
+	u32 num_sge;
+	struct ib_sge sge[];
+};
+
+/*
+ * On the fault work queue, as faults are: DEREG_MR takes the MR out of odp_mrs and then
+ * flushes the queue, so an MR found here lives until this returns.
+ */
+static void vrdma_prefetch_work(struct work_struct *w)
+{
+	struct vrdma_prefetch *pf = container_of(w, struct vrdma_prefetch, work);
+	struct vrdma_dev *dev = pf->dev;
+	u32 i;
+
+	for (i = 0; i < pf->num_sge; i++) {
+		const struct ib_sge *sge = &pf->sge[i];
+		struct vrdma_mr *mr;
+		u64 first, last, off;
+		int got;
+
+		mr = xa_load(&dev->odp_mrs, sge->lkey >> 8);
+		if (!mr || mr->dev_key != sge->lkey || mr->ibmr.pd != pf->pd ||
+		    (pf->write && !mr->umem->writable) || sge->addr < mr->ibmr.iova ||
+		    sge->addr - mr->ibmr.iova > mr->ibmr.length ||
+		    sge->length > mr->ibmr.length - (sge->addr - mr->ibmr.iova)) {
+			pf->err = -EINVAL;
+			return;
+		}
+		if (!sge->length)
+			continue;
+		/* the IOVA and the address share their offset in the page (ODP MRs, §5.10) */
+		off = ib_umem_offset(mr->umem) + (sge->addr - mr->ibmr.iova);
+		first = off >> PAGE_SHIFT;
+		last = (off + sge->length - 1) >> PAGE_SHIFT;
+		while (first <= last) {
+			got = vrdma_odp_map(dev, mr, first,
+					    min_t(u64, VRDMA_ODP_PREFETCH_RUN, last - first + 1),
+					    pf->write, pf->fault);
+			if (got <= 0)
+				break;
+			first += got;
+		}
+	}
+}
+
+/*
+ * ibv_advise_mr: PREFETCH (for reading), PREFETCH_WRITE (for writing) or PREFETCH_NO_FAULT
+ * (the pages already present, none faulted in) of ranges of ODP MRs of this PD, mapped on the
+ * device before this returns, with or without IB_UVERBS_ADVISE_MR_FLAG_FLUSH. A range not
+ * in an ODP MR of the PD is EINVAL; a page the process cannot fault in ends its range
+ * (advice, not an access: nothing fails on the device).
+ */
+int vrdma_advise_mr(struct ib_pd *pd, enum ib_uverbs_advise_mr_advice advice, u32 flags,
+		    struct ib_sge *sg_list, u32 num_sge, struct uverbs_attr_bundle *attrs)
+{
+	struct vrdma_dev *dev = to_vdev(pd->device);
+	struct vrdma_prefetch *pf;
+	int err;
+
+	if (!dev->odp_wq)
+		return -EOPNOTSUPP;
+	if (advice != IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH &&
+	    advice != IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH_WRITE &&
+	    advice != IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT)
+		return -EOPNOTSUPP;
+	pf = kzalloc(struct_size(pf, sge, num_sge), GFP_KERNEL);
+	if (!pf)
+		return -ENOMEM;
+	INIT_WORK(&pf->work, vrdma_prefetch_work);
+	pf->dev = dev;
+	pf->pd = pd;
+	pf->write = advice == IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH_WRITE;
+	pf->fault = advice != IB_UVERBS_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT;
+	pf->num_sge = num_sge;
+	memcpy(pf->sge, sg_list, flex_array_size(pf, sge, num_sge));
+	queue_work(dev->odp_wq, &pf->work);
+	flush_work(&pf->work);
+	err = pf->err;
+	kfree(pf);
+	return err;
 }
 
 /* From the event queue (interrupt context, ev_lock held). */

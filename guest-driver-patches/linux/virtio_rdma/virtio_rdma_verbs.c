@@ -1653,6 +1653,7 @@ static int vrdma_reg_pages(struct ib_pd *ibpd, struct vrdma_mr *mr, size_t npage
 	mr->dev_key = mr->ibmr.lkey;
 	mr->ibmr.iova = iova;
 	mr->ibmr.length = length;
+	mr->access = access;
 	return 0;
 }
 
@@ -1708,6 +1709,82 @@ err_umem:
 err_free:
 	kfree(mr);
 	return ERR_PTR(err);
+}
+
+/*
+ * ibv_rereg_mr in place (caps REREG_MR, §5.8): the device changes the MR's PD, access flags
+ * and, with IB_MR_REREG_TRANS, its IOVA, length and pages, and keeps its keys, so a peer that
+ * holds the rkey goes on using it. A new translation pins the new range first and unpins the
+ * old one once the device has let go of it. Pinned user MRs only: on-demand-paging and
+ * dma-buf MRs are refused (EOPNOTSUPP), as is everything on a device without the cap.
+ */
+static struct ib_mr *vrdma_rereg_user_mr(struct ib_mr *ibmr, int flags, u64 start, u64 length,
+					 u64 iova, int access, struct ib_pd *pd,
+					 struct ib_udata *udata)
+{
+	struct vrdma_mr *mr = container_of(ibmr, struct vrdma_mr, ibmr);
+	struct vrdma_dev *dev = to_vdev(ibmr->device);
+	struct vrdma_cmd_rereg_mr cmd = {};
+	struct ib_umem *umem = NULL;
+	struct vrdma_resp_mr r;
+	struct vrdma_pl pl;
+	struct umem_it it;
+	size_t npages;
+	int err;
+
+	if (!(le32_to_cpu(dev->cfg.caps) & VRDMA_CAP_REREG_MR) || !mr->umem || mr->odp ||
+	    mr->umem->is_dmabuf)
+		return ERR_PTR(-EOPNOTSUPP);
+	flags &= IB_MR_REREG_TRANS | IB_MR_REREG_PD | IB_MR_REREG_ACCESS;
+	if (!(flags & IB_MR_REREG_ACCESS))
+		access = mr->access;
+	if (flags & IB_MR_REREG_TRANS) {
+		if (!vrdma_iova_ok(dev, start, iova) || (access & IB_ACCESS_ON_DEMAND))
+			return ERR_PTR(-EINVAL);
+#ifdef VRDMA_HAVE_UMEM_GET_VA
+		umem = ib_umem_get_va(ibmr->device, start, length, access);
+#else
+		umem = ib_umem_get(ibmr->device, start, length, access);
+#endif
+		if (IS_ERR(umem))
+			return ERR_CAST(umem);
+		npages = ib_umem_num_pages(umem);
+		err = -EINVAL;
+		if (npages && npages <= U32_MAX) {
+			__sg_page_iter_start(&it.piter, umem->sgt_append.sgt.sgl,
+					     umem->sgt_append.sgt.orig_nents, 0);
+			err = vrdma_pl_build(dev, &pl, npages, umem_next, &it);
+		}
+		if (err) {
+			ib_umem_release(umem);
+			return ERR_PTR(err);
+		}
+		cmd.iova = cpu_to_le64(iova);
+		cmd.length = cpu_to_le64(length);
+		cmd.pages = pl.desc;
+		cmd.page_offset = cpu_to_le32(ib_umem_offset(umem));
+	}
+	cmd.lkey = cpu_to_le32(mr->dev_key);
+	cmd.flags = cpu_to_le32(flags);
+	cmd.pdn = cpu_to_le32(pdn_of(pd));
+	cmd.access = cpu_to_le32(access_to_dev(access));
+	err = vrdma_cmd(dev, VRDMA_CMD_REREG_MR, &cmd, sizeof(cmd), &r, sizeof(r));
+	if (umem)
+		vrdma_pl_free(&pl);
+	if (err) {
+		if (umem)
+			ib_umem_release(umem);
+		return ERR_PTR(err);
+	}
+	if (umem) {
+		/* the device answered: it reaches only the new pages now */
+		ib_umem_release(mr->umem);
+		mr->umem = umem;
+		mr->ibmr.iova = iova;
+		mr->ibmr.length = length;
+	}
+	mr->access = access;
+	return NULL;
 }
 
 static u64 dma_block_next(void *ctx)
@@ -2058,6 +2135,8 @@ const struct ib_device_ops vrdma_dev_ops = {
 	.query_srq = vrdma_query_srq,
 	.reg_user_mr = vrdma_reg_user_mr,
 	.reg_user_mr_dmabuf = vrdma_reg_user_mr_dmabuf,
+	.rereg_user_mr = vrdma_rereg_user_mr,
+	.advise_mr = vrdma_advise_mr,
 	.req_notify_cq = vrdma_req_notify_cq,
 #ifdef VRDMA_HAVE_RESIZE_USER_CQ
 	.resize_user_cq = vrdma_resize_user_cq,

@@ -57,6 +57,7 @@ impl Model {
             op::DETACH_MCAST => self.detach_mcast(b),
             op::RESET => self.reset_cmd(),
             op::UPDATE_ODP => self.update_odp(mem, b),
+            op::REREG_MR => self.rereg_mr(mem, b),
             _ => Err(Status::Unsupported),
         }
     }

@@ -1,4 +1,4 @@
-//! User memory registration: REG_USER_MR with a page list, and on-demand paging (caps ODP,
+//! User memory registration: REG_USER_MR with a page list, REREG_MR, and on-demand paging (caps ODP,
 //! docs/virtio-rdma.md §5.10): MRs whose pages the driver maps and unmaps at any time. The engine stops an access at a page not mapped
 //! ([`rxe_core::mem::MemError::NotPresent`]); the fault goes to the driver as a PAGE_FAULT
 //! event; the driver answers with UPDATE_ODP, which maps the page and wakes the QPs waiting.
@@ -16,28 +16,10 @@ impl Model {
         page_offset: Option<u32>,
     ) -> CmdResult {
         c.access &= !abi::ACCESS_IGNORED;
-        if c.access & !Access::ALL.0 != 0
-            || c.length > self.cfg.dev.max_mr_size
-            || c.length > self.cfg.dev.max_registered_bytes
-            || c.iova.checked_add(c.length).is_none()
-            || !(12..=30).contains(&c.pages.page_shift)
-        {
+        if c.access & !Access::ALL.0 != 0 {
             return Err(Status::Invalid);
         }
-        let shift = c.pages.page_shift as u32;
-        let mask = (1u64 << shift) - 1;
-        let offset = page_offset.map_or(c.iova & mask, u64::from);
-        if offset > mask {
-            return Err(Status::Invalid);
-        }
-        let need = offset
-            .checked_add(c.length)
-            .ok_or(Status::Invalid)?
-            .div_ceil(1 << shift)
-            .max(1);
-        if need > crate::memory::guest_mem::MAX_PAGES as u64 || c.pages.num_pages as u64 != need {
-            return Err(Status::Invalid);
-        }
+        let (need, offset) = self.translation(c.iova, c.length, &c.pages, page_offset)?;
         // Both budgets before the list is read: a registration that cannot fit costs nothing.
         let fits = self
             .any()
@@ -57,6 +39,98 @@ impl Model {
                 .reg_mr(c.pdn, c.iova, c.length, Access(c.access), back)
                 .map_err(verr)
         })
+    }
+
+    /// A user MR's translation as a command gives it: IOVA range and page list checked
+    /// against the limits; returns the list's page count and where the first byte lies in
+    /// the first page (`page_offset`, or `iova mod page` when the command has none).
+    fn translation(
+        &self,
+        iova: u64,
+        length: u64,
+        pages: &abi::PageListDesc,
+        page_offset: Option<u32>,
+    ) -> Result<(u64, u64), Status> {
+        if length > self.cfg.dev.max_mr_size
+            || length > self.cfg.dev.max_registered_bytes
+            || iova.checked_add(length).is_none()
+            || !(12..=30).contains(&pages.page_shift)
+        {
+            return Err(Status::Invalid);
+        }
+        let shift = pages.page_shift as u32;
+        let mask = (1u64 << shift) - 1;
+        let offset = page_offset.map_or(iova & mask, u64::from);
+        if offset > mask {
+            return Err(Status::Invalid);
+        }
+        let need = offset
+            .checked_add(length)
+            .ok_or(Status::Invalid)?
+            .div_ceil(1 << shift)
+            .max(1);
+        if need > crate::memory::guest_mem::MAX_PAGES as u64 || pages.num_pages as u64 != need {
+            return Err(Status::Invalid);
+        }
+        Ok((need, offset))
+    }
+
+    /// op::REREG_MR (caps REREG_MR): `ibv_rereg_mr` in place, the keys kept. A new
+    /// translation's list is charged to the page-list budget before it is read; the old
+    /// list's bytes are given back once the MR has the new one. A refused change changes
+    /// nothing.
+    pub(super) fn rereg_mr(&mut self, mem: &GuestMemoryMmap, b: &[u8]) -> CmdResult {
+        use abi::rereg::{ACCESS, PD, TRANS};
+        let c: abi::CmdReregMr = cmd(b)?;
+        if c.flags & !(TRANS | PD | ACCESS) != 0 || c.flags == 0 || c.reserved != 0 {
+            return Err(Status::Invalid);
+        }
+        let access = if c.flags & ACCESS != 0 {
+            let a = c.access & !abi::ACCESS_IGNORED;
+            if a & !Access::ALL.0 != 0 || a & abi::ACCESS_ON_DEMAND != 0 {
+                return Err(Status::Invalid);
+            }
+            Some(Access(a))
+        } else {
+            None
+        };
+        let pd = (c.flags & PD != 0).then_some(c.pdn);
+        let keys = body(abi::RespMr {
+            lkey: c.lkey,
+            rkey: c.lkey,
+        });
+        if c.flags & TRANS == 0 {
+            self.any()
+                .dev
+                .rereg_mr(c.lkey, pd, access, None)
+                .map_err(verr)?;
+            return keys;
+        }
+        let old_lb = self
+            .any()
+            .dev
+            .with_mr(c.lkey, mr_list_bytes)
+            .ok_or(Status::NotFound)?;
+        let (need, offset) = self.translation(c.iova, c.length, &c.pages, Some(c.page_offset))?;
+        let lb = list_bytes(need as usize);
+        self.common.lists().charge(lb)?;
+        let r = resolve_page_list(mem, &c.pages, need as u32).and_then(|pages| {
+            let back = ring::pages_backing(c.pages.page_shift, offset, pages);
+            self.any()
+                .dev
+                .rereg_mr(c.lkey, pd, access, Some((c.iova, c.length, back)))
+                .map_err(verr)
+        });
+        match r {
+            Ok(()) => {
+                self.common.lists().release(old_lb);
+                keys
+            }
+            Err(e) => {
+                self.common.lists().release(lb);
+                Err(e)
+            }
+        }
     }
 
     /// A registration whose page list (or on-demand table) holds `lb` bytes of the page-list
