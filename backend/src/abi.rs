@@ -53,6 +53,9 @@ pub mod caps {
     /// REREG_MR changes a user MR in place, its keys kept (`ibv_rereg_mr`): PD, access,
     /// translation (docs/virtio-rdma.md §5.8).
     pub const REREG_MR: u32 = 1 << 10;
+    /// Implicit on-demand-paging MRs: REG_USER_MR with `IBV_ACCESS_ON_DEMAND`, IOVA 0 and
+    /// length `u64::MAX` covers the whole address space (docs/virtio-rdma.md §5.10).
+    pub const IMPLICIT_ODP: u32 = 1 << 11;
 }
 
 macro_rules! byte_valued {
@@ -570,6 +573,9 @@ pub mod odp {
     pub const WRITABLE: u32 = 1 << 2;
     /// PAGE_FAULT events' `event`: the access writes (map the page writable).
     pub const FAULT_WRITE: u32 = 1 << 0;
+    /// PAGE_FAULT events' `event` bits 8..31: bits 32..55 of the page (an implicit MR's
+    /// pages run to 2^52; `reserved` holds the low 32 bits).
+    pub const FAULT_PAGE_HI_SHIFT: u32 = 8;
 }
 
 /// Size of RegUserMr before `page_offset` (drivers written before it send this many bytes).

@@ -61,6 +61,17 @@ fn push_recv(
 /// The access a user MR may have: known bits; remote write or atomic only with local write
 /// (IBTA 10.6.3.1); no FLUSH_PERSISTENT (no memory is persistent memory to the engine: a FLUSH
 /// could never make it persistent; rxe refuses the right for every page that is not pmem).
+/// What an MR holds of `max_registered_bytes`: a user MR its length from registration, a
+/// fast-registration MR the length it mapped last; a DMA MR nothing (it pins nothing the guest
+/// has not got), nor an implicit on-demand-paging MR (the whole address space; it pins
+/// nothing, and its entries count against the daemon's page-list budget as they are mapped).
+fn registered_len(mr: &Mr) -> u64 {
+    match (&mr.kind, &mr.backing) {
+        (_, Backing::OdpImplicit { .. }) | (MrKind::Dma, _) => 0,
+        _ => mr.length,
+    }
+}
+
 fn user_mr_access_ok(access: Access) -> bool {
     access.0 & !Access::ALL.0 == 0
         && (access.contains(Access::LOCAL_WRITE)
@@ -272,7 +283,14 @@ impl Device {
         if !user_mr_access_ok(access) {
             return Err(VerbError::Invalid);
         }
-        self.check_translation(iova, length, &backing)?;
+        if let Backing::OdpImplicit { entries, .. } = &backing {
+            // The whole address space, no page mapped yet.
+            if iova != 0 || length != u64::MAX || !entries.is_empty() {
+                return Err(VerbError::Invalid);
+            }
+        } else {
+            self.check_translation(iova, length, &backing)?;
+        }
         if let Backing::Odp {
             page_offset,
             entries,
@@ -290,11 +308,6 @@ impl Device {
                 return Err(VerbError::Invalid);
             }
         }
-        let total = o
-            .registered_bytes
-            .checked_add(length)
-            .filter(|t| *t <= max_bytes)
-            .ok_or(VerbError::NoResources)?;
         let mr = Mr {
             pd,
             kind: MrKind::User,
@@ -305,12 +318,17 @@ impl Device {
             state: KeyState::Valid,
             bound_mws: 0,
         };
+        let total = o
+            .registered_bytes
+            .checked_add(registered_len(&mr))
+            .filter(|t| *t <= max_bytes)
+            .ok_or(VerbError::NoResources)?;
         let k = o
             .keys
             .insert(KeyObj::Mr(mr))
             .ok_or(VerbError::NoResources)?;
         if let Some(KeyObj::Mr(Mr {
-            backing: Backing::Odp { key, .. },
+            backing: Backing::Odp { key, .. } | Backing::OdpImplicit { key, .. },
             ..
         })) = o.keys.get_mut(k)
         {
@@ -334,6 +352,12 @@ impl Device {
                 MemError::BadKey => VerbError::NotFound,
                 _ => VerbError::Invalid,
             })
+    }
+
+    /// The page-table entries of the on-demand-paging MR `key` (its table's length; for an
+    /// implicit one the pages it has an entry for); `None` if `key` names no such MR.
+    pub fn odp_entries(&self, key: u32) -> Option<u64> {
+        self.res.objs().keys.odp_entries(key)
     }
 
     /// Wakes the QPs that stopped at a page not mapped: each tries again (and, if its page is
@@ -432,11 +456,7 @@ impl Device {
         let Some(KeyObj::Mr(mr)) = o.keys.remove(key) else {
             return Err(VerbError::NotFound);
         };
-        // User MRs hold their length from registration, fast-registration MRs the length
-        // they mapped last; DMA MRs nothing (they pin nothing the guest has not got).
-        if matches!(mr.kind, MrKind::User | MrKind::FastReg { .. }) {
-            o.registered_bytes -= mr.length;
-        }
+        o.registered_bytes -= registered_len(&mr);
         o.pd_ref(mr.pd, -1)
     }
 
@@ -477,7 +497,7 @@ impl Device {
     ) -> Result<(), VerbError> {
         let max_bytes = self.res.cfg.max_registered_bytes;
         if let Some((iova, length, backing)) = &trans {
-            if matches!(backing, Backing::Odp { .. }) {
+            if backing.on_demand() {
                 return Err(VerbError::Invalid);
             }
             self.check_translation(*iova, *length, backing)?;
@@ -485,9 +505,7 @@ impl Device {
         let mut o = self.res.objs_mut();
         let (old_pd, old_len, old_access) = match o.keys.get(key) {
             Some(KeyObj::Mr(mr)) if mr.kind != MrKind::User => return Err(VerbError::Invalid),
-            Some(KeyObj::Mr(mr)) if matches!(mr.backing, Backing::Odp { .. }) => {
-                return Err(VerbError::Invalid)
-            }
+            Some(KeyObj::Mr(mr)) if mr.backing.on_demand() => return Err(VerbError::Invalid),
             Some(KeyObj::Mr(mr)) if mr.bound_mws > 0 => return Err(VerbError::Busy),
             Some(KeyObj::Mr(mr)) => (mr.pd, mr.length, mr.access),
             _ => return Err(VerbError::NotFound),

@@ -5,6 +5,8 @@
 //! so a key names exactly one object) and the low byte is the consumer-owned variant that
 //! fast-reg and bind change.
 
+use std::collections::BTreeMap;
+
 use crate::verbs::{Access, Sge, WcStatus};
 
 /// Why a memory access failed.
@@ -168,6 +170,20 @@ pub enum Backing {
         page_offset: u64,
         entries: Vec<u64>,
     },
+    /// An implicit on-demand-paging MR (`ibv_reg_mr(pd, NULL, SIZE_MAX, ON_DEMAND)`): IOVA 0
+    /// onwards, the whole address space. IOVA `x` lives in entry `x >> 12`; only the pages
+    /// the driver mapped (or failed) have one, an absent entry is a page not mapped.
+    OdpImplicit {
+        key: u32,
+        entries: BTreeMap<u64, u64>,
+    },
+}
+
+impl Backing {
+    /// Whether the MR's pages are mapped on demand (explicitly or implicitly).
+    pub fn on_demand(&self) -> bool {
+        matches!(self, Backing::Odp { .. } | Backing::OdpImplicit { .. })
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -529,7 +545,17 @@ impl Region<'_> {
                 key,
                 page_offset,
                 entries,
-            } => odp_extents(*key, *page_offset, entries, x, len, write, f),
+            } => odp_extents(*key, *page_offset, x, len, write, f, |page| {
+                usize::try_from(page)
+                    .ok()
+                    .and_then(|i| entries.get(i).copied())
+                    .ok_or(MemError::OutOfRange)
+            }),
+            Backing::OdpImplicit { key, entries } => {
+                odp_extents(*key, 0, x, len, write, f, |page| {
+                    Ok(entries.get(&page).copied().unwrap_or(0))
+                })
+            }
             Backing::Contiguous { base } => {
                 f(base.checked_add(x).ok_or(MemError::OutOfRange)?, 0..len)
             }
@@ -551,7 +577,7 @@ impl Region<'_> {
     }
 
     pub fn read(&self, mem: &dyn Memory, addr: u64, buf: &mut [u8]) -> Result<(), MemError> {
-        if matches!(self.backing, Backing::Odp { .. }) {
+        if self.backing.on_demand() {
             return self.for_each_extent(addr, buf.len(), false, |pa, r| {
                 mem.read_now(pa, &mut buf[r])
             });
@@ -577,22 +603,16 @@ impl Region<'_> {
 fn odp_extents(
     key: u32,
     page_offset: u64,
-    entries: &[u64],
     x: u64,
     len: usize,
     write: bool,
     f: impl FnMut(u64, core::ops::Range<usize>) -> Result<(), MemError>,
+    entry: impl Fn(u64) -> Result<u64, MemError>,
 ) -> Result<(), MemError> {
     let shift = ODP_PAGE_SHIFT as u32;
     let mask = (1u64 << shift) - 1;
     let start = page_offset.checked_add(x).ok_or(MemError::OutOfRange)?;
     let end = start.checked_add(len as u64).ok_or(MemError::OutOfRange)?;
-    let entry = |page: u64| {
-        usize::try_from(page)
-            .ok()
-            .and_then(|i| entries.get(i).copied())
-            .ok_or(MemError::OutOfRange)
-    };
     if len > 0 {
         for page in start >> shift..=(end - 1) >> shift {
             let e = entry(page)?;
@@ -652,16 +672,6 @@ impl KeyTable {
     /// not on demand, a range past its table or an entry with other low bits: `Err`, and
     /// nothing changes.
     pub fn odp_update(&mut self, key: u32, first: u64, new: &[u64]) -> Result<(), MemError> {
-        let Some(KeyObj::Mr(Mr {
-            backing: Backing::Odp { entries, .. },
-            ..
-        })) = self.get_mut(key)
-        else {
-            return Err(MemError::BadKey);
-        };
-        let first = usize::try_from(first).map_err(|_| MemError::Length)?;
-        let end = first.checked_add(new.len()).ok_or(MemError::Length)?;
-        let dst = entries.get_mut(first..end).ok_or(MemError::Length)?;
         let mask = (1u64 << ODP_PAGE_SHIFT) - 1;
         let ok = |e: u64| {
             e == 0
@@ -670,11 +680,60 @@ impl KeyTable {
                     && e & mask & !(ODP_PRESENT | ODP_WRITABLE) == 0
                     && (e & !mask).checked_add(mask + 1).is_some())
         };
-        if !new.iter().all(|&e| ok(e)) {
-            return Err(MemError::Alignment);
+        match self.get_mut(key) {
+            Some(KeyObj::Mr(Mr {
+                backing: Backing::Odp { entries, .. },
+                ..
+            })) => {
+                let first = usize::try_from(first).map_err(|_| MemError::Length)?;
+                let end = first.checked_add(new.len()).ok_or(MemError::Length)?;
+                let dst = entries.get_mut(first..end).ok_or(MemError::Length)?;
+                if !new.iter().all(|&e| ok(e)) {
+                    return Err(MemError::Alignment);
+                }
+                dst.copy_from_slice(new);
+            }
+            Some(KeyObj::Mr(Mr {
+                backing: Backing::OdpImplicit { entries, .. },
+                ..
+            })) => {
+                // Pages of the 64-bit IOVA space: 2^52 of them.
+                let end = first
+                    .checked_add(new.len() as u64)
+                    .ok_or(MemError::Length)?;
+                if end > 1 << (64 - ODP_PAGE_SHIFT) {
+                    return Err(MemError::Length);
+                }
+                if !new.iter().all(|&e| ok(e)) {
+                    return Err(MemError::Alignment);
+                }
+                for (page, &e) in (first..end).zip(new) {
+                    if e == 0 {
+                        entries.remove(&page);
+                    } else {
+                        entries.insert(page, e);
+                    }
+                }
+            }
+            _ => return Err(MemError::BadKey),
         }
-        dst.copy_from_slice(new);
         Ok(())
+    }
+
+    /// The page-table entries an on-demand-paging MR holds: its table's length, or for an
+    /// implicit one the pages it has an entry for (mapped or failed). `None`: not such an MR.
+    pub fn odp_entries(&self, key: u32) -> Option<u64> {
+        match self.get(key) {
+            Some(KeyObj::Mr(Mr {
+                backing: Backing::Odp { entries, .. },
+                ..
+            })) => Some(entries.len() as u64),
+            Some(KeyObj::Mr(Mr {
+                backing: Backing::OdpImplicit { entries, .. },
+                ..
+            })) => Some(entries.len() as u64),
+            _ => None,
+        }
     }
 }
 

@@ -123,6 +123,7 @@ fn mr_list_bytes(mr: &rxe_core::mem::Mr) -> u64 {
         (MrKind::FastReg { max_pages }, _) => list_bytes(*max_pages as usize),
         (MrKind::User, Backing::Pages { pages, .. }) => list_bytes(pages.len()),
         (MrKind::User, Backing::Odp { entries, .. }) => list_bytes(entries.len()),
+        (MrKind::User, Backing::OdpImplicit { entries, .. }) => list_bytes(entries.len()),
         _ => 0,
     }
 }
@@ -740,6 +741,7 @@ impl Model {
                 | abi::caps::HW_STATS
                 | abi::caps::ODP
                 | abi::caps::REREG_MR
+                | abi::caps::IMPLICIT_ODP
                 | if self.source_gids.is_empty() {
                     0
                 } else {

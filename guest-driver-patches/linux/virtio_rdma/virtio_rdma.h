@@ -166,6 +166,10 @@ struct vrdma_mr {
 	bool odp;
 	/* user MRs: the access flags they were registered with (ibv_rereg_mr keeps them) */
 	int access;
+	/* an implicit ODP MR: umem is the implicit root; its children (2 MiB each, made as
+	 * pages are faulted in) by va >> VRDMA_ODP_CHILD_SHIFT */
+	bool implicit;
+	struct xarray children;
 };
 
 /* a page list for a command: the list pages it holds (freed after the command) */
@@ -203,7 +207,7 @@ void vrdma_odp_attrs(struct vrdma_dev *dev, struct ib_device_attr *a);
 struct ib_mr *vrdma_reg_odp_mr(struct ib_pd *ibpd, u32 pdn, u64 start, u64 length, u64 iova,
 			       int access);
 void vrdma_odp_forget(struct vrdma_dev *dev, struct vrdma_mr *mr);
-void vrdma_odp_fault(struct vrdma_dev *dev, u32 lkey, u32 page, bool write);
+void vrdma_odp_fault(struct vrdma_dev *dev, u32 lkey, u64 page, bool write);
 int vrdma_advise_mr(struct ib_pd *pd, enum ib_uverbs_advise_mr_advice advice, u32 flags,
 		    struct ib_sge *sg_list, u32 num_sge, struct uverbs_attr_bundle *attrs);
 int vrdma_odp_init(struct vrdma_dev *dev);

@@ -38,6 +38,8 @@ enum {
 #define VRDMA_CAP_ODP			(1U << 9)
 /* REREG_MR: a user MR changed in place, its keys kept (ibv_rereg_mr), §5.8 */
 #define VRDMA_CAP_REREG_MR		(1U << 10)
+/* implicit ODP MRs: REG_USER_MR ON_DEMAND with iova 0, length U64_MAX (§5.10) */
+#define VRDMA_CAP_IMPLICIT_ODP		(1U << 11)
 
 struct vrdma_config {
 	__le32 version;
@@ -472,10 +474,12 @@ enum {
 	VRDMA_EV_COMPLETION = 1,
 	VRDMA_EV_ASYNC = 2,
 	VRDMA_EV_EVENTS_LOST = 3,	/* the device dropped events: every armed CQ fired */
-	VRDMA_EV_PAGE_FAULT = 4,	/* event bit 0 a write, object the lkey, reserved the page */
+	VRDMA_EV_PAGE_FAULT = 4,	/* event bit 0 a write, object the lkey, reserved the page's low 32 bits */
 };
 
 #define VRDMA_PAGE_FAULT_WRITE		(1U << 0)
+/* PAGE_FAULT event bits 8..31: bits 32..55 of the page (implicit MRs' pages run to 2^52) */
+#define VRDMA_PAGE_FAULT_PAGE_HI_SHIFT	8
 
 /* ASYNC event codes are ibv_event_type values */
 enum {

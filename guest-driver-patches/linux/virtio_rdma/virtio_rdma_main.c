@@ -320,7 +320,10 @@ static void vrdma_handle_event(struct vrdma_dev *dev, const struct vrdma_event *
 		return;
 	}
 	if (kind == VRDMA_EV_PAGE_FAULT) {
-		vrdma_odp_fault(dev, obj, le32_to_cpu(e->reserved), type & VRDMA_PAGE_FAULT_WRITE);
+		vrdma_odp_fault(dev, obj,
+				le32_to_cpu(e->reserved) |
+				(u64)(type >> VRDMA_PAGE_FAULT_PAGE_HI_SHIFT) << 32,
+				type & VRDMA_PAGE_FAULT_WRITE);
 		return;
 	}
 	if (kind != VRDMA_EV_ASYNC)

@@ -18,12 +18,14 @@
 
 /* Pages mapped per fault at most, from the faulting one on (fault-around). */
 #define VRDMA_ODP_FAULT_AROUND	16
+/* An implicit MR's children: 2 MiB of the address space each, made as pages are faulted in */
+#define VRDMA_ODP_CHILD_SHIFT	21
 
 struct vrdma_odp_work {
 	struct work_struct work;
 	struct vrdma_dev *dev;
 	u32 lkey;
-	u32 page;
+	u64 page;
 	bool write;
 };
 
@@ -39,6 +41,8 @@ void vrdma_odp_attrs(struct vrdma_dev *dev, struct ib_device_attr *a)
 		IB_ODP_SUPPORT_READ | IB_ODP_SUPPORT_ATOMIC | IB_ODP_SUPPORT_SRQ_RECV;
 	a->odp_caps.per_transport_caps.ud_odp_caps =
 		IB_ODP_SUPPORT_SEND | IB_ODP_SUPPORT_RECV | IB_ODP_SUPPORT_SRQ_RECV;
+	if (le32_to_cpu(dev->cfg.caps) & VRDMA_CAP_IMPLICIT_ODP)
+		a->odp_caps.general_caps |= IB_ODP_SUPPORT_IMPLICIT;
 }
 
 static int update_odp(struct vrdma_dev *dev, u32 lkey, u32 flags, u64 first, u64 count,
@@ -85,10 +89,14 @@ static bool vrdma_odp_invalidate(struct mmu_interval_notifier *mni,
 	if (start < end) {
 		unsigned int noreclaim = memalloc_noreclaim_save();
 
-		/* lkey 0: the MR is being registered, the device has no page of it yet */
+		/*
+		 * lkey 0: the MR is being registered, the device has no page of it yet. An
+		 * explicit MR's pages count from its first page, an implicit one's (this a child
+		 * of it) from address 0.
+		 */
 		if (mr && mr->ibmr.lkey)
 			update_odp(to_vdev(mr->ibmr.device), mr->ibmr.lkey, VRDMA_ODP_UNMAP,
-				   (start - ib_umem_start(odp)) >> PAGE_SHIFT,
+				   (start - (mr->implicit ? 0 : ib_umem_start(odp))) >> PAGE_SHIFT,
 				   (end - start) >> PAGE_SHIFT, NULL);
 		ib_umem_odp_unmap_dma_pages(odp, start, end);
 		memalloc_noreclaim_restore(noreclaim);
@@ -113,20 +121,28 @@ struct ib_mr *vrdma_reg_odp_mr(struct ib_pd *ibpd, u32 pdn, u64 start, u64 lengt
 
 	if (!(dev->attrs.kernel_cap_flags & IBK_ON_DEMAND_PAGING))
 		return ERR_PTR(-EOPNOTSUPP);
-	/* implicit ODP (the whole address space) is not offered (no IB_ODP_SUPPORT_IMPLICIT) */
-	if (!start && length == U64_MAX)
-		return ERR_PTR(-EOPNOTSUPP);
 	if ((start ^ iova) & ~PAGE_MASK)
 		return ERR_PTR(-EINVAL);
 	mr = kzalloc(sizeof(*mr), GFP_KERNEL);
 	if (!mr)
 		return ERR_PTR(-ENOMEM);
-	/*
-	 * 4 KiB entries whatever backs the range: without IB_ACCESS_HUGETLB the umem keeps
-	 * PAGE_SHIFT, and a huge page is mapped as its 4 KiB parts.
-	 */
-	odp = ib_umem_odp_get(ibpd->device, start, length, access & ~IB_ACCESS_HUGETLB,
-			      &vrdma_odp_ops);
+	xa_init(&mr->children);
+	if (!start && length == U64_MAX) {
+		/* implicit: the whole address space, children made on faults */
+		if (!(dev->attrs.odp_caps.general_caps & IB_ODP_SUPPORT_IMPLICIT) || iova) {
+			err = -EOPNOTSUPP;
+			goto err_free;
+		}
+		odp = ib_umem_odp_alloc_implicit(ibpd->device, access & ~IB_ACCESS_HUGETLB);
+		mr->implicit = true;
+	} else {
+		/*
+		 * 4 KiB entries whatever backs the range: without IB_ACCESS_HUGETLB the umem
+		 * keeps PAGE_SHIFT, and a huge page is mapped as its 4 KiB parts.
+		 */
+		odp = ib_umem_odp_get(ibpd->device, start, length, access & ~IB_ACCESS_HUGETLB,
+				      &vrdma_odp_ops);
+	}
 	if (IS_ERR(odp)) {
 		err = PTR_ERR(odp);
 		goto err_free;
@@ -165,11 +181,20 @@ err_free:
 	return ERR_PTR(err);
 }
 
-/* After DEREG_MR: no fault handler runs for the MR once this returns. */
+/*
+ * After DEREG_MR: no fault handler runs for the MR once this returns, and an implicit MR's
+ * children are gone (their notifiers removed); the caller releases the MR's own umem.
+ */
 void vrdma_odp_forget(struct vrdma_dev *dev, struct vrdma_mr *mr)
 {
+	struct ib_umem_odp *child;
+	unsigned long i;
+
 	xa_erase(&dev->odp_mrs, mr->dev_key >> 8);
 	flush_workqueue(dev->odp_wq);
+	xa_for_each(&mr->children, i, child)
+		ib_umem_odp_release(child);
+	xa_destroy(&mr->children);
 }
 
 static u64 pfn_next(void *ctx)
@@ -186,18 +211,16 @@ static u64 pfn_next(void *ctx)
  * only if every page of it is. Returns the pages mapped, or a negative errno when the
  * process could not fault the first one in (or the device refused the run).
  */
-static int vrdma_odp_map(struct vrdma_dev *dev, struct vrdma_mr *mr, u32 page, u32 count,
-			 bool write, bool fault)
+static int vrdma_odp_map(struct vrdma_dev *dev, struct vrdma_mr *mr, struct ib_umem_odp *odp,
+			 u64 va, u64 page, u32 count, bool write, bool fault)
 {
-	struct ib_umem_odp *odp = to_ib_umem_odp(mr->umem);
 	unsigned long *pfns, *p;
 	unsigned int noreclaim;
 	bool writable = true;
 	struct vrdma_pl pl;
 	int got, err;
-	u64 va, i;
+	u64 i;
 
-	va = ib_umem_start(odp) + ((u64)page << PAGE_SHIFT);
 	got = ib_umem_odp_map_dma_and_lock(odp, va, (u64)count << PAGE_SHIFT, odp_access(write),
 					   fault);
 	if (got < 0)
@@ -207,7 +230,7 @@ static int vrdma_odp_map(struct vrdma_dev *dev, struct vrdma_mr *mr, u32 page, u
 	 * enter reclaim, which could invalidate this MR and wait for the mutex.
 	 */
 	noreclaim = memalloc_noreclaim_save();
-	pfns = &odp_pfns(odp)[page];
+	pfns = &odp_pfns(odp)[(va - ib_umem_start(odp)) >> PAGE_SHIFT];
 	for (i = 0; i < count; i++) {
 		if (!(pfns[i] & HMM_PFN_VALID))
 			break;
@@ -232,8 +255,60 @@ static int vrdma_odp_map(struct vrdma_dev *dev, struct vrdma_mr *mr, u32 page, u
 }
 
 /*
+ * The child of implicit MR mr that covers va: made (2 MiB, its notifier registered) the first
+ * time a page of it is needed. Only the fault work queue calls this, so children are made
+ * one at a time; DEREG_MR releases them after flushing the queue.
+ */
+static struct ib_umem_odp *vrdma_odp_child(struct vrdma_mr *mr, u64 va)
+{
+	unsigned long idx = va >> VRDMA_ODP_CHILD_SHIFT;
+	struct ib_umem_odp *child;
+	int err;
+
+	child = xa_load(&mr->children, idx);
+	if (child)
+		return child;
+	child = ib_umem_odp_alloc_child(to_ib_umem_odp(mr->umem),
+					(u64)idx << VRDMA_ODP_CHILD_SHIFT,
+					1UL << VRDMA_ODP_CHILD_SHIFT, &vrdma_odp_ops);
+	if (IS_ERR(child))
+		return child;
+	child->private = mr;
+	err = xa_err(xa_store(&mr->children, idx, child, GFP_KERNEL));
+	if (err) {
+		ib_umem_odp_release(child);
+		return ERR_PTR(err);
+	}
+	return child;
+}
+
+/*
+ * Maps up to count pages of an ODP MR from page on (vrdma_odp_map): an explicit MR's through
+ * its umem, an implicit one's through the child that holds page, no further than its end.
+ */
+static int vrdma_odp_map_pages(struct vrdma_dev *dev, struct vrdma_mr *mr, u64 page, u32 count,
+			       bool write, bool fault)
+{
+	struct ib_umem_odp *odp = to_ib_umem_odp(mr->umem);
+	u64 va, left;
+
+	if (!mr->implicit)
+		return vrdma_odp_map(dev, mr, odp, ib_umem_start(odp) + (page << PAGE_SHIFT), page,
+				     count, write, fault);
+	if (page >> (64 - PAGE_SHIFT))
+		return -EFAULT;
+	va = page << PAGE_SHIFT;
+	odp = vrdma_odp_child(mr, va);
+	if (IS_ERR(odp))
+		return PTR_ERR(odp);
+	left = (ib_umem_end(odp) - va) >> PAGE_SHIFT;
+	return vrdma_odp_map(dev, mr, odp, va, page, min_t(u64, count, left), write, fault);
+}
+
+/*
  * A PAGE_FAULT: fault in up to VRDMA_ODP_FAULT_AROUND pages from the one the device asked
- * for, and map them on the device (writable only if every one is). A page the process
+ * for (that one alone if the run cannot be), and map them on the device (writable only if
+ * every one is). A page the process
  * cannot fault in (not mapped, no write right), or one that could not be mapped on the
  * device, is marked FAILED: the access fails rather than waiting for a fault nobody answers.
  */
@@ -248,17 +323,27 @@ static void vrdma_odp_fault_work(struct work_struct *w)
 	mr = xa_load(&dev->odp_mrs, f->lkey >> 8);
 	if (!mr || mr->dev_key != f->lkey)
 		goto out;
-	n = ib_umem_odp_num_pages(to_ib_umem_odp(mr->umem));
-	if (f->page >= n)
-		goto out;
-	n = min_t(u64, VRDMA_ODP_FAULT_AROUND, n - f->page);
+	n = VRDMA_ODP_FAULT_AROUND;
+	if (!mr->implicit) {
+		n = ib_umem_odp_num_pages(to_ib_umem_odp(mr->umem));
+		if (f->page >= n)
+			goto out;
+		n = min_t(u64, VRDMA_ODP_FAULT_AROUND, n - f->page);
+	}
 	if (f->write && !mr->umem->writable)
 		goto failed;
-	got = vrdma_odp_map(dev, mr, f->page, n, f->write, true);
+	got = vrdma_odp_map_pages(dev, mr, f->page, n, f->write, true);
+	/*
+	 * The pages around may not be the process's to fault in (past the end of its mapping,
+	 * read-only for a write: an implicit MR's neighbours are anything): the page asked for
+	 * alone decides.
+	 */
+	if (got <= 0 && n > 1)
+		got = vrdma_odp_map_pages(dev, mr, f->page, 1, f->write, true);
 	if (got > 0)
 		goto out;
-	dev_dbg_ratelimited(&dev->vdev->dev, "ODP map of page %u of %#x: %d\n", f->page, f->lkey,
-			    got);
+	dev_dbg_ratelimited(&dev->vdev->dev, "ODP map of page %llu of %#x: %d\n", f->page,
+			    f->lkey, got);
 failed:
 	update_odp(dev, f->lkey, VRDMA_ODP_FAILED, f->page, 1, NULL);
 out:
@@ -309,9 +394,10 @@ static void vrdma_prefetch_work(struct work_struct *w)
 		first = off >> PAGE_SHIFT;
 		last = (off + sge->length - 1) >> PAGE_SHIFT;
 		while (first <= last) {
-			got = vrdma_odp_map(dev, mr, first,
-					    min_t(u64, VRDMA_ODP_PREFETCH_RUN, last - first + 1),
-					    pf->write, pf->fault);
+			got = vrdma_odp_map_pages(dev, mr, first,
+						  min_t(u64, VRDMA_ODP_PREFETCH_RUN,
+							last - first + 1),
+						  pf->write, pf->fault);
 			if (got <= 0)
 				break;
 			first += got;
@@ -357,7 +443,7 @@ int vrdma_advise_mr(struct ib_pd *pd, enum ib_uverbs_advise_mr_advice advice, u3
 }
 
 /* From the event queue (interrupt context, ev_lock held). */
-void vrdma_odp_fault(struct vrdma_dev *dev, u32 lkey, u32 page, bool write)
+void vrdma_odp_fault(struct vrdma_dev *dev, u32 lkey, u64 page, bool write)
 {
 	struct vrdma_odp_work *f;
 

@@ -392,6 +392,16 @@ static int vrdma_alloc_ucontext(struct ib_ucontext *uctx, struct ib_udata *udata
 	return 0;
 }
 
+/*
+ * QUERY_CONTEXT (ibv_import_device: a second context over a command fd another process
+ * opened): ib_core answers the generic attributes; the rxe user ABI has nothing of the
+ * driver's to add.
+ */
+static int vrdma_query_ucontext(struct ib_ucontext *uctx, struct uverbs_attr_bundle *attrs)
+{
+	return 0;
+}
+
 static void vrdma_dealloc_ucontext(struct ib_ucontext *uctx)
 {
 }
@@ -2108,6 +2118,7 @@ const struct ib_device_ops vrdma_dev_ops = {
 	.dealloc_mw = vrdma_dealloc_mw,
 	.dealloc_pd = vrdma_dealloc_pd,
 	.dealloc_ucontext = vrdma_dealloc_ucontext,
+	.query_ucontext = vrdma_query_ucontext,
 	.del_gid = vrdma_del_gid,
 	.dereg_mr = vrdma_dereg_mr,
 	.destroy_ah = vrdma_destroy_ah,

@@ -243,3 +243,92 @@ fn odp_commands_refuse_bad_input() {
     };
     assert_eq!(status(g, op::DEREG_MR, h.as_slice()), Status::Ok);
 }
+
+/// An implicit ODP MR (caps IMPLICIT_ODP): IOVA 0, length u64::MAX, the whole address space.
+/// Guest A WRITEs at a high address; each PAGE_FAULT names the page with its bits above 32 in
+/// `event` (bits 8..31); guest B maps it from its buffer. The table's entries count against
+/// the page-list budget as they are mapped, and go back when they are unmapped.
+#[test]
+fn an_implicit_mr_maps_pages_anywhere_and_counts_them() {
+    let (mut a, mut b) = pair();
+    assert_ne!(b.guest.config.caps & abi::caps::IMPLICIT_ODP, 0);
+    let (ea, eb) = connect_qps(&mut a, &mut b, &ConnOpts::default()).unwrap();
+    let c = abi::CmdRegUserMr {
+        pdn: eb.pd,
+        access: ALL.0 | abi::ACCESS_ON_DEMAND,
+        iova: 0,
+        length: u64::MAX,
+        ..Default::default()
+    };
+    let key = abi::read_struct::<abi::RespMr>(&b.guest.cmd(op::REG_USER_MR, c.as_slice()).unwrap())
+        .unwrap()
+        .lkey;
+    let listed = |b: &Node| {
+        daemon::json_u64(&b.daemon.counters().unwrap(), "device", "page_list_bytes").unwrap()
+    };
+    let base = listed(&b);
+    // two pages at 2^44 + 0xf00: the first page number has bits above 32
+    let va: u64 = (1 << 44) + 0xf00;
+    let buf = b.guest.alloc_buf(2 * 4096).unwrap();
+    let src = a.guest.reg_mr(ea.pd, 512, ALL).unwrap();
+    let data = rxe_core::sim::prng_pattern(9, 512);
+    src.write(0, &data);
+    let wr = rdma(
+        1,
+        SendOp::Write {
+            remote_addr: va,
+            rkey: key,
+        },
+        src.sge(0, 512),
+    );
+    a.guest.post_send(&ea.qp, &wr).unwrap();
+    let end = Instant::now() + Duration::from_secs(20);
+    let mut pages = Vec::new();
+    let mut done = Vec::new();
+    while done.is_empty() {
+        assert!(
+            Instant::now() < end,
+            "no completion; pages asked for {pages:?}"
+        );
+        for e in b.guest.poll_events() {
+            if e.kind != abi::event::KIND_PAGE_FAULT {
+                continue;
+            }
+            assert_eq!(e.object, key);
+            let page =
+                u64::from(e.reserved) | u64::from(e.event >> abi::odp::FAULT_PAGE_HI_SHIFT) << 32;
+            let i = (page - (va >> 12)) as usize;
+            assert!(i < 2, "page {page:#x} is not one of the WRITE's");
+            let st = update(&mut b.guest, key, abi::odp::WRITABLE, page, &[buf.pages[i]]);
+            assert_eq!(st, Status::Ok);
+            pages.push(page);
+        }
+        done = a.guest.wait_cq(&ea.cq, 1, Duration::from_millis(5));
+    }
+    assert_eq!((done[0].wr_id, done[0].status), (1, 0), "{done:?}");
+    pages.sort();
+    pages.dedup();
+    assert_eq!(pages, [va >> 12, (va >> 12) + 1]);
+    assert_eq!(buf.to_vec(0xf00, 256), &data[..256]);
+    assert_eq!(buf.to_vec(4096, 256), &data[256..]);
+    assert_eq!(listed(&b), base + 16, "two entries");
+    // unmapping gives their bytes back; so does DEREG_MR for what is left
+    let unmap_one = abi::CmdUpdateOdp {
+        lkey: key,
+        flags: abi::odp::UNMAP,
+        first_page: va >> 12,
+        count: 1,
+        pages: abi::PageListDesc::default(),
+    };
+    assert_eq!(
+        status(&mut b.guest, op::UPDATE_ODP, unmap_one.as_slice()),
+        Status::Ok
+    );
+    assert_eq!(listed(&b), base + 8, "one entry left");
+    let h = abi::Handle {
+        handle: key,
+        reserved: 0,
+    };
+    b.guest.cmd(op::DEREG_MR, h.as_slice()).unwrap();
+    assert_eq!(listed(&b), base);
+}

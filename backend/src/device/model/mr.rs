@@ -159,6 +159,9 @@ impl Model {
         page_offset: Option<u32>,
     ) -> CmdResult {
         c.access &= !(abi::ACCESS_IGNORED | abi::ACCESS_ON_DEMAND);
+        if c.iova == 0 && c.length == u64::MAX {
+            return self.reg_implicit_odp_mr(c, page_offset);
+        }
         let mask = (1u64 << ODP_PAGE_SHIFT) - 1;
         let offset = page_offset.map_or(c.iova & mask, u64::from);
         if c.access & !Access::ALL.0 != 0
@@ -182,6 +185,26 @@ impl Model {
             m.any()
                 .dev
                 .reg_mr(c.pdn, c.iova, c.length, Access(c.access), back)
+                .map_err(verr)
+        })
+    }
+
+    /// The implicit on-demand-paging MR (caps IMPLICIT_ODP): IOVA 0 and length `u64::MAX`,
+    /// the whole address space, no page list, no page mapped. Its entries count against the
+    /// page-list budget as UPDATE_ODP maps pages.
+    fn reg_implicit_odp_mr(&mut self, c: abi::CmdRegUserMr, page_offset: Option<u32>) -> CmdResult {
+        if c.access & !Access::ALL.0 != 0 || page_offset.unwrap_or(0) != 0 || c.pages.num_pages != 0
+        {
+            return Err(Status::Invalid);
+        }
+        let back = Backing::OdpImplicit {
+            key: 0,
+            entries: Default::default(),
+        };
+        self.reg_charged(0, |m| {
+            m.any()
+                .dev
+                .reg_mr(c.pdn, 0, u64::MAX, Access(c.access), back)
                 .map_err(verr)
         })
     }
@@ -224,10 +247,21 @@ impl Model {
             e.iter_mut().for_each(|p| *p |= bits);
             e
         };
-        self.any()
+        let implicit = self
+            .any()
             .dev
-            .odp_update(c.lkey, c.first_page, &entries)
-            .map_err(verr)?;
+            .with_mr(c.lkey, |mr| {
+                matches!(mr.backing, Backing::OdpImplicit { .. })
+            })
+            .unwrap_or(false);
+        if implicit {
+            self.update_implicit(c.lkey, c.first_page, &entries)?;
+        } else {
+            self.any()
+                .dev
+                .odp_update(c.lkey, c.first_page, &entries)
+                .map_err(verr)?;
+        }
         if unmap != UNMAP {
             self.stats.odp_updates += 1;
             for (k, s) in self.shards.iter().enumerate() {
@@ -239,15 +273,36 @@ impl Model {
     }
 }
 
+impl Model {
+    /// UPDATE_ODP of an implicit MR, whose table grows with the pages mapped: the update is
+    /// charged its entries against the page-list budget before it runs, and what it did not
+    /// add (or what it removed) is given back after.
+    fn update_implicit(&mut self, key: u32, first: u64, entries: &[u64]) -> Result<(), Status> {
+        let before = self.any().dev.odp_entries(key).ok_or(Status::NotFound)?;
+        let charge = list_bytes(entries.len());
+        self.common.lists().charge(charge)?;
+        let r = self.any().dev.odp_update(key, first, entries).map_err(verr);
+        let after = self.any().dev.odp_entries(key).unwrap_or(before);
+        let grown = list_bytes(after.saturating_sub(before) as usize);
+        self.common.lists().release(charge - grown);
+        self.common
+            .lists()
+            .release(list_bytes(before.saturating_sub(after) as usize));
+        r
+    }
+}
+
 impl Common {
     /// A page an access needs: a PAGE_FAULT event for the driver (merged with one pending
     /// for the same page).
     pub(super) fn push_page_fault(&self, f: PageFault) {
+        let write = if f.write { abi::odp::FAULT_WRITE } else { 0 };
         let e = abi::Event {
             kind: abi::event::KIND_PAGE_FAULT,
-            event: if f.write { abi::odp::FAULT_WRITE } else { 0 },
+            // An explicit MR's table has at most MAX_PAGES (2^26) entries, an implicit one's
+            // page runs to 2^52: the bits above 32 go in `event`.
+            event: write | ((f.page >> 32) as u32) << abi::odp::FAULT_PAGE_HI_SHIFT,
             object: f.key,
-            // A table has at most MAX_PAGES (2^26) entries.
             reserved: f.page as u32,
         };
         self.push(e);
