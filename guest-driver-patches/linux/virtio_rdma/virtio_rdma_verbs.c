@@ -1667,6 +1667,16 @@ static int vrdma_reg_pages(struct ib_pd *ibpd, struct vrdma_mr *mr, size_t npage
 	return 0;
 }
 
+/* Pins user memory: ib_umem_get, named ib_umem_get_va in the kernels that have that. */
+static struct ib_umem *vrdma_umem_get(struct ib_device *ibdev, u64 start, u64 length, int access)
+{
+#ifdef VRDMA_HAVE_UMEM_GET_VA
+	return ib_umem_get_va(ibdev, start, length, access);
+#else
+	return ib_umem_get(ibdev, start, length, access);
+#endif
+}
+
 /*
  * Byte x of the MR is at page_offset + x of the page list (§5.8), page_offset being where the
  * first byte lies in its page: any IOVA works (ibv_reg_mr_iova). A device without
@@ -1697,11 +1707,7 @@ static struct ib_mr *vrdma_reg_user_mr(struct ib_pd *ibpd, u64 start, u64 length
 	mr = kzalloc(sizeof(*mr), GFP_KERNEL);
 	if (!mr)
 		return ERR_PTR(-ENOMEM);
-#ifdef VRDMA_HAVE_UMEM_GET_VA
-	mr->umem = ib_umem_get_va(ibpd->device, start, length, access);
-#else
-	mr->umem = ib_umem_get(ibpd->device, start, length, access);
-#endif
+	mr->umem = vrdma_umem_get(ibpd->device, start, length, access);
 	if (IS_ERR(mr->umem)) {
 		err = PTR_ERR(mr->umem);
 		goto err_free;
@@ -1751,11 +1757,7 @@ static struct ib_mr *vrdma_rereg_user_mr(struct ib_mr *ibmr, int flags, u64 star
 	if (flags & IB_MR_REREG_TRANS) {
 		if (!vrdma_iova_ok(dev, start, iova) || (access & IB_ACCESS_ON_DEMAND))
 			return ERR_PTR(-EINVAL);
-#ifdef VRDMA_HAVE_UMEM_GET_VA
-		umem = ib_umem_get_va(ibmr->device, start, length, access);
-#else
-		umem = ib_umem_get(ibmr->device, start, length, access);
-#endif
+		umem = vrdma_umem_get(ibmr->device, start, length, access);
 		if (IS_ERR(umem))
 			return ERR_CAST(umem);
 		npages = ib_umem_num_pages(umem);
