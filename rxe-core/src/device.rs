@@ -58,9 +58,6 @@ fn push_recv(
     Ok(())
 }
 
-/// The access a user MR may have: known bits; remote write or atomic only with local write
-/// (IBTA 10.6.3.1); no FLUSH_PERSISTENT (no memory is persistent memory to the engine: a FLUSH
-/// could never make it persistent; rxe refuses the right for every page that is not pmem).
 /// What an MR holds of `max_registered_bytes`: a user MR its length from registration, a
 /// fast-registration MR the length it mapped last; a DMA MR nothing (it pins nothing the guest
 /// has not got), nor an implicit on-demand-paging MR (the whole address space; it pins
@@ -72,6 +69,9 @@ fn registered_len(mr: &Mr) -> u64 {
     }
 }
 
+/// The access a user MR may have: known bits; remote write or atomic only with local write
+/// (IBTA 10.6.3.1); no FLUSH_PERSISTENT (no memory is persistent memory to the engine: a FLUSH
+/// could never make it persistent; rxe refuses the right for every page that is not pmem).
 fn user_mr_access_ok(access: Access) -> bool {
     access.0 & !Access::ALL.0 == 0
         && (access.contains(Access::LOCAL_WRITE)
