@@ -521,11 +521,11 @@ impl World {
             while self.nodes[n].dev.poll_event().is_some() {}
             while let Some(f) = self.nodes[n].dev.poll_page_fault() {
                 assert_eq!(f.key, self.res[n].okey, "node {n}: {f:?}");
-                // (node 1's implicit MR also reaches the page after the buffer's last: an
-                // access the explicit MR's bounds refuse asks for it)
-                let rel = f.page.checked_sub(self.res[n].obase);
-                let pages = ODP_PAGES + u64::from(n == 1);
-                assert!(rel.is_some_and(|p| p < pages), "node {n}: {f:?}");
+                // Node 1's implicit MR covers every address: a packet whose VA was corrupted
+                // in flight may ask for any page of it. Node 0's table has ODP_PAGES.
+                if n == 0 {
+                    assert!(f.page < ODP_PAGES, "node {n}: {f:?}");
+                }
             }
         }
     }
