@@ -21,6 +21,18 @@ pub enum TransportKind {
     Raw,
 }
 
+/// How the daemon maps the guest's memory (`--guest-memory`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum GuestMemoryKind {
+    /// The VMM's memory fds, mapped as they come.
+    #[default]
+    Mapped,
+    /// Each region as a host dma-buf (udmabuf over the VMM's memfd), mapped through it: the
+    /// object a host device imports to reach the guest's memory (docs/daemon.md, "Guest
+    /// memory as dma-bufs").
+    Dmabuf,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum RawRing {
     V3,
@@ -155,6 +167,18 @@ pub struct Args {
     /// or raises SIGSYS; none installs no filter.
     #[arg(long, value_enum, default_value_t, help_heading = "Security")]
     pub seccomp: crate::seccomp::SeccompMode,
+    /// How the guest's memory is mapped: as the VMM's memfds (mapped), or through a host
+    /// dma-buf per region (dmabuf: udmabuf over the memfd; needs /dev/udmabuf, a memfd
+    /// sealed against shrinking as QEMU's memory-backend-memfd makes, and regions within
+    /// udmabuf's size_limit_mb).
+    #[arg(long, value_enum, default_value_t, help_heading = "Guest memory")]
+    pub guest_memory: GuestMemoryKind,
+    /// Receive RoCE payloads for the guest straight into its memory's dma-bufs on this host
+    /// interface (devmem receive, netdev bind-rx). Needs --guest-memory dmabuf. Probed at
+    /// start; today's kernels serve devmem receive to TCP only, so the probe refuses and
+    /// says what it found (docs/decisions.md, "Devmem receive").
+    #[arg(long, value_name = "IFACE", help_heading = "Guest memory")]
+    pub devmem_rx: Option<String>,
     /// Unix socket that prints the counters as JSON to whoever connects.
     #[arg(long, help_heading = "Sockets")]
     pub counters_socket: Vec<PathBuf>,
@@ -280,6 +304,10 @@ pub enum ConfigError {
     Peer(String),
     #[error("--poll-us {0} out of range (0..=1000000 microseconds)")]
     PollUs(u32),
+    #[error(
+        "--devmem-rx receives into the guest memory's dma-bufs: it needs --guest-memory dmabuf"
+    )]
+    DevmemNeedsDmabuf,
     #[error("--transport raw needs --iface IFNAME")]
     RawNeedsIface,
     #[error("--iface needs at least one --raw-addr IP (the addresses the device answers to)")]
@@ -347,6 +375,10 @@ pub struct Config {
     pub io_thread: bool,
     /// `--seccomp`: what a call outside the allow-list does (the whole process's).
     pub seccomp: crate::seccomp::SeccompMode,
+    /// `--guest-memory`: the guest's memory mapped as it comes, or through host dma-bufs.
+    pub guest_memory: GuestMemoryKind,
+    /// `--devmem-rx`: the interface to receive into the guest memory's dma-bufs on.
+    pub devmem_rx: Option<String>,
     /// `--shard-threads`: engine shards 1 and up on threads (and sockets) of their own.
     pub shard_threads: bool,
     pub transport: TransportKind,
@@ -603,6 +635,9 @@ impl TryFrom<Args> for Config {
         if a.poll_us > MAX_POLL_US {
             return Err(ConfigError::PollUs(a.poll_us));
         }
+        if a.devmem_rx.is_some() && a.guest_memory != GuestMemoryKind::Dmabuf {
+            return Err(ConfigError::DevmemNeedsDmabuf);
+        }
         let defaults = DeviceConfig::default();
         let dev = DeviceConfig {
             max_qp: lim("--max-qp", a.max_qp, 1 << 16)?,
@@ -639,6 +674,8 @@ impl TryFrom<Args> for Config {
             same_host_segment,
             io_thread: a.io_thread,
             seccomp: a.seccomp,
+            guest_memory: a.guest_memory,
+            devmem_rx: a.devmem_rx.clone(),
             shard_threads: a.shard_threads,
             transport,
             raw,
@@ -1058,6 +1095,27 @@ mod tests {
             Config::try_from(args(&["--socket-group", "no-such-group-here"])),
             Err(ConfigError::Group(_))
         ));
+    }
+
+    #[test]
+    fn guest_memory_and_devmem_rx() {
+        let c = Config::try_from(args(&[])).unwrap();
+        assert_eq!(c.guest_memory, GuestMemoryKind::Mapped);
+        assert_eq!(c.devmem_rx, None);
+        let c =
+            Config::try_from(args(&["--guest-memory", "dmabuf", "--devmem-rx", "eth0"])).unwrap();
+        assert_eq!(c.guest_memory, GuestMemoryKind::Dmabuf);
+        assert_eq!(c.devmem_rx.as_deref(), Some("eth0"));
+        let e = Config::try_from(args(&["--devmem-rx", "eth0"])).unwrap_err();
+        assert!(e.to_string().contains("needs --guest-memory dmabuf"), "{e}");
+        assert!(Args::try_parse_from([
+            "vhost-user-rdma",
+            "--socket-path",
+            "/x",
+            "--guest-memory",
+            "gpu"
+        ])
+        .is_err());
     }
 
     #[test]

@@ -310,7 +310,7 @@ mod tests {
             "{doc}"
         );
         assert!(doc.ends_with("}\n") && !doc.contains("\"port\""));
-        let backend = crate::vhu_rdma::VhuRdma::new(model.clone(), transport, 0).unwrap();
+        let backend = crate::vhu_rdma::VhuRdma::new(model.clone(), transport, 0, None).unwrap();
         *lock(&shared.backend) = Some(backend.counters_desk());
         let _held = lock(&model);
         let t0 = std::time::Instant::now();

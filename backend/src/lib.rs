@@ -81,6 +81,8 @@ pub enum Error {
     #[error("vhost-user daemon: {0}")]
     Daemon(String),
     #[error("{0}")]
+    Dmabuf(#[from] memory::dmabuf::DmabufError),
+    #[error("{0}")]
     Io(#[from] std::io::Error),
 }
 
@@ -238,6 +240,8 @@ struct Device {
     handle: Arc<Mutex<Option<vhost_user_backend::ShutdownHandle>>>,
     net_handle: Arc<Mutex<Option<vhost_user_backend::ShutdownHandle>>>,
     listening: Listening,
+    /// `--guest-memory dmabuf`: /dev/udmabuf, opened while the daemon may.
+    udmabuf: Option<Arc<memory::dmabuf::Udmabuf>>,
 }
 
 impl Device {
@@ -366,6 +370,7 @@ impl Device {
             }
             _ => None,
         };
+        let udmabuf = guest_memory_dmabuf(&config)?;
         let same_host = transport.same_host_inbox();
         let link = watch_link(&transport);
         let shared = Arc::new(Shared {
@@ -386,6 +391,7 @@ impl Device {
             handle: Arc::new(Mutex::new(None)),
             net_handle: Arc::new(Mutex::new(None)),
             listening: Listening::default(),
+            udmabuf,
         })
     }
 
@@ -591,6 +597,7 @@ fn serve(device: Device, bound: Bound) -> Result<(), Error> {
         handle: shutdown_handle,
         net_handle,
         listening,
+        udmabuf,
     } = device;
     let counters = match bound.counters {
         Some(b) => Some(counters::spawn(b, shared.clone())?),
@@ -619,7 +626,7 @@ fn serve(device: Device, bound: Bound) -> Result<(), Error> {
         if shared.shutdown.load(Ordering::SeqCst) {
             break Ok(());
         }
-        let (backend, shard_workers) = connection_backend(&config, &shared)?;
+        let (backend, shard_workers) = connection_backend(&config, &shared, &udmabuf)?;
         let mut daemon = VhostUserDaemon::new(
             "vhost-user-rdma".into(),
             backend.clone(),
@@ -713,6 +720,22 @@ fn memory_hint(e: &vhost_user_backend::Error) -> &'static str {
     }
 }
 
+/// `--guest-memory dmabuf`: /dev/udmabuf, opened now (the privileges go before a frontend
+/// comes); with `--devmem-rx`, the probe of devmem receive on that interface.
+fn guest_memory_dmabuf(config: &Config) -> Result<Option<Arc<memory::dmabuf::Udmabuf>>, Error> {
+    if config.guest_memory != config::GuestMemoryKind::Dmabuf {
+        return Ok(None);
+    }
+    let u = memory::dmabuf::Udmabuf::open()?;
+    log::info!(
+        "guest memory through dma-bufs ({}; size_limit_mb {})",
+        memory::dmabuf::UDMABUF_DEV,
+        u.limit_mib()
+            .map_or_else(|| "unknown".to_string(), |l| l.to_string())
+    );
+    Ok(Some(Arc::new(u)))
+}
+
 /// The link the port stands on: the raw interface, or the one holding `--udp-addr`.
 fn watch_link(t: &Transport) -> Option<Arc<Mutex<transport::link_watch::LinkWatch>>> {
     let i = t.port_ifindex()?;
@@ -736,6 +759,7 @@ fn watch_link(t: &Transport) -> Option<Arc<Mutex<transport::link_watch::LinkWatc
 fn connection_backend(
     config: &Config,
     shared: &Shared,
+    udmabuf: &Option<Arc<memory::dmabuf::Udmabuf>>,
 ) -> Result<(Arc<VhuRdma>, Option<worker::shard_worker::ShardWorkers>), Error> {
     // Every connection its own key bytes and first QPN: nothing a previous guest or an
     // off-path sender learnt names this guest's MRs and QPs.
@@ -760,6 +784,7 @@ fn connection_backend(
         model.clone(),
         shared.transport.clone(),
         config.poll_us,
+        udmabuf.clone(),
     )?);
     backend.set_shard_links(shared.shard_links.clone());
     backend.set_link_watch(shared.link.clone());

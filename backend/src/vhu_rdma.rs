@@ -15,8 +15,11 @@ use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{EventConsumer, EventNotifier};
 use vmm_sys_util::eventfd::EventFd;
 
+use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
+
 use crate::abi::{NUM_QUEUES, VQ_CTRL};
 use crate::device::model::Model;
+use crate::memory::dmabuf::Udmabuf;
 use crate::transport::Transport;
 use crate::worker::counters_desk::CountersDesk;
 use crate::worker::queues::{Listeners, Worker, GM};
@@ -45,6 +48,8 @@ pub fn protocol_features() -> VhostUserProtocolFeatures {
 
 pub struct VhuRdma {
     worker: Worker,
+    /// `--guest-memory dmabuf`: every memory table is mapped again through dma-bufs.
+    dmabuf: Option<Arc<Udmabuf>>,
 }
 
 impl VhuRdma {
@@ -53,9 +58,11 @@ impl VhuRdma {
         model: Arc<Mutex<Model>>,
         transport: Arc<Mutex<Transport>>,
         poll_us: u32,
+        dmabuf: Option<Arc<Udmabuf>>,
     ) -> io::Result<Self> {
         Ok(VhuRdma {
             worker: Worker::new(model, transport, poll_us, crate::counters::render_body)?,
+            dmabuf,
         })
     }
 
@@ -191,7 +198,26 @@ impl VhostUserBackend for VhuRdma {
     }
 
     fn update_memory(&self, mem: GM) -> io::Result<()> {
-        self.worker.set_memory(mem);
+        let Some(u) = &self.dmabuf else {
+            self.worker.set_memory(mem);
+            return Ok(());
+        };
+        // The device keeps no mapping of a table it cannot serve as asked: the table fails
+        // whole, and the frontend is told (REPLY_ACK).
+        let ram = u.remap(&mem.memory()).map_err(|e| {
+            log::error!("{e}");
+            io::Error::other(e.to_string())
+        })?;
+        log::info!(
+            "guest memory: {} region(s) through dma-bufs ({})",
+            ram.regions.len(),
+            ram.regions
+                .iter()
+                .map(|r| format!("GPA {:#x} +{} MiB", r.gpa, r.size >> 20))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        self.worker.set_memory(GuestMemoryAtomic::new(ram.mem));
         Ok(())
     }
 

@@ -39,6 +39,9 @@ pub struct GuestOpts {
     /// Ring position every virtqueue starts at (SET_VRING_BASE, avail and used idx): non-zero
     /// plays a VMM reconnecting a running guest to a restarted daemon.
     pub vring_base: u16,
+    /// Guest RAM's memfd sealed against shrinking and growing, as QEMU's memfd backend seals
+    /// it by default (what `--guest-memory dmabuf` needs); false plays a VMM that does not.
+    pub sealed_ram: bool,
 }
 
 impl Default for GuestOpts {
@@ -49,6 +52,7 @@ impl Default for GuestOpts {
             event_idx: true,
             event_bufs: 64,
             vring_base: 0,
+            sealed_ram: true,
         }
     }
 }
@@ -99,7 +103,7 @@ impl Guest {
                 Err(e) => return Err(e.into()),
             }
         };
-        let ram = GuestRam::new(opts.mem_size)?;
+        let ram = GuestRam::new_sealed(opts.mem_size, opts.sealed_ram)?;
         fe.set_owner()?;
         let features = fe.get_features()?;
         let mut want = (1u64 << 32) | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();

@@ -29,9 +29,16 @@ struct RamRegion {
 }
 
 impl RamRegion {
-    fn new(gpa: u64, size: u64) -> Result<RamRegion> {
+    /// `sealed`: sealed against shrinking and growing, as QEMU's memory-backend-memfd seals
+    /// its memfds by default (`seal=on`), which is what udmabuf asks of a memfd.
+    fn new(gpa: u64, size: u64, sealed: bool) -> Result<RamRegion> {
         // SAFETY: valid NUL-terminated name; the result is checked.
-        let fd = unsafe { libc::memfd_create(c"vur-guest-ram".as_ptr(), libc::MFD_CLOEXEC) };
+        let fd = unsafe {
+            libc::memfd_create(
+                c"vur-guest-ram".as_ptr(),
+                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+            )
+        };
         if fd < 0 {
             return Err(io::Error::last_os_error().into());
         }
@@ -39,6 +46,11 @@ impl RamRegion {
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         // SAFETY: plain syscall on our fd.
         if unsafe { libc::ftruncate(fd.as_raw_fd(), size as i64) } != 0 {
+            return Err(io::Error::last_os_error().into());
+        }
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        // SAFETY: F_ADD_SEALS with an int argument on our own fd.
+        if sealed && unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
             return Err(io::Error::last_os_error().into());
         }
         // SAFETY: a fresh shared mapping of the memfd; checked for MAP_FAILED.
@@ -121,8 +133,13 @@ fn shuffle(pages: &mut [u64]) {
 impl GuestRam {
     /// One region of `size` bytes at [`GPA_BASE`].
     pub fn new(size: u64) -> Result<Arc<GuestRam>> {
+        Self::new_sealed(size, true)
+    }
+
+    /// [`GuestRam::new`], its memfd sealed as QEMU seals its own (`sealed`) or not.
+    pub fn new_sealed(size: u64, sealed: bool) -> Result<Arc<GuestRam>> {
         let size = size.max(CONTIG + (1 << 20)) & !(PAGE - 1);
-        Self::with_regions(&[(GPA_BASE, size)], 1)
+        Self::layout(&[(GPA_BASE, size)], 1, sealed)
     }
 
     /// Regions at `(gpa, size)` (page-aligned, ascending, not overlapping; the first holds
@@ -130,6 +147,10 @@ impl GuestRam {
     /// `plugged` regions are RAM from the start; the others exist (this process has them
     /// mapped) but hold no pages until [`GuestRam::plug`]ged.
     pub fn with_regions(layout: &[(u64, u64)], plugged: usize) -> Result<Arc<GuestRam>> {
+        Self::layout(layout, plugged, true)
+    }
+
+    fn layout(layout: &[(u64, u64)], plugged: usize, sealed: bool) -> Result<Arc<GuestRam>> {
         assert!(!layout.is_empty() && (1..=layout.len()).contains(&plugged));
         assert!(
             layout[0].1 > CONTIG,
@@ -143,7 +164,7 @@ impl GuestRam {
         }
         let regions = layout
             .iter()
-            .map(|&(gpa, size)| RamRegion::new(gpa, size))
+            .map(|&(gpa, size)| RamRegion::new(gpa, size, sealed))
             .collect::<Result<Vec<_>>>()?;
         let mut pool: Vec<u64> = Vec::new();
         for (i, r) in regions.iter().enumerate().take(plugged) {

@@ -10,6 +10,7 @@
 //! ```text
 //! vur-pingpong --socket /run/vur/rdma.sock --ip 10.80.0.2 --dmac 02:..:.. [--server 10.80.0.1]
 //!     [-p 18515] [-s 4096] [-n 100] [-m 1024] [-r 100] [--timeout 60] [--stall 10] [--peer-is-ours]
+//!     [--unsealed-ram]
 //! ```
 //! With `--server` we are the client of a tool listening there; without, we listen (port
 //! `-p`) and the tool connects. `--dmac` is the peer's MAC for a daemon on a raw transport
@@ -68,6 +69,10 @@ struct Args {
     /// the tool echoes ours).
     #[arg(long)]
     peer_is_ours: bool,
+    /// Guest RAM as a memfd without seals (a VMM that does not seal its memory, which a
+    /// daemon with `--guest-memory dmabuf` must refuse).
+    #[arg(long)]
+    unsealed_ram: bool,
 }
 
 fn parse_mac(s: &str) -> Result<[u8; 6], String> {
@@ -193,7 +198,14 @@ fn run(a: &Args, mtu: Mtu) -> Result<(), String> {
 
 /// Attaches to the device, makes the PD, CQ, MR and an RC QP in INIT, and posts the receives.
 fn open(a: &Args) -> Result<Side, String> {
-    let mut g = Guest::connect(&a.socket, GuestOpts::default()).map_err(e("attach"))?;
+    let mut g = Guest::connect(
+        &a.socket,
+        GuestOpts {
+            sealed_ram: !a.unsealed_ram,
+            ..GuestOpts::default()
+        },
+    )
+    .map_err(e("attach"))?;
     let gid = Gid::from_ip(a.ip);
     g.add_gid(0, gid).map_err(e("ADD_GID"))?;
     let pd = g.alloc_pd().map_err(e("ALLOC_PD"))?;

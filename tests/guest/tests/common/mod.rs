@@ -12,9 +12,15 @@ use vur_testguest::{abi, connect_qps, loopback_pair, ConnOpts, Cq, End, Guest, N
 /// How long a test waits for a completion.
 pub const T: Duration = Duration::from_secs(10);
 
-/// The daemon binary built with these tests.
+/// The daemon binary built with these tests, or `VUR_TEST_DAEMON` (a test binary run where
+/// the build tree is not, as in a guest: tests/vm/guest-memory-dmabuf.test.sh).
 pub fn bin() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_vur-daemon"))
+    static BIN: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        std::env::var_os("VUR_TEST_DAEMON")
+            .map(Into::into)
+            .unwrap_or_else(|| env!("CARGO_BIN_EXE_vur-daemon").into())
+    })
 }
 
 /// Two daemons on loopback UDP, each with a test guest attached.
