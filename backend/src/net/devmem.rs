@@ -5,20 +5,27 @@
 //! `netdev`, command NETDEV_CMD_BIND_RX (include/uapi/linux/netdev.h; handled by
 //! `netdev_nl_bind_rx_doit` in net/core/netdev-genl.c). The binding lives as long as the
 //! netlink socket that made it (Documentation/networking/devmem.rst, "NIC Setup": "unbind
-//! ... by closing the netlink socket"). The kernel refuses it on a device that does not take
-//! the queue-management lock (`netdev_need_ops_lock`, EOPNOTSUPP), on a queue whose device has
-//! `tcp-data-split` off or `hds-thresh` above zero, that is virtual, has XDP or a memory
-//! provider already (`__net_mp_open_rxq` in net/core/netdev_rx_queue.c), on a file that is
-//! not a dma-buf (`net_devmem_bind_dmabuf` in net/core/devmem.c via `dma_buf_get`), and
-//! without CAP_NET_ADMIN (the op is GENL_ADMIN_PERM).
+//! ... by closing the netlink socket"). The kernel refuses it with EOPNOTSUPP on a driver
+//! without the queue-management API (`netdev_need_ops_lock` in `netdev_nl_bind_rx_doit`;
+//! before that, `queue_mgmt_ops` in `netdev_rx_queue_restart`, net/core/netdev_rx_queue.c);
+//! on a queue whose device has `tcp-data-split` off or `hds-thresh` above zero, is virtual
+//! (no parent device), has XDP or a memory provider already (`__net_mp_open_rxq`, same file,
+//! with words in the extended ack); on a file that is not a dma-buf (EINVAL from
+//! `dma_buf_get` in drivers/dma-buf/dma-buf.c, via `net_devmem_bind_dmabuf` in
+//! net/core/devmem.c); and without CAP_NET_ADMIN (the op is GENL_ADMIN_PERM in
+//! net/core/netdev-genl-gen.c). Which check comes first differs between kernels; the probe
+//! reports the one this kernel hit.
 //!
 //! Even a bound queue does not help RoCEv2: devmem receive is TCP only. Payloads in the
 //! dma-buf reach user space only through `tcp_recvmsg_dmabuf` (net/ipv4/tcp.c, recvmsg with
 //! MSG_SOCK_DEVMEM); for every other reader the skb's net_iov frags are "unreadable":
 //! `__skb_datagram_iter` (net/core/datagram.c, behind `skb_copy_datagram_iter`, which UDP's
-//! `udp_recvmsg` in net/ipv4/udp.c and AF_PACKET use) stops at them with EFAULT
-//! (devmem.rst, "Unreadable skbs"). So [`probe_rx`] always ends in a [`DevmemRefusal`]
-//! today; what it adds is the exact step at which a host falls short.
+//! `udp_recvmsg` in net/ipv4/udp.c and AF_PACKET's `packet_recvmsg` use) stops at them
+//! (`!skb_frags_readable(skb)`) with EFAULT (devmem.rst, "Unreadable skbs"). io_uring's
+//! zero-copy receive, the other user of the same memory providers, is TCP only as well
+//! (`io_zcrx_recv` in io_uring/zcrx.c: EPROTONOSUPPORT unless the socket's recvmsg is
+//! `tcp_recvmsg`). So [`probe_rx`] always ends in a [`DevmemRefusal`] today; what it adds is
+//! the exact step at which a host falls short.
 
 use std::convert::Infallible;
 use std::ffi::CString;
@@ -444,6 +451,10 @@ impl ReplyError {
 /// closed, which unbinds), 5) the kernel's devmem receive serves TCP only (see the module's
 /// documentation). Always an error today, with every step recorded; the reason is the first
 /// step that fell short or, when the bind succeeded, the TCP-only fact.
+///
+/// On a NIC that takes the bind, the kernel restarts that RX queue on binding and again on
+/// unbinding (`netdev_rx_queue_restart`), and what RSS sends to it meanwhile lands in the
+/// dma-buf, unreadable to all but TCP: call it at start-up, not on a busy port.
 pub fn probe_rx(iface: &str, dmabuf: BorrowedFd<'_>) -> Result<Infallible, DevmemRefusal> {
     let mut steps = Vec::new();
     let reason = match checks(iface, dmabuf, &mut steps) {
