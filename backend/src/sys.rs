@@ -280,17 +280,35 @@ pub(crate) fn ifreq(name: &str) -> Option<libc::ifreq> {
     Some(r)
 }
 
-/// A route netlink socket (NETLINK_ROUTE), bound to the multicast `groups` (none: 0), whose
-/// receives give up after `rcv_timeout_s` seconds: for a request the kernel answers at once
-/// (`net::netlink`) and for following a link (`transport::link_watch`).
-pub(crate) fn route_netlink(groups: u32, rcv_timeout_s: i64) -> io::Result<OwnedFd> {
+/// A netlink socket of `protocol` (NETLINK_ROUTE, NETLINK_GENERIC, ...) whose receives give up
+/// after `rcv_timeout_s` seconds.
+pub(crate) fn netlink_socket(protocol: i32, rcv_timeout_s: i64) -> io::Result<OwnedFd> {
     // SAFETY: plain socket(2); the fd is owned below.
-    let fd = unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            protocol,
+        )
+    };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: a fresh fd nobody else owns.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let tv = libc::timeval {
+        tv_sec: rcv_timeout_s,
+        tv_usec: 0,
+    };
+    setsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVTIMEO, &tv)?;
+    Ok(fd)
+}
+
+/// A route netlink socket (NETLINK_ROUTE), bound to the multicast `groups` (none: 0), whose
+/// receives give up after `rcv_timeout_s` seconds: for a request the kernel answers at once
+/// (`net::netlink`) and for following a link (`transport::link_watch`).
+pub(crate) fn route_netlink(groups: u32, rcv_timeout_s: i64) -> io::Result<OwnedFd> {
+    let fd = netlink_socket(libc::NETLINK_ROUTE, rcv_timeout_s)?;
     if groups != 0 {
         // SAFETY: a zeroed sockaddr_nl with the family and groups set is valid.
         let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
@@ -308,11 +326,6 @@ pub(crate) fn route_netlink(groups: u32, rcv_timeout_s: i64) -> io::Result<Owned
             return Err(io::Error::last_os_error());
         }
     }
-    let tv = libc::timeval {
-        tv_sec: rcv_timeout_s,
-        tv_usec: 0,
-    };
-    setsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVTIMEO, &tv)?;
     Ok(fd)
 }
 

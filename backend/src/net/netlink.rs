@@ -19,17 +19,20 @@ use thiserror::Error;
 
 const RTM_NEWLINK: u16 = 16;
 const RTM_DELLINK: u16 = 17;
-const NLM_F_REQUEST: u16 = 1;
-const NLM_F_ACK: u16 = 4;
+pub(crate) const NLM_F_REQUEST: u16 = 1;
+pub(crate) const NLM_F_ACK: u16 = 4;
 const NLM_F_EXCL: u16 = 0x200;
 const NLM_F_CREATE: u16 = 0x400;
-const NLMSG_ERROR: u16 = 2;
-const SOL_NETLINK: i32 = 270;
-const NETLINK_CAP_ACK: i32 = 10;
-const NETLINK_EXT_ACK: i32 = 11;
+pub(crate) const NLMSG_ERROR: u16 = 2;
+pub(crate) const SOL_NETLINK: i32 = 270;
+pub(crate) const NETLINK_CAP_ACK: i32 = 10;
+pub(crate) const NETLINK_EXT_ACK: i32 = 11;
 /// In an NLMSG_ERROR's flags: the error carries TLVs after the (capped) request header.
 const NLM_F_ACK_TLVS: u16 = 0x200;
 const NLMSGERR_ATTR_MSG: u16 = 1;
+/// In an extended acknowledgement: the byte offset, in the request, of the attribute the
+/// kernel found wanting (a u32).
+pub(crate) const NLMSGERR_ATTR_OFFS: u16 = 2;
 const IFLA_IFNAME: u16 = 3;
 const IFLA_MTU: u16 = 4;
 const IFLA_MASTER: u16 = 10;
@@ -41,7 +44,7 @@ const IFLA_INFO_DATA: u16 = 2;
 const PEER_INFO: u16 = 1;
 const IFLA_NETKIT_MODE: u16 = 5;
 const NETKIT_L2: u32 = 0;
-const NLA_F_NESTED: u16 = 1 << 15;
+pub(crate) const NLA_F_NESTED: u16 = 1 << 15;
 const IFF_UP: u32 = 1;
 const IFNAMSIZ: usize = 16;
 
@@ -115,10 +118,22 @@ fn valid_name(n: &str) -> bool {
             .any(|b| b == b'/' || b == b':' || b.is_ascii_whitespace() || b == 0)
 }
 
-/// A netlink attribute writer over a message buffer.
-struct Msg(Vec<u8>);
+/// A netlink attribute writer over a message buffer: an rtnetlink request here, a
+/// generic-netlink one for `net::devmem`.
+pub(crate) struct Msg(Vec<u8>);
 
 impl Msg {
+    /// A generic-netlink request to `family` (its id; GENL_ID_CTRL for the controller):
+    /// nlmsghdr with NLM_F_REQUEST and `nl_flags`, then genlmsghdr {cmd, version, 0}.
+    pub(crate) fn genl(family: u16, nl_flags: u16, cmd: u8, version: u8) -> Msg {
+        let mut b = vec![0u8; 16];
+        b[4..6].copy_from_slice(&family.to_ne_bytes());
+        b[6..8].copy_from_slice(&(nl_flags | NLM_F_REQUEST).to_ne_bytes());
+        b[8..12].copy_from_slice(&1u32.to_ne_bytes());
+        b.extend_from_slice(&[cmd, version, 0, 0]);
+        Msg(b)
+    }
+
     /// A request: nlmsghdr, then an ifinfomsg for `index` with `flags`/`change`.
     fn new(kind: u16, nl_flags: u16, index: i32, flags: u32, change: u32) -> Msg {
         let mut b = vec![0u8; 16];
@@ -138,7 +153,7 @@ impl Msg {
         self.0.extend_from_slice(&change.to_ne_bytes());
     }
 
-    fn attr(&mut self, ty: u16, payload: &[u8]) {
+    pub(crate) fn attr(&mut self, ty: u16, payload: &[u8]) {
         let len = 4 + payload.len();
         self.0.extend_from_slice(&(len as u16).to_ne_bytes());
         self.0.extend_from_slice(&ty.to_ne_bytes());
@@ -152,30 +167,30 @@ impl Msg {
         }
     }
 
-    fn str_attr(&mut self, ty: u16, s: &str) {
+    pub(crate) fn str_attr(&mut self, ty: u16, s: &str) {
         let mut p = s.as_bytes().to_vec();
         p.push(0);
         self.attr(ty, &p);
     }
 
-    fn u32_attr(&mut self, ty: u16, v: u32) {
+    pub(crate) fn u32_attr(&mut self, ty: u16, v: u32) {
         self.attr(ty, &v.to_ne_bytes());
     }
 
     /// Opens a nested attribute; [`Msg::end`] closes it.
-    fn begin(&mut self, ty: u16) -> usize {
+    pub(crate) fn begin(&mut self, ty: u16) -> usize {
         let at = self.0.len();
         self.0.extend_from_slice(&[0, 0]);
         self.0.extend_from_slice(&(ty | NLA_F_NESTED).to_ne_bytes());
         at
     }
 
-    fn end(&mut self, at: usize) {
+    pub(crate) fn end(&mut self, at: usize) {
         let len = (self.0.len() - at) as u16;
         self.0[at..at + 2].copy_from_slice(&len.to_ne_bytes());
     }
 
-    fn finish(mut self) -> Vec<u8> {
+    pub(crate) fn finish(mut self) -> Vec<u8> {
         let len = self.0.len() as u32;
         self.0[..4].copy_from_slice(&len.to_ne_bytes());
         self.0
@@ -254,7 +269,7 @@ fn request(msg: &[u8]) -> io::Result<()> {
 }
 
 /// The errno of the first NLMSG_ERROR in `b` (0: an acknowledgement), if there is one.
-fn ack_errno(b: &[u8]) -> Option<i32> {
+pub(crate) fn ack_errno(b: &[u8]) -> Option<i32> {
     let mut at = 0;
     while at + 20 <= b.len() {
         let len = u32::from_ne_bytes(b[at..at + 4].try_into().ok()?) as usize;
@@ -273,11 +288,20 @@ fn ack_errno(b: &[u8]) -> Option<i32> {
 
 /// The kernel's words in the first NLMSG_ERROR of `b` (NLMSGERR_ATTR_MSG of an extended
 /// acknowledgement whose request header was capped), if it gave any.
-fn ack_text(b: &[u8]) -> Option<String> {
+pub(crate) fn ack_text(b: &[u8]) -> Option<String> {
+    let v = ack_tlv(b, NLMSGERR_ATTR_MSG)?;
+    let v = v.split(|&c| c == 0).next().unwrap_or(v);
+    let text = String::from_utf8_lossy(v).trim().to_string();
+    (!text.is_empty()).then_some(text)
+}
+
+/// The payload of TLV `ty` in the first NLMSG_ERROR of `b` (an extended acknowledgement
+/// whose request header was capped), if it is there whole.
+pub(crate) fn ack_tlv(b: &[u8], ty: u16) -> Option<&[u8]> {
     let len = u32::from_ne_bytes(b.get(..4)?.try_into().ok()?) as usize;
-    let ty = u16::from_ne_bytes(b.get(4..6)?.try_into().ok()?);
+    let kind = u16::from_ne_bytes(b.get(4..6)?.try_into().ok()?);
     let flags = u16::from_ne_bytes(b.get(6..8)?.try_into().ok()?);
-    if ty != NLMSG_ERROR || flags & NLM_F_ACK_TLVS == 0 {
+    if kind != NLMSG_ERROR || flags & NLM_F_ACK_TLVS == 0 {
         return None;
     }
     // nlmsghdr, the error, the request's nlmsghdr (capped), then the TLVs.
@@ -289,11 +313,8 @@ fn ack_text(b: &[u8]) -> Option<String> {
         if l < 4 || at + l > msg.len() {
             return None;
         }
-        if t == NLMSGERR_ATTR_MSG {
-            let v = &msg[at + 4..at + l];
-            let v = v.split(|&c| c == 0).next().unwrap_or(v);
-            let text = String::from_utf8_lossy(v).trim().to_string();
-            return (!text.is_empty()).then_some(text);
+        if t == ty {
+            return Some(&msg[at + 4..at + l]);
         }
         at += (l + 3) & !3;
     }
@@ -302,9 +323,9 @@ fn ack_text(b: &[u8]) -> Option<String> {
 
 /// An errno with the kernel's explanation of it.
 #[derive(Debug)]
-struct Said {
-    os: io::Error,
-    text: String,
+pub(crate) struct Said {
+    pub(crate) os: io::Error,
+    pub(crate) text: String,
 }
 
 impl std::fmt::Display for Said {
