@@ -82,6 +82,8 @@ pub enum Error {
     Daemon(String),
     #[error("{0}")]
     Dmabuf(#[from] memory::dmabuf::DmabufError),
+    #[error("--devmem-rx: {0}")]
+    Devmem(#[from] net::devmem::DevmemRefusal),
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }
@@ -733,6 +735,14 @@ fn guest_memory_dmabuf(config: &Config) -> Result<Option<Arc<memory::dmabuf::Udm
         u.limit_mib()
             .map_or_else(|| "unknown".to_string(), |l| l.to_string())
     );
+    if let Some(iface) = &config.devmem_rx {
+        // A dma-buf of the daemon's own: the guest's memory comes later, with its frontend.
+        let probe = u.probe_buffer(2 << 20)?;
+        match net::devmem::probe_rx(iface, std::os::fd::AsFd::as_fd(&probe)) {
+            Ok(never) => match never {},
+            Err(refusal) => return Err(refusal.into()),
+        }
+    }
     Ok(Some(Arc::new(u)))
 }
 

@@ -203,7 +203,7 @@ impl VhostUserBackend for VhuRdma {
             return Ok(());
         };
         // The device keeps no mapping of a table it cannot serve as asked: the table fails
-        // whole, and the frontend is told (REPLY_ACK).
+        // whole, and vhost-user-backend ends the connection.
         let ram = u.remap(&mem.memory()).map_err(|e| {
             log::error!("{e}");
             io::Error::other(e.to_string())

@@ -135,8 +135,9 @@ pub struct DmabufRam {
 /// its system-call filter), and the size limit its module was loaded with.
 pub struct Udmabuf {
     dev: File,
-    /// `size_limit_mb`, when the module says.
-    limit_mib: Option<u64>,
+    /// Where the module says its `size_limit_mb` (read again for every table: root may change
+    /// it while the daemon runs).
+    limit_param: std::path::PathBuf,
 }
 
 impl Udmabuf {
@@ -151,15 +152,17 @@ impl Udmabuf {
             .write(true)
             .open(dev)
             .map_err(DmabufError::Open)?;
-        let limit_mib = std::fs::read_to_string(limit)
-            .ok()
-            .and_then(|s| s.trim().parse().ok());
-        Ok(Udmabuf { dev, limit_mib })
+        Ok(Udmabuf {
+            dev,
+            limit_param: limit.to_path_buf(),
+        })
     }
 
-    /// `size_limit_mb` of the module, when it says.
+    /// `size_limit_mb` of the module now, when it says.
     pub fn limit_mib(&self) -> Option<u64> {
-        self.limit_mib
+        std::fs::read_to_string(&self.limit_param)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
     }
 
     /// A dma-buf over `size` bytes of `memfd` from `offset`.
@@ -185,13 +188,14 @@ impl Udmabuf {
     /// served fails whole, with the first region's reason.
     pub fn remap(&self, mem: &GuestMemoryMmap) -> Result<DmabufRam, DmabufError> {
         let mut plan = Vec::new();
+        let limit_mib = self.limit_mib();
         for (index, r) in mem.iter().enumerate() {
             let gpa = r.start_addr().0;
             let size = r.len();
             let fo = r
                 .file_offset()
                 .ok_or(DmabufError::NoFile { index, gpa, size })?;
-            check(self.limit_mib, index, gpa, fo, size)?;
+            check(limit_mib, index, gpa, fo, size)?;
             plan.push((index, gpa, size, fo.file(), fo.start()));
         }
         let mut regions = Vec::new();
@@ -264,7 +268,7 @@ fn check(
         return Err(DmabufError::WriteSealed { index, gpa, seals });
     }
     let offset = fo.start();
-    if offset % PAGE != 0 || size % PAGE != 0 || size == 0 {
+    if !offset.is_multiple_of(PAGE) || !size.is_multiple_of(PAGE) || size == 0 {
         return Err(DmabufError::Unaligned {
             index,
             gpa,
@@ -308,7 +312,7 @@ mod tests {
             | ((b'u' as u64) << 8)
             | 0x42;
         assert_eq!(std::mem::size_of::<UdmabufCreate>(), 24);
-        assert_eq!(UDMABUF_CREATE as u64, want);
+        assert_eq!(UDMABUF_CREATE, want);
     }
 
     fn memfd(size: u64, seals: i32) -> Arc<File> {
@@ -322,10 +326,8 @@ mod tests {
         f.set_len(size).unwrap();
         if seals != 0 {
             // SAFETY: F_ADD_SEALS with an int on our fd.
-            assert_eq!(
-                unsafe { libc::fcntl(f.as_raw_fd(), libc::F_ADD_SEALS, seals) },
-                0
-            );
+            let r = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_ADD_SEALS, seals) };
+            assert_eq!(r, 0);
         }
         Arc::new(f)
     }

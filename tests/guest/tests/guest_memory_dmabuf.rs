@@ -181,3 +181,40 @@ fn wait_log(d: &Daemon, what: &str) {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// `--devmem-rx` on a veth (no queue-management API, no parent device) and on an interface
+/// that does not exist: the daemon does not start, and its refusal lists what the probe
+/// checked and found, ending with why a bound queue would still not carry RoCEv2.
+#[test]
+#[ignore = "needs /dev/udmabuf: tests/vm/guest-memory-dmabuf.test.sh runs it in the guest"]
+fn devmem_receive_is_probed_and_refused_with_what_was_found() {
+    run(
+        "devmem_receive_is_probed_and_refused_with_what_was_found",
+        || {
+            vur_testguest::netns::ip(&[
+                "link", "add", "vdm0", "type", "veth", "peer", "name", "vdm1",
+            ])
+            .unwrap();
+            vur_testguest::netns::ip(&["link", "set", "vdm0", "up"]).unwrap();
+            let (code, err) = daemon_exit(&["--guest-memory", "dmabuf", "--devmem-rx", "vdm0"]);
+            println!("veth: {err}");
+            assert_eq!(code, Some(1), "{err}");
+            for want in [
+                "devmem receive on vdm0 is unavailable",
+                "\"netdev\"",
+                "bind-rx",
+                "RX queue",
+                "TCP sockets only",
+            ] {
+                assert!(err.contains(want), "no {want:?} in: {err}");
+            }
+            let (code, err) = daemon_exit(&["--guest-memory", "dmabuf", "--devmem-rx", "nosuch0"]);
+            println!("missing: {err}");
+            assert_eq!(code, Some(1), "{err}");
+            assert!(
+                err.contains("devmem receive on nosuch0 is unavailable"),
+                "{err}"
+            );
+        },
+    );
+}
