@@ -38,7 +38,8 @@ driver_src=$repo/guest-driver-patches/linux/virtio_rdma
 selftest_src=$repo/guest-driver-patches/linux/selftest
 # Packages of the module build chroot (the kernel headers are added by version).
 kbuild_pkgs=(gcc-14 make libc6-dev dkms xz-utils
-    cmake ninja-build pkg-config libnl-3-dev libnl-route-3-dev libudev-dev python3 dpkg-dev)
+    cmake ninja-build pkg-config libnl-3-dev libnl-route-3-dev libudev-dev python3 dpkg-dev
+    cython3 python3-dev)
 # The rxe provider (librxe) of the image's rdma-core, rebuilt from Debian's source with
 # guest-driver-patches/rdma-core/*.patch (verbs that stock librxe leaves out, e.g.
 # ibv_reg_dmabuf_mr) in the build chroot, replaces Debian's in the image.
@@ -52,7 +53,7 @@ keep_modules=(
     drivers/infiniband/core drivers/infiniband/sw drivers/infiniband/ulp
     drivers/net/virtio_net.ko.xz drivers/net/net_failover.ko.xz
     drivers/net/veth.ko.xz drivers/net/ifb.ko.xz drivers/net/tun.ko.xz drivers/net/dummy.ko.xz
-    drivers/virtio fs/9p fs/netfs
+    drivers/virtio fs/9p fs/netfs drivers/gpu/drm/virtio
     drivers/nvme/host/nvme-rdma.ko.xz drivers/nvme/target/nvmet-rdma.ko.xz
 )
 # Subtrees of net/ that a wired RoCE test never loads.
@@ -314,9 +315,12 @@ do_provider() {
         patch -d "$kbuild/src/rdma-core" -p1 --forward --batch --quiet <"$p" ||
             die "${p##*/} does not apply to rdma-core $upstream"
     done
+    # The provider, and pyverbs' dma-buf allocator module (patch 0006: virtio-gpu's buffers).
     "${run[@]}" CC=gcc-14 sh -c 'cd /src/rdma-core && mkdir build && cd build &&
-        cmake -GNinja -DCMAKE_BUILD_TYPE=Release -DNO_MAN_PAGES=1 -DNO_PYVERBS=1 .. &&
-        ninja lib/librxe-rdmav34.so' >>"$cache/provider-build.log" 2>&1 ||
+        cmake -GNinja -DCMAKE_BUILD_TYPE=Release -DNO_MAN_PAGES=1 .. &&
+        dmabuf=$(ninja -t targets all | grep -o "^python/pyverbs/dmabuf\.cpython[^:]*\.so" | head -1) &&
+        [ -n "$dmabuf" ] && ninja lib/librxe-rdmav34.so "$dmabuf" && cp "$dmabuf" /src/rdma-core/build/' \
+        >>"$cache/provider-build.log" 2>&1 ||
         { tail -30 "$cache/provider-build.log"; die "the rxe provider did not build (log: $cache/provider-build.log)"; }
     chroot_umounts
     so=$kbuild/src/rdma-core/build/lib/librxe-rdmav34.so
@@ -325,6 +329,8 @@ do_provider() {
     mkdir -p "$provider_out.tmp"
     install -m 644 "$so" "$provider_out.tmp/librxe-rdmav34.so"
     strip --strip-unneeded "$provider_out.tmp/librxe-rdmav34.so"
+    install -m 644 "$kbuild"/src/rdma-core/build/dmabuf.cpython-*.so "$provider_out.tmp/"
+    strip --strip-unneeded "$provider_out.tmp"/dmabuf.cpython-*.so
     (cd "$provider_src" && sha256sum -- *.patch) >"$provider_out.tmp/patches.sha256"
     rm -rf "$provider_out" "$kbuild/src/rdma-core"
     mv "$provider_out.tmp" "$provider_out"
@@ -332,7 +338,7 @@ do_provider() {
 if [[ $(provider_hash) != none ]]; then
     provider_ver=$(chroot "$rootfs" dpkg-query -W -f='${source:Version}' libibverbs1)
     provider_out=$cache/provider-${provider_ver//[:~]/_}-$(provider_hash)
-    if [[ -f $provider_out/librxe-rdmav34.so ]]; then
+    if [[ -f $provider_out/librxe-rdmav34.so ]] && compgen -G "$provider_out/dmabuf.cpython-*.so" >/dev/null; then
         log "reusing the rxe provider $provider_out"
     else
         step "rxe provider of rdma-core $provider_ver with guest-driver-patches/rdma-core" do_provider
@@ -403,6 +409,11 @@ do_stage() {
         [[ -f $stage/usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so ]] ||
             die "the image's rdma-core has no librxe-rdmav34.so to replace"
         install -m 644 "$provider_out/librxe-rdmav34.so" "$stage/usr/lib/x86_64-linux-gnu/libibverbs/"
+        local pydmabuf
+        pydmabuf=$(cd "$provider_out" && echo dmabuf.cpython-*.so)
+        [[ -f $stage/usr/lib/python3/dist-packages/pyverbs/$pydmabuf ]] ||
+            die "the image's pyverbs has no $pydmabuf to replace"
+        install -m 644 "$provider_out/$pydmabuf" "$stage/usr/lib/python3/dist-packages/pyverbs/"
     fi
     kept=$(find "$m/kernel" -name '*.ko*' | wc -l)
     log "modules: kept $kept of $all ($(du -sh "$m" | cut -f1))"
@@ -427,7 +438,7 @@ do_manifest() {
         echo "perftest: $(chroot "$stage" dpkg-query -W -f='${Version}' perftest)"
         echo "iproute2: $(chroot "$stage" dpkg-query -W -f='${Version}' iproute2)"
         [[ ! -d $driver_src ]] || echo "virtio_rdma: $(driver_hash) (guest-driver-patches/linux)"
-        [[ -z $provider_out ]] || echo "librxe: rdma-core ${provider_ver%-*} (orig tarball) with $(cd "$provider_src" && echo *.patch) ($(provider_hash), guest-driver-patches/rdma-core)"
+        [[ -z $provider_out ]] || echo "librxe and pyverbs' dmabuf module: rdma-core ${provider_ver%-*} (orig tarball) with $(cd "$provider_src" && echo *.patch) ($(provider_hash), guest-driver-patches/rdma-core)"
         echo "initrd.img: $(du -k "$out.tmp/initrd.img" | cut -f1) KiB, $(find "$stage" | wc -l) files"
         echo
         echo "## kernel config (selected)"

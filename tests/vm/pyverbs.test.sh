@@ -74,6 +74,11 @@ for n in /sys/class/net/*; do [[ $(cat "$n/address") == "$rxe_mac" ]] && nic=${n
 ip link set "$nic" up && ip addr add 10.79.0.2/24 dev "$nic"
 modprobe rdma_rxe && rdma link add rxe0 type rxe netdev "$nic" ||
     { echo "PYV-FAIL could not create rxe0 on $nic"; exit 1; }
+# The dma-buf tests' exporter: virtio-gpu (run-vm.sh --gpu), its render node renderD128;
+# pyverbs allocates from it with guest-driver-patches/rdma-core 0006
+modprobe virtio-gpu
+for _ in $(seq 50); do [[ -c /dev/dri/renderD128 ]] && break; sleep 0.1; done
+echo "PYV-GPU $(cat /sys/class/drm/renderD128/device/driver/module/drivers/*/uevent 2>/dev/null | head -1) $(ls /dev/dri 2>/dev/null | tr '\n' ' ')"
 # 2 MiB huge pages for the tests that register them (test_odp's huge-page tests)
 echo 8 >/proc/sys/vm/nr_hugepages
 echo "PYV-HUGEPAGES $(cat /proc/sys/vm/nr_hugepages)"
@@ -129,7 +134,7 @@ log "booting the guest: ${#modules[@]} modules on vrdma0, then on rxe0"
 vm_rc=0
 "$here/run-vm.sh" --name pyv --qemu "$qemu" --images "$images" --rdma-sock "$work/rdma.sock" \
     --nic-no-peer --mac "$mac" --ip "$addr/24" --no-rxe --tap2 vurtapA --mac2 "$rxe_mac" \
-    --shared "$work" --smp 2 \
+    --shared "$work" --smp 2 --gpu \
     --scenario "$work/guest.sh" --timeout 3600 >"$work/run-vm.log" 2>&1 || vm_rc=$?
 kill "$watcher" 2>/dev/null || true
 wait "$watcher" 2>/dev/null || true

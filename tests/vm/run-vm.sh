@@ -22,6 +22,8 @@
 #   --interactive      console on this terminal, no scenario needed, no timeout
 #   --images DIR       kernel + initrd directory (default: images/build.sh --print-dir; env VUR_IMAGES)
 #   --qemu BIN         QEMU binary (default: $VUR_QEMU, else qemu-system-x86_64)
+#   --gpu              add a virtio-gpu-pci (2D, no display): /dev/dri/renderD128 in the guest,
+#                      a dma-buf exporter (virtio_gpu's buffers)
 #   --rdma-sock PATH   add a vhost-user-rdma-pci device (virtio-rdma, served by the daemon
 #                      listening on PATH); guest RAM becomes a shared memfd, as vhost-user needs
 #   --rdma-reconnect MS  QEMU reconnects to the daemon's socket MS ms after losing it
@@ -48,7 +50,7 @@ repo=$(cd "$here/../.." && pwd)
 
 name='' tap='' mac='' ip='' ip6='' mtu='' scenario='' shared='' timeout=300 logf=''
 mem=1024 smp=1 rxe=1 interactive=0 images=${VUR_IMAGES:-} qemu=${VUR_QEMU:-qemu-system-x86_64}
-rdma_sock='' net_sock='' host_mtu='' rdma_reconnect='' nic_no_peer=0 tap2='' mac2='' no_reboot=-no-reboot
+gpu=0 rdma_sock='' net_sock='' host_mtu='' rdma_reconnect='' nic_no_peer=0 tap2='' mac2='' no_reboot=-no-reboot
 envs=() files=()
 die() { printf '[run-vm] error: %s\n' "$*" >&2; exit 2; }
 while (($#)); do
@@ -72,6 +74,7 @@ while (($#)); do
     --images) images=$2; shift ;;
     --qemu) qemu=$2; shift ;;
     --rdma-sock) rdma_sock=$2; shift ;;
+    --gpu) gpu=1 ;;
     --net-sock) net_sock=$2; shift ;;
     --host-mtu) host_mtu=$2; shift ;;
     --rdma-reconnect) rdma_reconnect=$2; shift ;;
@@ -172,6 +175,8 @@ if [[ -n $rdma_sock ]]; then
     args+=(-chardev "socket,id=rdma0,path=$rdma_sock${rdma_reconnect:+,reconnect-ms=$rdma_reconnect}"
         -device vhost-user-rdma-pci,chardev=rdma0)
 fi
+# A 2D virtio-gpu (no display): a DRM render node whose buffers are dma-buf exporters.
+((gpu == 0)) || args+=(-device virtio-gpu-pci)
 [[ -z $shared ]] || args+=(-virtfs "local,path=$shared,mount_tag=vur,security_model=none,id=vur")
 
 if ((interactive)); then

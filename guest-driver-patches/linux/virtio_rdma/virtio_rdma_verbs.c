@@ -1842,6 +1842,13 @@ static struct ib_mr *vrdma_reg_user_mr_dmabuf(struct ib_pd *ibpd, u64 offset, u6
 		goto err_free;
 	}
 	mr->umem = &umem_dmabuf->umem;
+	/*
+	 * ib_umem_dmabuf_get leaves the umem's iova 0, which the block count (and the block
+	 * iterator, which stops at that count) then reads as if the buffer began on a page:
+	 * one page short when offset's place in its page and the length cross one more. The
+	 * pages are the dma-buf's from byte offset, so count them from there.
+	 */
+	mr->umem->iova = mr->umem->address;
 	/* the mapped list starts at the page that holds byte offset of the buffer */
 	__rdma_umem_block_iter_start(&biter, mr->umem, PAGE_SIZE);
 	err = vrdma_reg_pages(ibpd, mr, ib_umem_num_dma_blocks(mr->umem, PAGE_SIZE),
