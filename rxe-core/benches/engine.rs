@@ -292,6 +292,7 @@ fn run_shards(shards: u32, until: Until) -> (u64, f64) {
                 send_cq: cq,
                 recv_cq: cq,
                 srq: None,
+                xrcd: None,
                 cap: opts.cap,
                 sq_sig_all: false,
             })

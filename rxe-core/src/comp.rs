@@ -7,7 +7,7 @@ use crate::qp::*;
 use crate::shared::{Drop, Resources};
 use crate::types::{Instant, Psn};
 use crate::verbs::*;
-use crate::wire::{NakCode, OpFlags, Opcode, Packet, Syndrome};
+use crate::wire::{NakCode, OpFlags, Opcode, Packet, Syndrome, Transport};
 
 fn rearm(q: &mut Qp, now: Instant) {
     q.comp.retrans_at = match ack_timeout_ns(q.attr.timeout) {
@@ -82,7 +82,12 @@ pub(crate) fn handle_response(
     now: Instant,
     pkt: &Packet<&[u8]>,
 ) -> Result<(), Drop> {
-    if q.qp_type != QpType::Rc {
+    let class = match q.qp_type {
+        QpType::Rc => Transport::Rc,
+        QpType::XrcIni => Transport::Xrc,
+        _ => return Err(Drop::Unexpected),
+    };
+    if pkt.opcode().transport() != class {
         return Err(Drop::Unexpected);
     }
     if !matches!(q.state(), QpState::Rts | QpState::Sqd) {
@@ -96,7 +101,7 @@ pub(crate) fn handle_response(
         // READ responses (also the empty one for FLUSH / ATOMIC_WRITE).
         return do_read(q, res, mem, now, pkt, psn, seq);
     }
-    if pkt.opcode() == Opcode::RC_ATOMIC_ACKNOWLEDGE {
+    if pkt.opcode().rc_op() == Opcode::RC_ATOMIC_ACKNOWLEDGE {
         return do_atomic(q, res, mem, now, pkt, psn, seq);
     }
     // RC_ACKNOWLEDGE.

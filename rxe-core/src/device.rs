@@ -20,7 +20,8 @@ use crate::wire::{OpFlags, Packet};
 
 use crate::shared::*;
 pub use crate::shared::{
-    DeviceConfig, Drop, PortCounters, QpInit, RecvMeta, Transmit, FIRST_QPN, SEGMENT_HEADROOM,
+    DeviceConfig, Drop, PortCounters, QpInit, RecvMeta, Transmit, FIRST_QPN, MAX_XRCD,
+    SEGMENT_HEADROOM,
 };
 
 /// A soft-RoCE device: the engine instance for one port, or one shard of it
@@ -98,6 +99,7 @@ impl Device {
         let shards = shards.clamp(1, 64);
         let objs = Objects {
             pds: Slab::new(cfg.max_pd),
+            xrcds: Slab::new(MAX_XRCD),
             keys: match cfg.seed {
                 Some(seed) => KeyTable::with_seed(cfg.max_mr, seed),
                 None => KeyTable::new(cfg.max_mr),
@@ -708,6 +710,7 @@ impl Device {
         let id = write(&self.res.shared.srqs)
             .insert(Arc::new(Mutex::new(Srq {
                 pd,
+                xrc: None,
                 max_wr,
                 max_sge,
                 limit,
@@ -756,8 +759,11 @@ impl Device {
             return Err(VerbError::Busy);
         }
         let s = t.remove(srqn).ok_or(VerbError::NotFound)?;
-        let pd = lock(&s).pd;
-        o.pd_ref(pd, -1)
+        let mut s = lock(&s);
+        if let Some(x) = s.xrc.take() {
+            crate::xrc::release_srq(&mut o, x);
+        }
+        o.pd_ref(s.pd, -1)
     }
     pub fn post_srq_recv(&mut self, srqn: u32, wr: RecvWr) -> Result<(), VerbError> {
         self.res
@@ -783,14 +789,26 @@ impl Device {
         if init.srq.is_some() && init.qp_type != QpType::Rc && init.qp_type != QpType::Ud {
             return Err(VerbError::Invalid);
         }
+        crate::xrc::check_init(&init)?;
+        let tgt = init.qp_type == QpType::XrcTgt;
         let max_qp = c.max_qp;
         let shards = self.res.shared.shards;
         let shared = self.res.shared.clone();
         let mut o = shared.objs.write();
-        o.pd_ref(init.pd, 0)?;
-        let cq_objs = {
+        match init.xrcd {
+            Some(x) if tgt => crate::xrc::xrcd_ref(&mut o, x, 0)?,
+            _ => o.pd_ref(init.pd, 0)?,
+        }
+        // An XRC INI QP has no receive CQ: both are its send CQ.
+        let recv_cq = match init.qp_type {
+            QpType::XrcIni => init.send_cq,
+            _ => init.recv_cq,
+        };
+        let cq_objs = if tgt {
+            crate::xrc::tgt_placeholder_cqs()
+        } else {
             let cqs = read(&shared.cqs);
-            match (cqs.get(init.send_cq), cqs.get(init.recv_cq)) {
+            match (cqs.get(init.send_cq), cqs.get(recv_cq)) {
                 (Some(s), Some(r)) => [s.clone(), r.clone()],
                 _ => return Err(VerbError::NotFound),
             }
@@ -845,7 +863,10 @@ impl Device {
             self.qps.resize_with(idx + 1, || None);
         }
         self.qps[idx] = Some(Box::new(qp));
-        o.pd_ref(init.pd, 1)?;
+        match init.xrcd {
+            Some(x) if tgt => crate::xrc::xrcd_ref(&mut o, x, 1)?,
+            _ => o.pd_ref(init.pd, 1)?,
+        }
         Ok(qpn)
     }
 
@@ -899,6 +920,10 @@ impl Device {
                     o.mcast.remove(g);
                 }
             }
+        }
+        if let (QpType::XrcTgt, Some(x)) = (q.qp_type, q.xrcd) {
+            // Its CQs, SRQ and PD are those of the SRQ its last request named: not its own.
+            return crate::xrc::xrcd_ref(&mut o, x, -1);
         }
         for c in &q.cq_objs {
             lock(c).users -= 1;
@@ -1052,7 +1077,7 @@ impl Device {
             .get_mut(qpn.0 as usize)
             .and_then(|q| q.as_deref_mut())
             .ok_or(VerbError::NotFound)?;
-        if q.srq.is_some() || q.state() == QpState::Reset {
+        if q.srq.is_some() || q.qp_type.is_xrc() || q.state() == QpState::Reset {
             return Err(VerbError::Invalid);
         }
         push_recv(&mut q.rq, q.cap.max_recv_sge, q.cap.max_recv_wr, wr)?;

@@ -25,6 +25,7 @@ mod resp;
 mod shared;
 mod slab;
 mod timers;
+mod xrc;
 
 pub use device::{Device, DeviceConfig, QpInit, RecvMeta, Transmit};
 pub use qp::QpCounters;

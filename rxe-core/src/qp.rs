@@ -172,6 +172,9 @@ pub(crate) struct RespState {
     pub comm_est: bool,
     /// A NAK that moves the QP to ERR once sent is queued.
     pub goto_error: bool,
+    /// XRC TGT: the request being handled names no XRC SRQ of the QP's domain (or another
+    /// than its message's); the walk refuses it as an invalid request.
+    pub xrc_bad: bool,
     /// The READ response at the head of `out` needs a page of an on-demand-paging MR not
     /// mapped: nothing goes out until [`crate::Device::odp_wake`].
     pub odp_wait: bool,
@@ -272,6 +275,10 @@ pub struct Qp {
     pub send_cq: u32,
     pub recv_cq: u32,
     pub srq: Option<u32>,
+    /// The XRC domain of an XRC TGT QP. Such a QP has no PD, CQ or SRQ of its own: `pd`,
+    /// `recv_cq`, `srq` and the receive CQ are those of the XRC SRQ its request names
+    /// (`xrc.rs`), 0 (no object) before the first.
+    pub xrcd: Option<u32>,
     /// The send and the receive CQ themselves (they outlive the QP: a CQ in use cannot be
     /// destroyed), so a completion takes only the CQ's own lock.
     pub(crate) cq_objs: [Arc<Mutex<Cq>>; 2],
@@ -298,98 +305,73 @@ pub struct Qp {
 
 use AttrMask as M;
 
-/// Required and optional attributes for a transition, by QP type (`[rc, uc, ud]`).
+/// Required and optional attributes for a transition, by QP type (`[rc, uc, ud, xrc_ini,
+/// xrc_tgt]`, the columns of the kernel's `qp_state_table`: XRC INI is RC without the
+/// responder's attributes, XRC TGT RC without the requester's).
 fn transition(cur: QpState, next: QpState, t: QpType) -> Option<(u32, u32)> {
     use QpState::*;
     let ti = match t {
         QpType::Rc => 0,
         QpType::Uc => 1,
         QpType::Ud | QpType::Gsi => 2,
+        QpType::XrcIni => 3,
+        QpType::XrcTgt => 4,
     };
-    let pick = |v: [u32; 3]| v[ti];
+    let pick = |v: [u32; 5]| v[ti];
+    let init = M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS;
+    let ud_init = M::PKEY_INDEX | M::PORT | M::QKEY;
+    let rtr_uc = M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN;
+    let rtr_rc = rtr_uc | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER;
+    let rtr_opt = M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX;
+    let rts_rc = M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC;
+    let rts_opt_uc = M::CUR_STATE | M::ALT_PATH | M::ACCESS_FLAGS | M::PATH_MIG_STATE;
+    let rts_opt_rc = rts_opt_uc | M::MIN_RNR_TIMER;
+    let sqd_uc = M::PKEY_INDEX | M::AV | M::CUR_STATE | M::ALT_PATH | M::ACCESS_FLAGS;
+    let sqd_uc = sqd_uc | M::PORT | M::PATH_MIG_STATE;
+    let sqd_ini = sqd_uc | M::MAX_QP_RD_ATOMIC | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY;
+    let sqd_tgt = sqd_uc | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER | M::TIMEOUT;
     let r = match (cur, next) {
         (_, Reset) | (_, Err) => (0, 0),
-        (Reset, Init) => (
-            pick([
-                M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS,
-                M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS,
-                M::PKEY_INDEX | M::PORT | M::QKEY,
-            ]),
-            0,
-        ),
-        (Init, Init) => (
-            0,
-            pick([
-                M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS,
-                M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS,
-                M::PKEY_INDEX | M::PORT | M::QKEY,
-            ]),
-        ),
+        (Reset, Init) => (pick([init, init, ud_init, init, init]), 0),
+        (Init, Init) => (0, pick([init, init, ud_init, init, init])),
         (Init, Rtr) => (
-            pick([
-                M::AV
-                    | M::PATH_MTU
-                    | M::DEST_QPN
-                    | M::RQ_PSN
-                    | M::MAX_DEST_RD_ATOMIC
-                    | M::MIN_RNR_TIMER,
-                M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN,
-                0,
-            ]),
-            pick([
-                M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX,
-                M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX,
-                M::PKEY_INDEX | M::QKEY,
-            ]),
+            pick([rtr_rc, rtr_uc, 0, rtr_uc, rtr_rc]),
+            pick([rtr_opt, rtr_opt, M::PKEY_INDEX | M::QKEY, rtr_opt, rtr_opt]),
         ),
         (Rtr, Rts) => (
+            pick([rts_rc, M::SQ_PSN, M::SQ_PSN, rts_rc, M::SQ_PSN | M::TIMEOUT]),
             pick([
-                M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
-                M::SQ_PSN,
-                M::SQ_PSN,
-            ]),
-            pick([
-                M::CUR_STATE | M::ALT_PATH | M::ACCESS_FLAGS | M::MIN_RNR_TIMER | M::PATH_MIG_STATE,
-                M::CUR_STATE | M::ALT_PATH | M::ACCESS_FLAGS | M::PATH_MIG_STATE,
+                rts_opt_rc,
+                rts_opt_uc,
                 M::CUR_STATE | M::QKEY,
+                rts_opt_uc,
+                rts_opt_rc,
             ]),
         ),
         (Rts, Rts) | (Sqd, Rts) => (
             0,
             pick([
-                M::CUR_STATE | M::ACCESS_FLAGS | M::ALT_PATH | M::PATH_MIG_STATE | M::MIN_RNR_TIMER,
-                M::CUR_STATE | M::ACCESS_FLAGS | M::ALT_PATH | M::PATH_MIG_STATE,
+                rts_opt_rc,
+                rts_opt_uc,
                 M::CUR_STATE | M::QKEY,
+                rts_opt_uc,
+                rts_opt_rc,
             ]),
         ),
         (Rts, Sqd) => (0, M::EN_SQD_ASYNC_NOTIFY),
         (Sqd, Sqd) => (
             0,
             pick([
-                M::PKEY_INDEX
-                    | M::AV
-                    | M::MAX_QP_RD_ATOMIC
-                    | M::MAX_DEST_RD_ATOMIC
-                    | M::CUR_STATE
-                    | M::ALT_PATH
-                    | M::ACCESS_FLAGS
-                    | M::PORT
-                    | M::MIN_RNR_TIMER
-                    | M::TIMEOUT
-                    | M::RETRY_CNT
-                    | M::RNR_RETRY
-                    | M::PATH_MIG_STATE,
-                M::PKEY_INDEX
-                    | M::AV
-                    | M::CUR_STATE
-                    | M::ALT_PATH
-                    | M::ACCESS_FLAGS
-                    | M::PORT
-                    | M::PATH_MIG_STATE,
+                sqd_ini | sqd_tgt,
+                sqd_uc,
                 M::PKEY_INDEX | M::QKEY,
+                sqd_ini,
+                sqd_tgt,
             ]),
         ),
-        (Sqe, Rts) if t != QpType::Rc => (0, M::CUR_STATE | pick([0, M::ACCESS_FLAGS, M::QKEY])),
+        (Sqe, Rts) if !t.is_reliable() => {
+            (0, M::CUR_STATE | pick([0, M::ACCESS_FLAGS, M::QKEY, 0, 0]))
+        }
         _ => return None,
     };
     Some(r)
@@ -403,13 +385,19 @@ impl Qp {
         srq_obj: Option<Arc<Mutex<Srq>>>,
     ) -> Self {
         let cap = init.cap;
+        let (pd, send_cq, recv_cq) = match init.qp_type {
+            QpType::XrcTgt => (0, 0, 0),
+            QpType::XrcIni => (init.pd, init.send_cq, init.send_cq),
+            _ => (init.pd, init.send_cq, init.recv_cq),
+        };
         Qp {
             qpn,
             qp_type: init.qp_type,
-            pd: init.pd,
-            send_cq: init.send_cq,
-            recv_cq: init.recv_cq,
+            pd,
+            send_cq,
+            recv_cq,
             srq: init.srq,
+            xrcd: init.xrcd,
             cq_objs,
             srq_obj,
             cap,
@@ -442,7 +430,10 @@ impl Qp {
     }
 
     pub(crate) fn is_connected(&self) -> bool {
-        matches!(self.qp_type, QpType::Rc | QpType::Uc)
+        matches!(
+            self.qp_type,
+            QpType::Rc | QpType::Uc | QpType::XrcIni | QpType::XrcTgt
+        )
     }
 
     /// Checks a modify request against the transition table and value limits. `gid_ok` says
@@ -661,6 +652,7 @@ mod tests {
             send_cq: 1,
             recv_cq: 1,
             srq: None,
+            xrcd: None,
             cap: QpCap::default(),
             sq_sig_all: false,
         };

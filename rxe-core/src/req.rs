@@ -41,6 +41,10 @@ pub(crate) fn post_failed(
 
 #[inline]
 pub(crate) fn post_send(q: &mut Qp, res: &mut Resources, wr: SendWr) -> Result<(), VerbError> {
+    if q.qp_type == QpType::XrcTgt {
+        // A responder alone: it has no send queue.
+        return Err(VerbError::Invalid);
+    }
     match q.state() {
         QpState::Reset | QpState::Init | QpState::Rtr => return Err(VerbError::BadState),
         _ => {}
@@ -62,10 +66,20 @@ pub(crate) fn post_send(q: &mut Qp, res: &mut Resources, wr: SendWr) -> Result<(
         (SendOp::Write { .. } | SendOp::WriteWithImm { .. }, _) => true,
         (SendOp::LocalInv { .. } | SendOp::RegMr { .. } | SendOp::BindMw { .. }, _) => true,
         (_, QpType::Uc) => false,
+        // XRC has no FLUSH or ATOMIC_WRITE opcodes.
+        (SendOp::Flush { .. } | SendOp::AtomicWrite { .. }, QpType::XrcIni) => false,
         _ => true,
     };
     if !ok_for_type || (ud && wr.ud.is_none()) {
         return Err(VerbError::Invalid);
+    }
+    // An XRC INI message names the remote XRC SRQ (24 bits); no other QP's does.
+    let xrc = q.qp_type == QpType::XrcIni;
+    let needs_srqn = xrc && !wr.op.is_local();
+    match wr.xrc_remote_srqn {
+        Some(n) if needs_srqn && n <= 0xff_ffff => {}
+        None if !needs_srqn => {}
+        _ => return Err(VerbError::Invalid),
     }
     let len = match &wr.op {
         // A FLUSH carries no data (IBTA oA19-2): its SGEs, if any, are not looked at, and its
@@ -323,7 +337,7 @@ pub(crate) fn next_request(
             q.req.cur += 1;
             continue;
         }
-        let rc = q.qp_type == QpType::Rc;
+        let rc = q.qp_type.is_rc_requester();
         if wqe.wr.flags & SEND_FENCE != 0 && q.req.rd_atomic > 0 {
             return None;
         }
@@ -445,6 +459,7 @@ fn plan(
     let base = match q.qp_type {
         QpType::Rc => 0x00,
         QpType::Uc => 0x20,
+        QpType::XrcIni => Opcode::XRC_BASE,
         _ => 0x60,
     };
     let wqe = q.wqe(seq)?;
@@ -469,6 +484,7 @@ fn plan(
     let last = remaining <= seg;
     let at = Position::of(offset == 0, last);
     let (op, payload, npsn) = opcode(wqe, at, offset, remaining.min(seg), mtu, ext)?;
+    ext.xrc_srqn = wqe.wr.xrc_remote_srqn.unwrap_or(0);
     // ONLY opcodes of UD are SEND_ONLY (0x64) / SEND_ONLY_WITH_IMMEDIATE (0x65).
     let op = if op.0 < 0x1c {
         op.with_transport(base)
@@ -653,7 +669,7 @@ fn destination(q: &Qp, wqe: &SendWqe, ext: &mut ExtRepr) -> (u32, u16, Av) {
 /// [`MAX_PKT_PER_ACK`] packets.
 #[inline]
 fn ack_req(q: &mut Qp, payload: u32, mtu: u32, end: bool) -> bool {
-    q.qp_type == QpType::Rc && {
+    q.qp_type.is_rc_requester() && {
         // Counted in PSNs: a segment asks for its ACK as the packets it stands for would,
         // so a message larger than the window of unacknowledged PSNs keeps moving.
         q.req.noack_pkts += payload.div_ceil(mtu).max(1);
@@ -712,7 +728,7 @@ fn copy_payload(
 /// packet or WQE, the READ/atomic window and the retransmission timer.
 #[inline]
 fn advance(q: &mut Qp, res: &mut Resources, now: Instant, p: &Plan) {
-    let rc = q.qp_type == QpType::Rc;
+    let rc = q.qp_type.is_rc_requester();
     let w = q.wqe_mut(p.seq).expect("wqe present");
     if w.state == WqeState::Posted {
         // The PSN range of the whole message is fixed when its first packet goes out; a

@@ -92,6 +92,9 @@ pub(crate) struct Cq {
 #[derive(Debug)]
 pub(crate) struct Srq {
     pub pd: u32,
+    /// An XRC SRQ's domain and CQ (it holds one of the CQ's `users`); `None` for an SRQ of
+    /// RC and UD QPs.
+    pub xrc: Option<SrqXrc>,
     pub max_wr: u32,
     pub max_sge: u32,
     pub limit: u32,
@@ -99,10 +102,28 @@ pub(crate) struct Srq {
     pub users: u32,
 }
 
+/// The XRC part of an SRQ: the XRC domain it belongs to and the CQ its receive completions
+/// go to.
+#[derive(Debug)]
+pub(crate) struct SrqXrc {
+    pub xrcd: u32,
+    pub cqn: u32,
+    pub cq: Arc<Mutex<Cq>>,
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct Pd {
     pub users: u32,
 }
+
+/// An XRC domain: its XRC SRQs and XRC TGT QPs count as its users.
+#[derive(Debug, Default)]
+pub(crate) struct Xrcd {
+    pub users: u32,
+}
+
+/// XRC domains a device has at most.
+pub const MAX_XRCD: u32 = 256;
 
 /// Counters for the whole port.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -209,6 +230,7 @@ pub enum Drop {
 /// on the packet path, written by verbs and by the few work requests that change a key.
 pub(crate) struct Objects {
     pub pds: Slab<Pd>,
+    pub xrcds: Slab<Xrcd>,
     pub keys: KeyTable,
     pub registered_bytes: u64,
     pub ahs: Slab<(u32, Av)>,
@@ -413,10 +435,15 @@ pub(crate) fn segment_payload(buf_len: usize, mtu: u32) -> u32 {
 #[derive(Clone, Copy, Debug)]
 pub struct QpInit {
     pub qp_type: QpType,
+    /// Not used by an XRC TGT QP (it has no PD of its own).
     pub pd: u32,
+    /// Not used by an XRC TGT QP.
     pub send_cq: u32,
+    /// Not used by XRC QPs (INI: no receive side; TGT: each XRC SRQ's CQ).
     pub recv_cq: u32,
     pub srq: Option<u32>,
+    /// The XRC domain of an XRC TGT QP (required there, refused on every other type).
+    pub xrcd: Option<u32>,
     pub cap: QpCap,
     pub sq_sig_all: bool,
 }

@@ -499,6 +499,7 @@ impl Sim {
                     send_cq: cq,
                     recv_cq: cq,
                     srq,
+                    xrcd: None,
                     cap: o.cap,
                     sq_sig_all: false,
                 })

@@ -435,6 +435,9 @@ pub struct SendWr {
     /// Inline payload (when `SEND_INLINE` is set the SGEs are not used).
     pub inline_data: Vec<u8>,
     pub ud: Option<UdDest>,
+    /// XRC: the remote XRC SRQ the message goes to (its XRCETH). Required on an XRC INI QP,
+    /// refused on every other.
+    pub xrc_remote_srqn: Option<u32>,
 }
 
 impl SendWr {
@@ -446,6 +449,7 @@ impl SendWr {
             sg_list: sg_list.into(),
             inline_data: Vec::new(),
             ud: None,
+            xrc_remote_srqn: None,
         }
     }
 }
@@ -465,6 +469,32 @@ pub enum QpType {
     Ud,
     /// The general services QP (QPN 1), a UD QP with Q_Key 0x80010000.
     Gsi,
+    /// XRC initiator (IBTA annex A14): an RC requester alone (send queue and send CQ, no
+    /// receive side); each message names the remote XRC SRQ it goes to.
+    XrcIni,
+    /// XRC target: an RC responder alone, created in an XRC domain; each request names the
+    /// XRC SRQ (of that domain) whose receive WQEs, CQ and PD it uses.
+    XrcTgt,
+}
+
+impl QpType {
+    /// Sends requests with RC's reliability: ACKs, NAKs, retries, READ and atomics (RC and
+    /// XRC INI).
+    pub const fn is_rc_requester(self) -> bool {
+        matches!(self, QpType::Rc | QpType::XrcIni)
+    }
+    /// Takes requests with RC's reliability (RC and XRC TGT).
+    pub const fn is_rc_responder(self) -> bool {
+        matches!(self, QpType::Rc | QpType::XrcTgt)
+    }
+    /// RC or either side of XRC.
+    pub const fn is_reliable(self) -> bool {
+        matches!(self, QpType::Rc | QpType::XrcIni | QpType::XrcTgt)
+    }
+    /// XRC INI or XRC TGT.
+    pub const fn is_xrc(self) -> bool {
+        matches!(self, QpType::XrcIni | QpType::XrcTgt)
+    }
 }
 
 /// QP state (IBTA 10.3.1).

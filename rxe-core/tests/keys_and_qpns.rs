@@ -40,6 +40,7 @@ fn first_qpn(d: &mut Device) -> u32 {
         send_cq: cq,
         recv_cq: cq,
         srq: None,
+        xrcd: None,
         cap: ConnOpts::default().cap,
         sq_sig_all: false,
     })

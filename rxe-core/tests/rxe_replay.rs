@@ -114,6 +114,7 @@ fn replay_with(first: usize, last: usize, qp_type: QpType, drain_each: bool) -> 
         send_cq: cq,
         recv_cq: cq,
         srq: None,
+        xrcd: None,
         cap,
         sq_sig_all: false,
     };

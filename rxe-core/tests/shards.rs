@@ -20,6 +20,7 @@ fn qp_init(pd: u32, cq: u32, srq: Option<u32>) -> QpInit {
         send_cq: cq,
         recv_cq: cq,
         srq,
+        xrcd: None,
         cap: QpCap {
             max_send_wr: 256,
             max_recv_wr: 256,
@@ -164,6 +165,7 @@ fn two_shards_on_two_threads_share_one_cq_one_srq_and_the_mrs() {
         };
         b[0].post_srq_recv(
             srq,
+            xrcd: None,
             RecvWr {
                 wr_id: i,
                 sg_list: [sge].into(),

@@ -683,6 +683,7 @@ fn ud_qp(sim: &mut Sim, n: usize, qkey: u32, gsi: bool) -> (u32, u32, rxe_core::
             send_cq: cq,
             recv_cq: cq,
             srq: None,
+            xrcd: None,
             cap,
             sq_sig_all: true,
         })

@@ -493,7 +493,7 @@ proptest! {
             let d = sim.dev(n);
             let pd = d.alloc_pd().unwrap();
             let cq = d.create_cq(256).unwrap();
-            let qpn = d.create_qp(rxe_core::QpInit { qp_type: QpType::Ud, pd, send_cq: cq, recv_cq: cq, srq: None,
+            let qpn = d.create_qp(rxe_core::QpInit { qp_type: QpType::Ud, pd, send_cq: cq, recv_cq: cq, srq: None, xrcd: None,
                 cap: QpCap { max_send_wr: 64, max_recv_wr: 64, max_send_sge: 2, max_recv_sge: 2, max_inline_data: 0 }, sq_sig_all: true }).unwrap();
             let mut a = QpAttr { qp_state: QpState::Init, qkey: 0x1234, ..Default::default() };
             d.modify_qp(qpn, &a, AttrMask(AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::QKEY)).unwrap();

@@ -135,6 +135,7 @@ fn connect_at(sim: &mut Sim, o: ConnOpts, sgid_index: u8, gids: [Gid; 2]) -> [En
                 send_cq: cq,
                 recv_cq: cq,
                 srq: None,
+                xrcd: None,
                 cap: o.cap,
                 sq_sig_all: false,
             })
@@ -202,6 +203,7 @@ fn ud_qp(sim: &mut Sim, node: usize, qkey: u32) -> (u32, u32, Qpn) {
             send_cq: cq,
             recv_cq: cq,
             srq: None,
+            xrcd: None,
             cap: QpCap {
                 max_send_wr: 16,
                 max_recv_wr: 16,

@@ -1026,6 +1026,7 @@ impl Model {
             send_cq: c.send_cqn,
             recv_cq: c.recv_cqn,
             srq,
+            xrcd: None,
             cap,
             sq_sig_all: c.flags & abi::CREATE_QP_SQ_SIG_ALL != 0,
         }) {

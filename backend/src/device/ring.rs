@@ -316,6 +316,7 @@ pub fn decode_send_wqe(
         sg_list,
         inline_data,
         ud,
+        xrc_remote_srqn: None,
     })
 }
 

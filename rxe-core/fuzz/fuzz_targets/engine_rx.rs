@@ -305,6 +305,7 @@ impl World {
                         send_cq: cq,
                         recv_cq: cq,
                         srq: (role == RC_SRQ).then_some(srq),
+                        xrcd: None,
                         cap,
                         sq_sig_all: false,
                     })

@@ -115,8 +115,9 @@ pub(super) fn duplicate(q: &mut Qp, pkt: &Packet<&[u8]>) -> Drop {
     Drop::Duplicate
 }
 
+/// The packet's operation is `op` (an RC opcode; XRC carries the same operations).
 fn op_is(pkt: &Packet<&[u8]>, op: Opcode) -> bool {
-    pkt.opcode() == op
+    pkt.opcode().rc_op() == op
 }
 
 /// The opcode and payload length of the next READ response of a READ of `len` bytes that has
@@ -132,7 +133,7 @@ pub(super) fn read_segment(
 ) -> (Opcode, u32) {
     let mtu = q.mtu();
     // To a device reached in memory, a segment of several path MTUs.
-    let seg = if len - offset > mtu && in_memory(&q.attr.av.dgid) {
+    let seg = if len - offset > mtu && q.qp_type == QpType::Rc && in_memory(&q.attr.av.dgid) {
         crate::shared::segment_payload(buf_len, mtu)
     } else {
         mtu

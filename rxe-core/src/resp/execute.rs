@@ -221,7 +221,7 @@ pub(super) fn atomic(
     let mut cur = [0u8; 8];
     region.read(mem, va, &mut cur).map_err(mem_exec)?;
     let orig = u64::from_le_bytes(cur);
-    let new = if pkt.opcode() == Opcode::RC_COMPARE_SWAP {
+    let new = if pkt.opcode().rc_op() == Opcode::RC_COMPARE_SWAP {
         if orig == a.compare() {
             a.swap_add()
         } else {

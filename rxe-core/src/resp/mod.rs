@@ -144,9 +144,15 @@ pub(crate) fn handle_request(
         QpType::Rc => t == Transport::Rc,
         QpType::Uc => t == Transport::Uc,
         QpType::Ud | QpType::Gsi => t == Transport::Ud,
+        QpType::XrcTgt => t == Transport::Xrc,
+        // A requester alone: it takes no requests.
+        QpType::XrcIni => false,
     };
     if !ok {
         return Err(Drop::Unexpected);
+    }
+    if q.qp_type == QpType::XrcTgt {
+        q.resp.xrc_bad = !crate::xrc::bind_tgt(q, res, pkt);
     }
     if !q.resp.comm_est {
         q.resp.comm_est = true;
@@ -156,8 +162,9 @@ pub(crate) fn handle_request(
     }
     match q.qp_type {
         QpType::Ud | QpType::Gsi => ud::recv(q, res, mem, meta, pkt),
-        QpType::Rc => rc_recv(q, res, mem, pkt),
+        QpType::Rc | QpType::XrcTgt => rc_recv(q, res, mem, pkt),
         QpType::Uc => uc_recv(q, res, mem, pkt),
+        QpType::XrcIni => Err(Drop::Unexpected),
     }
 }
 
@@ -361,7 +368,7 @@ impl Op {
             Op::Send
         } else if f.contains(OpFlags::WRITE) {
             Op::Write
-        } else if pkt.opcode() == Opcode::RC_RDMA_READ_REQUEST {
+        } else if pkt.opcode().rc_op() == Opcode::RC_RDMA_READ_REQUEST {
             Op::Read
         } else if f.contains(OpFlags::ATOMIC) {
             Op::Atomic
@@ -410,7 +417,7 @@ fn walk(
     // rxe claims the receive WQE of a WRITE with immediate at `check_resource`, so on RC an
     // error found from there on (length, R_Key) completes it with the error, as for a SEND.
     if let Err(Exec::Err { status, .. }) = r {
-        if claims_recv_for_write(pkt.flags()) && q.qp_type == QpType::Rc {
+        if claims_recv_for_write(pkt.flags()) && q.qp_type.is_rc_responder() {
             if let Some(w) = take_recv(q, res) {
                 let cqe = recv_cqe(q, w.wr_id, status, WcOpcode::RecvRdmaWithImm, 0);
                 post_recv_cqe(q, res, cqe, false);
@@ -444,6 +451,10 @@ fn check_op_seq(q: &Qp, pkt: &Packet<&[u8]>) -> Result<(), Exec> {
 /// rights of its placement type, else it is an invalid request, not an access error.)
 #[inline]
 fn check_op_valid(q: &Qp, pkt: &Packet<&[u8]>) -> Result<(), Exec> {
+    // XRC TGT: an XRCETH naming no XRC SRQ of the QP's domain (IBTA A14: invalid request).
+    if q.resp.xrc_bad {
+        return Err(invalid_request());
+    }
     let f = pkt.flags();
     let qa = q.attr.qp_access_flags;
     let allowed = if f.contains(OpFlags::WRITE) || f.contains(OpFlags::ATOMIC_WRITE) {
@@ -631,7 +642,7 @@ fn complete_write(
 #[inline]
 fn acknowledge(q: &mut Qp, pkt: &Packet<&[u8]>, psn: Psn, span: u32) {
     q.resp.psn = psn.add(span);
-    if pkt.bth().ack_req() && !keeps_resource(pkt.flags()) && q.qp_type == QpType::Rc {
+    if pkt.bth().ack_req() && !keeps_resource(pkt.flags()) && q.qp_type.is_rc_responder() {
         queue_ack(q, psn.add(span - 1), ACK);
     }
 }
@@ -673,6 +684,11 @@ pub(crate) fn next_response(
             let (op, n) = duplicate::read_segment(q, len, offset, first, buf.len(), in_memory);
             (op, psn, n)
         }
+    };
+    // An XRC TGT answers with the same responses in the XRC class.
+    let op = match q.qp_type {
+        QpType::XrcTgt => op.with_transport(Opcode::XRC_BASE),
+        _ => op,
     };
     let bth = BthRepr::new(op, q.attr.dest_qp_num, psn.get(), false);
     let (total, range) = wire::emit(buf, &bth, &ext, plen as usize).ok()?;

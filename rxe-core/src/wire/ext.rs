@@ -1,5 +1,5 @@
 //! Extension transport headers (IBTA 9.3): RETH, AETH, AtomicETH, AtomicAckETH, DETH, ImmDt,
-//! IETH and FETH. Each is a small fixed-size view; [`super::packet::Packet`] finds them at the
+//! IETH, FETH and XRCETH. Each is a small fixed-size view; [`super::packet::Packet`] finds them at the
 //! offsets of the opcode table.
 
 use super::field::*;
@@ -254,6 +254,22 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Feth<T> {
     pub fn set(&mut self, selectivity: u8, placement_type: u8) {
         let v = ((selectivity as u32 & 3) << 4) | (placement_type as u32 & 0xf);
         set_u32(self.m(), 0, v)
+    }
+}
+
+view!(
+    /// XRC ETH (IBTA annex A14): 8 reserved bits, then the 24-bit XRC SRQ number.
+    Xrceth, XRCETH_LEN
+);
+impl<T: AsRef<[u8]>> Xrceth<T> {
+    pub fn srqn(&self) -> u32 {
+        get_u24(self.b(), 1)
+    }
+}
+impl<T: AsRef<[u8]> + AsMut<[u8]>> Xrceth<T> {
+    pub fn set(&mut self, srqn: u32) {
+        self.m()[0] = 0;
+        set_u24(self.m(), 1, srqn & 0xff_ffff);
     }
 }
 

@@ -11,7 +11,9 @@ pub mod opcode;
 pub mod packet;
 
 pub use bth::{Bth, BthRepr};
-pub use ext::{Aeth, AtomicAckEth, AtomicEth, Deth, Feth, Ieth, ImmDt, NakCode, Reth, Syndrome};
+pub use ext::{
+    Aeth, AtomicAckEth, AtomicEth, Deth, Feth, Ieth, ImmDt, NakCode, Reth, Syndrome, Xrceth,
+};
 pub use frame::{encap, parse_frame, FrameMeta};
 pub use opcode::{OpFlags, OpInfo, Opcode, Transport};
 pub use packet::{emit, packet_len, pad_for, ExtRepr, Packet};

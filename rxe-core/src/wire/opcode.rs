@@ -44,6 +44,8 @@ impl OpFlags {
     pub const RWR: Self = Self(1 << 20);
     /// Congestion notification packet.
     pub const CNP: Self = Self(1 << 21);
+    /// XRC request: the XRCETH (the target XRC SRQ number) follows the BTH (IBTA A14).
+    pub const XRCETH: Self = Self(1 << 22);
     pub const ONLY: Self = Self(Self::FIRST.0 | Self::LAST.0);
 
     #[inline]
@@ -68,6 +70,8 @@ pub enum Transport {
     Rd,
     Ud,
     Cnp,
+    /// Extended reliable connected (class 0b101, IBTA annex A14).
+    Xrc,
 }
 
 pub const BTH_LEN: usize = 12;
@@ -79,6 +83,7 @@ pub const DETH_LEN: usize = 8;
 pub const IMMDT_LEN: usize = 4;
 pub const IETH_LEN: usize = 4;
 pub const FETH_LEN: usize = 4;
+pub const XRCETH_LEN: usize = 4;
 /// ICRC trailer length.
 pub const ICRC_LEN: usize = 4;
 /// CNP carries 16 reserved bytes after the BTH.
@@ -99,6 +104,7 @@ pub struct OpInfo {
     pub deth: u8,
     pub immdt: u8,
     pub ieth: u8,
+    pub xrceth: u8,
 }
 
 use OpFlags as F;
@@ -116,6 +122,9 @@ const fn f(parts: &[OpFlags]) -> OpFlags {
 // Shorthand flag groups.
 const SEND_REQ: OpFlags = f(&[F::REQ, F::SEND, F::PAYLOAD, F::RWR]);
 const WRITE_REQ: OpFlags = f(&[F::REQ, F::WRITE, F::PAYLOAD]);
+const XSEND: OpFlags = f(&[SEND_REQ, F::XRCETH]);
+const XWRITE: OpFlags = f(&[WRITE_REQ, F::XRCETH]);
+const READ_RESP: OpFlags = f(&[F::RESP, F::READ, F::PAYLOAD]);
 
 /// The table rows: (opcode, name, flags). Extension header offsets are derived from the flags.
 const ROWS: &[(u8, &str, OpFlags)] = &[
@@ -259,6 +268,91 @@ const ROWS: &[(u8, &str, OpFlags)] = &[
         f(&[SEND_REQ, F::ONLY, F::DETH, F::IMMDT]),
     ),
     (0x81, "CNP", f(&[F::CNP, F::ONLY])),
+    // XRC (IBTA annex A14): the RC operations in class 0b101, each request with the XRCETH;
+    // the responses carry none. No XRC FLUSH or ATOMIC_WRITE (Wireshark knows neither).
+    (0xa0, "XRC_SEND_FIRST", f(&[XSEND, F::FIRST])),
+    (0xa1, "XRC_SEND_MIDDLE", f(&[XSEND, F::MIDDLE])),
+    (0xa2, "XRC_SEND_LAST", f(&[XSEND, F::LAST])),
+    (
+        0xa3,
+        "XRC_SEND_LAST_WITH_IMMEDIATE",
+        f(&[XSEND, F::LAST, F::IMMDT]),
+    ),
+    (0xa4, "XRC_SEND_ONLY", f(&[XSEND, F::ONLY])),
+    (
+        0xa5,
+        "XRC_SEND_ONLY_WITH_IMMEDIATE",
+        f(&[XSEND, F::ONLY, F::IMMDT]),
+    ),
+    (
+        0xa6,
+        "XRC_RDMA_WRITE_FIRST",
+        f(&[XWRITE, F::FIRST, F::RETH]),
+    ),
+    (0xa7, "XRC_RDMA_WRITE_MIDDLE", f(&[XWRITE, F::MIDDLE])),
+    (0xa8, "XRC_RDMA_WRITE_LAST", f(&[XWRITE, F::LAST])),
+    (
+        0xa9,
+        "XRC_RDMA_WRITE_LAST_WITH_IMMEDIATE",
+        f(&[XWRITE, F::LAST, F::IMMDT, F::RWR]),
+    ),
+    (0xaa, "XRC_RDMA_WRITE_ONLY", f(&[XWRITE, F::ONLY, F::RETH])),
+    (
+        0xab,
+        "XRC_RDMA_WRITE_ONLY_WITH_IMMEDIATE",
+        f(&[XWRITE, F::ONLY, F::RETH, F::IMMDT, F::RWR]),
+    ),
+    (
+        0xac,
+        "XRC_RDMA_READ_REQUEST",
+        f(&[F::REQ, F::READ, F::ONLY, F::RETH, F::XRCETH]),
+    ),
+    (
+        0xad,
+        "XRC_RDMA_READ_RESPONSE_FIRST",
+        f(&[READ_RESP, F::FIRST, F::AETH]),
+    ),
+    (
+        0xae,
+        "XRC_RDMA_READ_RESPONSE_MIDDLE",
+        f(&[READ_RESP, F::MIDDLE]),
+    ),
+    (
+        0xaf,
+        "XRC_RDMA_READ_RESPONSE_LAST",
+        f(&[READ_RESP, F::LAST, F::AETH]),
+    ),
+    (
+        0xb0,
+        "XRC_RDMA_READ_RESPONSE_ONLY",
+        f(&[READ_RESP, F::ONLY, F::AETH]),
+    ),
+    (0xb1, "XRC_ACKNOWLEDGE", f(&[F::RESP, F::ONLY, F::AETH])),
+    (
+        0xb2,
+        "XRC_ATOMIC_ACKNOWLEDGE",
+        f(&[F::RESP, F::ATOMIC, F::ONLY, F::AETH, F::ATMACK]),
+    ),
+    (
+        0xb3,
+        "XRC_COMPARE_SWAP",
+        f(&[F::REQ, F::ATOMIC, F::ONLY, F::ATMETH, F::XRCETH]),
+    ),
+    (
+        0xb4,
+        "XRC_FETCH_ADD",
+        f(&[F::REQ, F::ATOMIC, F::ONLY, F::ATMETH, F::XRCETH]),
+    ),
+    (
+        0xb6,
+        "XRC_SEND_LAST_WITH_INVALIDATE",
+        f(&[XSEND, F::LAST, F::IETH]),
+    ),
+    (
+        0xb7,
+        "XRC_SEND_ONLY_WITH_INVALIDATE",
+        f(&[XSEND, F::ONLY, F::IETH]),
+    ),
 ];
 
 const fn take(off: &mut u8, present: bool, len: usize) -> u8 {
@@ -273,6 +367,7 @@ const fn take(off: &mut u8, present: bool, len: usize) -> u8 {
 
 const fn build(name: &'static str, flags: OpFlags) -> OpInfo {
     let mut off = BTH_LEN as u8;
+    let xrceth = take(&mut off, flags.contains(F::XRCETH), XRCETH_LEN);
     let feth = take(&mut off, flags.contains(F::FETH), FETH_LEN);
     let reth = take(&mut off, flags.contains(F::RETH), RETH_LEN);
     let atmeth = take(&mut off, flags.contains(F::ATMETH), ATMETH_LEN);
@@ -294,6 +389,7 @@ const fn build(name: &'static str, flags: OpFlags) -> OpInfo {
         deth,
         immdt,
         ieth,
+        xrceth,
     }
 }
 
@@ -340,6 +436,14 @@ impl Opcode {
     pub const UD_SEND_ONLY: Self = Self(0x64);
     pub const UD_SEND_ONLY_WITH_IMMEDIATE: Self = Self(0x65);
     pub const CNP: Self = Self(0x81);
+    pub const XRC_SEND_FIRST: Self = Self(0xa0);
+    pub const XRC_SEND_ONLY: Self = Self(0xa4);
+    pub const XRC_RDMA_WRITE_ONLY: Self = Self(0xaa);
+    pub const XRC_RDMA_READ_REQUEST: Self = Self(0xac);
+    pub const XRC_ACKNOWLEDGE: Self = Self(0xb1);
+    pub const XRC_COMPARE_SWAP: Self = Self(0xb3);
+    /// The class bits of XRC opcodes.
+    pub const XRC_BASE: u8 = 0xa0;
 
     /// The table entry, or `None` for an opcode this engine does not implement.
     #[inline]
@@ -358,7 +462,19 @@ impl Opcode {
             1 => Transport::Uc,
             2 => Transport::Rd,
             3 => Transport::Ud,
+            5 => Transport::Xrc,
             _ => Transport::Cnp,
+        }
+    }
+
+    /// The RC opcode of the same operation for an XRC opcode (XRC carries RC's operations
+    /// under its own class bits); any other opcode as it is.
+    #[inline]
+    pub const fn rc_op(self) -> Self {
+        if self.0 >> 5 == 5 {
+            Self(self.0 & 0x1f)
+        } else {
+            self
         }
     }
 
@@ -415,6 +531,44 @@ mod tests {
         let i = Opcode::RC_ATOMIC_ACKNOWLEDGE.info().unwrap();
         assert_eq!((i.aeth, i.atmack), (12, 16));
         assert!(Opcode(0x15).info().is_none());
-        assert_eq!(Opcode::all().count(), 40);
+        assert_eq!(Opcode::all().count(), 62);
+    }
+
+    #[test]
+    fn xrc_opcodes_are_rc_operations_with_the_xrceth() {
+        let mut n = 0;
+        for op in Opcode::all().filter(|o| o.transport() == Transport::Xrc) {
+            n += 1;
+            let x = op.info().unwrap();
+            let rc = op.rc_op().info().unwrap();
+            assert_eq!(x.name.strip_prefix("XRC_"), rc.name.strip_prefix("RC_"));
+            assert_eq!(x.flags.0 & !OpFlags::XRCETH.0, rc.flags.0, "{op:?}");
+            let req = x.flags.contains(OpFlags::REQ);
+            assert_eq!(x.flags.contains(OpFlags::XRCETH), req, "{op:?}");
+            let grow = if req { XRCETH_LEN as u8 } else { 0 };
+            assert_eq!(x.hdr_len, rc.hdr_len + grow, "{op:?}");
+            if req {
+                assert_eq!(x.xrceth, 12);
+                for (a, b) in [(x.reth, rc.reth), (x.atmeth, rc.atmeth)] {
+                    assert_eq!(a, if b == 0 { 0 } else { b + 4 }, "{op:?}");
+                }
+                for (a, b) in [(x.immdt, rc.immdt), (x.ieth, rc.ieth)] {
+                    assert_eq!(a, if b == 0 { 0 } else { b + 4 }, "{op:?}");
+                }
+            } else {
+                assert_eq!((x.aeth, x.atmack), (rc.aeth, rc.atmack));
+            }
+            assert_eq!(Opcode(op.0 & 0x1f).with_transport(Opcode::XRC_BASE), op);
+        }
+        assert_eq!(n, 22);
+        let len = |op: u8| Opcode(op).info().unwrap().hdr_len as usize;
+        assert_eq!(
+            (len(0xa4), len(0xab), len(0xac), len(0xb3)),
+            (16, 36, 32, 44)
+        );
+        assert_eq!((len(0xb0), len(0xb1), len(0xb2)), (16, 16, 24));
+        assert!(Opcode(0xb5).info().is_none() && Opcode(0xbc).info().is_none());
+        assert_eq!(Opcode(0xa0).transport(), Transport::Xrc);
+        assert_eq!(Opcode(0x81).transport(), Transport::Cnp);
     }
 }

@@ -115,6 +115,12 @@ impl<T: AsRef<[u8]>> Packet<T> {
             .contains(OpFlags::FETH)
             .then(|| Feth::new_unchecked(self.at(self.info.feth, FETH_LEN)))
     }
+    /// The XRC SRQ number of an XRC request's XRCETH.
+    pub fn xrceth(&self) -> Option<u32> {
+        self.flags()
+            .contains(OpFlags::XRCETH)
+            .then(|| Xrceth::new_unchecked(self.at(self.info.xrceth, XRCETH_LEN)).srqn())
+    }
     /// Length of the payload, without pad.
     #[inline]
     pub fn payload_len(&self) -> usize {
@@ -159,6 +165,8 @@ pub struct ExtRepr {
     pub ieth: u32,
     /// (selectivity level, placement type)
     pub feth: (u8, u8),
+    /// The XRC SRQ number an XRC request's XRCETH names.
+    pub xrc_srqn: u32,
 }
 
 /// Number of pad bytes that round `payload_len` up to a multiple of four.
@@ -196,6 +204,9 @@ pub fn emit(
     b.emit(&mut Bth::new_unchecked(&mut buf[..BTH_LEN]));
     let fl = info.flags;
     let at = |o: u8, l: usize| o as usize..o as usize + l;
+    if fl.contains(OpFlags::XRCETH) {
+        Xrceth::new_unchecked(&mut buf[at(info.xrceth, XRCETH_LEN)]).set(ext.xrc_srqn);
+    }
     if fl.contains(OpFlags::FETH) {
         Feth::new_unchecked(&mut buf[at(info.feth, FETH_LEN)]).set(ext.feth.0, ext.feth.1);
     }
@@ -258,6 +269,7 @@ mod tests {
                 imm: 0xdeadbeef,
                 ieth: 0x55,
                 feth: (1, 2),
+                xrc_srqn: 0xab_cdef,
             };
             let mut buf = [0u8; 128];
             let (n, pr) = emit(&mut buf, &bth(op), &ext, plen).unwrap();
@@ -281,6 +293,12 @@ mod tests {
             }
             if let Some(f) = p.feth() {
                 assert_eq!((f.selectivity(), f.placement_type()), (1, 2));
+            }
+            if info.flags.contains(OpFlags::XRCETH) {
+                assert_eq!(p.xrceth(), Some(0xab_cdef));
+                assert_eq!(&buf[12..16], &[0, 0xab, 0xcd, 0xef], "{op:?}");
+            } else {
+                assert_eq!(p.xrceth(), None);
             }
         }
     }

@@ -730,6 +730,8 @@ impl Guest {
             QpType::Uc => abi::qp_type::UC,
             QpType::Ud => abi::qp_type::UD,
             QpType::Gsi => abi::qp_type::GSI,
+            // The device does not offer XRC.
+            QpType::XrcIni | QpType::XrcTgt => return Err(Error::Status(Status::Unsupported)),
         };
         let r: abi::RespCreateQp = self.cmd_t(
             op::CREATE_QP,

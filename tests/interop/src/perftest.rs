@@ -750,6 +750,7 @@ fn create(p: &mut Peer, o: &Opts, layout: Layout, rx_depth: u32) -> io::Result<Q
             send_cq: cq,
             recv_cq: cq,
             srq: None,
+            xrcd: None,
             cap: QpCap {
                 max_send_wr: o.tx_depth,
                 max_recv_wr: rx_depth.max(1),

@@ -271,6 +271,7 @@ fn open(p: &mut Peer, o: &Opts) -> io::Result<Local> {
             send_cq: cq,
             recv_cq: cq,
             srq: None,
+            xrcd: None,
             cap,
             sq_sig_all: false,
         }),

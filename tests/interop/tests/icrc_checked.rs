@@ -338,6 +338,7 @@ fn a_send_with_a_corrupted_icrc_reaches_no_application() {
             send_cq: cq,
             recv_cq: cq,
             srq: None,
+            xrcd: None,
             cap: QpCap {
                 max_send_wr: 4,
                 max_recv_wr: 4,

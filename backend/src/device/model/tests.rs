@@ -103,6 +103,7 @@ fn a_reset_draws_new_keys_and_qpns() {
                 send_cq: cq,
                 recv_cq: cq,
                 srq: None,
+                xrcd: None,
                 cap: QpCap::default(),
                 sq_sig_all: false,
             })
