@@ -165,7 +165,6 @@ fn two_shards_on_two_threads_share_one_cq_one_srq_and_the_mrs() {
         };
         b[0].post_srq_recv(
             srq,
-            xrcd: None,
             RecvWr {
                 wr_id: i,
                 sg_list: [sge].into(),
