@@ -67,6 +67,8 @@ pub(crate) enum RespOut {
         psn: Psn,
         va: u64,
         rkey: u32,
+        /// The PD the R_Key is checked in (an XRC TGT's changes with each request).
+        pd: u32,
         len: u32,
         offset: u32,
         first: bool,
@@ -89,6 +91,7 @@ pub(crate) enum Resource {
         last_psn: Psn,
         va: u64,
         rkey: u32,
+        pd: u32,
         len: u32,
     },
     Atomic {

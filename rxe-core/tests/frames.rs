@@ -47,6 +47,7 @@ fn ext(i: u32) -> ExtRepr {
         imm: 0xdead_0000 + i,
         ieth: 0xbeef_0000 + i,
         feth: (1, 2),
+        xrc_srqn: 0x00ab_cd00 + i,
     }
 }
 

@@ -57,6 +57,7 @@ fn ext(i: u32) -> ExtRepr {
         imm: 0xcafe_0000 + i,
         ieth: 0x7e7e_0000 + i,
         feth: (1, 1),
+        xrc_srqn: 0x00ab_cd00 + i,
     }
 }
 

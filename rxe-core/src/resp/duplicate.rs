@@ -72,6 +72,7 @@ pub(super) fn duplicate(q: &mut Qp, pkt: &Packet<&[u8]>) -> Drop {
                 last_psn,
                 va,
                 rkey,
+                pd,
                 len,
             } if !psn.before(first_psn) && !psn.after(last_psn) => {
                 let reth = pkt.reth()?;
@@ -84,6 +85,7 @@ pub(super) fn duplicate(q: &mut Qp, pkt: &Packet<&[u8]>) -> Drop {
                         psn,
                         va: iova,
                         rkey,
+                        pd,
                         len: l as u32,
                         offset: 0,
                         // As rxe (`duplicate_request()`: `rdatm_res_state_replay` unless the PSN
@@ -164,6 +166,7 @@ pub(super) fn read_data(
         psn,
         va,
         rkey,
+        pd,
         len,
         offset,
         ..
@@ -178,7 +181,7 @@ pub(super) fn read_data(
         let ok = res
             .objs()
             .keys
-            .lookup_remote(q.pd, q.qpn.0, rkey, addr, plen as u64, Access::REMOTE_READ)
+            .lookup_remote(pd, q.qpn.0, rkey, addr, plen as u64, Access::REMOTE_READ)
             .and_then(|r| r.read(mem, addr, dst));
         if let Err(MemError::NotPresent(f)) = ok {
             // A page of an on-demand-paging MR: the response waits, first in line, until
@@ -204,6 +207,7 @@ pub(super) fn read_data(
                 psn: psn.add(plen.div_ceil(mtu).max(1)),
                 va,
                 rkey,
+                pd,
                 len,
                 offset: offset + plen,
                 first: false,

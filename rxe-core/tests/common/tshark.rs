@@ -19,7 +19,14 @@ use rxe_core::wire::{Opcode, Packet};
 /// (0x1d, RETH + 8-byte payload) and CNP (0x81) are shown as "Unknown OpCode" and nothing after
 /// the BTH is dissected, not even the ICRC. For these we check the opcode number and the BTH
 /// (and UDP) fields only; a newer tshark that decodes them gets the full check.
-pub const TSHARK_4_0_UNKNOWN: [u8; 3] = [0x1c, 0x1d, 0x81];
+///
+/// The XRC opcodes (0xa0 … 0xb7) tshark 4.0 names ("Extended Reliable Connection (XRC) - …")
+/// but dissects nothing after their BTH either: no XRCETH, RETH, AETH or ICRC, only
+/// "Unknown/Vendor Specific Data" (`tests/xrc.rs` checks the XRCETH in those bytes).
+pub const TSHARK_4_0_UNKNOWN: &[u8] = &[
+    0x1c, 0x1d, 0x81, 0xa0, 0xa1, 0xa2, 0xa3, 0xa4, 0xa5, 0xa6, 0xa7, 0xa8, 0xa9, 0xaa, 0xab, 0xac,
+    0xad, 0xae, 0xaf, 0xb0, 0xb1, 0xb2, 0xb3, 0xb4, 0xb6, 0xb7,
+];
 
 const FIELDS: &[&str] = &[
     "frame.number",
