@@ -19,6 +19,8 @@ use crate::verbs::*;
 use crate::wire::{OpFlags, Packet};
 
 use crate::shared::*;
+
+mod xrc_verbs;
 pub use crate::shared::{
     DeviceConfig, Drop, PortCounters, QpInit, RecvMeta, Transmit, FIRST_QPN, MAX_XRCD,
     SEGMENT_HEADROOM,

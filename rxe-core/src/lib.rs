@@ -4,6 +4,10 @@
 //! out as byte buffers, time is an argument, and memory (MRs, queues) is reached through the
 //! [`mem::Memory`] trait so that the same engine serves guest memory in the daemon and plain
 //! vectors in tests.
+//!
+//! Transports: RC, UC, UD (and the GSI QP), as Linux rxe, and XRC, which rxe has not: XRC
+//! domains, XRC SRQs and the XRC INI / XRC TGT QP types (IBTA annex A14; see `xrc.rs`). The
+//! device contract does not offer XRC yet.
 
 pub mod icrc;
 pub mod mem;

@@ -18,6 +18,8 @@ const FLOORS: &[(&str, u32)] = &[
     // What they all end in: completions, and the QP timers.
     ("complete", 7),
     ("timers", 7),
+    // XRC's checks and the TGT QP's binding to the SRQ a request names.
+    ("xrc", 7),
     ("qp", 6),
     // What the state machines share: configuration, object tables, packet-I/O types.
     ("shared", 5),

@@ -531,7 +531,7 @@ mod tests {
         let i = Opcode::RC_ATOMIC_ACKNOWLEDGE.info().unwrap();
         assert_eq!((i.aeth, i.atmack), (12, 16));
         assert!(Opcode(0x15).info().is_none());
-        assert_eq!(Opcode::all().count(), 62);
+        assert_eq!(Opcode::all().count(), 63);
     }
 
     #[test]
@@ -560,7 +560,7 @@ mod tests {
             }
             assert_eq!(Opcode(op.0 & 0x1f).with_transport(Opcode::XRC_BASE), op);
         }
-        assert_eq!(n, 22);
+        assert_eq!(n, 23);
         let len = |op: u8| Opcode(op).info().unwrap().hdr_len as usize;
         assert_eq!(
             (len(0xa4), len(0xab), len(0xac), len(0xb3)),
