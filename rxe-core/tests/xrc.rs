@@ -365,13 +365,13 @@ fn lost_packets_are_retried_as_rc() {
     }
     // READ messages 0 and 1 back (each from its SRQ's side) into the second half.
     let back = (n * len) as u64;
-    for s in 0..2 {
+    for (s, (&(addr, rkey), &srqn)) in dst.iter().zip(&x.srq).enumerate() {
         let op = SendOp::Read {
-            remote_addr: dst[s].0 + (s * len) as u64,
-            rkey: dst[s].1,
+            remote_addr: addr + (s * len) as u64,
+            rkey,
         };
         let to = src + back + (s * len) as u64;
-        let w = xwr(100 + s as u64, op, sge(to, len, ks), x.srq[s]);
+        let w = xwr(100 + s as u64, op, sge(to, len, ks), srqn);
         sim.dev(0).post_send(ini, w).unwrap();
     }
     let c = complete(&mut sim, x.cq_a, n + 2);
