@@ -1,14 +1,19 @@
 //! The whole engine under hostile input: two simulated nodes with connected RC (one with an
-//! SRQ), UC and UD QP pairs, a GSI QP, MRs, a type 1 and a type 2 memory window, a fast-reg MR
-//! and a multicast group, driven by a sequence of operations decoded from the fuzz input:
+//! SRQ), UC and UD QP pairs, a GSI QP, XRC (on each node an XRC domain with one XRC SRQ, an
+//! XRC INI QP connected to the other node's XRC TGT QP and an XRC TGT QP connected to the other
+//! node's INI), MRs, a type 1 and a type 2 memory window, a fast-reg MR and a multicast group,
+//! all on one PD and one CQ per node, driven by a sequence of operations decoded from the fuzz
+//! input:
 //! inject arbitrary bytes as a packet (dest QPN rewritten to a real QP, GSI, multicast or
 //! anything), deliver / drop / duplicate / corrupt the packets the engine sent, advance the
 //! clock, post sends and receives, modify QPs.
 //!
 //! Invariants (a violation panics, i.e. is a crash):
 //! - the engine never panics;
-//! - every CQE's wr_id was posted on that QP (or on the SRQ the QP uses), as a send or a
-//!   receive as the CQE's opcode says, on that node, and completes at most once;
+//! - every CQE's wr_id was posted on that QP (or on the SRQ the QP uses; for the XRC SRQ, the
+//!   CQE's QP is the node's XRC TGT QP), as a send or a receive as the CQE's opcode says, on
+//!   that node, and completes at most once;
+//! - the XRC TGT QP refuses every send WR (`VerbError::Invalid`);
 //! - after `handle_timeout(now)`, `poll_timeout()` is `None` or later than `now`;
 //! - every packet the engine emits parses with `wire::Packet::new_checked` and fits the buffer;
 //! - every page fault names the node's on-demand-paging MR and a page of its table.
@@ -20,13 +25,13 @@
 //!
 //! | op | operands | operation |
 //! |----|----------|-----------|
-//! | 0  | `to sel addr len:u16 bytes[len]` | Inject `bytes` into node `to&1`. `sel%8`: 0 keep the dest QPN, 1 RC QP, 2 RC QP with SRQ, 3 UC QP, 4 UD QP, 5 GSI, 6 multicast (QPN 0xffffff, destination GID the group), 7 the next 3 bytes. `addr%4`: 0 from the peer's GID, 1 from our own GID, 2 to a stranger's GID, 3 from the IPv4 GID in the next 4 bytes. |
+//! | 0  | `to sel addr len:u16 bytes[len]` | Inject `bytes` into node `to&1`. `sel%10`: 0 keep the dest QPN, 1 RC QP, 2 RC QP with SRQ, 3 UC QP, 4 UD QP, 5 GSI, 6 multicast (QPN 0xffffff, destination GID the group), 7 the next 3 bytes, 8 XRC INI QP, 9 XRC TGT QP. `addr%4`: 0 from the peer's GID, 1 from our own GID, 2 to a stranger's GID, 3 from the IPv4 GID in the next 4 bytes. |
 //! | 1  | `how amount` | `how` even: advance the clock to the earliest timer; odd: by `(amount+1) << (how/2 % 32)` ns. Then `handle_timeout` on both nodes. |
-//! | 2  | `node qp menu size flags key off` | Post a send WR (menu below) on node `node&1`, QP `qp%5` (RC, RC+SRQ, UC, UD, GSI). |
-//! | 3  | `node qp size` | Post a receive on QP `qp%5` (the RC+SRQ choice posts to the SRQ). |
+//! | 2  | `node qp menu size flags key off` | Post a send WR (menu below) on node `node&1`, QP `qp%7` (RC, RC+SRQ, UC, UD, GSI, XRC INI, XRC TGT; the XRC TGT must refuse it). |
+//! | 3  | `node qp size` | Post a receive of `size%6` (0, 8, 64, 256, 1024 or 4096 bytes) on node `node&1`, QP `qp%7` (the RC+SRQ choice posts to the SRQ, the XRC INI and XRC TGT choices to the XRC SRQ). |
 //! | 4  | `n` | Deliver the `n%16+1` oldest packets in flight. |
 //! | 5  | `i action x y` | On in-flight packet `i % len`: `action%4` 0 drop, 1 duplicate, 2 deliver now (reordered), 3 deliver with byte `x % len` XORed with `y`. |
-//! | 6  | `node qp state` | Modify QP `qp%5` to `state%6` (RESET INIT RTR RTS SQD ERR) with the attributes `Sim::connect` uses; `state >= 128`: the state bit only. |
+//! | 6  | `node qp state` | Modify QP `qp%7` to `state%6` (RESET INIT RTR RTS SQD ERR) with the attributes `Sim::connect` uses (the setup's, which are those for the XRC QPs: an XRC INI's are RC's without the responder's, an XRC TGT's RC's without the requester's but the timeout); `state >= 128`: the state bit only. |
 //! | 7  | `rounds` | Run the network for `rounds%32+1` rounds: deliver everything in flight, or when nothing is, jump to the next timer. |
 //! | 8  | `node solicited` | Arm the node's CQ. |
 //! | 10 | `node page action` | On node `node&1`'s on-demand-paging MR (16 KiB over a buffer of its own, every right, no page mapped at first): `action%3` 0 maps page `page%5` writable, 1 read-only, 2 unmaps it; then wakes the QPs waiting for a page. Faults are not answered otherwise. |
@@ -39,7 +44,9 @@
 //! (the local SGE is then on our own on-demand MR); `off*64` is the offset into
 //! the peer's 16 KiB buffer (+1 if `flags & 16`, misaligning it). `flags`: bit 0 signaled, 1
 //! solicited, 2 fence; for UD bits 5..6 pick the destination (peer UD QP, GSI, multicast, a
-//! bogus QPN) and bit 7 a wrong Q_Key; for FLUSH bit 5 is the selectivity and bit 6 the
+//! bogus QPN) and bit 7 a wrong Q_Key; on the XRC QPs bits 6..7 pick the XRCETH's SRQ (0 or 1
+//! the peer's XRC SRQ, 2 an SRQ number no node has, 3 the peer's regular SRQ: the last two
+//! are invalid requests); for FLUSH bit 5 is the selectivity and bit 6 the
 //! placement; for REG_MR bit 3 registers the page `u64::MAX - 0xff` instead of a real one and
 //! bit 5 the length `u64::MAX`.
 //!
@@ -75,12 +82,17 @@ fn mcast_gid() -> Gid {
     Gid::from_ipv4([239, 1, 2, 3])
 }
 
-/// QP roles, in the order of the `qp%5` selectors.
+/// QP roles, in the order of the `qp%7` selectors.
 const RC: usize = 0;
 const RC_SRQ: usize = 1;
 const UC: usize = 2;
 const UD: usize = 3;
 const GSI: usize = 4;
+const XRC_INI: usize = 5;
+const XRC_TGT: usize = 6;
+const ROLES: usize = 7;
+/// An SRQ number no node has (an XRC send naming it is an invalid request).
+const BOGUS_SRQN: u32 = 0xdead;
 
 /// The objects of one node.
 #[derive(Clone, Copy, Default)]
@@ -88,7 +100,9 @@ struct Res {
     pd: u32,
     cq: u32,
     srq: u32,
-    qp: [Qpn; 5],
+    /// The XRC SRQ (in `pd`, completing on `cq`) of the node's XRC domain.
+    xsrq: u32,
+    qp: [Qpn; ROLES],
     /// A 16 KiB buffer registered with every access right, and its key.
     buf: u64,
     key: u32,
@@ -195,7 +209,13 @@ fn conn_attr(w: &World, node: usize, role: usize) -> QpAttr {
             .union(Access::FLUSH_GLOBAL)
             .union(Access::FLUSH_PERSISTENT),
         path_mtu: Mtu::M256,
-        dest_qp_num: peer.qp[role].0,
+        // An XRC INI QP talks to the peer's TGT QP and the other way round.
+        dest_qp_num: peer.qp[match role {
+            XRC_INI => XRC_TGT,
+            XRC_TGT => XRC_INI,
+            r => r,
+        }]
+        .0,
         rq_psn: SQ_PSN[1 - node],
         sq_psn: SQ_PSN[node],
         max_dest_rd_atomic: 4,
@@ -218,7 +238,10 @@ fn conn_attr(w: &World, node: usize, role: usize) -> QpAttr {
 /// The attribute mask `Sim::connect` (or a UD setup) uses to reach `state`.
 fn conn_mask(role: usize, state: QpState) -> u32 {
     let ud = role == UD || role == GSI;
-    let rc = role == RC || role == RC_SRQ;
+    // The responder's attributes: RC and XRC TGT (an XRC INI has none).
+    let rc = role == RC || role == RC_SRQ || role == XRC_TGT;
+    // The requester's: RC and XRC INI (an XRC TGT only has a PSN and a timeout).
+    let req = role == RC || role == RC_SRQ || role == XRC_INI;
     let m = AttrMask::STATE;
     m | match state {
         QpState::Init if ud => AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::QKEY,
@@ -232,13 +255,14 @@ fn conn_mask(role: usize, state: QpState) -> u32 {
                 m
             }
         }
-        QpState::Rts if rc => {
+        QpState::Rts if req => {
             AttrMask::SQ_PSN
                 | AttrMask::TIMEOUT
                 | AttrMask::RETRY_CNT
                 | AttrMask::RNR_RETRY
                 | AttrMask::MAX_QP_RD_ATOMIC
         }
+        QpState::Rts if role == XRC_TGT => AttrMask::SQ_PSN | AttrMask::TIMEOUT,
         QpState::Rts => AttrMask::SQ_PSN,
         _ => 0,
     }
@@ -286,6 +310,8 @@ impl World {
             let pd = d.alloc_pd().unwrap();
             let cq = d.create_cq(128).unwrap();
             let srq = d.create_srq(pd, 32, 2, 0).unwrap();
+            let xrcd = d.alloc_xrcd().unwrap();
+            let xsrq = d.create_srq_xrc(pd, xrcd, cq, 32, 2, 0).unwrap();
             let cap = QpCap {
                 max_send_wr: 32,
                 max_recv_wr: 32,
@@ -293,7 +319,7 @@ impl World {
                 max_recv_sge: 2,
                 max_inline_data: 256,
             };
-            let mut qp = [Qpn(0); 5];
+            let mut qp = [Qpn(0); ROLES];
             for (role, t) in [QpType::Rc, QpType::Rc, QpType::Uc, QpType::Ud, QpType::Gsi]
                 .into_iter()
                 .enumerate()
@@ -311,17 +337,47 @@ impl World {
                     })
                     .unwrap();
             }
+            // An XRC INI QP has a send queue only; an XRC TGT QP no queue, PD or CQ at all.
+            qp[XRC_INI] = d
+                .create_qp(QpInit {
+                    qp_type: QpType::XrcIni,
+                    pd,
+                    send_cq: cq,
+                    recv_cq: cq,
+                    srq: None,
+                    xrcd: None,
+                    cap: QpCap {
+                        max_recv_wr: 0,
+                        max_recv_sge: 0,
+                        ..cap
+                    },
+                    sq_sig_all: false,
+                })
+                .unwrap();
+            qp[XRC_TGT] = d
+                .create_qp(QpInit {
+                    qp_type: QpType::XrcTgt,
+                    pd: 0,
+                    send_cq: 0,
+                    recv_cq: 0,
+                    srq: None,
+                    xrcd: Some(xrcd),
+                    cap: QpCap::default(),
+                    sq_sig_all: false,
+                })
+                .unwrap();
             d.attach_mcast(qp[UD], mcast_gid()).unwrap();
             w.res[n] = Res {
                 pd,
                 cq,
                 srq,
+                xsrq,
                 qp,
                 ..Default::default()
             };
         }
         for n in 0..2 {
-            for role in 0..5 {
+            for role in 0..ROLES {
                 for st in [QpState::Init, QpState::Rtr, QpState::Rts] {
                     let mut a = conn_attr(&w, n, role);
                     a.qp_state = st;
@@ -402,7 +458,7 @@ impl World {
             for op in [bind, reg] {
                 w.post_send(n, RC, SendWr::new(0, op, vec![]));
             }
-            for role in [RC, RC_SRQ, UC, UD, GSI] {
+            for role in [RC, RC_SRQ, UC, UD, GSI, XRC_TGT] {
                 for _ in 0..2 {
                     w.post_recv(n, role, RECV_LEN);
                 }
@@ -436,6 +492,8 @@ impl World {
         let d = &mut self.nodes[node].dev;
         let (ok, target) = if role == RC_SRQ {
             (d.post_srq_recv(r.srq, wr).is_ok(), Target::Srq(r.srq))
+        } else if role == XRC_INI || role == XRC_TGT {
+            (d.post_srq_recv(r.xsrq, wr).is_ok(), Target::Srq(r.xsrq))
         } else {
             let q = r.qp[role];
             (d.post_recv(q, wr).is_ok(), Target::Qp(q))
@@ -449,7 +507,16 @@ impl World {
     fn post_send(&mut self, node: usize, role: usize, mut wr: SendWr) {
         let q = self.res[node].qp[role];
         wr.wr_id = self.next_wr;
-        if self.nodes[node].dev.post_send(q, wr).is_ok() {
+        let r = self.nodes[node].dev.post_send(q, wr);
+        if role == XRC_TGT {
+            // An XRC TGT QP has no send queue.
+            assert_eq!(
+                r,
+                Err(VerbError::Invalid),
+                "node {node}: send on the XRC TGT QP"
+            );
+        }
+        if r.is_ok() {
             self.wr_id(node, Target::Qp(q), false);
         }
         // Local operations run, and a QP in ERR completes at once: check right away.
@@ -513,6 +580,11 @@ impl World {
                 assert_eq!(o.recv, c.opcode as u8 >= 128, "{c:?} {o:?}");
                 match o.target {
                     Target::Qp(q) => assert_eq!(q, c.qp_num, "{c:?} {o:?}"),
+                    // The XRC SRQ's only user is the node's TGT QP, whose `srq` changes with
+                    // each request (and is gone after a reset): name it outright.
+                    Target::Srq(s) if s == self.res[n].xsrq => {
+                        assert_eq!(c.qp_num, self.res[n].qp[XRC_TGT], "{c:?} {o:?}");
+                    }
                     Target::Srq(s) => {
                         let qs = self.nodes[n].dev.qp(c.qp_num).and_then(|q| q.srq);
                         assert_eq!(qs, Some(s), "{c:?} {o:?}");
@@ -565,7 +637,7 @@ impl World {
 
     fn inject(&mut self, inp: &mut Input) -> Option<()> {
         let to = (inp.u8()? & 1) as usize;
-        let sel = inp.u8()? % 8;
+        let sel = inp.u8()? % 10;
         let addr = inp.u8()? % 4;
         let len = inp.u16()? as usize;
         let rnd_qpn = if sel == 7 {
@@ -584,7 +656,8 @@ impl World {
             0 => None,
             1..=5 => Some(r.qp[sel as usize - 1].0),
             6 => Some(Qpn::MULTICAST.0),
-            _ => rnd_qpn,
+            7 => rnd_qpn,
+            _ => Some(r.qp[XRC_INI + sel as usize - 8].0),
         };
         if let (Some(q), true) = (qpn, bytes.len() >= 8) {
             bytes[5..8].copy_from_slice(&q.to_be_bytes()[1..]);
@@ -612,7 +685,7 @@ impl World {
 
     fn send_op(&mut self, inp: &mut Input) -> Option<()> {
         let node = (inp.u8()? & 1) as usize;
-        let role = (inp.u8()? % 5) as usize;
+        let role = (inp.u8()? % ROLES as u8) as usize;
         let menu = inp.u8()? % 14;
         let size = [0u32, 1, 8, 64, 256, 257, 700, 4096][(inp.u8()? % 8) as usize];
         let flags = inp.u8()?;
@@ -754,13 +827,22 @@ impl World {
                 },
             });
         }
+        if role == XRC_INI || role == XRC_TGT {
+            // The peer's XRC SRQ, or (bit 7) one that makes the request invalid: with bit 6
+            // the peer's regular SRQ, without it a number that is no SRQ.
+            wr.xrc_remote_srqn = Some(match flags >> 6 {
+                2 => BOGUS_SRQN,
+                3 => peer.srq,
+                _ => peer.xsrq,
+            });
+        }
         self.post_send(node, role, wr);
         Some(())
     }
 
     fn modify(&mut self, inp: &mut Input) -> Option<()> {
         let node = (inp.u8()? & 1) as usize;
-        let role = (inp.u8()? % 5) as usize;
+        let role = (inp.u8()? % ROLES as u8) as usize;
         let s = inp.u8()?;
         let state = [
             QpState::Reset,
@@ -799,7 +881,7 @@ impl World {
             2 => self.send_op(inp)?,
             3 => {
                 let node = (inp.u8()? & 1) as usize;
-                let role = (inp.u8()? % 5) as usize;
+                let role = (inp.u8()? % ROLES as u8) as usize;
                 let len = [0u32, 8, 64, 256, 1024, 4096][(inp.u8()? % 6) as usize];
                 self.post_recv(node, role, len);
             }
