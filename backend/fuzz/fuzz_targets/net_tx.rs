@@ -23,8 +23,8 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use libfuzzer_sys::fuzz_target;
-use vhost_user_rdma::transport::egress::EgressPolicy;
 use vhost_user_rdma::net::net_policy::{rx_wanted, NetPolicy};
+use vhost_user_rdma::transport::egress::EgressPolicy;
 
 const MAC: [u8; 6] = [0x52, 0x54, 0, 0x79, 0, 2];
 const ME: Ipv4Addr = Ipv4Addr::new(10, 79, 0, 2);
