@@ -5,8 +5,8 @@
 //!
 //! This host's kernel may have no udmabuf (this project's CI host has none): the first test
 //! runs everywhere and checks what the daemon says either way. The others need /dev/udmabuf
-//! and are `#[ignore]`d here; `tests/vm/guest-memory-dmabuf.test.sh` runs them (`--ignored`) in
-//! the trixie guest, whose kernel has udmabuf and netdevsim.
+//! and are `#[ignore]`d here; `tests/vm/guest-memory-dmabuf.test.sh` runs them
+//! (`--include-ignored`) in the trixie guest, whose kernel has udmabuf.
 
 mod common;
 
