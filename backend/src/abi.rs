@@ -56,6 +56,9 @@ pub mod caps {
     /// Implicit on-demand-paging MRs: REG_USER_MR with `IBV_ACCESS_ON_DEMAND`, IOVA 0 and
     /// length `u64::MAX` covers the whole address space (docs/virtio-rdma.md §5.10).
     pub const IMPLICIT_ODP: u32 = 1 << 11;
+    /// XRC: ALLOC_XRCD, DEALLOC_XRCD, CREATE_XRC_SRQ, and XRC INI and XRC TGT QPs
+    /// (docs/virtio-rdma.md §5.12).
+    pub const XRC: u32 = 1 << 12;
 }
 
 macro_rules! byte_valued {
@@ -178,6 +181,12 @@ pub mod op {
     pub const UPDATE_ODP: u32 = 33;
     /// Changes a user MR in place, its keys kept (caps REREG_MR): [`super::CmdReregMr`].
     pub const REREG_MR: u32 = 34;
+    /// Allocates an XRC domain (caps XRC): [`super::Handle`] answers its number.
+    pub const ALLOC_XRCD: u32 = 35;
+    /// Frees an XRC domain ([`super::Handle`]); BUSY while an XRC SRQ or TGT QP is in it.
+    pub const DEALLOC_XRCD: u32 = 36;
+    /// Creates an XRC SRQ (caps XRC): [`super::CmdCreateXrcSrq`].
+    pub const CREATE_XRC_SRQ: u32 = 37;
 }
 
 /// QUERY_STATS' counters, in this order: Linux rxe's hw counters of the same names (what
@@ -371,6 +380,10 @@ pub mod qp_type {
     pub const RC: u32 = 2;
     pub const UC: u32 = 3;
     pub const UD: u32 = 4;
+    /// XRC initiator (kernel `IB_QPT_XRC_INI`): a send queue whose WQEs name the remote SRQ.
+    pub const XRC_INI: u32 = 9;
+    /// XRC target (kernel `IB_QPT_XRC_TGT`): no queue, PD or CQ; in the domain `xrcdn` names.
+    pub const XRC_TGT: u32 = 10;
 }
 
 pub const CREATE_QP_HAS_SRQ: u32 = 1 << 0;
@@ -393,7 +406,8 @@ pub struct CmdCreateQp {
     pub max_send_sge: u32,
     pub max_recv_sge: u32,
     pub max_inline_data: u32,
-    pub reserved: u32,
+    /// The XRC domain of an XRC TGT QP; reserved (ignored) for the other types.
+    pub xrcdn: u32,
     pub sq: QueueDesc,
     pub rq: QueueDesc,
 }
@@ -474,6 +488,16 @@ pub struct CmdCreateSrq {
     pub max_sge: u32,
     pub srq_limit: u32,
     pub queue: QueueDesc,
+}
+
+/// CREATE_XRC_SRQ: an SRQ for the XRC TGT QPs of domain `xrcdn`; its receive completions go
+/// to CQ `cqn`, and the R_Keys of requests naming it are checked against `srq.pdn`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CmdCreateXrcSrq {
+    pub srq: CmdCreateSrq,
+    pub xrcdn: u32,
+    pub cqn: u32,
 }
 
 #[repr(C)]
@@ -772,6 +796,9 @@ pub mod ring {
 /// `struct rxe_send_wqe` offsets (sizeof = 208; SGEs or inline data follow at 208).
 pub mod swqe {
     pub const WR_ID: usize = 0;
+    /// `reserved` in rxe's `struct rxe_send_wr`: the remote XRC SRQ on an XRC INI QP (the
+    /// XRCETH's SRQN; ignored on other QPs).
+    pub const XRC_SRQN: usize = 8;
     pub const OPCODE: usize = 12;
     pub const SEND_FLAGS: usize = 16;
     /// `ex.imm_data` (big-endian bytes) or `ex.invalidate_rkey`.
@@ -925,6 +952,7 @@ byte_valued! {
     AhAttr = 48,
     QpAttrs = 128,
     CmdCreateSrq = 48,
+    CmdCreateXrcSrq = 56,
     RespCreateSrq = 16,
     CmdModifySrq = 16,
     RespQuerySrq = 16,

@@ -36,6 +36,7 @@ fuzz_target!(|data: &[u8]| {
         max_sge: (hdr[0] & 0x3f) as u32,
         max_inline: 512,
         ud: hdr[1] & 1 == 1,
+        xrc: hdr[1] & 2 == 2,
     };
     let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(MEM_BASE), MEM_SIZE)]).expect("mem");
     let (seed, rest) = rest.split_at(rest.len().min(hdr[2] as usize * 16));

@@ -26,6 +26,7 @@ use crate::transport::sink::PacketSink;
 mod commands;
 mod mr;
 mod shard;
+mod xrc;
 use shard::route;
 pub use shard::ShardHandle;
 
@@ -455,7 +456,8 @@ pub fn resp_size(opcode: u32) -> usize {
         op::RESIZE_CQ => size_of::<abi::RespCreateCq>(),
         op::CREATE_QP => size_of::<abi::RespCreateQp>(),
         op::QUERY_QP => size_of::<abi::QpAttrs>(),
-        op::CREATE_SRQ => size_of::<abi::RespCreateSrq>(),
+        op::CREATE_SRQ | op::CREATE_XRC_SRQ => size_of::<abi::RespCreateSrq>(),
+        op::ALLOC_XRCD => size_of::<abi::Handle>(),
         op::QUERY_SRQ | op::RESIZE_SRQ => size_of::<abi::RespQuerySrq>(),
         op::REG_USER_MR | op::REG_DMA_MR | op::ALLOC_MR | op::REREG_MR => size_of::<abi::RespMr>(),
         op::ALLOC_MW | op::BIND_MW => size_of::<abi::RespMr>(),
@@ -742,6 +744,7 @@ impl Model {
                 | abi::caps::ODP
                 | abi::caps::REREG_MR
                 | abi::caps::IMPLICIT_ODP
+                | abi::caps::XRC
                 | if self.source_gids.is_empty() {
                     0
                 } else {
@@ -966,8 +969,13 @@ impl Model {
             abi::qp_type::UC => QpType::Uc,
             abi::qp_type::UD => QpType::Ud,
             abi::qp_type::GSI => QpType::Gsi,
+            abi::qp_type::XRC_INI => QpType::XrcIni,
+            abi::qp_type::XRC_TGT => QpType::XrcTgt,
             _ => return Err(Status::Unsupported),
         };
+        // The device's caps bit and the engine's rules (`rxe_core::xrc::check_init`) decide
+        // the rest: an XRC INI QP has an SQ only, an XRC TGT QP no ring at all.
+        let xrcd = (qp_type == QpType::XrcTgt).then_some(c.xrcdn);
         if c.flags & !(abi::CREATE_QP_HAS_SRQ | abi::CREATE_QP_SQ_SIG_ALL | abi::CREATE_QP_KERNEL)
             != 0
         {
@@ -1026,7 +1034,7 @@ impl Model {
             send_cq: c.send_cqn,
             recv_cq: c.recv_cqn,
             srq,
-            xrcd: None,
+            xrcd,
             cap,
             sq_sig_all: c.flags & abi::CREATE_QP_SQ_SIG_ALL != 0,
         }) {
@@ -1127,6 +1135,16 @@ impl Model {
     }
 
     fn create_srq(&mut self, mem: &GuestMemoryMmap, c: abi::CmdCreateSrq) -> CmdResult {
+        self.create_srq_in(mem, c, None)
+    }
+
+    /// CREATE_SRQ, and CREATE_XRC_SRQ with `xrc` = (domain, CQ).
+    fn create_srq_in(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        c: abi::CmdCreateSrq,
+        xrc: Option<(u32, u32)>,
+    ) -> CmdResult {
         if c.max_sge == 0 || c.max_sge > self.cfg.dev.max_sge || c.max_wr > self.cfg.dev.max_srq_wr
         {
             return Err(Status::Invalid);
@@ -1134,10 +1152,17 @@ impl Model {
         let ring = Ring::new(mem, &c.queue, ring::recv_wqe_size(c.max_sge), c.max_wr)?;
         let lb = ring_list_bytes(&ring);
         self.common.lists().charge(lb)?;
-        let r = self
-            .any()
-            .dev
-            .create_srq(c.pdn, c.max_wr, c.max_sge, c.srq_limit);
+        let r = match xrc {
+            None => self
+                .any()
+                .dev
+                .create_srq(c.pdn, c.max_wr, c.max_sge, c.srq_limit),
+            Some((xrcd, cqn)) => {
+                self.any()
+                    .dev
+                    .create_srq_xrc(c.pdn, xrcd, cqn, c.max_wr, c.max_sge, c.srq_limit)
+            }
+        };
         let srqn = match r {
             Ok(n) => n,
             Err(e) => {

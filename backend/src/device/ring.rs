@@ -145,6 +145,8 @@ pub struct SqCaps {
     pub max_sge: u32,
     pub max_inline: u32,
     pub ud: bool,
+    /// An XRC INI QP: every WQE names its remote XRC SRQ (`swqe::XRC_SRQN`).
+    pub xrc: bool,
 }
 
 fn sges(slot: &[u8], base: usize, n: u32) -> SgList {
@@ -309,6 +311,9 @@ pub fn decode_send_wqe(
     } else {
         None
     };
+    // Local operations (LOCAL_INV, BIND_MW, REG_MR) send nothing: no SRQ.
+    let xrc_remote_srqn =
+        (caps.xrc && !op.is_local()).then(|| u32_at(slot, swqe::XRC_SRQN) & 0xff_ffff);
     Ok(SendWr {
         wr_id,
         op,
@@ -316,7 +321,7 @@ pub fn decode_send_wqe(
         sg_list,
         inline_data,
         ud,
-        xrc_remote_srqn: None,
+        xrc_remote_srqn,
     })
 }
 
@@ -468,6 +473,7 @@ mod tests {
             max_sge: 1,
             max_inline: 16,
             ud: false,
+            xrc: false,
         };
         let want = SendOp::Flush {
             remote_addr: 0x7f00_1000,

@@ -690,6 +690,75 @@ impl Guest {
         })
     }
 
+    /// ALLOC_XRCD: an XRC domain.
+    pub fn alloc_xrcd(&mut self) -> Result<u32> {
+        let r: abi::Handle = self.cmd_t(op::ALLOC_XRCD, &abi::Handle::default())?;
+        Ok(r.handle)
+    }
+
+    pub fn dealloc_xrcd(&mut self, xrcd: u32) -> Result<()> {
+        self.handle(op::DEALLOC_XRCD, xrcd)
+    }
+
+    /// CREATE_XRC_SRQ: an SRQ of domain `xrcd` whose receive completions go to `cq`.
+    pub fn create_xrc_srq(
+        &mut self,
+        pd: u32,
+        xrcd: u32,
+        cq: &Cq,
+        max_wr: u32,
+        max_sge: u32,
+    ) -> Result<Srq> {
+        let ring = QueueBuf::new(
+            &self.ram,
+            (max_wr + 1).next_power_of_two(),
+            abi::rwqe::SIZE + max_sge as usize * abi::SGE_SIZE,
+        )?;
+        let r: abi::RespCreateSrq = self.cmd_t(
+            op::CREATE_XRC_SRQ,
+            &abi::CmdCreateXrcSrq {
+                srq: abi::CmdCreateSrq {
+                    pdn: pd,
+                    max_wr,
+                    max_sge,
+                    srq_limit: 0,
+                    queue: ring.desc(),
+                },
+                xrcdn: xrcd,
+                cqn: cq.cqn,
+            },
+        )?;
+        Ok(Srq {
+            srqn: r.srqn,
+            ring,
+            max_sge,
+        })
+    }
+
+    /// CREATE_QP of an XRC TGT QP in domain `xrcd`: no ring, PD or CQ.
+    pub fn create_xrc_tgt(&mut self, xrcd: u32) -> Result<Qp> {
+        let r: abi::RespCreateQp = self.cmd_t(
+            op::CREATE_QP,
+            &abi::CmdCreateQp {
+                qp_type: abi::qp_type::XRC_TGT,
+                flags: if self.kernel_qps {
+                    abi::CREATE_QP_KERNEL
+                } else {
+                    0
+                },
+                xrcdn: xrcd,
+                ..Default::default()
+            },
+        )?;
+        Ok(Qp {
+            qpn: r.qpn,
+            qp_type: QpType::XrcTgt,
+            sq: None,
+            rq: None,
+            cap: QpCap::default(),
+        })
+    }
+
     pub fn destroy_srq(&mut self, srq: Srq) -> Result<()> {
         self.handle(op::DESTROY_SRQ, srq.srqn)
     }
@@ -730,8 +799,9 @@ impl Guest {
             QpType::Uc => abi::qp_type::UC,
             QpType::Ud => abi::qp_type::UD,
             QpType::Gsi => abi::qp_type::GSI,
-            // The device does not offer XRC.
-            QpType::XrcIni | QpType::XrcTgt => return Err(Error::Status(Status::Unsupported)),
+            QpType::XrcIni => abi::qp_type::XRC_INI,
+            // No CQ or PD: `create_xrc_tgt`.
+            QpType::XrcTgt => return Err(Error::Status(Status::Invalid)),
         };
         let r: abi::RespCreateQp = self.cmd_t(
             op::CREATE_QP,
@@ -755,7 +825,7 @@ impl Guest {
                 max_send_sge: cap.max_send_sge,
                 max_recv_sge: cap.max_recv_sge,
                 max_inline_data: cap.max_inline_data,
-                reserved: 0,
+                xrcdn: 0,
                 sq: sq.as_ref().map(|q| q.desc()).unwrap_or_default(),
                 rq: rq.as_ref().map(|q| q.desc()).unwrap_or_default(),
             },

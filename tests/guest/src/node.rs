@@ -186,7 +186,9 @@ pub fn bring_up_l2(
             ..Default::default()
         };
         m |= AttrMask::AV | AttrMask::PATH_MTU | AttrMask::DEST_QPN | AttrMask::RQ_PSN;
-        if qp.qp_type == QpType::Rc {
+        // An XRC INI QP has no responder, an XRC TGT QP no requester (the kernel's
+        // qp_state_table columns).
+        if qp.qp_type.is_rc_responder() {
             m |= AttrMask::MAX_DEST_RD_ATOMIC | AttrMask::MIN_RNR_TIMER;
         }
     }
@@ -198,11 +200,13 @@ pub fn bring_up_l2(
     a.rnr_retry = o.rnr_retry;
     a.max_rd_atomic = 16;
     let mut m = AttrMask::STATE | AttrMask::SQ_PSN;
-    if qp.qp_type == QpType::Rc {
+    if qp.qp_type.is_rc_requester() {
         m |= AttrMask::TIMEOUT
             | AttrMask::RETRY_CNT
             | AttrMask::RNR_RETRY
             | AttrMask::MAX_QP_RD_ATOMIC;
+    } else if qp.qp_type == QpType::XrcTgt {
+        m |= AttrMask::TIMEOUT;
     }
     g.modify_qp(qp, &a, m)
 }

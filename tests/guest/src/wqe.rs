@@ -83,6 +83,9 @@ pub fn encode_send_wqe(wr: &SendWr, ah_num: u32, elem: usize) -> Vec<u8> {
     let put64 =
         |s: &mut Vec<u8>, off: usize, v: u64| s[off..off + 8].copy_from_slice(&v.to_le_bytes());
     put64(&mut s, o::WR_ID, wr.wr_id);
+    if let Some(srqn) = wr.xrc_remote_srqn {
+        put32(&mut s, o::XRC_SRQN, srqn);
+    }
     let imm_raw = |v: u32| u32::from_le_bytes(v.to_be_bytes());
     let (opcode, ex) = match &wr.op {
         SendOp::Send => (wr_op::SEND, 0),

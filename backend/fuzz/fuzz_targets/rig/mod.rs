@@ -436,7 +436,7 @@ impl Rig {
             max_send_sge: MAX_SGE,
             max_recv_sge: if srq { 0 } else { MAX_SGE },
             max_inline_data: MAX_INLINE,
-            reserved: 0,
+            xrcdn: 0,
             sq: sqd,
             rq: rqd,
         };

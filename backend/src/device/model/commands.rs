@@ -58,6 +58,9 @@ impl Model {
             op::RESET => self.reset_cmd(),
             op::UPDATE_ODP => self.update_odp(mem, b),
             op::REREG_MR => self.rereg_mr(mem, b),
+            op::ALLOC_XRCD => self.alloc_xrcd(),
+            op::DEALLOC_XRCD => self.dealloc_xrcd(b),
+            op::CREATE_XRC_SRQ => self.create_xrc_srq(mem, cmd(b)?),
             _ => Err(Status::Unsupported),
         }
     }

@@ -110,8 +110,19 @@ impl Shard {
     pub(super) fn handle_packet(&mut self, c: &Common, p: &Packet, dqpn: Option<u32>) {
         let (mem, meta, bytes) = (p.mem, p.meta, p.bytes);
         if let Some(dqpn) = dqpn {
-            if self.qps.contains_key(&dqpn) {
-                self.pull_rq(c, mem, dqpn);
+            if let Some(q) = self.qps.get(&dqpn) {
+                if q.qp_type == QpType::XrcTgt {
+                    // Its receives are those of the XRC SRQ the request names (the engine
+                    // checks that it may use it).
+                    let srqn = rxe_core::wire::Packet::new_checked(bytes)
+                        .ok()
+                        .and_then(|p| p.xrceth());
+                    if let Some(s) = srqn {
+                        self.pull_srq(c, mem, s);
+                    }
+                } else {
+                    self.pull_rq(c, mem, dqpn);
+                }
             } else if dqpn == MULTICAST_QPN && meta.dst.is_multicast() {
                 // Every QP of this shard attached to the group gets a copy: each needs its
                 // receives.
@@ -227,6 +238,7 @@ impl Shard {
             max_sge: q.caps.max_send_sge,
             max_inline: q.caps.max_inline_data,
             ud: matches!(q.qp_type, QpType::Ud | QpType::Gsi),
+            xrc: q.qp_type == QpType::XrcIni,
         };
         let max = q.caps.max_send_wr as usize;
         let cost = send_wqe_bytes(&q.caps);
