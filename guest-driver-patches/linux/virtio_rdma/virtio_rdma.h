@@ -143,6 +143,11 @@ struct vrdma_qp {
 	bool db_pending;
 };
 
+struct vrdma_xrcd {
+	struct ib_xrcd ibxrcd;
+	u32 xrcdn;
+};
+
 struct vrdma_ah {
 	struct ib_ah ibah;
 	u32 ah_num;	/* 0: kernel AH, the AV goes inline into each WQE */
@@ -195,6 +200,8 @@ void vrdma_db_forget(struct vrdma_dev *dev, struct vrdma_qp *qp);
 /* virtio_rdma_verbs.c */
 extern const struct ib_device_ops vrdma_dev_ops;
 extern const struct ib_device_ops vrdma_hw_stats_ops;
+extern const struct ib_device_ops vrdma_xrc_ops;
+int vrdma_create_xrc_tgt(struct vrdma_qp *qp, struct ib_qp_init_attr *init);
 void vrdma_kick_cqs(struct vrdma_dev *dev);
 void vrdma_flush_user(struct vrdma_dev *dev);
 void vrdma_init_attrs(struct vrdma_dev *dev);

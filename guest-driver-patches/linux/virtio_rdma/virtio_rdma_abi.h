@@ -40,6 +40,8 @@ enum {
 #define VRDMA_CAP_REREG_MR		(1U << 10)
 /* implicit ODP MRs: REG_USER_MR ON_DEMAND with iova 0, length U64_MAX (§5.10) */
 #define VRDMA_CAP_IMPLICIT_ODP		(1U << 11)
+/* XRC domains, XRC SRQs, XRC INI and TGT QPs (§5.12) */
+#define VRDMA_CAP_XRC			(1U << 12)
 
 struct vrdma_config {
 	__le32 version;
@@ -124,6 +126,9 @@ enum vrdma_opcode {
 	VRDMA_CMD_QUERY_STATS = 32,
 	VRDMA_CMD_UPDATE_ODP = 33,
 	VRDMA_CMD_REREG_MR = 34,
+	VRDMA_CMD_ALLOC_XRCD = 35,
+	VRDMA_CMD_DEALLOC_XRCD = 36,
+	VRDMA_CMD_CREATE_XRC_SRQ = 37,
 };
 
 enum vrdma_status {
@@ -220,7 +225,7 @@ struct vrdma_cmd_create_qp {
 	__le32 max_send_sge;
 	__le32 max_recv_sge;
 	__le32 max_inline_data;
-	__le32 reserved;
+	__le32 xrcdn;		/* XRC TGT QPs: their domain */
 	struct vrdma_queue_desc sq;
 	struct vrdma_queue_desc rq;
 };
@@ -288,6 +293,13 @@ struct vrdma_cmd_create_srq {
 	__le32 max_sge;
 	__le32 srq_limit;
 	struct vrdma_queue_desc queue;
+};
+
+/* CREATE_XRC_SRQ: an SRQ of domain xrcdn completing into CQ cqn */
+struct vrdma_cmd_create_xrc_srq {
+	struct vrdma_cmd_create_srq srq;
+	__le32 xrcdn;
+	__le32 cqn;
 };
 
 struct vrdma_resp_create_srq {
@@ -529,6 +541,7 @@ static inline void vrdma_abi_check(void)
 	BUILD_BUG_ON(sizeof(struct vrdma_ah_attr) != 48);
 	BUILD_BUG_ON(sizeof(struct vrdma_qp_attrs) != 128);
 	BUILD_BUG_ON(sizeof(struct vrdma_cmd_create_srq) != 48);
+	BUILD_BUG_ON(sizeof(struct vrdma_cmd_create_xrc_srq) != 56);
 	BUILD_BUG_ON(sizeof(struct vrdma_cmd_reg_user_mr) != 48);
 	BUILD_BUG_ON(sizeof(struct vrdma_cmd_create_ah) != 56);
 	BUILD_BUG_ON(sizeof(struct vrdma_cmd_add_gid) != 24);

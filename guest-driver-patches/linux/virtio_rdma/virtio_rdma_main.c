@@ -661,6 +661,8 @@ static int vrdma_probe(struct virtio_device *vdev)
 	/* `rdma statistic` and hw_counters/: the device's counters, named as rxe's */
 	if (le32_to_cpu(dev->cfg.caps) & VRDMA_CAP_HW_STATS)
 		ib_set_device_ops(&dev->ib, &vrdma_hw_stats_ops);
+	if (le32_to_cpu(dev->cfg.caps) & VRDMA_CAP_XRC)
+		ib_set_device_ops(&dev->ib, &vrdma_xrc_ops);
 	dev->ib.node_type = RDMA_NODE_IB_CA;
 	dev->ib.phys_port_cnt = 1;
 	dev->ib.num_comp_vectors = 1;

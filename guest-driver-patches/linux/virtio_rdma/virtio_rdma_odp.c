@@ -41,6 +41,10 @@ void vrdma_odp_attrs(struct vrdma_dev *dev, struct ib_device_attr *a)
 		IB_ODP_SUPPORT_READ | IB_ODP_SUPPORT_ATOMIC | IB_ODP_SUPPORT_SRQ_RECV;
 	a->odp_caps.per_transport_caps.ud_odp_caps =
 		IB_ODP_SUPPORT_SEND | IB_ODP_SUPPORT_RECV | IB_ODP_SUPPORT_SRQ_RECV;
+	/* XRC moves data as RC does, its receives from XRC SRQs */
+	if (le32_to_cpu(dev->cfg.caps) & VRDMA_CAP_XRC)
+		a->odp_caps.per_transport_caps.xrc_odp_caps =
+			a->odp_caps.per_transport_caps.rc_odp_caps;
 	if (le32_to_cpu(dev->cfg.caps) & VRDMA_CAP_IMPLICIT_ODP)
 		a->odp_caps.general_caps |= IB_ODP_SUPPORT_IMPLICIT;
 }

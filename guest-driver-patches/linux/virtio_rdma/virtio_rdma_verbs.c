@@ -231,6 +231,8 @@ void vrdma_init_attrs(struct vrdma_dev *dev)
 		a->device_cap_flags |= IB_DEVICE_MEM_WINDOW | IB_DEVICE_MEM_WINDOW_TYPE_2B;
 	if (le32_to_cpu(c->caps) & VRDMA_CAP_SRQ_RESIZE)
 		a->device_cap_flags |= IB_DEVICE_SRQ_RESIZE;
+	if (le32_to_cpu(c->caps) & VRDMA_CAP_XRC)
+		a->device_cap_flags |= IB_DEVICE_XRC;
 	/* Flags that need nothing of the driver, taken from the device as it states them:
 	 * ib_core lets MRs have IB_ACCESS_FLUSH_* only with these, and the FLUSH work
 	 * requests go from librxe's ring to the device unchanged. */
@@ -834,6 +836,9 @@ static int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 	unsigned long flags;
 	int err;
 
+	/* ib_core creates XRC TGT QPs itself, with no udata, for user space too */
+	if (init->qp_type == IB_QPT_XRC_TGT && !init->create_flags)
+		return vrdma_create_xrc_tgt(qp, init);
 	if (!udata && !kernel_verbs)
 		return -EOPNOTSUPP;
 	if (udata && udata->outlen < sizeof(uresp))
@@ -844,6 +849,11 @@ static int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 	case IB_QPT_RC:
 	case IB_QPT_UC:
 	case IB_QPT_UD:
+		break;
+	case IB_QPT_XRC_INI:
+		/* librxe's XRC SEND QPs; no kernel user posts XRC */
+		if (!udata || !(le32_to_cpu(dev->cfg.caps) & VRDMA_CAP_XRC))
+			return -EOPNOTSUPP;
 		break;
 	case IB_QPT_GSI:
 		if (udata)
@@ -887,7 +897,9 @@ static int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 	cmd.max_send_sge = cpu_to_le32(min_t(u32, wqe / sizeof(struct rxe_sge), a->max_send_sge));
 	cmd.max_inline_data = cpu_to_le32(wqe);
 
-	if (!init->srq) {
+	if (init->qp_type == IB_QPT_XRC_INI) {
+		/* a send queue alone: no receive queue, no SRQ */
+	} else if (!init->srq) {
 		qp->has_rq = true;
 		recv_wr = max_t(u32, init->cap.max_recv_wr, 1);
 		slots = roundup_pow_of_two(recv_wr + 1);
@@ -912,7 +924,9 @@ static int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 	cmd.qp_type = cpu_to_le32(init->qp_type);
 	cmd.pdn = cpu_to_le32(pdn_of(ibqp->pd));
 	cmd.send_cqn = cpu_to_le32(container_of(init->send_cq, struct vrdma_cq, ibcq)->cqn);
-	cmd.recv_cqn = cpu_to_le32(container_of(init->recv_cq, struct vrdma_cq, ibcq)->cqn);
+	/* an XRC INI QP may have no receive CQ: the device ignores the field then */
+	cmd.recv_cqn = init->recv_cq ? cpu_to_le32(container_of(init->recv_cq, struct vrdma_cq,
+								 ibcq)->cqn) : cmd.send_cqn;
 
 	err = vrdma_cmd(dev, VRDMA_CMD_CREATE_QP, &cmd, sizeof(cmd), &r, sizeof(r));
 	vrdma_pl_free(&sq_pl);
@@ -925,8 +939,8 @@ static int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 	qp->cap.max_send_wr = le32_to_cpu(r.max_send_wr);
 	qp->cap.max_send_sge = le32_to_cpu(r.max_send_sge);
 	qp->cap.max_inline_data = le32_to_cpu(r.max_inline_data);
-	qp->cap.max_recv_wr = init->srq ? 0 : le32_to_cpu(r.max_recv_wr);
-	qp->cap.max_recv_sge = init->srq ? 0 : le32_to_cpu(r.max_recv_sge);
+	qp->cap.max_recv_wr = qp->has_rq ? le32_to_cpu(r.max_recv_wr) : 0;
+	qp->cap.max_recv_sge = qp->has_rq ? le32_to_cpu(r.max_recv_sge) : 0;
 	init->cap = qp->cap;
 	if (trace_verbs)
 		pr_info("virtio_rdma: qp %u type %d sq %u slots log2 %u (wr %u sge %u inline %u) rq %u slots log2 %u (wr %u sge %u)\n",
@@ -1051,7 +1065,7 @@ static int vrdma_modify_qp(struct ib_qp *ibqp, struct ib_qp_attr *attr, int mask
 	err = vrdma_cmd(to_vdev(ibqp->device), VRDMA_CMD_MODIFY_QP, &c, sizeof(c), NULL, 0);
 	if (!err && (mask & IB_QP_STATE))
 		WRITE_ONCE(qp->state, attr->qp_state);
-	if (trace_verbs)
+	if (trace_verbs && qp->sq.buf)
 		pr_info("virtio_rdma: qp %u modify mask %#x state %u: %d; sq log2 %u mask %u prod %u cons %u\n",
 			qp->qpn, mask, attr->qp_state, err, qp->sq.buf->log2_elem_size,
 			qp->sq.buf->index_mask, qp->sq.buf->producer_index,
@@ -1251,8 +1265,9 @@ static int vrdma_post_send(struct ib_qp *ibqp, const struct ib_send_wr *wr,
 	u32 prod;
 	int err = 0;
 
-	/* as rxe: sending needs RTS (or a later state, where the device flushes) */
-	if (READ_ONCE(qp->state) < IB_QPS_RTS) {
+	/* as rxe: sending needs RTS (or a later state, where the device flushes); an XRC TGT
+	 * QP has no send queue */
+	if (READ_ONCE(qp->state) < IB_QPS_RTS || !qp->sq.buf) {
 		*bad_wr = wr;
 		return -EINVAL;
 	}
@@ -1359,7 +1374,9 @@ static int vrdma_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *init,
 	struct vrdma_dev *dev = to_vdev(ibsrq->device);
 	const struct ib_device_attr *a = &dev->attrs;
 	struct rxe_create_srq_resp uresp = {};
-	struct vrdma_cmd_create_srq cmd = {};
+	struct vrdma_cmd_create_xrc_srq xcmd = {};
+	struct vrdma_cmd_create_srq *cmd = &xcmd.srq;
+	bool xrc = init->srq_type == IB_SRQT_XRC;
 	struct vrdma_resp_create_srq r;
 	struct vrdma_pl pl;
 	unsigned long flags;
@@ -1370,7 +1387,8 @@ static int vrdma_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *init,
 		return -EOPNOTSUPP;
 	if (udata && udata->outlen < sizeof(uresp))
 		return -EINVAL;
-	if (init->srq_type != IB_SRQT_BASIC)
+	if (init->srq_type != IB_SRQT_BASIC &&
+	    !(xrc && (le32_to_cpu(dev->cfg.caps) & VRDMA_CAP_XRC)))
 		return -EOPNOTSUPP;
 	if (!a->max_srq || init->attr.max_wr < 1 || init->attr.max_wr > a->max_srq_wr ||
 	    init->attr.max_sge < 1 || init->attr.max_sge > a->max_srq_sge ||
@@ -1383,18 +1401,29 @@ static int vrdma_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *init,
 			  init->attr.max_sge * sizeof(struct rxe_sge));
 	if (err)
 		return err;
-	err = queue_desc(dev, &srq->q, &pl, &cmd.queue);
+	err = queue_desc(dev, &srq->q, &pl, &cmd->queue);
 	if (err)
 		goto err_q;
-	cmd.pdn = cpu_to_le32(pdn_of(ibsrq->pd));
-	cmd.max_wr = cpu_to_le32(slots - 1);
-	cmd.max_sge = cpu_to_le32(init->attr.max_sge);
-	cmd.srq_limit = cpu_to_le32(init->attr.srq_limit);
-	err = vrdma_cmd(dev, VRDMA_CMD_CREATE_SRQ, &cmd, sizeof(cmd), &r, sizeof(r));
+	cmd->pdn = cpu_to_le32(pdn_of(ibsrq->pd));
+	cmd->max_wr = cpu_to_le32(slots - 1);
+	cmd->max_sge = cpu_to_le32(init->attr.max_sge);
+	cmd->srq_limit = cpu_to_le32(init->attr.srq_limit);
+	if (xrc) {
+		/* its domain and the CQ its receive completions go to (§5.12) */
+		xcmd.xrcdn = cpu_to_le32(container_of(init->ext.xrc.xrcd, struct vrdma_xrcd,
+						      ibxrcd)->xrcdn);
+		xcmd.cqn = cpu_to_le32(container_of(init->ext.cq, struct vrdma_cq, ibcq)->cqn);
+		err = vrdma_cmd(dev, VRDMA_CMD_CREATE_XRC_SRQ, &xcmd, sizeof(xcmd), &r, sizeof(r));
+	} else {
+		err = vrdma_cmd(dev, VRDMA_CMD_CREATE_SRQ, cmd, sizeof(*cmd), &r, sizeof(r));
+	}
 	vrdma_pl_free(&pl);
 	if (err)
 		goto err_q;
 	srq->srqn = le32_to_cpu(r.srqn);
+	/* the number XRC requests name: user space reads it with ibv_get_srq_num */
+	if (xrc)
+		ibsrq->ext.xrc.srq_num = srq->srqn;
 	srq->max_wr = le32_to_cpu(r.max_wr);
 	srq->max_sge = le32_to_cpu(r.max_sge);
 	init->attr.max_wr = srq->max_wr;
