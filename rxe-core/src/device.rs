@@ -20,11 +20,13 @@ use crate::wire::{OpFlags, Packet};
 
 use crate::shared::*;
 
+mod raw_verbs;
 mod xrc_verbs;
 pub use crate::shared::{
     DeviceConfig, Drop, PortCounters, QpInit, RecvMeta, Transmit, FIRST_QPN, MAX_XRCD,
     SEGMENT_HEADROOM,
 };
+pub use raw_verbs::{RAW_MAX_FRAME, RAW_MIN_FRAME};
 
 /// A soft-RoCE device: the engine instance for one port, or one shard of it
 /// ([`Device::new_sharded`]).

@@ -319,6 +319,9 @@ fn transition(cur: QpState, next: QpState, t: QpType) -> Option<(u32, u32)> {
         QpType::Ud | QpType::Gsi => 2,
         QpType::XrcIni => 3,
         QpType::XrcTgt => 4,
+        // The kernel's RAW_PACKET column: RESET to INIT needs the port, nothing else is
+        // required or taken.
+        QpType::RawPacket => return raw_transition(cur, next),
     };
     let pick = |v: [u32; 5]| v[ti];
     let init = M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS;
@@ -378,6 +381,18 @@ fn transition(cur: QpState, next: QpState, t: QpType) -> Option<(u32, u32)> {
         _ => return None,
     };
     Some(r)
+}
+
+/// [`transition`] for raw packet QPs.
+fn raw_transition(cur: QpState, next: QpState) -> Option<(u32, u32)> {
+    use QpState::*;
+    match (cur, next) {
+        (_, Reset) | (_, Err) => Some((0, 0)),
+        (Reset, Init) => Some((M::PORT, 0)),
+        (Init, Init) => Some((0, M::PORT)),
+        (Init, Rtr) | (Rtr, Rts) | (Rts, Rts) => Some((0, 0)),
+        _ => None,
+    }
 }
 
 impl Qp {

@@ -41,8 +41,9 @@ pub(crate) fn post_failed(
 
 #[inline]
 pub(crate) fn post_send(q: &mut Qp, res: &mut Resources, wr: SendWr) -> Result<(), VerbError> {
-    if q.qp_type == QpType::XrcTgt {
-        // A responder alone: it has no send queue.
+    if matches!(q.qp_type, QpType::XrcTgt | QpType::RawPacket) {
+        // A responder alone has no send queue; a raw packet QP's frames are sent by
+        // `Device::raw_send`, not queued.
         return Err(VerbError::Invalid);
     }
     match q.state() {

@@ -475,6 +475,11 @@ pub enum QpType {
     /// XRC target: an RC responder alone, created in an XRC domain; each request names the
     /// XRC SRQ (of that domain) whose receive WQEs, CQ and PD it uses.
     XrcTgt,
+    /// Raw Ethernet frames (`IBV_QPT_RAW_PACKET`): no RoCE transport. The engine keeps the
+    /// QP's state, PD, CQs and receive queue; each send is a whole frame the caller moves
+    /// ([`crate::Device::raw_send`]), each frame the caller steers to the QP fills one receive
+    /// ([`crate::Device::raw_receive`]).
+    RawPacket,
 }
 
 impl QpType {

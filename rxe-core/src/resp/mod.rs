@@ -13,7 +13,10 @@
 
 mod duplicate;
 mod execute;
+mod raw;
 mod ud;
+
+pub(crate) use raw::recv as raw_recv;
 
 use crate::icrc::rc_udp_sport;
 use crate::mem::*;
@@ -145,8 +148,8 @@ pub(crate) fn handle_request(
         QpType::Uc => t == Transport::Uc,
         QpType::Ud | QpType::Gsi => t == Transport::Ud,
         QpType::XrcTgt => t == Transport::Xrc,
-        // A requester alone: it takes no requests.
-        QpType::XrcIni => false,
+        // A requester alone: it takes no requests; a raw packet QP takes frames, not RoCE.
+        QpType::XrcIni | QpType::RawPacket => false,
     };
     if !ok {
         return Err(Drop::Unexpected);
@@ -164,7 +167,7 @@ pub(crate) fn handle_request(
         QpType::Ud | QpType::Gsi => ud::recv(q, res, mem, meta, pkt),
         QpType::Rc | QpType::XrcTgt => rc_recv(q, res, mem, pkt),
         QpType::Uc => uc_recv(q, res, mem, pkt),
-        QpType::XrcIni => Err(Drop::Unexpected),
+        QpType::XrcIni | QpType::RawPacket => Err(Drop::Unexpected),
     }
 }
 
