@@ -59,6 +59,9 @@ pub mod caps {
     /// XRC: ALLOC_XRCD, DEALLOC_XRCD, CREATE_XRC_SRQ, and XRC INI and XRC TGT QPs
     /// (docs/virtio-rdma.md §5.12).
     pub const XRC: u32 = 1 << 12;
+    /// Raw packet QPs (CREATE_QP type RAW_PACKET) and flow steering (CREATE_FLOW,
+    /// DESTROY_FLOW): whole Ethernet frames (docs/virtio-rdma.md §5.13).
+    pub const RAW_PACKET: u32 = 1 << 13;
 }
 
 macro_rules! byte_valued {
@@ -187,6 +190,11 @@ pub mod op {
     pub const DEALLOC_XRCD: u32 = 36;
     /// Creates an XRC SRQ (caps XRC): [`super::CmdCreateXrcSrq`].
     pub const CREATE_XRC_SRQ: u32 = 37;
+    /// Steers the frames a [`super::FlowMatch`] matches to a raw packet QP (caps RAW_PACKET):
+    /// [`super::CmdCreateFlow`], answered with a [`super::Handle`].
+    pub const CREATE_FLOW: u32 = 38;
+    /// Removes a flow ([`super::Handle`]).
+    pub const DESTROY_FLOW: u32 = 39;
 }
 
 /// QUERY_STATS' counters, in this order: Linux rxe's hw counters of the same names (what
@@ -384,6 +392,8 @@ pub mod qp_type {
     pub const XRC_INI: u32 = 9;
     /// XRC target (kernel `IB_QPT_XRC_TGT`): no queue, PD or CQ; in the domain `xrcdn` names.
     pub const XRC_TGT: u32 = 10;
+    /// Raw Ethernet frames (kernel `IB_QPT_RAW_PACKET`, caps RAW_PACKET).
+    pub const RAW_PACKET: u32 = 8;
 }
 
 pub const CREATE_QP_HAS_SRQ: u32 = 1 << 0;
@@ -488,6 +498,57 @@ pub struct CmdCreateSrq {
     pub max_sge: u32,
     pub srq_limit: u32,
     pub queue: QueueDesc,
+}
+
+/// What a flow matches ([`CmdCreateFlow`]): each field compared under its mask (all-zero mask:
+/// any value), the layers `layers` names required. Multi-byte fields are in network order,
+/// as on the wire; IPv4 addresses are the first 4 bytes of the 16.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlowMatch {
+    /// [`flow_layer`] bits: the frame must be IPv4 or IPv6, TCP or UDP.
+    pub layers: u32,
+    pub dst_mac: [u8; 6],
+    pub dst_mac_mask: [u8; 6],
+    pub src_mac: [u8; 6],
+    pub src_mac_mask: [u8; 6],
+    /// The EtherType after any VLAN tag.
+    pub ether_type: [u8; 2],
+    pub ether_type_mask: [u8; 2],
+    /// The VLAN tag's TCI (a frame without a tag has TCI 0).
+    pub vlan_tci: [u8; 2],
+    pub vlan_tci_mask: [u8; 2],
+    pub src_ip: [u8; 16],
+    pub src_ip_mask: [u8; 16],
+    pub dst_ip: [u8; 16],
+    pub dst_ip_mask: [u8; 16],
+    /// IPv4 protocol or IPv6 next header.
+    pub ip_proto: u8,
+    pub ip_proto_mask: u8,
+    pub reserved0: [u8; 2],
+    pub src_port: [u8; 2],
+    pub src_port_mask: [u8; 2],
+    pub dst_port: [u8; 2],
+    pub dst_port_mask: [u8; 2],
+    pub reserved1: [u32; 2],
+}
+
+/// [`FlowMatch::layers`] bits.
+pub mod flow_layer {
+    pub const IPV4: u32 = 1 << 0;
+    pub const IPV6: u32 = 1 << 1;
+    pub const TCP: u32 = 1 << 2;
+    pub const UDP: u32 = 1 << 3;
+}
+
+/// CREATE_FLOW: frames matching `m` go to raw packet QP `qpn`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CmdCreateFlow {
+    pub qpn: u32,
+    /// Must be 0.
+    pub flags: u32,
+    pub m: FlowMatch,
 }
 
 /// CREATE_XRC_SRQ: an SRQ for the XRC TGT QPs of domain `xrcdn`; its receive completions go
@@ -953,6 +1014,8 @@ byte_valued! {
     QpAttrs = 128,
     CmdCreateSrq = 48,
     CmdCreateXrcSrq = 56,
+    FlowMatch = 120,
+    CmdCreateFlow = 128,
     RespCreateSrq = 16,
     CmdModifySrq = 16,
     RespQuerySrq = 16,

@@ -147,7 +147,8 @@ pub fn render_body(t: &TransportStats, model: Option<&Model>) -> String {
                 reg_mr_waits,
                 tx_lost_segments,
                 wqe_budget_waits,
-                odp_updates
+                odp_updates,
+                raw_dropped
             ]
         );
         let l = m.page_lists();

@@ -25,6 +25,7 @@ use crate::transport::sink::PacketSink;
 
 mod commands;
 mod mr;
+mod raw;
 mod shard;
 mod xrc;
 use shard::route;
@@ -153,6 +154,8 @@ pub struct ModelStats {
     pub wqe_budget_waits: u64,
     /// UPDATE_ODP commands that mapped or failed pages (each wakes the QPs waiting).
     pub odp_updates: u64,
+    /// Frames a flow steered to a raw packet QP that could not take them (no receive).
+    pub raw_dropped: u64,
 }
 
 impl ModelStats {
@@ -172,6 +175,7 @@ impl ModelStats {
         self.cqes += o.cqes;
         self.reg_mr_waits += o.reg_mr_waits;
         self.tx_lost_segments += o.tx_lost_segments;
+        self.raw_dropped += o.raw_dropped;
         self.wqe_budget_waits += o.wqe_budget_waits;
         self.odp_updates += o.odp_updates;
     }
@@ -369,6 +373,8 @@ struct Shard {
     slot: Vec<u8>,
     /// Scratch list of object numbers (no allocation per pass).
     scratch: Vec<u32>,
+    /// Raw packet QPs' flows and frames (in shard [`raw::SHARD`] only).
+    raw: raw::RawState,
 }
 
 impl Common {
@@ -457,7 +463,7 @@ pub fn resp_size(opcode: u32) -> usize {
         op::CREATE_QP => size_of::<abi::RespCreateQp>(),
         op::QUERY_QP => size_of::<abi::QpAttrs>(),
         op::CREATE_SRQ | op::CREATE_XRC_SRQ => size_of::<abi::RespCreateSrq>(),
-        op::ALLOC_XRCD => size_of::<abi::Handle>(),
+        op::ALLOC_XRCD | op::CREATE_FLOW => size_of::<abi::Handle>(),
         op::QUERY_SRQ | op::RESIZE_SRQ => size_of::<abi::RespQuerySrq>(),
         op::REG_USER_MR | op::REG_DMA_MR | op::ALLOC_MR | op::REREG_MR => size_of::<abi::RespMr>(),
         op::ALLOC_MW | op::BIND_MW => size_of::<abi::RespMr>(),
@@ -745,6 +751,7 @@ impl Model {
                 | abi::caps::REREG_MR
                 | abi::caps::IMPLICIT_ODP
                 | abi::caps::XRC
+                | abi::caps::RAW_PACKET
                 | if self.source_gids.is_empty() {
                     0
                 } else {
@@ -971,6 +978,7 @@ impl Model {
             abi::qp_type::GSI => QpType::Gsi,
             abi::qp_type::XRC_INI => QpType::XrcIni,
             abi::qp_type::XRC_TGT => QpType::XrcTgt,
+            abi::qp_type::RAW_PACKET => QpType::RawPacket,
             _ => return Err(Status::Unsupported),
         };
         // The device's caps bit and the engine's rules (`rxe_core::xrc::check_init`) decide
@@ -1023,6 +1031,10 @@ impl Model {
         let n = self.shards.len();
         let shard = if qp_type == QpType::Gsi {
             Device::shard_of(Qpn::GSI, n as u32) as usize
+        } else if qp_type == QpType::RawPacket {
+            // Frames go from one raw packet QP to another inside the shard that holds them
+            // all, with the flows that steer them (`model/raw.rs`).
+            raw::SHARD
         } else {
             self.next_shard = (self.next_shard + 1) % n;
             self.next_shard

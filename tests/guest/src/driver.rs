@@ -759,6 +759,23 @@ impl Guest {
         })
     }
 
+    /// CREATE_FLOW: frames matching `m` go to raw packet QP `qp`; the flow's handle.
+    pub fn create_flow(&mut self, qp: &Qp, m: &abi::FlowMatch) -> Result<u32> {
+        let r: abi::Handle = self.cmd_t(
+            op::CREATE_FLOW,
+            &abi::CmdCreateFlow {
+                qpn: qp.qpn,
+                flags: 0,
+                m: *m,
+            },
+        )?;
+        Ok(r.handle)
+    }
+
+    pub fn destroy_flow(&mut self, flow: u32) -> Result<()> {
+        self.handle(op::DESTROY_FLOW, flow)
+    }
+
     pub fn destroy_srq(&mut self, srq: Srq) -> Result<()> {
         self.handle(op::DESTROY_SRQ, srq.srqn)
     }
@@ -800,6 +817,7 @@ impl Guest {
             QpType::Ud => abi::qp_type::UD,
             QpType::Gsi => abi::qp_type::GSI,
             QpType::XrcIni => abi::qp_type::XRC_INI,
+            QpType::RawPacket => abi::qp_type::RAW_PACKET,
             // No CQ or PD: `create_xrc_tgt`.
             QpType::XrcTgt => return Err(Error::Status(Status::Invalid)),
         };

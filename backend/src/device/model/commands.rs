@@ -61,6 +61,8 @@ impl Model {
             op::ALLOC_XRCD => self.alloc_xrcd(),
             op::DEALLOC_XRCD => self.dealloc_xrcd(b),
             op::CREATE_XRC_SRQ => self.create_xrc_srq(mem, cmd(b)?),
+            op::CREATE_FLOW => self.create_flow(cmd(b)?),
+            op::DESTROY_FLOW => self.destroy_flow(cmd(b)?),
             _ => Err(Status::Unsupported),
         }
     }
@@ -212,6 +214,7 @@ impl Model {
                 self.common.wqes_release(q.wqe_held);
             }
             s.sq_backlog.remove(&c.handle);
+            s.raw.forget_qp(c.handle);
             s.sq_active.remove(&c.handle);
             s.rq_active.remove(&c.handle);
             counters

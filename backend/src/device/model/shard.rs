@@ -102,6 +102,7 @@ impl Shard {
             seg_buf: Vec::new(),
             slot: Vec::new(),
             scratch: Vec::new(),
+            raw: Default::default(),
         }
     }
 
@@ -240,6 +241,7 @@ impl Shard {
             ud: matches!(q.qp_type, QpType::Ud | QpType::Gsi),
             xrc: q.qp_type == QpType::XrcIni,
         };
+        let raw = q.qp_type == QpType::RawPacket;
         let max = q.caps.max_send_wr as usize;
         let cost = send_wqe_bytes(&q.caps);
         let mut taken = q.sq_taken;
@@ -296,6 +298,8 @@ impl Shard {
             let dev = &self.dev;
             let ah = |n: u32| n.checked_sub(1).and_then(|id| dev.ah(id));
             let r = match ring::decode_send_wqe(&self.slot, caps, &ah, mem) {
+                // A frame: sent now, completed now (no WQE held).
+                Ok(wr) if raw => self.raw_send(c, mem, qpn, &wr),
                 Ok(wr) => match self.dev.post_send(Qpn(qpn), wr) {
                     Ok(()) => {
                         self.stats.sq_wqes += 1;
