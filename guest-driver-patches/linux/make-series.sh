@@ -31,7 +31,7 @@ done
 [[ -n $tree || $files_only == 1 ]] || die "--tree DIR or --files-only (see --help)"
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
-files=(Kconfig virtio_rdma.h virtio_rdma_abi.h virtio_rdma_main.c virtio_rdma_verbs.c virtio_rdma_odp.c virtio_rdma_xrc.c)
+files=(Kconfig virtio_rdma.h virtio_rdma_abi.h virtio_rdma_main.c virtio_rdma_verbs.c virtio_rdma_odp.c virtio_rdma_xrc.c virtio_rdma_raw.c)
 subject="RDMA/virtio_rdma: add a driver for the virtio-rdma device"
 body="The virtio-rdma device (virtio ID 42) is a RoCEv2 NIC whose transport runs in the
 device, for example the vhost-user-rdma daemon behind QEMU's vhost-user-rdma-pci. Its

@@ -201,6 +201,7 @@ void vrdma_db_forget(struct vrdma_dev *dev, struct vrdma_qp *qp);
 extern const struct ib_device_ops vrdma_dev_ops;
 extern const struct ib_device_ops vrdma_hw_stats_ops;
 extern const struct ib_device_ops vrdma_xrc_ops;
+extern const struct ib_device_ops vrdma_raw_ops;
 int vrdma_create_xrc_tgt(struct vrdma_qp *qp, struct ib_qp_init_attr *init);
 void vrdma_kick_cqs(struct vrdma_dev *dev);
 void vrdma_flush_user(struct vrdma_dev *dev);

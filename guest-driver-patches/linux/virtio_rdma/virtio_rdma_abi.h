@@ -42,6 +42,8 @@ enum {
 #define VRDMA_CAP_IMPLICIT_ODP		(1U << 11)
 /* XRC domains, XRC SRQs, XRC INI and TGT QPs (§5.12) */
 #define VRDMA_CAP_XRC			(1U << 12)
+/* raw packet QPs and flow steering (§5.13) */
+#define VRDMA_CAP_RAW_PACKET		(1U << 13)
 
 struct vrdma_config {
 	__le32 version;
@@ -129,6 +131,8 @@ enum vrdma_opcode {
 	VRDMA_CMD_ALLOC_XRCD = 35,
 	VRDMA_CMD_DEALLOC_XRCD = 36,
 	VRDMA_CMD_CREATE_XRC_SRQ = 37,
+	VRDMA_CMD_CREATE_FLOW = 38,
+	VRDMA_CMD_DESTROY_FLOW = 39,
 };
 
 enum vrdma_status {
@@ -293,6 +297,42 @@ struct vrdma_cmd_create_srq {
 	__le32 max_sge;
 	__le32 srq_limit;
 	struct vrdma_queue_desc queue;
+};
+
+/* CREATE_FLOW: what a flow matches, each field under its mask, network order (§5.13) */
+#define VRDMA_FLOW_IPV4		(1U << 0)
+#define VRDMA_FLOW_IPV6		(1U << 1)
+#define VRDMA_FLOW_TCP		(1U << 2)
+#define VRDMA_FLOW_UDP		(1U << 3)
+
+struct vrdma_flow_match {
+	__le32 layers;
+	u8 dst_mac[6];
+	u8 dst_mac_mask[6];
+	u8 src_mac[6];
+	u8 src_mac_mask[6];
+	__be16 ether_type;
+	__be16 ether_type_mask;
+	__be16 vlan_tci;
+	__be16 vlan_tci_mask;
+	u8 src_ip[16];
+	u8 src_ip_mask[16];
+	u8 dst_ip[16];
+	u8 dst_ip_mask[16];
+	u8 ip_proto;
+	u8 ip_proto_mask;
+	u8 reserved0[2];
+	__be16 src_port;
+	__be16 src_port_mask;
+	__be16 dst_port;
+	__be16 dst_port_mask;
+	__le32 reserved1[2];
+};
+
+struct vrdma_cmd_create_flow {
+	__le32 qpn;
+	__le32 flags;
+	struct vrdma_flow_match m;
 };
 
 /* CREATE_XRC_SRQ: an SRQ of domain xrcdn completing into CQ cqn */
@@ -542,6 +582,8 @@ static inline void vrdma_abi_check(void)
 	BUILD_BUG_ON(sizeof(struct vrdma_qp_attrs) != 128);
 	BUILD_BUG_ON(sizeof(struct vrdma_cmd_create_srq) != 48);
 	BUILD_BUG_ON(sizeof(struct vrdma_cmd_create_xrc_srq) != 56);
+	BUILD_BUG_ON(sizeof(struct vrdma_flow_match) != 120);
+	BUILD_BUG_ON(sizeof(struct vrdma_cmd_create_flow) != 128);
 	BUILD_BUG_ON(sizeof(struct vrdma_cmd_reg_user_mr) != 48);
 	BUILD_BUG_ON(sizeof(struct vrdma_cmd_create_ah) != 56);
 	BUILD_BUG_ON(sizeof(struct vrdma_cmd_add_gid) != 24);

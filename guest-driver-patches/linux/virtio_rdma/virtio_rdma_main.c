@@ -663,6 +663,8 @@ static int vrdma_probe(struct virtio_device *vdev)
 		ib_set_device_ops(&dev->ib, &vrdma_hw_stats_ops);
 	if (le32_to_cpu(dev->cfg.caps) & VRDMA_CAP_XRC)
 		ib_set_device_ops(&dev->ib, &vrdma_xrc_ops);
+	if (le32_to_cpu(dev->cfg.caps) & VRDMA_CAP_RAW_PACKET)
+		ib_set_device_ops(&dev->ib, &vrdma_raw_ops);
 	dev->ib.node_type = RDMA_NODE_IB_CA;
 	dev->ib.phys_port_cnt = 1;
 	dev->ib.num_comp_vectors = 1;

@@ -855,6 +855,11 @@ static int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 		if (!udata || !(le32_to_cpu(dev->cfg.caps) & VRDMA_CAP_XRC))
 			return -EOPNOTSUPP;
 		break;
+	case IB_QPT_RAW_PACKET:
+		/* whole Ethernet frames (§5.13): user space's (ib_core checks CAP_NET_RAW) */
+		if (!udata || !(le32_to_cpu(dev->cfg.caps) & VRDMA_CAP_RAW_PACKET))
+			return -EOPNOTSUPP;
+		break;
 	case IB_QPT_GSI:
 		if (udata)
 			return -EOPNOTSUPP;
