@@ -62,6 +62,9 @@ pub mod caps {
     /// Raw packet QPs (CREATE_QP type RAW_PACKET) and flow steering (CREATE_FLOW,
     /// DESTROY_FLOW): whole Ethernet frames (docs/virtio-rdma.md §5.13).
     pub const RAW_PACKET: u32 = 1 << 13;
+    /// Receive-side scaling (SET_RSS): a raw packet QP spreads the frames steered to it over
+    /// receive-only raw packet QPs by a Toeplitz hash (docs/virtio-rdma.md §5.14).
+    pub const RSS: u32 = 1 << 14;
 }
 
 macro_rules! byte_valued {
@@ -195,6 +198,8 @@ pub mod op {
     pub const CREATE_FLOW: u32 = 38;
     /// Removes a flow ([`super::Handle`]).
     pub const DESTROY_FLOW: u32 = 39;
+    /// Makes a raw packet QP with no ring an RSS QP (caps RSS): [`super::CmdSetRss`].
+    pub const SET_RSS: u32 = 40;
 }
 
 /// QUERY_STATS' counters, in this order: Linux rxe's hw counters of the same names (what
@@ -549,6 +554,51 @@ pub struct CmdCreateFlow {
     /// Must be 0.
     pub flags: u32,
     pub m: FlowMatch,
+}
+
+/// [`CmdSetRss::fields`] bits: what the Toeplitz hash reads, in this order (libibverbs'
+/// `IBV_RX_HASH_*` values).
+pub mod rss_field {
+    pub const SRC_IPV4: u32 = 1 << 0;
+    pub const DST_IPV4: u32 = 1 << 1;
+    pub const SRC_IPV6: u32 = 1 << 2;
+    pub const DST_IPV6: u32 = 1 << 3;
+    pub const SRC_PORT_TCP: u32 = 1 << 4;
+    pub const DST_PORT_TCP: u32 = 1 << 5;
+    pub const SRC_PORT_UDP: u32 = 1 << 6;
+    pub const DST_PORT_UDP: u32 = 1 << 7;
+}
+
+/// The entries of an RSS indirection table at most.
+pub const RSS_MAX_TABLE: usize = 256;
+
+/// SET_RSS: frames steered to raw packet QP `qpn` (which has no ring) go to
+/// `table[hash & (2^log_table_size - 1)]`, each a raw packet QP with a receive ring.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CmdSetRss {
+    pub qpn: u32,
+    /// [`rss_field`] bits.
+    pub fields: u32,
+    /// 0 … 8.
+    pub log_table_size: u32,
+    /// Bytes of `key` in use: 40.
+    pub key_len: u32,
+    pub key: [u8; 40],
+    pub table: [u32; RSS_MAX_TABLE],
+}
+
+impl Default for CmdSetRss {
+    fn default() -> Self {
+        CmdSetRss {
+            qpn: 0,
+            fields: 0,
+            log_table_size: 0,
+            key_len: 0,
+            key: [0; 40],
+            table: [0; RSS_MAX_TABLE],
+        }
+    }
 }
 
 /// CREATE_XRC_SRQ: an SRQ for the XRC TGT QPs of domain `xrcdn`; its receive completions go
@@ -1016,6 +1066,7 @@ byte_valued! {
     CmdCreateXrcSrq = 56,
     FlowMatch = 120,
     CmdCreateFlow = 128,
+    CmdSetRss = 1080,
     RespCreateSrq = 16,
     CmdModifySrq = 16,
     RespQuerySrq = 16,

@@ -752,6 +752,7 @@ impl Model {
                 | abi::caps::IMPLICIT_ODP
                 | abi::caps::XRC
                 | abi::caps::RAW_PACKET
+                | abi::caps::RSS
                 | if self.source_gids.is_empty() {
                     0
                 } else {

@@ -776,6 +776,22 @@ impl Guest {
         self.handle(op::DESTROY_FLOW, flow)
     }
 
+    /// SET_RSS: raw packet QP `qp` (no ring) spreads its frames over `table` by a Toeplitz
+    /// hash of `fields` under `key`.
+    pub fn set_rss(&mut self, qp: &Qp, fields: u32, key: &[u8; 40], table: &[u32]) -> Result<()> {
+        let mut c = abi::CmdSetRss {
+            qpn: qp.qpn,
+            fields,
+            log_table_size: table.len().trailing_zeros(),
+            key_len: 40,
+            key: *key,
+            ..Default::default()
+        };
+        c.table[..table.len()].copy_from_slice(table);
+        self.cmd(op::SET_RSS, vm_memory::ByteValued::as_slice(&c))
+            .map(|_| ())
+    }
+
     pub fn destroy_srq(&mut self, srq: Srq) -> Result<()> {
         self.handle(op::DESTROY_SRQ, srq.srqn)
     }

@@ -240,6 +240,128 @@ fn a_frame_shorter_than_a_header_fails_and_the_refusals_hold() {
     assert!(e.is_some(), "a raw packet QP with an SRQ");
 }
 
+/// Microsoft's RSS verification key.
+const MS_KEY: [u8; 40] = [
+    0x6d, 0x5a, 0x56, 0xda, 0x25, 0x5b, 0x0e, 0xc2, 0x41, 0x67, 0x25, 0x3d, 0x43, 0xa3, 0x8f, 0xb0,
+    0xd0, 0xca, 0x2b, 0xcb, 0xae, 0x7b, 0x30, 0xb4, 0x77, 0xcb, 0x2d, 0xa3, 0x80, 0x30, 0xf2, 0x0c,
+    0x6a, 0x42, 0xb7, 0x3b, 0xbe, 0xac, 0x01, 0xfa,
+];
+
+/// A receive-only raw packet QP (a work queue) in RTR, or with no ring at all (an RSS QP).
+fn rx_qp(g: &mut Guest, pd: u32, cq: &Cq, max_recv_wr: u32) -> Qp {
+    let cap = QpCap {
+        max_recv_wr,
+        max_recv_sge: u32::from(max_recv_wr > 0),
+        ..Default::default()
+    };
+    let qp = g
+        .create_qp(QpType::RawPacket, pd, cq, cq, None, cap)
+        .expect("receive-only raw packet QP");
+    let mut a = QpAttr {
+        qp_state: QpState::Init,
+        port_num: 1,
+        ..Default::default()
+    };
+    g.modify_qp(&qp, &a, AttrMask::STATE | AttrMask::PORT)
+        .unwrap();
+    a.qp_state = QpState::Rtr;
+    g.modify_qp(&qp, &a, AttrMask::STATE).unwrap();
+    qp
+}
+
+#[test]
+fn an_rss_qp_spreads_frames_over_its_table_by_the_toeplitz_hash() {
+    use vur_testguest::abi::rss_field;
+    let (_d, mut g) = guest();
+    assert_ne!(g.config.caps & abi::caps::RSS, 0, "caps RSS");
+    let pd = g.alloc_pd().unwrap();
+    let client = raw_qp(&mut g, pd);
+    let cq = g.create_cq(255).unwrap();
+    let wqs: Vec<_> = (0..4).map(|_| rx_qp(&mut g, pd, &cq, 64)).collect();
+    let rss = rx_qp(&mut g, pd, &cq, 0);
+    let table: Vec<u32> = wqs.iter().map(|q| q.qpn).collect();
+    let fields = rss_field::SRC_IPV4 | rss_field::DST_IPV4;
+    g.set_rss(&rss, fields, &MS_KEY, &table).expect("SET_RSS");
+    g.create_flow(&rss, &dst_mac_flow()).unwrap();
+    let slot = 2048;
+    let rbuf = g.reg_mr(pd, 4 * 64 * slot, Access::LOCAL_WRITE).unwrap();
+    for (w, q) in wqs.iter().enumerate() {
+        for i in 0..64 {
+            let off = (w * 64 + i) * slot;
+            let wr = RecvWr {
+                wr_id: (w * 1000 + i) as u64,
+                sg_list: vec![rbuf.sge(off, slot as u32)].into(),
+            };
+            g.post_recv(q, &wr).unwrap();
+        }
+    }
+    // Microsoft's first vector, 66.9.149.187 to 161.142.100.80, hashes to 0x323e8fc2: entry
+    // 2 of 4. Then 32 frames from other sources, each sent twice.
+    let sbuf = g.reg_mr(pd, 2048, Access::LOCAL_WRITE).unwrap();
+    let mut sent = Vec::new();
+    let mut srcs = vec![([66, 9, 149, 187], [161, 142, 100, 80])];
+    srcs.extend((0u8..32).map(|i| ([10, i, 2 * i, 7], [198, 51, 100, 2])));
+    for (n, &(src, dst)) in srcs.iter().enumerate() {
+        for rep in 0..2 {
+            let mut f = frame(200, 5000, (n * 2 + rep) as u64);
+            f[26..30].copy_from_slice(&src);
+            f[30..34].copy_from_slice(&dst);
+            sbuf.buf.write(0, &f);
+            let wr = SendWr::new(n as u64, SendOp::Send, vec![sbuf.sge(0, f.len() as u32)]);
+            g.post_send(&client.qp, &wr).unwrap();
+            let c = g.wait_cq(&client.cq, 1, T);
+            assert_eq!(c[0].status, 0, "send {n}");
+            sent.push((n, f));
+        }
+    }
+    let got = g.wait_cq(&cq, sent.len(), T);
+    assert_eq!(
+        got.len(),
+        sent.len(),
+        "every frame once, in some work queue"
+    );
+    let mut queue_of = std::collections::HashMap::new();
+    let mut next = [0usize; 4];
+    for ((n, f), c) in sent.iter().zip(&got) {
+        assert_eq!((c.status, c.byte_len), (0, 200), "frame {n}");
+        let w = table
+            .iter()
+            .position(|&q| q == c.qp_num)
+            .expect("a work queue's QPN");
+        assert_eq!(
+            c.wr_id,
+            (w * 1000 + next[w]) as u64,
+            "in order within its queue"
+        );
+        let off = (w * 64 + next[w]) * slot;
+        assert!(rbuf.buf.to_vec(off, 200) == *f, "frame {n}'s bytes");
+        next[w] += 1;
+        // One source, one queue.
+        assert_eq!(
+            *queue_of.entry(*n).or_insert(w),
+            w,
+            "source {n} stays in its queue"
+        );
+    }
+    assert_eq!(queue_of[&0], 2, "0x323e8fc2 & 3");
+    let used = next.iter().filter(|&&k| k > 0).count();
+    assert!(
+        used >= 3,
+        "33 sources over 4 queues use at least 3: {next:?}"
+    );
+    // The refusals: a table entry with no receive ring, an RSS QP with a ring.
+    let e = g.set_rss(&rss, fields, &MS_KEY, &[rss.qpn]).err();
+    assert!(
+        matches!(e, Some(Error::Status(abi::Status::Invalid))),
+        "{e:?}"
+    );
+    let e = g.set_rss(&wqs[0], fields, &MS_KEY, &table).err();
+    assert!(
+        matches!(e, Some(Error::Status(abi::Status::Invalid))),
+        "{e:?}"
+    );
+}
+
 fn handle(h: u32) -> Vec<u8> {
     vm_memory::ByteValued::as_slice(&abi::Handle {
         handle: h,

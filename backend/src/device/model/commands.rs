@@ -63,6 +63,7 @@ impl Model {
             op::CREATE_XRC_SRQ => self.create_xrc_srq(mem, cmd(b)?),
             op::CREATE_FLOW => self.create_flow(cmd(b)?),
             op::DESTROY_FLOW => self.destroy_flow(cmd(b)?),
+            op::SET_RSS => self.set_rss(b),
             _ => Err(Status::Unsupported),
         }
     }

@@ -1,13 +1,16 @@
 //! Raw packet QPs and flow steering (caps RAW_PACKET, docs/virtio-rdma.md §5.13). A raw packet
 //! QP's send WQE is a whole Ethernet frame: the engine gathers and completes it
 //! (`Device::raw_send`), and the device steers it, as a NIC's embedded switch does, to every
-//! other raw packet QP with a flow that matches it (`Device::raw_receive`). Every raw packet QP
-//! lives in shard [`SHARD`], with the flows, so that steering takes no other shard's lock.
+//! other raw packet QP with a flow that matches it (`Device::raw_receive`); a QP made an RSS QP
+//! (SET_RSS, §5.14) passes each frame on to the receive-only raw packet QP its indirection
+//! table names for the frame's Toeplitz hash. Every raw packet QP lives in shard [`SHARD`],
+//! with the flows, so that steering takes no other shard's lock.
 
 use rxe_core::device::RAW_MAX_FRAME;
 
 use super::*;
 use crate::abi::flow_layer as layer;
+use crate::abi::rss_field as field;
 use crate::memory::guest_mem::GuestRam;
 
 /// The shard that holds every raw packet QP.
@@ -22,10 +25,18 @@ struct Flow {
     m: abi::FlowMatch,
 }
 
-/// The flows, and the buffer frames are gathered into.
+/// An RSS QP's hash and indirection table.
+struct Rss {
+    fields: u32,
+    key: [u8; 40],
+    table: Vec<u32>,
+}
+
+/// The flows, the RSS QPs, and the buffer frames are gathered into.
 #[derive(Default)]
 pub(super) struct RawState {
     flows: Vec<Flow>,
+    rss: HashMap<u32, Rss>,
     next_handle: u32,
     frame: Vec<u8>,
     /// The QPs a frame goes to (kept between frames).
@@ -36,6 +47,7 @@ impl RawState {
     /// DESTROY_QP: the QP's flows go with it.
     pub(super) fn forget_qp(&mut self, qpn: u32) {
         self.flows.retain(|f| f.qpn != qpn);
+        self.rss.remove(&qpn);
     }
 }
 
@@ -71,6 +83,53 @@ impl Model {
             handle,
             reserved: 0,
         })
+    }
+
+    /// op::SET_RSS: `qpn`, a raw packet QP with no ring, spreads what is steered to it over
+    /// the table's raw packet QPs (each with a receive ring, none an RSS QP).
+    pub(super) fn set_rss(&mut self, b: &[u8]) -> CmdResult {
+        let c: abi::CmdSetRss = cmd(b)?;
+        let known = field::SRC_IPV4
+            | field::DST_IPV4
+            | field::SRC_IPV6
+            | field::DST_IPV6
+            | field::SRC_PORT_TCP
+            | field::DST_PORT_TCP
+            | field::SRC_PORT_UDP
+            | field::DST_PORT_UDP;
+        if c.log_table_size > 8 || c.key_len != 40 || c.fields & !known != 0 {
+            return Err(Status::Invalid);
+        }
+        let mut s = lock(&self.shards[SHARD]);
+        let kind = |s: &Shard, q: u32| {
+            s.qps
+                .get(&q)
+                .filter(|q| q.qp_type == QpType::RawPacket)
+                .map(|q| (q.sq.is_some(), q.rq.is_some()))
+        };
+        match kind(&s, c.qpn) {
+            None if s.qps.contains_key(&c.qpn) => return Err(Status::Invalid),
+            None => return Err(Status::NotFound),
+            Some((false, false)) => {}
+            Some(_) => return Err(Status::Invalid),
+        }
+        let table = c.table[..1 << c.log_table_size].to_vec();
+        for &q in &table {
+            match kind(&s, q) {
+                Some((_, true)) if q != c.qpn && !s.raw.rss.contains_key(&q) => {}
+                None if !s.qps.contains_key(&q) => return Err(Status::NotFound),
+                _ => return Err(Status::Invalid),
+            }
+        }
+        s.raw.rss.insert(
+            c.qpn,
+            Rss {
+                fields: c.fields,
+                key: c.key,
+                table,
+            },
+        );
+        Ok(Vec::new())
     }
 
     /// op::DESTROY_FLOW.
@@ -119,8 +178,19 @@ impl Shard {
         let mut targets = std::mem::take(&mut self.raw.targets);
         targets.clear();
         for f in &self.raw.flows {
-            if f.qpn != from && !targets.contains(&f.qpn) && matches(&f.m, frame) {
-                targets.push(f.qpn);
+            if f.qpn == from || !matches(&f.m, frame) {
+                continue;
+            }
+            // An RSS QP hands the frame to the QP of its table the hash names.
+            let q = match self.raw.rss.get(&f.qpn) {
+                Some(r) => {
+                    r.table[toeplitz(&r.key, &hash_input(r.fields, frame)) as usize
+                        & (r.table.len() - 1)]
+                }
+                None => f.qpn,
+            };
+            if q != from && !targets.contains(&q) {
+                targets.push(q);
             }
         }
         for &q in &targets {
@@ -133,6 +203,76 @@ impl Shard {
         }
         self.raw.targets = targets;
     }
+}
+
+/// The Toeplitz hash (Microsoft's RSS) of `input` under `key`: for each input bit set, the
+/// 32 key bits starting at that bit's position are XORed in.
+fn toeplitz(key: &[u8; 40], input: &[u8]) -> u32 {
+    let mut h = 0u32;
+    // The key's next 32 bits, and the 8 after them shifted in one by one.
+    let mut window = u32::from_be_bytes([key[0], key[1], key[2], key[3]]);
+    for (i, &b) in input.iter().enumerate().take(key.len() - 4) {
+        let next = key[i + 4];
+        for bit in 0..8 {
+            if b & (0x80 >> bit) != 0 {
+                h ^= window;
+            }
+            window = (window << 1) | ((next >> (7 - bit)) & 1) as u32;
+        }
+    }
+    h
+}
+
+/// The bytes the hash reads from `frame`, per `fields`: source then destination address
+/// (IPv4 or IPv6, whichever the frame is), then source and destination port (of TCP or UDP,
+/// whichever the frame carries and `fields` names). Fields the frame lacks are left out.
+fn hash_input(fields: u32, frame: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(36);
+    let Some(mut ty) = frame.get(12..14).map(|t| [t[0], t[1]]) else {
+        return v;
+    };
+    let mut at = 14;
+    if ty == [0x81, 0x00] {
+        let Some(t) = frame.get(16..18) else {
+            return v;
+        };
+        (ty, at) = ([t[0], t[1]], 18);
+    }
+    let ip = &frame[at.min(frame.len())..];
+    let (src, dst, proto, l4, want) = match ty {
+        [0x08, 0x00] if ip.len() >= 20 => {
+            let ihl = (ip[0] & 0xf) as usize * 4;
+            let first = u16::from_be_bytes([ip[6], ip[7]]) & 0x1fff == 0;
+            let l4 = first.then(|| ip.get(ihl..)).flatten();
+            let want = (field::SRC_IPV4, field::DST_IPV4);
+            (&ip[12..16], &ip[16..20], ip[9], l4, want)
+        }
+        [0x86, 0xdd] if ip.len() >= 40 => {
+            let want = (field::SRC_IPV6, field::DST_IPV6);
+            (&ip[8..24], &ip[24..40], ip[6], ip.get(40..), want)
+        }
+        _ => return v,
+    };
+    if fields & want.0 != 0 {
+        v.extend_from_slice(src);
+    }
+    if fields & want.1 != 0 {
+        v.extend_from_slice(dst);
+    }
+    let ports = match proto {
+        6 => (field::SRC_PORT_TCP, field::DST_PORT_TCP),
+        17 => (field::SRC_PORT_UDP, field::DST_PORT_UDP),
+        _ => return v,
+    };
+    if let Some(p) = l4.filter(|p| p.len() >= 4) {
+        if fields & ports.0 != 0 {
+            v.extend_from_slice(&p[0..2]);
+        }
+        if fields & ports.1 != 0 {
+            v.extend_from_slice(&p[2..4]);
+        }
+    }
+    v
 }
 
 /// Masks are only where their field is (no mask bit on a layer that is not required, no
@@ -295,6 +435,64 @@ mod tests {
         frag[14 + 7] = 1;
         m.vlan_tci_mask = [0; 2];
         assert!(!matches(&m, &frag));
+    }
+
+    /// Microsoft's RSS verification suite ("Verifying the RSS Hash Calculation"): its key,
+    /// and the IPv4 and IPv4-with-TCP hashes of its first entries.
+    #[test]
+    fn the_hash_is_microsofts_toeplitz() {
+        const KEY: [u8; 40] = [
+            0x6d, 0x5a, 0x56, 0xda, 0x25, 0x5b, 0x0e, 0xc2, 0x41, 0x67, 0x25, 0x3d, 0x43, 0xa3,
+            0x8f, 0xb0, 0xd0, 0xca, 0x2b, 0xcb, 0xae, 0x7b, 0x30, 0xb4, 0x77, 0xcb, 0x2d, 0xa3,
+            0x80, 0x30, 0xf2, 0x0c, 0x6a, 0x42, 0xb7, 0x3b, 0xbe, 0xac, 0x01, 0xfa,
+        ];
+        // (destination, source, destination port, source port, IPv4 hash, with TCP)
+        let cases: [([u8; 4], [u8; 4], u16, u16, u32, u32); 3] = [
+            (
+                [161, 142, 100, 80],
+                [66, 9, 149, 187],
+                1766,
+                2794,
+                0x323e8fc2,
+                0x51ccc178,
+            ),
+            (
+                [65, 69, 140, 83],
+                [199, 92, 111, 2],
+                4739,
+                14230,
+                0xd718262a,
+                0xc626b0ea,
+            ),
+            (
+                [12, 22, 207, 184],
+                [24, 19, 198, 95],
+                38024,
+                12898,
+                0xd2d0a5de,
+                0x5c2b394a,
+            ),
+        ];
+        for (dst, src, dport, sport, ip, tcp) in cases {
+            let mut f = vec![0u8; 12];
+            f.extend_from_slice(&[0x08, 0x00]);
+            let mut h = [0u8; 20];
+            h[0] = 0x45;
+            h[9] = 6;
+            h[12..16].copy_from_slice(&src);
+            h[16..20].copy_from_slice(&dst);
+            f.extend_from_slice(&h);
+            f.extend_from_slice(&sport.to_be_bytes());
+            f.extend_from_slice(&dport.to_be_bytes());
+            f.extend_from_slice(&[0; 16]);
+            let both = field::SRC_IPV4 | field::DST_IPV4;
+            assert_eq!(toeplitz(&KEY, &hash_input(both, &f)), ip, "{dst:?}");
+            let all = both | field::SRC_PORT_TCP | field::DST_PORT_TCP;
+            assert_eq!(toeplitz(&KEY, &hash_input(all, &f)), tcp, "{dst:?} TCP");
+            // UDP ports are not TCP's.
+            let udp = both | field::SRC_PORT_UDP | field::DST_PORT_UDP;
+            assert_eq!(toeplitz(&KEY, &hash_input(udp, &f)), ip, "{dst:?} not UDP");
+        }
     }
 
     #[test]

@@ -247,7 +247,6 @@ impl Shard {
         let mut taken = q.sq_taken;
         let outstanding = self.dev.sq_outstanding(Qpn(qpn)).unwrap_or(0);
         let mut room = max.saturating_sub(outstanding);
-        self.slot.resize(sq.elem_size(), 0);
         let mut backlog = false;
         while taken != prod {
             if room == 0 {
@@ -262,6 +261,9 @@ impl Shard {
                 backlog = true;
                 break;
             }
+            // (Each time: a raw packet QP's frame pulls the receive rings of the QPs it goes
+            // to through the same buffer.)
+            self.slot.resize(sq.elem_size(), 0);
             if sq.read_slot(mem, taken, &mut self.slot).is_err() {
                 self.qp_ring_fault(c, mem, qpn);
                 break;
