@@ -447,7 +447,8 @@ mod tests {
             0x80, 0x30, 0xf2, 0x0c, 0x6a, 0x42, 0xb7, 0x3b, 0xbe, 0xac, 0x01, 0xfa,
         ];
         // (destination, source, destination port, source port, IPv4 hash, with TCP)
-        let cases: [([u8; 4], [u8; 4], u16, u16, u32, u32); 3] = [
+        type Case = ([u8; 4], [u8; 4], u16, u16, u32, u32);
+        let cases: [Case; 3] = [
             (
                 [161, 142, 100, 80],
                 [66, 9, 149, 187],
