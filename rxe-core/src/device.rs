@@ -808,7 +808,13 @@ impl Device {
             QpType::XrcIni => init.send_cq,
             _ => init.recv_cq,
         };
-        let cq_objs = if tgt {
+        // A raw packet QP with no queue (an RSS QP) may name no CQ, as an XRC TGT names none.
+        let ringless = init.qp_type == QpType::RawPacket
+            && cap.max_send_wr == 0
+            && cap.max_recv_wr == 0
+            && init.send_cq == 0
+            && init.recv_cq == 0;
+        let cq_objs = if tgt || ringless {
             crate::xrc::tgt_placeholder_cqs()
         } else {
             let cqs = read(&shared.cqs);

@@ -47,9 +47,9 @@ pub(crate) fn check_init(init: &QpInit) -> Result<(), VerbError> {
     }
 }
 
-/// The send and receive CQ of a new XRC TGT QP: one private CQ no completion ever goes to,
-/// not in the device's table (the user never sees it). The receive one is replaced by the
-/// CQ of the SRQ each request names ([`bind_tgt`]).
+/// The send and receive CQ of a new XRC TGT QP (or of a raw packet QP with no queue): one
+/// private CQ no completion ever goes to, not in the device's table (the user never sees it).
+/// A TGT's receive one is replaced by the CQ of the SRQ each request names ([`bind_tgt`]).
 pub(crate) fn tgt_placeholder_cqs() -> [Arc<Mutex<Cq>>; 2] {
     let c = Arc::new(Mutex::new(Cq::default()));
     [c.clone(), c]

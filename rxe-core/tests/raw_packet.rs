@@ -145,6 +145,32 @@ fn a_send_gathers_a_frame_and_a_receive_takes_it_whole() {
 }
 
 #[test]
+fn a_raw_packet_qp_with_no_queue_needs_no_cq() {
+    let mut sim = Sim::new(6);
+    let d = sim.dev(0);
+    let pd = d.alloc_pd().unwrap();
+    let init = |send_cq, cap| QpInit {
+        qp_type: QpType::RawPacket,
+        pd,
+        send_cq,
+        recv_cq: send_cq,
+        srq: None,
+        xrcd: None,
+        cap,
+        sq_sig_all: false,
+    };
+    let qp = d.create_qp(init(0, QpCap::default())).expect("an RSS QP's");
+    d.destroy_qp(qp).unwrap();
+    // With a queue, the CQ must be there.
+    let cap = QpCap {
+        max_recv_wr: 4,
+        max_recv_sge: 1,
+        ..Default::default()
+    };
+    assert_eq!(d.create_qp(init(0, cap)), Err(VerbError::NotFound));
+}
+
+#[test]
 fn receives_drop_what_they_cannot_take_and_fail_what_does_not_fit() {
     let mut sim = Sim::new(3);
     let a = raw_qp(&mut sim, true);

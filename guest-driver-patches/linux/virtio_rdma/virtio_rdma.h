@@ -143,6 +143,20 @@ struct vrdma_qp {
 	bool db_pending;
 };
 
+/* librxe's create_qp_ex payload for an RSS QP (guest-driver-patches/rdma-core 0009) */
+struct vrdma_create_qp_rss {
+	__aligned_u64 rx_hash_fields_mask;
+	__u8 rx_hash_function;
+	__u8 rx_key_len;
+	__u8 reserved[6];
+	__u8 rx_hash_key[128];
+};
+
+/* create_wq's answer to librxe: where the work queue's receive ring is */
+struct vrdma_create_wq_resp {
+	struct mminfo mi;
+};
+
 struct vrdma_xrcd {
 	struct ib_xrcd ibxrcd;
 	u32 xrcdn;
@@ -202,11 +216,20 @@ extern const struct ib_device_ops vrdma_dev_ops;
 extern const struct ib_device_ops vrdma_hw_stats_ops;
 extern const struct ib_device_ops vrdma_xrc_ops;
 extern const struct ib_device_ops vrdma_raw_ops;
+extern const struct ib_device_ops vrdma_rss_ops;
 int vrdma_create_xrc_tgt(struct vrdma_qp *qp, struct ib_qp_init_attr *init);
 void vrdma_kick_cqs(struct vrdma_dev *dev);
 void vrdma_flush_user(struct vrdma_dev *dev);
 void vrdma_init_attrs(struct vrdma_dev *dev);
 void vrdma_pl_free(struct vrdma_pl *pl);
+/* rings in the rxe ABI, as the verbs make them (virtio_rdma_verbs.c) */
+int vrdma_queue_alloc(struct vrdma_queue *q, u32 num_slots, u32 elem_size);
+void vrdma_queue_free(struct vrdma_queue *q);
+int vrdma_queue_describe(struct vrdma_dev *dev, struct vrdma_queue *q, struct vrdma_pl *pl,
+			 struct vrdma_queue_desc *d);
+int vrdma_queue_mmap(struct ib_udata *udata, struct vrdma_queue *q, struct mminfo *mi);
+int vrdma_create_rss_qp(struct vrdma_qp *qp, struct ib_qp_init_attr *init,
+			struct ib_udata *udata);
 int vrdma_pl_build(struct vrdma_dev *dev, struct vrdma_pl *pl, u32 n,
 		   u64 (*next)(void *ctx), void *ctx);
 

@@ -44,6 +44,8 @@ enum {
 #define VRDMA_CAP_XRC			(1U << 12)
 /* raw packet QPs and flow steering (§5.13) */
 #define VRDMA_CAP_RAW_PACKET		(1U << 13)
+/* receive-side scaling: SET_RSS (§5.14) */
+#define VRDMA_CAP_RSS			(1U << 14)
 
 struct vrdma_config {
 	__le32 version;
@@ -133,6 +135,7 @@ enum vrdma_opcode {
 	VRDMA_CMD_CREATE_XRC_SRQ = 37,
 	VRDMA_CMD_CREATE_FLOW = 38,
 	VRDMA_CMD_DESTROY_FLOW = 39,
+	VRDMA_CMD_SET_RSS = 40,
 };
 
 enum vrdma_status {
@@ -333,6 +336,19 @@ struct vrdma_cmd_create_flow {
 	__le32 qpn;
 	__le32 flags;
 	struct vrdma_flow_match m;
+};
+
+/* SET_RSS: a ringless raw packet QP spreads its frames over a table of QPs (§5.14) */
+#define VRDMA_RSS_MAX_LOG_TABLE	8
+#define VRDMA_RSS_FIELDS	0xffU	/* IBV_RX_HASH_{SRC,DST}_{IPV4,IPV6,PORT_TCP,PORT_UDP} */
+
+struct vrdma_cmd_set_rss {
+	__le32 qpn;
+	__le32 fields;
+	__le32 log_table_size;
+	__le32 key_len;
+	u8 key[40];
+	__le32 table[1 << VRDMA_RSS_MAX_LOG_TABLE];
 };
 
 /* CREATE_XRC_SRQ: an SRQ of domain xrcdn completing into CQ cqn */
@@ -584,6 +600,7 @@ static inline void vrdma_abi_check(void)
 	BUILD_BUG_ON(sizeof(struct vrdma_cmd_create_xrc_srq) != 56);
 	BUILD_BUG_ON(sizeof(struct vrdma_flow_match) != 120);
 	BUILD_BUG_ON(sizeof(struct vrdma_cmd_create_flow) != 128);
+	BUILD_BUG_ON(sizeof(struct vrdma_cmd_set_rss) != 1080);
 	BUILD_BUG_ON(sizeof(struct vrdma_cmd_reg_user_mr) != 48);
 	BUILD_BUG_ON(sizeof(struct vrdma_cmd_create_ah) != 56);
 	BUILD_BUG_ON(sizeof(struct vrdma_cmd_add_gid) != 24);

@@ -665,6 +665,8 @@ static int vrdma_probe(struct virtio_device *vdev)
 		ib_set_device_ops(&dev->ib, &vrdma_xrc_ops);
 	if (le32_to_cpu(dev->cfg.caps) & VRDMA_CAP_RAW_PACKET)
 		ib_set_device_ops(&dev->ib, &vrdma_raw_ops);
+	if (le32_to_cpu(dev->cfg.caps) & VRDMA_CAP_RSS)
+		ib_set_device_ops(&dev->ib, &vrdma_rss_ops);
 	dev->ib.node_type = RDMA_NODE_IB_CA;
 	dev->ib.phys_port_cnt = 1;
 	dev->ib.num_comp_vectors = 1;

@@ -110,7 +110,7 @@ static u64 vmalloc_next(void *ctx)
 }
 
 /* A ring of num_slots (power of two) slots of at least elem_size bytes. */
-static int queue_alloc(struct vrdma_queue *q, u32 num_slots, u32 elem_size)
+int vrdma_queue_alloc(struct vrdma_queue *q, u32 num_slots, u32 elem_size)
 {
 	memset(q, 0, sizeof(*q));
 	q->num_slots = num_slots;
@@ -124,7 +124,7 @@ static int queue_alloc(struct vrdma_queue *q, u32 num_slots, u32 elem_size)
 	return 0;
 }
 
-static void queue_free(struct vrdma_queue *q)
+void vrdma_queue_free(struct vrdma_queue *q)
 {
 	if (q->mmap) {
 		/* the buffer goes with the mmap entry (user mappings keep their pages) */
@@ -136,8 +136,8 @@ static void queue_free(struct vrdma_queue *q)
 	q->buf = NULL;
 }
 
-static int queue_desc(struct vrdma_dev *dev, struct vrdma_queue *q, struct vrdma_pl *pl,
-		      struct vrdma_queue_desc *d)
+int vrdma_queue_describe(struct vrdma_dev *dev, struct vrdma_queue *q, struct vrdma_pl *pl,
+			 struct vrdma_queue_desc *d)
 {
 	struct vmalloc_it it = { .buf = q->buf };
 	int err;
@@ -153,7 +153,7 @@ static int queue_desc(struct vrdma_dev *dev, struct vrdma_queue *q, struct vrdma
 }
 
 /* Makes a user ring mmap-able, rxe style; fills the mminfo librxe reads. */
-static int queue_mmap(struct ib_udata *udata, struct vrdma_queue *q, struct mminfo *mi)
+int vrdma_queue_mmap(struct ib_udata *udata, struct vrdma_queue *q, struct mminfo *mi)
 {
 	struct vrdma_ucontext *uctx =
 		rdma_udata_to_drv_context(udata, struct vrdma_ucontext, ibuc);
@@ -460,10 +460,10 @@ static int vrdma_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *att
 		return -EINVAL;
 	cq->is_user = !!udata;
 	spin_lock_init(&cq->lock);
-	err = queue_alloc(&cq->q, roundup_pow_of_two(attr->cqe + 1), 1 << VRDMA_CQ_LOG2_ELEM);
+	err = vrdma_queue_alloc(&cq->q, roundup_pow_of_two(attr->cqe + 1), 1 << VRDMA_CQ_LOG2_ELEM);
 	if (err)
 		return err;
-	err = queue_desc(dev, &cq->q, &pl, &cmd.queue);
+	err = vrdma_queue_describe(dev, &cq->q, &pl, &cmd.queue);
 	if (err)
 		goto err_q;
 	cmd.cqe = cpu_to_le32(attr->cqe);
@@ -474,7 +474,7 @@ static int vrdma_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *att
 	cq->cqn = le32_to_cpu(r.cqn);
 	ibcq->cqe = le32_to_cpu(r.cqe);
 	if (udata) {
-		err = queue_mmap(udata, &cq->q, &uresp.mi);
+		err = vrdma_queue_mmap(udata, &cq->q, &uresp.mi);
 		if (!err)
 			err = ib_copy_to_udata(udata, &uresp, sizeof(uresp));
 		if (err)
@@ -490,7 +490,7 @@ static int vrdma_create_cq(struct ib_cq *ibcq, const struct ib_cq_init_attr *att
 err_destroy:
 	vrdma_cmd_handle(dev, VRDMA_CMD_DESTROY_CQ, cq->cqn);
 err_q:
-	queue_free(&cq->q);
+	vrdma_queue_free(&cq->q);
 	return err;
 }
 
@@ -515,17 +515,17 @@ static int vrdma_resize_cq(struct ib_cq *ibcq, int cqe, struct ib_udata *udata)
 		return -EINVAL;
 	if (udata && udata->outlen < sizeof(uresp))
 		return -EINVAL;
-	err = queue_alloc(&q, roundup_pow_of_two(cqe + 1), 1 << VRDMA_CQ_LOG2_ELEM);
+	err = vrdma_queue_alloc(&q, roundup_pow_of_two(cqe + 1), 1 << VRDMA_CQ_LOG2_ELEM);
 	if (err)
 		return err;
-	err = queue_desc(dev, &q, &pl, &cmd.queue);
+	err = vrdma_queue_describe(dev, &q, &pl, &cmd.queue);
 	if (err)
 		goto err_q;
 	cmd.cqn = cpu_to_le32(cq->cqn);
 	cmd.cqe = cpu_to_le32(cqe);
 	if (udata) {
 		/* the mapping first: a failure after the device switched rings is unrecoverable */
-		err = queue_mmap(udata, &q, &uresp.mi);
+		err = vrdma_queue_mmap(udata, &q, &uresp.mi);
 		if (err) {
 			vrdma_pl_free(&pl);
 			goto err_q;
@@ -546,13 +546,13 @@ static int vrdma_resize_cq(struct ib_cq *ibcq, int cqe, struct ib_udata *udata)
 	spin_unlock_irqrestore(&cq->lock, flags);
 	if (err)
 		goto err_q;
-	queue_free(&old);
+	vrdma_queue_free(&old);
 	if (udata)
 		return ib_copy_to_udata(udata, &uresp, sizeof(uresp));
 	return 0;
 
 err_q:
-	queue_free(&q);
+	vrdma_queue_free(&q);
 	return err;
 }
 
@@ -569,7 +569,7 @@ static int vrdma_destroy_cq(struct ib_cq *ibcq, struct ib_udata *udata)
 	spin_lock_irqsave(&dev->ev_lock, flags);
 	xa_erase(&dev->cqs, cq->cqn);
 	spin_unlock_irqrestore(&dev->ev_lock, flags);
-	queue_free(&cq->q);
+	vrdma_queue_free(&cq->q);
 	return 0;
 }
 
@@ -836,6 +836,9 @@ static int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 	unsigned long flags;
 	int err;
 
+	/* an RSS QP: no ring, a table of work queues (virtio_rdma_raw.c) */
+	if (init->rwq_ind_tbl)
+		return vrdma_create_rss_qp(qp, init, udata);
 	/* ib_core creates XRC TGT QPs itself, with no udata, for user space too */
 	if (init->qp_type == IB_QPT_XRC_TGT && !init->create_flags)
 		return vrdma_create_xrc_tgt(qp, init);
@@ -892,10 +895,10 @@ static int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 	wqe = min_t(u32, wqe, le32_to_cpu(dev->cfg.max_inline));
 	send_wr = max_t(u32, init->cap.max_send_wr, 1);
 	slots = roundup_pow_of_two(send_wr + 1);
-	err = queue_alloc(&qp->sq, slots, sizeof(struct rxe_send_wqe) + wqe);
+	err = vrdma_queue_alloc(&qp->sq, slots, sizeof(struct rxe_send_wqe) + wqe);
 	if (err)
 		return err;
-	err = queue_desc(dev, &qp->sq, &sq_pl, &cmd.sq);
+	err = vrdma_queue_describe(dev, &qp->sq, &sq_pl, &cmd.sq);
 	if (err)
 		goto err_q;
 	cmd.max_send_wr = cpu_to_le32(slots - 1);
@@ -908,11 +911,11 @@ static int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 		qp->has_rq = true;
 		recv_wr = max_t(u32, init->cap.max_recv_wr, 1);
 		slots = roundup_pow_of_two(recv_wr + 1);
-		err = queue_alloc(&qp->rq, slots, sizeof(struct rxe_recv_wqe) +
+		err = vrdma_queue_alloc(&qp->rq, slots, sizeof(struct rxe_recv_wqe) +
 				  max_t(u32, init->cap.max_recv_sge, 1) * sizeof(struct rxe_sge));
 		if (err)
 			goto err_q;
-		err = queue_desc(dev, &qp->rq, &rq_pl, &cmd.rq);
+		err = vrdma_queue_describe(dev, &qp->rq, &rq_pl, &cmd.rq);
 		if (err)
 			goto err_q;
 		cmd.max_recv_wr = cpu_to_le32(slots - 1);
@@ -954,12 +957,12 @@ static int vrdma_create_qp(struct ib_qp *ibqp, struct ib_qp_init_attr *init,
 			qp->cap.max_recv_wr, qp->cap.max_recv_sge);
 
 	if (udata && qp->has_rq) {
-		err = queue_mmap(udata, &qp->rq, &uresp.rq_mi);
+		err = vrdma_queue_mmap(udata, &qp->rq, &uresp.rq_mi);
 		if (err)
 			goto err_destroy;
 	}
 	if (udata) {
-		err = queue_mmap(udata, &qp->sq, &uresp.sq_mi);
+		err = vrdma_queue_mmap(udata, &qp->sq, &uresp.sq_mi);
 		if (!err)
 			err = ib_copy_to_udata(udata, &uresp, sizeof(uresp));
 		if (err)
@@ -979,9 +982,9 @@ err_q:
 	vrdma_pl_free(&sq_pl);
 	vrdma_pl_free(&rq_pl);
 	if (qp->sq.buf)
-		queue_free(&qp->sq);
+		vrdma_queue_free(&qp->sq);
 	if (qp->rq.buf)
-		queue_free(&qp->rq);
+		vrdma_queue_free(&qp->rq);
 	return err;
 }
 
@@ -999,9 +1002,9 @@ static int vrdma_destroy_qp(struct ib_qp *ibqp, struct ib_udata *udata)
 	xa_erase(&dev->qps, qp->qpn);
 	spin_unlock_irqrestore(&dev->ev_lock, flags);
 	vrdma_db_forget(dev, qp);
-	queue_free(&qp->sq);
+	vrdma_queue_free(&qp->sq);
 	if (qp->has_rq)
-		queue_free(&qp->rq);
+		vrdma_queue_free(&qp->rq);
 	return 0;
 }
 
@@ -1402,11 +1405,11 @@ static int vrdma_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *init,
 	srq->is_user = !!udata;
 	spin_lock_init(&srq->lock);
 	slots = roundup_pow_of_two(init->attr.max_wr + 1);
-	err = queue_alloc(&srq->q, slots, sizeof(struct rxe_recv_wqe) +
+	err = vrdma_queue_alloc(&srq->q, slots, sizeof(struct rxe_recv_wqe) +
 			  init->attr.max_sge * sizeof(struct rxe_sge));
 	if (err)
 		return err;
-	err = queue_desc(dev, &srq->q, &pl, &cmd->queue);
+	err = vrdma_queue_describe(dev, &srq->q, &pl, &cmd->queue);
 	if (err)
 		goto err_q;
 	cmd->pdn = cpu_to_le32(pdn_of(ibsrq->pd));
@@ -1434,7 +1437,7 @@ static int vrdma_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *init,
 	init->attr.max_wr = srq->max_wr;
 	init->attr.max_sge = srq->max_sge;
 	if (udata) {
-		err = queue_mmap(udata, &srq->q, &uresp.mi);
+		err = vrdma_queue_mmap(udata, &srq->q, &uresp.mi);
 		uresp.srq_num = srq->srqn;
 		if (!err)
 			err = ib_copy_to_udata(udata, &uresp, sizeof(uresp));
@@ -1451,7 +1454,7 @@ static int vrdma_create_srq(struct ib_srq *ibsrq, struct ib_srq_init_attr *init,
 err_destroy:
 	vrdma_cmd_handle(dev, VRDMA_CMD_DESTROY_SRQ, srq->srqn);
 err_q:
-	queue_free(&srq->q);
+	vrdma_queue_free(&srq->q);
 	return err;
 }
 
@@ -1486,16 +1489,16 @@ static int resize_srq(struct vrdma_srq *srq, u32 max_wr, struct ib_udata *udata)
 			return err;
 	}
 	slots = roundup_pow_of_two(max_wr + 1);
-	err = queue_alloc(&q, slots, sizeof(struct rxe_recv_wqe) +
+	err = vrdma_queue_alloc(&q, slots, sizeof(struct rxe_recv_wqe) +
 			  srq->max_sge * sizeof(struct rxe_sge));
 	if (err)
 		return err;
-	err = queue_desc(dev, &q, &pl, &cmd.queue);
+	err = vrdma_queue_describe(dev, &q, &pl, &cmd.queue);
 	if (err)
 		goto err_q;
 	if (udata) {
 		/* the mapping first: a failure after the device switched rings is unrecoverable */
-		err = queue_mmap(udata, &q, &mi);
+		err = vrdma_queue_mmap(udata, &q, &mi);
 		if (err) {
 			vrdma_pl_free(&pl);
 			goto err_q;
@@ -1520,13 +1523,13 @@ static int resize_srq(struct vrdma_srq *srq, u32 max_wr, struct ib_udata *udata)
 	spin_unlock_irqrestore(&srq->lock, flags);
 	if (err)
 		goto err_q;
-	queue_free(&old);
+	vrdma_queue_free(&old);
 	if (udata && copy_to_user(u64_to_user_ptr(ucmd.mmap_info_addr), &mi, sizeof(mi)))
 		return -EFAULT;
 	return 0;
 
 err_q:
-	queue_free(&q);
+	vrdma_queue_free(&q);
 	return err;
 }
 
@@ -1581,7 +1584,7 @@ static int vrdma_destroy_srq(struct ib_srq *ibsrq, struct ib_udata *udata)
 	spin_lock_irqsave(&dev->ev_lock, flags);
 	xa_erase(&dev->srqs, srq->srqn);
 	spin_unlock_irqrestore(&dev->ev_lock, flags);
-	queue_free(&srq->q);
+	vrdma_queue_free(&srq->q);
 	return 0;
 }
 
