@@ -145,6 +145,52 @@ fn a_send_gathers_a_frame_and_a_receive_takes_it_whole() {
 }
 
 #[test]
+fn a_receive_cq_that_overflows_takes_the_qp_to_error() {
+    let mut sim = Sim::new(7);
+    let d = sim.dev(0);
+    let pd = d.alloc_pd().unwrap();
+    let cq = d.create_cq(1).unwrap();
+    let cap = QpCap {
+        max_recv_wr: 4,
+        max_recv_sge: 1,
+        ..Default::default()
+    };
+    let qp = d
+        .create_qp(QpInit {
+            qp_type: QpType::RawPacket,
+            pd,
+            send_cq: cq,
+            recv_cq: cq,
+            srq: None,
+            xrcd: None,
+            cap,
+            sq_sig_all: false,
+        })
+        .unwrap();
+    let (buf, lkey) = sim.reg(0, pd, 4096, Access::LOCAL_WRITE);
+    to_state(&mut sim, qp, QpState::Init, AttrMask::PORT).unwrap();
+    to_state(&mut sim, qp, QpState::Rtr, 0).unwrap();
+    let cap_of = 1u64; // create_cq(1) holds one completion
+    for i in 0..=cap_of {
+        let wr = RecvWr {
+            wr_id: i,
+            sg_list: sge(buf + 64 * i, 64, lkey).into(),
+        };
+        sim.dev(0).post_recv(qp, wr).unwrap();
+    }
+    let frame = prng_pattern(9, 60);
+    for _ in 0..=cap_of {
+        let Node { dev, mem, .. } = &mut sim.nodes[0];
+        dev.raw_receive(qp, &frame, mem).unwrap();
+    }
+    assert_eq!(
+        sim.dev(0).qp(qp).unwrap().state(),
+        QpState::Err,
+        "after the overflow"
+    );
+}
+
+#[test]
 fn a_raw_packet_qp_with_no_queue_needs_no_cq() {
     let mut sim = Sim::new(6);
     let d = sim.dev(0);

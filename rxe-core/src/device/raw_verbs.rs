@@ -112,6 +112,11 @@ impl Device {
             q.counters.rx_packets += 1;
             q.counters.rx_bytes += frame.len() as u64;
         }
+        if q.resp.goto_error {
+            // The receive CQ overflowed (it is in error): the QP goes to ERR, as a UD QP's.
+            q.resp.goto_error = false;
+            crate::complete::set_error(q, &mut self.res);
+        }
         crate::complete::drain(q, &mut self.res);
         r
     }
