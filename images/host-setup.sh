@@ -9,8 +9,9 @@
 # - tshark (dumpcap), python3-scapy      : tests/vm/capture-rxe.sh and ICRC checks of captures
 # - nftables                             : tests/vm/soak.test.sh (loss between the daemons)
 # - systemd (systemd-analyze, systemd-socket-activate) : tests/packaging/deb.test.sh
-# - libvirt-daemon-driver-qemu, libvirt-clients : tests/vm/libvirt.test.sh (libvirtd started
-#   by the test in a namespace of its own; no service is enabled on the host)
+# - libvirt-daemon (libvirtd), libvirt-daemon-driver-qemu, libvirt-clients (virsh) :
+#   tests/vm/libvirt.test.sh (libvirtd started by the test in a namespace of its own; without
+#   libvirt-daemon-system no service is installed or enabled on the host)
 #
 # bookworm-backports is added in a private apt state directory (sources file and
 # package lists under $VUR_APT_DIR, default <repo>/.cache/apt-host), derived at run time
@@ -40,7 +41,7 @@ installed() { # pkg -> 0 when dpkg says "install ok installed"
 
 # Packages from the host's own suite (bookworm).
 base_pkgs=(debootstrap zstd cpio xz-utils iproute2 iputils-ping tshark python3-scapy procps clang nftables
-    systemd libvirt-daemon-driver-qemu libvirt-clients)
+    systemd libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients)
 # Packages taken from bookworm-backports.
 bpo_pkgs=(qemu-system-x86 qemu-utils)
 

@@ -28,7 +28,7 @@ fail() { printf '[libvirt %s] FAIL: %s\n' "$(date +%T)" "$*"; exit 1; }
 . "$here/lib.sh"
 vm_require libvirt
 for t in libvirtd virsh unshare; do
-    command -v "$t" >/dev/null || vm_missing "libvirt: no $t (apt-get install libvirt-daemon-driver-qemu libvirt-clients)"
+    command -v "$t" >/dev/null || vm_missing "libvirt: no $t (apt-get install libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients)"
 done
 vm_device_prereqs libvirt
 
