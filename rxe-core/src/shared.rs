@@ -447,3 +447,19 @@ pub struct QpInit {
     pub cap: QpCap,
     pub sq_sig_all: bool,
 }
+
+impl QpInit {
+    /// An XRC TGT QP in domain `xrcd`: no PD, CQ, SRQ or queue of its own.
+    pub fn xrc_tgt(xrcd: u32) -> Self {
+        QpInit {
+            qp_type: QpType::XrcTgt,
+            pd: 0,
+            send_cq: 0,
+            recv_cq: 0,
+            srq: None,
+            xrcd: Some(xrcd),
+            cap: QpCap::default(),
+            sq_sig_all: false,
+        }
+    }
+}

@@ -71,24 +71,11 @@ fn ini_init(x: &Xrc) -> QpInit {
     }
 }
 
-fn tgt_init(xrcd: u32) -> QpInit {
-    QpInit {
-        qp_type: QpType::XrcTgt,
-        pd: 0,
-        send_cq: 0,
-        recv_cq: 0,
-        srq: None,
-        xrcd: Some(xrcd),
-        cap: QpCap::default(),
-        sq_sig_all: false,
-    }
-}
-
 /// Creates an INI QP on node 0 and a TGT QP on node 1 and connects them: the INI through
 /// RTS with its requester attributes, the TGT to RTR with its responder attributes.
 fn pair(sim: &mut Sim, x: &Xrc) -> (Qpn, Qpn) {
     let ini = sim.dev(0).create_qp(ini_init(x)).unwrap();
-    let tgt = sim.dev(1).create_qp(tgt_init(x.xrcd)).unwrap();
+    let tgt = sim.dev(1).create_qp(QpInit::xrc_tgt(x.xrcd)).unwrap();
     let gids = [sim.nodes[0].gid, sim.nodes[1].gid];
     for (node, qpn, peer) in [(0, ini, tgt), (1, tgt, ini)] {
         let d = sim.dev(node);
@@ -464,11 +451,11 @@ fn verbs_rules_and_busy_objects() {
         },
         QpInit {
             xrcd: None,
-            ..tgt_init(xrcd)
+            ..QpInit::xrc_tgt(xrcd)
         },
         QpInit {
             cap: ini_init(&x).cap,
-            ..tgt_init(xrcd)
+            ..QpInit::xrc_tgt(xrcd)
         },
     ] {
         assert_eq!(
@@ -477,7 +464,7 @@ fn verbs_rules_and_busy_objects() {
             "{init:?}"
         );
     }
-    let t0 = sim.dev(0).create_qp(tgt_init(xrcd)).unwrap();
+    let t0 = sim.dev(0).create_qp(QpInit::xrc_tgt(xrcd)).unwrap();
     let w = SendWr::new(1, SendOp::Send, Vec::new());
     assert_eq!(sim.dev(0).post_send(t0, w.clone()), Err(VerbError::Invalid));
     assert_eq!(

@@ -354,18 +354,7 @@ impl World {
                     sq_sig_all: false,
                 })
                 .unwrap();
-            qp[XRC_TGT] = d
-                .create_qp(QpInit {
-                    qp_type: QpType::XrcTgt,
-                    pd: 0,
-                    send_cq: 0,
-                    recv_cq: 0,
-                    srq: None,
-                    xrcd: Some(xrcd),
-                    cap: QpCap::default(),
-                    sq_sig_all: false,
-                })
-                .unwrap();
+            qp[XRC_TGT] = d.create_qp(QpInit::xrc_tgt(xrcd)).unwrap();
             d.attach_mcast(qp[UD], mcast_gid()).unwrap();
             w.res[n] = Res {
                 pd,
