@@ -55,6 +55,29 @@ pub(crate) struct SendWqe {
     pub wc_opcode: WcOpcode,
 }
 
+impl SendWqe {
+    /// A work request finished as it was posted (it sends no packet): its completion waits
+    /// only for the WQEs before it.
+    pub(crate) fn done(
+        wr_id: u64,
+        opcode: WcOpcode,
+        status: WcStatus,
+        len: u32,
+        signaled: bool,
+    ) -> Self {
+        SendWqe {
+            wr: SendWr::new(wr_id, SendOp::Send, Vec::new()),
+            state: WqeState::Done(status),
+            first_psn: Psn::default(),
+            last_psn: Psn::default(),
+            len,
+            signaled,
+            read_done: 0,
+            wc_opcode: opcode,
+        }
+    }
+}
+
 /// What the responder has queued for transmission.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum RespOut {

@@ -23,16 +23,7 @@ pub(crate) fn post_failed(
     if matches!(q.state(), QpState::Reset | QpState::Init | QpState::Rtr) {
         return Err(VerbError::BadState);
     }
-    q.sq.push_back(SendWqe {
-        wr: SendWr::new(wr_id, SendOp::Send, Vec::new()),
-        state: WqeState::Done(status),
-        first_psn: Psn::default(),
-        last_psn: Psn::default(),
-        len: 0,
-        signaled: true,
-        read_done: 0,
-        wc_opcode: opcode,
-    });
+    q.sq.push_back(SendWqe::done(wr_id, opcode, status, 0, true));
     q.counters.errors += 1;
     crate::complete::set_error(q, res);
     crate::complete::drain(q, res);

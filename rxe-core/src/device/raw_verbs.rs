@@ -6,7 +6,7 @@ use crate::device::Device;
 use crate::mem::*;
 use crate::qp::*;
 use crate::shared::Drop;
-use crate::types::{Psn, Qpn};
+use crate::types::Qpn;
 use crate::verbs::*;
 
 /// The largest frame a raw packet QP sends or receives: a 9000-byte payload behind an
@@ -68,16 +68,9 @@ impl Device {
             }
         };
         let ok = status == WcStatus::Success;
-        q.sq.push_back(SendWqe {
-            wr: SendWr::new(wr.wr_id, SendOp::Send, Vec::new()),
-            state: WqeState::Done(status),
-            first_psn: Psn::default(),
-            last_psn: Psn::default(),
-            len: len as u32,
-            signaled: !ok || q.sq_sig_all || wr.flags & SEND_SIGNALED != 0,
-            read_done: 0,
-            wc_opcode: WcOpcode::Send,
-        });
+        let signaled = !ok || q.sq_sig_all || wr.flags & SEND_SIGNALED != 0;
+        let wqe = SendWqe::done(wr.wr_id, WcOpcode::Send, status, len as u32, signaled);
+        q.sq.push_back(wqe);
         if ok {
             q.counters.tx_packets += 1;
             q.counters.tx_bytes += len;
@@ -116,8 +109,9 @@ impl Device {
             // The receive CQ overflowed (it is in error): the QP goes to ERR, as a UD QP's.
             q.resp.goto_error = false;
             crate::complete::set_error(q, &mut self.res);
+            // (the send queue's flushed WQEs complete)
+            crate::complete::drain(q, &mut self.res);
         }
-        crate::complete::drain(q, &mut self.res);
         r
     }
 }
