@@ -17,28 +17,32 @@ struct Raw {
     qp: Qpn,
 }
 
+/// A raw packet QP's init: both queues' completions to `cq` (0: none, for a QP with no queue).
+fn raw_init(pd: u32, cq: u32, cap: QpCap, sq_sig_all: bool) -> QpInit {
+    QpInit {
+        qp_type: QpType::RawPacket,
+        pd,
+        send_cq: cq,
+        recv_cq: cq,
+        srq: None,
+        xrcd: None,
+        cap,
+        sq_sig_all,
+    }
+}
+
 fn raw_qp(sim: &mut Sim, sq_sig_all: bool) -> Raw {
     let d = sim.dev(0);
     let pd = d.alloc_pd().unwrap();
     let cq = d.create_cq(64).unwrap();
-    let qp = d
-        .create_qp(QpInit {
-            qp_type: QpType::RawPacket,
-            pd,
-            send_cq: cq,
-            recv_cq: cq,
-            srq: None,
-            xrcd: None,
-            cap: QpCap {
-                max_send_wr: 8,
-                max_recv_wr: 8,
-                max_send_sge: 2,
-                max_recv_sge: 2,
-                max_inline_data: 64,
-            },
-            sq_sig_all,
-        })
-        .unwrap();
+    let cap = QpCap {
+        max_send_wr: 8,
+        max_recv_wr: 8,
+        max_send_sge: 2,
+        max_recv_sge: 2,
+        max_inline_data: 64,
+    };
+    let qp = d.create_qp(raw_init(pd, cq, cap, sq_sig_all)).unwrap();
     Raw { pd, cq, qp }
 }
 
@@ -155,18 +159,7 @@ fn a_receive_cq_that_overflows_takes_the_qp_to_error() {
         max_recv_sge: 1,
         ..Default::default()
     };
-    let qp = d
-        .create_qp(QpInit {
-            qp_type: QpType::RawPacket,
-            pd,
-            send_cq: cq,
-            recv_cq: cq,
-            srq: None,
-            xrcd: None,
-            cap,
-            sq_sig_all: false,
-        })
-        .unwrap();
+    let qp = d.create_qp(raw_init(pd, cq, cap, false)).unwrap();
     let (buf, lkey) = sim.reg(0, pd, 4096, Access::LOCAL_WRITE);
     to_state(&mut sim, qp, QpState::Init, AttrMask::PORT).unwrap();
     to_state(&mut sim, qp, QpState::Rtr, 0).unwrap();
@@ -195,16 +188,7 @@ fn a_raw_packet_qp_with_no_queue_needs_no_cq() {
     let mut sim = Sim::new(6);
     let d = sim.dev(0);
     let pd = d.alloc_pd().unwrap();
-    let init = |send_cq, cap| QpInit {
-        qp_type: QpType::RawPacket,
-        pd,
-        send_cq,
-        recv_cq: send_cq,
-        srq: None,
-        xrcd: None,
-        cap,
-        sq_sig_all: false,
-    };
+    let init = |cq, cap| raw_init(pd, cq, cap, false);
     let qp = d.create_qp(init(0, QpCap::default())).expect("an RSS QP's");
     d.destroy_qp(qp).unwrap();
     // With a queue, the CQ must be there.

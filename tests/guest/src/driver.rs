@@ -546,11 +546,7 @@ impl Guest {
     /// RESIZE_SRQ: a new ring for `srq` with `max_wr`; returns the device's max_wr. On
     /// success the SRQ uses the new ring (the device moved the receives it had not taken).
     pub fn resize_srq(&mut self, srq: &mut Srq, max_wr: u32) -> Result<u32> {
-        let ring = QueueBuf::new(
-            &self.ram,
-            (max_wr + 1).next_power_of_two(),
-            abi::rwqe::SIZE + srq.max_sge as usize * abi::SGE_SIZE,
-        )?;
+        let ring = self.srq_ring(max_wr, srq.max_sge)?;
         let r: abi::RespQuerySrq = self.cmd_t(
             op::RESIZE_SRQ,
             &abi::CmdResizeSrq {
@@ -667,12 +663,17 @@ impl Guest {
         self.handle(op::DESTROY_CQ, cq.cqn)
     }
 
-    pub fn create_srq(&mut self, pd: u32, max_wr: u32, max_sge: u32, limit: u32) -> Result<Srq> {
-        let ring = QueueBuf::new(
+    /// An SRQ's ring: `max_wr` receives of `max_sge` SGEs.
+    fn srq_ring(&self, max_wr: u32, max_sge: u32) -> Result<QueueBuf> {
+        QueueBuf::new(
             &self.ram,
             (max_wr + 1).next_power_of_two(),
             abi::rwqe::SIZE + max_sge as usize * abi::SGE_SIZE,
-        )?;
+        )
+    }
+
+    pub fn create_srq(&mut self, pd: u32, max_wr: u32, max_sge: u32, limit: u32) -> Result<Srq> {
+        let ring = self.srq_ring(max_wr, max_sge)?;
         let r: abi::RespCreateSrq = self.cmd_t(
             op::CREATE_SRQ,
             &abi::CmdCreateSrq {
@@ -709,11 +710,7 @@ impl Guest {
         max_wr: u32,
         max_sge: u32,
     ) -> Result<Srq> {
-        let ring = QueueBuf::new(
-            &self.ram,
-            (max_wr + 1).next_power_of_two(),
-            abi::rwqe::SIZE + max_sge as usize * abi::SGE_SIZE,
-        )?;
+        let ring = self.srq_ring(max_wr, max_sge)?;
         let r: abi::RespCreateSrq = self.cmd_t(
             op::CREATE_XRC_SRQ,
             &abi::CmdCreateXrcSrq {
